@@ -1,0 +1,156 @@
+"""The artifact: dispatch.json (what the runtime replays) and report.md (what a human reads)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+
+from runtime_loader import registry
+from runtime_loader.hardware import slug
+from runtime_loader.ops import OPS
+from runtime_loader.table import SCHEMA_VERSION, parse_table
+
+from . import __version__
+from .errors import LzError
+from .fsutil import atomic_write_text
+from .grid import buckets
+from .solve import candidates_summary, solve_signature
+from .tuner import Plan
+
+ARTIFACTS_ROOT = Path("artifacts")
+
+
+def default_out(plan: Plan) -> Path:
+    """artifacts/<model>/<hardware-signature>[-tp<N>]-<dtype>/"""
+    tp = f"-tp{plan.model.tp}" if plan.model.tp > 1 else ""
+    return ARTIFACTS_ROOT / plan.model.name / f"{slug(plan.hardware)}{tp}-{plan.dtype}"
+
+
+def ensure_writable(out: Path) -> None:
+    """Fail early, before any work, if `out` cannot hold an artifact."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".lzsolve-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise LzError(f"cannot write to --out {out}: {e.strerror or e}; choose a writable directory") from None
+
+
+def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict:
+    by_sig: dict[str, list[dict]] = {}
+    for r in records:
+        by_sig.setdefault(r["signature"], []).append(r)
+    ops = []
+    for sp in plan.signatures:
+        sig = sp.instance.signature
+        recs = by_sig.get(str(sig), [])
+        solved = solve_signature(recs, OPS[sig.op].dynamic, sp.fallback, mode)
+        ops.append({
+            "signature": str(sig),
+            **sig.to_json(),
+            "roles": list(sp.instance.roles),
+            "calls_per_forward": sp.instance.calls_per_forward,
+            "fallback": sp.fallback,
+            **solved,
+            "candidates": candidates_summary(recs),
+        })
+    table = {
+        "schema_version": SCHEMA_VERSION,
+        "lzsolve_version": __version__,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "run_id": run_id,
+        "model": {"id": plan.model.name, "family": plan.model.family, "tp": plan.model.tp,
+                  "dtype": plan.dtype, "config_hash": plan.model.config_hash},
+        "hardware": plan.hardware,
+        "hw_slug": slug(plan.hardware),
+        "capabilities_hash": registry.capabilities_hash(),
+        "timing_mode": mode,
+        "grid": plan.grid,
+        "buckets": {sp.instance.signature.op: buckets(plan.grid, sp.instance.signature.op)
+                    for sp in plan.signatures},
+        "fallback_policy": {
+            "outside_table": "fallback",
+            "unavailable_kernel": "fallback",
+            "fallbacks": {op: OPS[op].fallback for op in sorted({sp.instance.signature.op for sp in plan.signatures})},
+        },
+        "ops": ops,
+    }
+    parse_table(table)  # what we write must be what the runtime accepts
+    return table
+
+
+def format_tree(node: dict, indent: str = "  ") -> list[str]:
+    if "kernel_id" in node:
+        parts = [node["kernel_id"]]
+        if node.get("gain") is not None:
+            parts.append(f"{node['gain']:.2f}x vs fallback")
+        if node.get("runner_up"):
+            parts.append(f"margin {node['margin'] * 100:+.1f}% over {node['runner_up']}")
+        if node.get("points") is not None:
+            parts.append(f"{node['points']} grid point{'s' if node['points'] != 1 else ''}")
+        return [indent + parts[0] + (f"  ({', '.join(parts[1:])})" if len(parts) > 1 else "")]
+    lines = [f"{indent}if {node['dim']} <= {node['threshold']:g}:"]
+    lines += format_tree(node["le"], indent + "  ")
+    lines.append(f"{indent}else:  # {node['dim']} > {node['threshold']:g}")
+    lines += format_tree(node["gt"], indent + "  ")
+    return lines
+
+
+def format_op(entry: dict, rejected: bool = True) -> list[str]:
+    lines = [f"{entry['signature']}   roles: {', '.join(entry['roles'])}"]
+    lines += format_tree(entry["tree"])
+    if rejected:
+        for kernel_id, summary in entry["candidates"].items():
+            for r in summary["rejected"]:
+                lines.append(f"    rejected {kernel_id} on {r['count']} point(s): {r['code']}: {r['message']}")
+    return lines
+
+
+def report(table: dict, wall_s: float, n_records: int) -> str:
+    model, hw = table["model"], table["hardware"]
+    lines = [
+        f"# lzsolve report: {model['id']} (tp={model['tp']}, {model['dtype']})",
+        "",
+        f"- hardware: {hw['name']} ({table['hw_slug']})",
+        f"- run: {table['run_id']}, {table['created_at']}, {wall_s:.0f} s, {n_records} records",
+        f"- grid: {table['grid']}; timing mode: {table['timing_mode']}",
+        "- gains are geometric means of time(fallback) / time(chosen) over the grid points of a leaf;",
+        "  margins compare the chosen kernel with the runner-up.",
+        "",
+    ]
+    for entry in table["ops"]:
+        lines.append(f"## {entry['signature']}")
+        lines.append("")
+        lines.append("```")
+        lines += format_op(entry)[1:]
+        lines.append("```")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_artifact(out: Path, table: dict, report_md: str) -> None:
+    atomic_write_text(out / "dispatch.json", json.dumps(table, indent=1, sort_keys=False) + "\n")
+    atomic_write_text(out / "report.md", report_md)
+
+
+def find_artifact(path: str | Path | None) -> Path:
+    """The artifact folder at `path`, or the newest one under ./artifacts."""
+    if path is not None:
+        path = Path(path)
+        folder = path.parent if path.name == "dispatch.json" else path
+        if not (folder / "dispatch.json").is_file():
+            raise LzError(f"no dispatch.json in {folder}; pass the folder `lzsolve tune` wrote")
+        return folder
+    found = sorted(ARTIFACTS_ROOT.glob("*/*/dispatch.json"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise LzError("no artifact under ./artifacts; run `lzsolve tune` first or pass the artifact folder")
+    return found[-1].parent
+
+
+def read_table_json(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "dispatch.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LzError(f"cannot read {folder / 'dispatch.json'}: {e}") from None

@@ -1,0 +1,268 @@
+"""The lzsolve command line: a thin layer over the library.
+
+Bad input ends with one line on stderr ("error: ..."), a non-zero exit code and
+nothing written.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+import torch
+
+from runtime_loader import registry
+from runtime_loader.hardware import device_info
+from runtime_loader.ops import DTYPES
+
+from . import __version__
+from .artifact import build_table, default_out, ensure_writable, find_artifact, format_op, read_table_json
+from .artifact import report, write_artifact
+from .bench import make_harness
+from .errors import LzError
+from .grid import GRIDS, default_grid
+from .models import CATALOGUE, from_catalogue, from_config_file, shard
+from .perfdb import PerfDB
+from . import tuner
+from .tuner import Plan, make_plan, new_run_id
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _device(value: str | None) -> torch.device:
+    if value is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise LzError(f"--device {value!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise LzError(f"--device {value!r} is not supported; use cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LzError(f"--device {value}: no CUDA device is available here (torch {torch.__version__}); "
+                          "use --device cpu")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise LzError(f"--device {value}: only {torch.cuda.device_count()} CUDA device(s) here")
+        device = torch.device("cuda", index)
+    return device
+
+
+def _model(model: str | None, config: str | None, tp: int):
+    if (model is None) == (config is None):
+        raise LzError("pass exactly one of --model NAME or --config PATH "
+                      f"(built-in models: {', '.join(CATALOGUE)})")
+    spec = from_catalogue(model) if model else from_config_file(config)
+    return shard(spec, tp)
+
+
+def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
+
+
+def _plan(model, config, tp, dtype, device, grid, kernels, exclude) -> Plan:
+    spec = _model(model, config, tp)
+    dev = _device(device)
+    only, skip = _patterns(kernels), _patterns(exclude)
+    for pattern in only + skip:
+        if not any(fnmatch.fnmatchcase(k, pattern) for k in registry.REGISTRY):
+            raise LzError(f"kernel pattern {pattern!r} matches no kernel; see `lzsolve kernels`")
+    return make_plan(spec, dtype, dev, grid or default_grid(dev.type), only, skip)
+
+
+def _print_table(columns: list[str], rows: list[tuple]) -> None:
+    cells = [[("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    click.echo("  ".join("-" * w for w in widths))
+    for row in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def model_options(f):
+    options = [
+        click.option("--model", "model", metavar="NAME", help=f"built-in model: {', '.join(CATALOGUE)}"),
+        click.option("--config", "config", metavar="PATH", help="a Hugging Face config.json instead of --model"),
+        click.option("--tp", default=1, show_default=True, type=int,
+                     help="tensor-parallel degree: shards heads, kv heads (never below 1) and the MLP"),
+        click.option("--dtype", default="bf16", show_default=True, type=click.Choice(list(DTYPES))),
+        click.option("--device", default=None, metavar="cpu|cuda[:i]",
+                     help="where to measure  [default: cuda if available, else cpu]"),
+        click.option("--grid", type=click.Choice(list(GRIDS)), default=None,
+                     help="shape grid  [default: full on cuda, small on cpu (minutes on 2 cores)]"),
+        click.option("--kernels", multiple=True, metavar="GLOB[,GLOB]",
+                     help="only consider these kernel ids (fallbacks are always kept), e.g. 'sdpa.*'"),
+        click.option("--exclude", multiple=True, metavar="GLOB[,GLOB]", help="leave out these kernel ids"),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="lzsolve")
+def cli():
+    """Offline autotuner and dispatch-table solver for LLM inference kernels.
+
+    \b
+    lzsolve tune --model llama3-70b --tp 8     measure, solve, write the artifact
+    lzsolve explain                            why each kernel was chosen
+    lzsolve db query "SELECT ..."              ask the PerfDB (DuckDB SQL)
+    """
+
+
+@cli.command()
+@model_options
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="artifact folder  [default: artifacts/<model>/<hardware-signature>-[tpN-]<dtype>]")
+@click.option("--fresh", is_flag=True, help="re-measure everything instead of reusing matching PerfDB records")
+def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, fresh):
+    """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
+
+    Every candidate kernel passes a capability gate and a parity check against an
+    fp32 reference before it is timed; all records, rejections included, go to the
+    PerfDB. Interrupted runs keep their records: run the same command again to continue.
+    """
+    plan = _plan(model, config, tp, dtype, device, grid, kernels, exclude)
+    out_dir = Path(out) if out else default_out(plan)
+    ensure_writable(out_dir)
+    db = PerfDB(out_dir / "perfdb")
+    harness = make_harness(plan.device)
+    run_id = new_run_id()
+    started = time.perf_counter()
+    click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {dtype} on {plan.hardware['name']} "
+               f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
+               f"{plan.measurements} measurements", err=True)
+    with click.progressbar(length=plan.measurements, label="measuring", show_eta=True, show_pos=True,
+                           item_show_func=lambda s: s, file=sys.stderr) as bar:
+        def step(label: str) -> None:
+            bar.update(1, label)
+        records = tuner.tune(plan, db, harness, run_id, reuse=not fresh, on_step=step)
+    table = build_table(plan, records, "eager", run_id)
+    wall = time.perf_counter() - started
+    write_artifact(out_dir, table, report(table, wall, len(records)))
+    click.echo(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s)")
+    for entry in table["ops"]:
+        chosen = sorted({leaf for leaf in _leaf_ids(entry["tree"])})
+        click.echo(f"  {entry['signature']}: {', '.join(chosen)}")
+
+
+
+def _leaf_ids(node: dict):
+    if "kernel_id" in node:
+        yield node["kernel_id"]
+    else:
+        yield from _leaf_ids(node["le"])
+        yield from _leaf_ids(node["gt"])
+
+
+@cli.command()
+@model_options
+def plan(model, config, tp, dtype, device, grid, kernels, exclude):
+    """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
+    p = _plan(model, config, tp, dtype, device, grid, kernels, exclude)
+    click.echo(f"{p.model.summary()}, tp={p.model.tp}, {dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
+    for sp in p.signatures:
+        sig = sp.instance.signature
+        dims = sorted({k for w in sp.workloads for k in w})
+        values = {d: sorted({w[d] for w in sp.workloads}) for d in dims}
+        click.echo(f"\n{sig}  x{sp.instance.calls_per_forward} per forward  roles: {', '.join(sp.instance.roles)}")
+        click.echo(f"  buckets: {len(sp.workloads)}  " + "  ".join(f"{d}={v}" for d, v in values.items()))
+        for cand in sp.candidates:
+            tag = " (fallback)" if cand.spec.kernel_id == sp.fallback else ""
+            verdict = "admitted" if cand.admitted else "; ".join(str(r) for r in cand.reasons)
+            click.echo(f"  {cand.spec.kernel_id + tag:<28} {verdict}")
+    click.echo(f"\n{p.measurements} measurements (parity check + timing) would run")
+
+
+@cli.command()
+def models():
+    """List the built-in models."""
+    rows = []
+    for name in CATALOGUE:
+        m = from_catalogue(name)
+        rows.append((name, m.family, m.layers, m.hidden, f"{m.heads}/{m.kv_heads}", m.head_dim, m.intermediate, m.vocab))
+    _print_table(["model", "family", "layers", "hidden", "heads/kv", "head_dim", "mlp", "vocab"], rows)
+    click.echo("\nany Hugging Face config.json works too: lzsolve plan --config path/to/config.json")
+
+
+@cli.command()
+@click.option("--device", default=None, metavar="cpu|cuda[:i]", help="judge availability for this device")
+def kernels(device):
+    """List every candidate kernel, its ops, version and whether it can run here."""
+    here = device_info(_device(device))
+    rows = []
+    for spec in registry.REGISTRY.values():
+        local = spec.local_reasons(here)
+        rows.append((spec.kernel_id, ",".join(sorted(spec.ops)), spec.library, spec.version() or "-",
+                     ",".join(sorted(spec.platforms)), "yes" if not local else f"no: {local[0]}"))
+    _print_table(["kernel", "ops", "library", "version", "platforms", f"available on {here.type}"], rows)
+
+
+@cli.command()
+@click.argument("artifact", required=False, type=click.Path())
+@click.option("--op", "op_glob", default="*", metavar="GLOB", help="only signatures matching this, e.g. 'attention*'")
+def explain(artifact, op_glob):
+    """Per op signature: the tree, the chosen kernels with their gains and margins, and
+    every rejected candidate with its Reason. ARTIFACT defaults to the newest under ./artifacts."""
+    folder = find_artifact(artifact)
+    table = read_table_json(folder)
+    model = table["model"]
+    click.echo(f"{folder}: {model['id']} tp={model['tp']} {model['dtype']} on {table['hardware']['name']}, "
+               f"timing mode {table['timing_mode']}, run {table['run_id']}")
+    shown = 0
+    for entry in table["ops"]:
+        if fnmatch.fnmatchcase(entry["signature"], op_glob) or fnmatch.fnmatchcase(entry["op"], op_glob):
+            click.echo("")
+            for line in format_op(entry):
+                click.echo(line)
+            shown += 1
+    if not shown:
+        raise LzError(f"no op signature matches --op {op_glob!r}; try --op '*'")
+
+
+@cli.group()
+def db():
+    """Query the PerfDB with DuckDB SQL (views: records, admitted, rejected)."""
+
+
+@db.command("query")
+@click.argument("sql")
+@click.option("--db", "db_path", type=click.Path(), default=None,
+              help="artifact folder or perfdb folder  [default: newest artifact under ./artifacts]")
+@click.option("--json", "as_json", is_flag=True, help="print rows as JSON objects")
+def db_query(sql, db_path, as_json):
+    """Run SQL over the PerfDB, e.g.
+
+    \b
+    lzsolve db query "SELECT kernel_id, count(*) FROM admitted GROUP BY 1"
+    """
+    path = Path(db_path) if db_path else find_artifact(None) / "perfdb"
+    if (path / "perfdb").is_dir():
+        path = path / "perfdb"
+    columns, rows = PerfDB(path).query(sql)
+    if as_json:
+        click.echo(json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1))
+    else:
+        _print_table(columns, rows)
+
+
+def main() -> None:
+    try:
+        code = cli.main(standalone_mode=False, prog_name="lzsolve")
+    except LzError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("\ninterrupted: measured records are kept in the PerfDB; run the same command to continue",
+                   err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,51 @@
+"""The two gates a candidate passes before it is timed.
+
+1. capability: the kernel's declared spec against the op signature and device
+   (runtime_loader.specs.KernelSpec.check), no tensors involved;
+2. parity: the kernel's output on fresh random inputs against the op's fp32
+   reference, within the op's tolerance for the dtype.
+A candidate that fails either gets a structured Reason and is never chosen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime_loader.ops import Signature
+from runtime_loader.specs import OOM, PARITY_FAILED, RAISED, DeviceInfo, KernelSpec, Reason
+
+from .bench import Harness
+from .ops import OpContract, compare, to_fp32
+
+
+def capability_gate(spec: KernelSpec, sig: Signature, device: DeviceInfo) -> list[Reason]:
+    return spec.check(sig, device)
+
+
+@dataclass(frozen=True)
+class Parity:
+    reason: Reason | None  # None: admitted
+    first_call_ms: float | None = None
+    errors: dict = field(default_factory=dict)  # rel_l2, max_rel
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tuple, harness: Harness) -> Parity:
+    """Run `spec` once on `args` (fresh random inputs from the contract) and compare with
+    the fp32 reference. That first call is also the workload's first-call (JIT) time."""
+    reference = contract.reference(*to_fp32(args))
+    try:
+        out, first_ms = harness.first_call(lambda: spec.impl(*args))
+    except torch.OutOfMemoryError as e:
+        return Parity(Reason(OOM, _short(e)))
+    except Exception as e:  # any failure of a candidate is its Reason, never the tuner's crash
+        return Parity(Reason(RAISED, _short(e)))
+    ok, errors, message = compare(out, reference, contract.tolerances[sig.dtype])
+    if not ok:
+        return Parity(Reason(PARITY_FAILED, message), first_ms, errors)
+    return Parity(None, first_ms, errors)

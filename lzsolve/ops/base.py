@@ -1,0 +1,86 @@
+"""The op contract: inputs, fp32 reference, tolerances and roofline counts of one op.
+
+The runtime half (signature dims, fallback kernel) is `runtime_loader.ops.OPS`;
+this half is what the solver needs to check and measure candidates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from runtime_loader.ops import DTYPES, OPS, OpSchema, Signature
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel_l2: float  # ||out - ref|| / ||ref||
+    max_rel: float  # max |out - ref| / max |ref|: catches a few wrong rows that L2 would average away
+
+
+# Measured spread of correct kernels sits several times below these (tests/test_ops.py).
+TOLERANCES = {
+    "fp32": Tolerance(rel_l2=1e-4, max_rel=1e-3),
+    "fp16": Tolerance(rel_l2=4e-3, max_rel=8e-3),
+    "bf16": Tolerance(rel_l2=2e-2, max_rel=4e-2),
+}
+
+
+@dataclass(frozen=True)
+class OpContract:
+    op: str
+    # (signature, dynamic dims, device, generator) -> the canonical call args
+    make_inputs: Callable[[Signature, dict, torch.device, torch.Generator], tuple]
+    # same args with float tensors in fp32 -> fp32 output (tensor or tuple of tensors)
+    reference: Callable
+    flops: Callable[[Signature, dict], float]
+    bytes_moved: Callable[[Signature, dict], float]
+    tolerances: dict[str, Tolerance] = field(default_factory=lambda: TOLERANCES)
+
+    @property
+    def schema(self) -> OpSchema:
+        return OPS[self.op]
+
+
+def randn(shape, sig: Signature, device, gen, scale: float = 1.0) -> torch.Tensor:
+    """Fresh normal samples in the signature's dtype (drawn in it directly: half the
+    time of drawing fp32 and casting, which matters for CPU-sized lm_head weights)."""
+    x = torch.randn(shape, generator=gen, device=device, dtype=DTYPES[sig.dtype])
+    return x.mul_(scale) if scale != 1.0 else x
+
+
+def itemsize(sig: Signature) -> int:
+    return DTYPES[sig.dtype].itemsize
+
+
+def to_fp32(args: tuple) -> tuple:
+    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def compare(out, ref, tol: Tolerance) -> tuple[bool, dict, str]:
+    """Check a kernel's output against the fp32 reference: (ok, worst errors, message)."""
+    outs, refs = as_tuple(out), as_tuple(ref)
+    if len(outs) != len(refs):
+        return False, {}, f"returned {len(outs)} tensors, expected {len(refs)}"
+    worst = {"rel_l2": 0.0, "max_rel": 0.0}
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(o, torch.Tensor) or o.shape != r.shape:
+            got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
+            return False, {}, f"output {i} has shape {got}, expected {tuple(r.shape)}"
+        o = o.float()
+        if not torch.isfinite(o).all():
+            return False, {}, f"output {i} has NaN or Inf"
+        err = (o - r).abs()
+        scale = r.abs().max().clamp_min(1e-30)
+        worst["rel_l2"] = max(worst["rel_l2"], (torch.linalg.vector_norm(o - r) /
+                                                torch.linalg.vector_norm(r).clamp_min(1e-30)).item())
+        worst["max_rel"] = max(worst["max_rel"], (err.max() / scale).item())
+    if worst["rel_l2"] > tol.rel_l2 or worst["max_rel"] > tol.max_rel:
+        return False, worst, (f"rel_l2 {worst['rel_l2']:.2e} (limit {tol.rel_l2:.0e}), "
+                              f"max_rel {worst['max_rel']:.2e} (limit {tol.max_rel:.0e})")
+    return True, worst, "ok"

@@ -1,0 +1,120 @@
+"""PerfDB: every record of every run as Parquet files, queried with DuckDB.
+
+A run appends whole files (written to a temp name, then renamed), so an
+interrupted run loses at most the signature it was measuring, and readers
+never see a partial file. Views: `records` (everything), `admitted`
+(status = 'ok'), `rejected` (with their Reasons).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import LzError
+from .fsutil import atomic_write_bytes
+
+DIMS = ("batch", "seq", "kv_len", "tokens")  # every dynamic dim of runtime_loader.ops.OPS gets a column
+
+SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("ts", pa.timestamp("us")),  # UTC
+    ("model", pa.string()),
+    ("tp", pa.int32()),
+    ("signature", pa.string()),
+    ("op", pa.string()),
+    ("dtype", pa.string()),
+    ("roles", pa.string()),
+    ("kernel_id", pa.string()),
+    ("library", pa.string()),
+    ("kernel_version", pa.string()),
+    ("is_fallback", pa.bool_()),
+    ("status", pa.string()),  # 'ok' or 'rejected'
+    ("stage", pa.string()),  # where it was decided: 'capability', 'parity', 'bench'
+    ("reason_code", pa.string()),
+    ("reason_message", pa.string()),
+    *[(d, pa.int64()) for d in DIMS],
+    ("dims", pa.string()),  # the dynamic dims as JSON, for exact keys
+    ("eager_ms", pa.float64()),  # median, back-to-back launches (host overhead included)
+    ("eager_p95_ms", pa.float64()),
+    ("eager_min_ms", pa.float64()),
+    ("eager_samples", pa.int32()),
+    ("eager_spread", pa.float64()),  # IQR / median
+    ("graph_ms", pa.float64()),  # median of CUDA-graph replays (GPU time only)
+    ("graph_p95_ms", pa.float64()),
+    ("graph_min_ms", pa.float64()),
+    ("graph_samples", pa.int32()),
+    ("graph_spread", pa.float64()),
+    ("graph_safe", pa.bool_()),
+    ("jit_ms", pa.float64()),  # first call on the workload, never mixed into the above
+    ("rel_l2", pa.float64()),
+    ("max_rel", pa.float64()),
+    ("flops", pa.float64()),
+    ("bytes", pa.float64()),
+    ("timer", pa.string()),
+    ("device", pa.string()),
+    ("hw_slug", pa.string()),
+    ("hw_json", pa.string()),
+    ("torch_version", pa.string()),
+    ("lzsolve_version", pa.string()),
+    ("capabilities_hash", pa.string()),
+    ("seed", pa.int64()),
+])
+COLUMNS = SCHEMA.names
+
+
+def dims_key(dims: dict) -> str:
+    return json.dumps(dims, sort_keys=True)
+
+
+class PerfDB:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._seq = itertools.count()
+
+    def files(self) -> list[Path]:
+        return sorted(self.path.glob("*.parquet")) if self.path.is_dir() else []
+
+    def append(self, records: list[dict], run_id: str) -> Path | None:
+        """Write `records` as one new Parquet file; returns its path (None if nothing to write)."""
+        if not records:
+            return None
+        unknown = set().union(*records) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"records carry unknown columns {sorted(unknown)}")
+        self.path.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pylist(records, schema=SCHEMA)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        target = self.path / f"part-{run_id}-{next(self._seq):05d}.parquet"
+        atomic_write_bytes(target, sink.getvalue().to_pybytes())
+        return target
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB connection with the views over this PerfDB."""
+        if not self.files():
+            raise LzError(f"no PerfDB records under {self.path}; run `lzsolve tune` first or pass --db")
+        con = duckdb.connect()
+        glob = str(self.path / "*.parquet").replace("'", "''")
+        con.execute(f"CREATE VIEW records AS SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+        con.execute("CREATE VIEW admitted AS SELECT * FROM records WHERE status = 'ok'")
+        con.execute("CREATE VIEW rejected AS SELECT * FROM records WHERE status = 'rejected'")
+        return con
+
+    def query(self, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
+        con = self.connect()
+        try:
+            result = con.execute(sql, params or [])
+        except duckdb.Error as e:
+            raise LzError(f"query failed: {str(e).splitlines()[0]}") from None
+        if result.description is None:
+            return [], []
+        return [d[0] for d in result.description], result.fetchall()
+
+    def rows(self, sql: str, params: list | None = None) -> list[dict]:
+        columns, rows = self.query(sql, params)
+        return [dict(zip(columns, row)) for row in rows]

@@ -1,0 +1,205 @@
+"""Planning and tuning: op instances x grid x candidates -> gated, measured PerfRecords.
+
+`make_plan` is the dry run (capability gate only); `tune` runs the parity gate
+and the harness on every admitted candidate, appends records to the PerfDB one
+signature at a time, and reuses matching records a previous run already
+measured (same workload, kernel version, hardware and timer), so an
+interrupted run continues instead of restarting.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from runtime_loader import registry
+from runtime_loader.hardware import device_info, hardware_signature, slug
+from runtime_loader.ops import OPS
+from runtime_loader.specs import EXCLUDED, OOM, RAISED, KernelSpec, Reason
+
+from . import __version__
+from .bench import Harness
+from .gates import capability_gate, parity_gate
+from .grid import workloads
+from .models import ModelSpec, OpInstance, walk
+from .ops import CONTRACTS
+from .perfdb import DIMS, PerfDB, dims_key
+
+
+@dataclass(frozen=True)
+class Candidate:
+    spec: KernelSpec
+    reasons: tuple[Reason, ...]  # capability gate; empty = admitted to the parity gate
+
+    @property
+    def admitted(self) -> bool:
+        return not self.reasons
+
+
+@dataclass(frozen=True)
+class SignaturePlan:
+    instance: OpInstance
+    workloads: tuple[dict, ...]
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def fallback(self) -> str:
+        return OPS[self.instance.signature.op].fallback
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    dtype: str
+    device: torch.device
+    grid: str
+    hardware: dict
+    signatures: tuple[SignaturePlan, ...]
+
+    @property
+    def measurements(self) -> int:
+        """How many (workload, candidate) pairs reach the parity gate."""
+        return sum(len(sp.workloads) * sum(c.admitted for c in sp.candidates) for sp in self.signatures)
+
+
+def _selected(kernel_id: str, only: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
+    if only and not any(fnmatch.fnmatchcase(kernel_id, p) for p in only):
+        return False
+    return not any(fnmatch.fnmatchcase(kernel_id, p) for p in exclude)
+
+
+def make_plan(model: ModelSpec, dtype: str, device: torch.device, grid: str,
+              only: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Plan:
+    """The dry run: every op signature, its grid points and each candidate's capability verdict.
+    `only` / `exclude` are glob patterns on kernel ids; the op's fallback is always kept,
+    since every gain is measured against it."""
+    here = device_info(device)
+    plans = []
+    for instance in walk(model, dtype):
+        sig = instance.signature
+        candidates = []
+        for spec in registry.candidates(sig.op):
+            if spec.kernel_id != OPS[sig.op].fallback and not _selected(spec.kernel_id, only, exclude):
+                reasons = (Reason(EXCLUDED, "left out by --kernels/--exclude"),)
+            else:
+                reasons = tuple(capability_gate(spec, sig, here))
+            candidates.append(Candidate(spec, reasons))
+        plans.append(SignaturePlan(instance, tuple(workloads(grid, sig.op)), tuple(candidates)))
+    return Plan(model, dtype, device, grid, hardware_signature(device), tuple(plans))
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+class _Recorder:
+    """Builds PerfDB records with the run's provenance."""
+
+    def __init__(self, plan: Plan, run_id: str, harness: Harness):
+        self.plan, self.run_id, self.harness = plan, run_id, harness
+        self.hw_slug = slug(plan.hardware)
+        self.common = {
+            "run_id": run_id,
+            "model": plan.model.name,
+            "tp": plan.model.tp,
+            "dtype": plan.dtype,
+            "timer": harness.name,
+            "device": str(plan.device),
+            "hw_slug": self.hw_slug,
+            "hw_json": json.dumps(plan.hardware, sort_keys=True),
+            "torch_version": torch.__version__,
+            "lzsolve_version": __version__,
+            "capabilities_hash": registry.capabilities_hash(),
+        }
+
+    def record(self, sp: SignaturePlan, spec: KernelSpec, dims: dict, stage: str,
+               reason: Reason | None = None, **measured) -> dict:
+        sig = sp.instance.signature
+        contract = CONTRACTS[sig.op]
+        return {
+            **self.common,
+            "ts": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),  # UTC; naive so readers need no tz database
+            "signature": str(sig),
+            "op": sig.op,
+            "roles": ",".join(sp.instance.roles),
+            "kernel_id": spec.kernel_id,
+            "library": spec.library,
+            "kernel_version": spec.version(),
+            "is_fallback": spec.kernel_id == sp.fallback,
+            "status": "rejected" if reason else "ok",
+            "stage": stage,
+            "reason_code": reason.code if reason else None,
+            "reason_message": reason.message if reason else None,
+            **{d: dims.get(d) for d in DIMS},
+            "dims": dims_key(dims),
+            "flops": contract.flops(sig, dims),
+            "bytes": contract.bytes_moved(sig, dims),
+            **measured,
+        }
+
+
+def _reusable(db: PerfDB, recorder: _Recorder) -> dict[tuple, dict]:
+    """Records of earlier runs that measured the same thing on this machine and stack."""
+    if not db.files():
+        return {}
+    rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? AND stage <> 'capability' "
+                   "ORDER BY ts", [recorder.hw_slug, recorder.harness.name])
+    return {(r["signature"], r["kernel_id"], r["kernel_version"], r["dims"]): r for r in rows}
+
+
+def measure(sp: SignaturePlan, spec: KernelSpec, dims: dict, device: torch.device,
+            gen: torch.Generator, harness: Harness, recorder: _Recorder, seed: int) -> dict:
+    """Parity gate on fresh random inputs, then timing on the same inputs."""
+    sig = sp.instance.signature
+    contract = CONTRACTS[sig.op]
+    args = contract.make_inputs(sig, dims, device, gen)
+    parity = parity_gate(contract, spec, sig, args, harness)
+    extra = {"seed": seed, "jit_ms": parity.first_call_ms, **parity.errors}
+    if parity.reason:
+        return recorder.record(sp, spec, dims, "parity", parity.reason, **extra)
+    try:
+        t = harness.measure(lambda: spec.impl(*args))
+    except torch.OutOfMemoryError as e:
+        return recorder.record(sp, spec, dims, "bench", Reason(OOM, str(e)[:300]), **extra)
+    except Exception as e:
+        return recorder.record(sp, spec, dims, "bench", Reason(RAISED, f"{type(e).__name__}: {e}"[:300]), **extra)
+    return recorder.record(sp, spec, dims, "bench", None, eager_ms=t.median_ms, eager_p95_ms=t.p95_ms,
+                           eager_min_ms=t.min_ms, eager_samples=t.samples, eager_spread=t.spread, **extra)
+
+
+def tune(plan: Plan, db: PerfDB, harness: Harness, run_id: str | None = None, reuse: bool = True,
+         on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
+    """Gate and measure every (workload, candidate) of the plan; returns this run's view of
+    the records (new ones and reused ones). `on_step` is called after each measurement."""
+    run_id = run_id or new_run_id()
+    recorder = _Recorder(plan, run_id, harness)
+    reusable = _reusable(db, recorder) if reuse else {}
+    seed = int.from_bytes(os.urandom(6), "little")  # fresh random inputs every run
+    gen = torch.Generator(device=plan.device).manual_seed(seed)
+    results: list[dict] = []
+    for sp in plan.signatures:
+        fresh: list[dict] = []
+        try:
+            for dims in sp.workloads:
+                for cand in sp.candidates:
+                    if not cand.admitted:
+                        first, *rest = cand.reasons
+                        msg = "; ".join([first.message, *(str(r) for r in rest)])
+                        fresh.append(recorder.record(sp, cand.spec, dims, "capability", Reason(first.code, msg)))
+                        continue
+                    key = (str(sp.instance.signature), cand.spec.kernel_id, cand.spec.version(), dims_key(dims))
+                    if key in reusable:
+                        results.append(reusable[key])
+                    else:
+                        fresh.append(measure(sp, cand.spec, dims, plan.device, gen, harness, recorder, seed))
+                    on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")
+        finally:  # keep what was measured even when interrupted
+            db.append(fresh, run_id)
+            results.extend(fresh)
+    return results

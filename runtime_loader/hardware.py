@@ -1,0 +1,93 @@
+"""Hardware signature: what a table was measured on, and whether this machine matches it."""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import re
+
+import torch
+
+from .specs import DeviceInfo
+
+# Fields that must match for a table's measurements to hold here.
+MATCH_FIELDS = ("device", "name", "sm", "isa", "torch", "cuda", "cudnn", "triton")
+
+
+def device_info(device: torch.device | str) -> DeviceInfo:
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return DeviceInfo("cuda", major * 10 + minor)
+    return DeviceInfo(device.type)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML library, no driver, or no permission: the field stays empty
+        return None
+
+
+def hardware_signature(device: torch.device | str) -> dict:
+    device = torch.device(device)
+    info = device_info(device)
+    sig = {
+        "device": info.type,
+        "name": None,
+        "sm": info.sm,
+        "arch": platform.machine(),
+        "isa": None,
+        "torch": torch.__version__.split("+")[0],
+        "cuda": None,
+        "cudnn": None,
+        "driver": None,
+        "triton": _version("triton"),
+    }
+    if info.type == "cuda":
+        sig["name"] = torch.cuda.get_device_name(device)
+        sig["cuda"] = torch.version.cuda
+        sig["cudnn"] = torch.backends.cudnn.version()
+        sig["driver"] = _nvidia_driver()
+    else:
+        sig["name"] = _cpu_name()
+        sig["isa"] = torch.backends.cpu.get_cpu_capability()
+    return sig
+
+
+def slug(sig: dict) -> str:
+    """A folder name for a signature, e.g. 'nvidia-h100-80gb-hbm3-sm90-cuda13.0-torch2.11.0'."""
+    if sig["device"] == "cuda":
+        parts = [sig["name"], f"sm{sig['sm']}", f"cuda{sig['cuda']}"]
+    else:
+        parts = [sig["device"], sig["arch"], sig["isa"] or ""]
+    parts.append(f"torch{sig['torch']}")
+    text = "-".join(p for p in parts if p).lower()
+    return re.sub(r"[^a-z0-9.]+", "-", text).strip("-")
+
+
+def mismatches(table_sig: dict, here: dict) -> list[str]:
+    return [f"{k}: table {table_sig.get(k)!r} vs here {here.get(k)!r}"
+            for k in MATCH_FIELDS if table_sig.get(k) != here.get(k)]

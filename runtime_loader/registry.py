@@ -1,0 +1,38 @@
+"""The kernel registry: the only way a kernel id becomes a callable.
+
+Ids read from an artifact are looked up here and nowhere else, so a table can
+only name kernels this runtime already knows.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .kernels import ALL_SPECS
+from .ops import OPS
+from .specs import KernelSpec
+
+REGISTRY: dict[str, KernelSpec] = {}
+for _spec in ALL_SPECS:
+    if _spec.kernel_id in REGISTRY:
+        raise RuntimeError(f"duplicate kernel id {_spec.kernel_id}")
+    REGISTRY[_spec.kernel_id] = _spec
+
+
+def get(kernel_id: str) -> KernelSpec:
+    """The spec of `kernel_id`; KeyError for ids this runtime does not know."""
+    return REGISTRY[kernel_id]
+
+
+def candidates(op: str) -> list[KernelSpec]:
+    return [spec for spec in REGISTRY.values() if op in spec.ops]
+
+
+def fallback(op: str) -> KernelSpec:
+    return REGISTRY[OPS[op].fallback]
+
+
+def capabilities_hash() -> str:
+    """sha256 of every declared capability: a table solved against other declarations is stale."""
+    blob = json.dumps([REGISTRY[k].data() for k in sorted(REGISTRY)], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

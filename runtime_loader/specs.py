@@ -1,0 +1,139 @@
+"""Kernel specs (capabilities declared as data) and structured Reasons.
+
+A capability field that is missing means "unsupported": a spec with no dtypes
+supports no dtype, a spec with ``head_dim_max=0`` supports no op that has a
+head dim. ``check`` is the one capability gate; the solver uses it before
+measuring and the runtime uses it again before trusting a table entry.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+from .ops import Signature, required_features
+
+# Reason codes (DESIGN.md vocabulary). FEATURE_UNSUPPORTED carries the feature
+# after a colon, e.g. "FEATURE_UNSUPPORTED:gqa".
+NOT_INSTALLED = "NOT_INSTALLED"
+BACKEND_IMPORT_FAILED = "BACKEND_IMPORT_FAILED"
+OP_UNSUPPORTED = "OP_UNSUPPORTED"
+PLATFORM_MISMATCH = "PLATFORM_MISMATCH"
+SM_TOO_OLD = "SM_TOO_OLD"
+SM_TOO_NEW = "SM_TOO_NEW"
+DTYPE_UNSUPPORTED = "DTYPE_UNSUPPORTED"
+HEAD_DIM_UNSUPPORTED = "HEAD_DIM_UNSUPPORTED"
+FEATURE_UNSUPPORTED = "FEATURE_UNSUPPORTED"
+RAISED = "RAISED"  # the candidate raised a Python exception on a real input
+PARITY_FAILED = "PARITY_FAILED"
+CRASHED = "CRASHED"
+TIMEOUT = "TIMEOUT"
+OOM = "OOM"
+EXCLUDED = "EXCLUDED"  # left out by the user's --kernels / --exclude filter
+
+HEAD_DIM_ANY = 1 << 16  # head_dim_max for kernels with no head-dim limit
+
+
+class Reason(NamedTuple):
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where a kernel would run: 'cpu' or 'cuda' (with its SM version, e.g. 90)."""
+
+    type: str
+    sm: int | None = None
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    kernel_id: str
+    ops: frozenset[str]
+    library: str  # distribution whose version is recorded ("torch", "flashinfer-python")
+    impl: Callable = field(repr=False, compare=False)  # called with the op's canonical args
+    platforms: frozenset[str] = frozenset()
+    min_sm: int | None = None
+    max_sm: int | None = None
+    dtypes: frozenset[str] = frozenset()
+    head_dim_max: int = 0
+    head_dim_multiple: int = 1
+    features: frozenset[str] = frozenset()
+    graph_safe: bool = False
+    deterministic: bool = False
+    jit: bool = False  # compiles on first call: its jit time matters and caches travel
+    requires: tuple[str, ...] = ()  # importable modules the adapter needs
+    notes: str = ""
+
+    def data(self) -> dict:
+        """The declared capabilities as plain data (hashed into the capabilities hash)."""
+        return {
+            "kernel_id": self.kernel_id,
+            "ops": sorted(self.ops),
+            "library": self.library,
+            "platforms": sorted(self.platforms),
+            "min_sm": self.min_sm,
+            "max_sm": self.max_sm,
+            "dtypes": sorted(self.dtypes),
+            "head_dim_max": self.head_dim_max,
+            "head_dim_multiple": self.head_dim_multiple,
+            "features": sorted(self.features),
+            "graph_safe": self.graph_safe,
+            "deterministic": self.deterministic,
+            "jit": self.jit,
+            "requires": list(self.requires),
+        }
+
+    def installed(self) -> Reason | None:
+        for module in self.requires:
+            if importlib.util.find_spec(module) is None:
+                return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install lzsolve[gpu])")
+        return None
+
+    def version(self) -> str | None:
+        try:
+            return importlib.metadata.version(self.library)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def check(self, sig: Signature, device: DeviceInfo) -> list[Reason]:
+        """Every reason this kernel cannot compute `sig` on `device`; empty when admitted."""
+        return self.local_reasons(device) + self.semantic_reasons(sig)
+
+    def local_reasons(self, device: DeviceInfo) -> list[Reason]:
+        """Why this kernel cannot run on this machine at all (whatever the op)."""
+        reasons = []
+        missing = self.installed()
+        if missing:
+            reasons.append(missing)
+        if device.type not in self.platforms:
+            reasons.append(Reason(PLATFORM_MISMATCH, f"runs on {sorted(self.platforms)}, not {device.type}"))
+        elif device.type == "cuda" and device.sm is not None:
+            if self.min_sm is not None and device.sm < self.min_sm:
+                reasons.append(Reason(SM_TOO_OLD, f"needs sm{self.min_sm}+, device is sm{device.sm}"))
+            if self.max_sm is not None and device.sm > self.max_sm:
+                reasons.append(Reason(SM_TOO_NEW, f"supports up to sm{self.max_sm}, device is sm{device.sm}"))
+        return reasons
+
+    def semantic_reasons(self, sig: Signature) -> list[Reason]:
+        """Why this kernel would compute something other than `sig` (wherever it runs)."""
+        reasons = []
+        if sig.op not in self.ops:
+            reasons.append(Reason(OP_UNSUPPORTED, f"{self.kernel_id} implements {sorted(self.ops)}, not {sig.op}"))
+        if sig.dtype not in self.dtypes:
+            reasons.append(Reason(DTYPE_UNSUPPORTED, f"supports {sorted(self.dtypes) or 'no dtype'}, not {sig.dtype}"))
+        static = dict(sig.static)
+        if "d" in static:
+            d = static["d"]
+            if d > self.head_dim_max or d % self.head_dim_multiple:
+                reasons.append(Reason(
+                    HEAD_DIM_UNSUPPORTED,
+                    f"head_dim {d} outside <= {self.head_dim_max}, multiple of {self.head_dim_multiple}"))
+        for feature in sorted(required_features(sig) - self.features):
+            reasons.append(Reason(f"{FEATURE_UNSUPPORTED}:{feature}", f"{self.kernel_id} does not declare {feature!r}"))
+        return reasons

@@ -1,0 +1,131 @@
+"""Reading and validating dispatch.json: data in, nothing imported or evaluated.
+
+Every kernel id a tree names is resolved through the registry; every dim and
+threshold is checked against the op schema. Anything off raises TableError,
+which `load` turns into a fallback-only dispatcher (or re-raises when strict).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import registry
+from .ops import DTYPES, OPS, Signature
+
+SCHEMA_VERSION = 1
+MAX_TREE_DEPTH = 32
+
+
+class TableError(ValueError):
+    """The artifact cannot be trusted; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    kernel_id: str
+
+
+@dataclass(frozen=True)
+class Split:
+    dim: str
+    threshold: float
+    le: "Leaf | Split"
+    gt: "Leaf | Split"
+
+
+def choose(node: Leaf | Split, dims: dict) -> str:
+    """Walk a tree to the kernel id for these dynamic dims (<= threshold goes left)."""
+    while isinstance(node, Split):
+        node = node.le if dims[node.dim] <= node.threshold else node.gt
+    return node.kernel_id
+
+
+@dataclass(frozen=True)
+class Table:
+    source: str
+    raw: dict
+    hardware: dict
+    trees: dict[Signature, Leaf | Split]
+
+
+def _parse_node(node, sig: Signature, depth: int) -> Leaf | Split:
+    if depth > MAX_TREE_DEPTH:
+        raise TableError(f"{sig}: tree deeper than {MAX_TREE_DEPTH}")
+    if not isinstance(node, dict):
+        raise TableError(f"{sig}: tree node is not an object")
+    if "kernel_id" in node:
+        kernel_id = node["kernel_id"]
+        if not isinstance(kernel_id, str) or kernel_id not in registry.REGISTRY:
+            raise TableError(f"{sig}: unknown kernel id {kernel_id!r} (not in this runtime's registry)")
+        return Leaf(kernel_id)
+    dim, threshold = node.get("dim"), node.get("threshold")
+    if dim not in sig.schema.dynamic:
+        raise TableError(f"{sig}: split on {dim!r}, which is not a dynamic dim of {sig.op}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise TableError(f"{sig}: split threshold {threshold!r} is not a finite number")
+    return Split(dim, float(threshold), _parse_node(node.get("le"), sig, depth + 1),
+                 _parse_node(node.get("gt"), sig, depth + 1))
+
+
+def _parse_signature(entry) -> Signature:
+    if not isinstance(entry, dict):
+        raise TableError("an ops entry is not an object")
+    op, static, flags, dtype = entry.get("op"), entry.get("static"), entry.get("flags", []), entry.get("dtype")
+    if op not in OPS or not isinstance(static, dict) or not isinstance(flags, list) or dtype not in DTYPES:
+        raise TableError(f"malformed op entry {entry.get('signature', op)!r}")
+    try:
+        return Signature.make(op, static, flags, dtype)
+    except (ValueError, TypeError) as e:
+        raise TableError(f"malformed op entry {op!r}: {e}") from None
+
+
+def leaves(node: Leaf | Split):
+    if isinstance(node, Leaf):
+        yield node
+    else:
+        yield from leaves(node.le)
+        yield from leaves(node.gt)
+
+
+def parse_table(raw, source: str = "<memory>") -> Table:
+    if not isinstance(raw, dict):
+        raise TableError("top level is not a JSON object")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise TableError(f"schema_version {version!r} is not supported (this runtime reads {SCHEMA_VERSION})")
+    hardware = raw.get("hardware")
+    if not isinstance(hardware, dict) or hardware.get("device") not in ("cpu", "cuda"):
+        raise TableError("missing or malformed hardware signature")
+    ops = raw.get("ops")
+    if not isinstance(ops, list):
+        raise TableError("missing 'ops' list")
+    trees = {}
+    for entry in ops:
+        sig = _parse_signature(entry)
+        if sig in trees:
+            raise TableError(f"{sig}: listed twice")
+        tree = _parse_node(entry.get("tree"), sig, 0)
+        for leaf in leaves(tree):
+            # A table that picks a kernel lacking a required feature lies: refuse it.
+            wrong = registry.get(leaf.kernel_id).semantic_reasons(sig)
+            if wrong:
+                raise TableError(f"{sig}: kernel {leaf.kernel_id} cannot compute it ({wrong[0]})")
+        trees[sig] = tree
+    return Table(source, raw, hardware, trees)
+
+
+def read_table(path: str | Path) -> Table:
+    path = Path(path)
+    file = path / "dispatch.json" if path.is_dir() else path
+    try:
+        text = file.read_text()
+    except OSError as e:
+        raise TableError(f"cannot read {file}: {e.strerror or e}") from None
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TableError(f"{file} is not valid JSON ({e})") from None
+    return parse_table(raw, str(file))
+

@@ -1,0 +1,173 @@
+"""End to end through the command line: tune -> artifact -> load -> replay; explain, db query;
+bad input ends in one line, a non-zero exit and nothing written."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import runtime_loader
+from lzsolve.cli import cli
+from lzsolve.models import CATALOGUE
+from lzsolve.ops import CONTRACTS, compare, to_fp32
+from runtime_loader.ops import Signature
+
+TINY_LLAMA = {**CATALOGUE["llama3-8b"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+METHOD = {"attention.prefill": "attention", "attention.decode": "attention", "norm.rms": "rms_norm",
+          "posenc.rope": "rope", "act.swiglu": "swiglu", "linear": "linear"}
+OFF_GRID = {"tokens": [3, 100], "batch": [3], "seq": [40], "kv_len": [50, 200]}
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    config = root / "tiny-llama" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY_LLAMA))
+    out = root / "artifact"
+    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--tp", "2", "--grid", "tiny",
+                                      "--dtype", "fp32", "--device", "cpu", "--exclude", "compile.*",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-c", "from lzsolve.cli import main; main()", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_artifact_layout(artifact):
+    assert (artifact / "dispatch.json").is_file() and (artifact / "report.md").is_file()
+    assert list((artifact / "perfdb").glob("*.parquet"))
+    assert not [p for p in artifact.rglob("*") if p.name.endswith(".tmp")]
+    table = json.loads((artifact / "dispatch.json").read_text())
+    assert table["schema_version"] == 1 and table["model"]["id"] == "tiny-llama" and table["model"]["tp"] == 2
+    assert table["hardware"]["device"] == "cpu"
+    assert {e["op"] for e in table["ops"]} == set(CONTRACTS)
+    assert "# lzsolve report: tiny-llama" in (artifact / "report.md").read_text()
+
+
+def points(entry, table):
+    grid = table["buckets"][entry["op"]]
+    inside = [{d: v[-1] for d, v in grid.items()}, {d: v[0] for d, v in grid.items()}]
+    outside = [{d: OFF_GRID[d][i % len(OFF_GRID[d])] for d in grid} for i in range(2)]
+    return inside + outside
+
+
+def test_replay_reproduces_fp32_references_inside_and_outside_the_grid(artifact):
+    d = runtime_loader.load(artifact, strict=True)
+    table = json.loads((artifact / "dispatch.json").read_text())
+    gen = torch.Generator().manual_seed(3)
+    chosen_kernels = set()
+    for entry in table["ops"]:
+        sig = Signature.make(entry["op"], entry["static"], entry["flags"], entry["dtype"])
+        contract = CONTRACTS[sig.op]
+        for dims in points(entry, table):
+            args = contract.make_inputs(sig, dims, torch.device("cpu"), gen)
+            method = getattr(d, METHOD[sig.op])
+            chosen_kernels.add(d.kernel_for(METHOD[sig.op], *args))
+            ok, _, message = compare(method(*args), contract.reference(*to_fp32(args)), contract.tolerances[sig.dtype])
+            assert ok, f"{sig} at {dims}: {message}"
+    assert chosen_kernels - {"sdpa.default", "eager.rms_norm", "eager.rope", "eager.swiglu", "torch.linear"}, \
+        "the table should route some calls away from the fallbacks"
+
+
+def test_explain_and_db_query(artifact):
+    runner = CliRunner()
+    result = runner.invoke(cli, ["explain", str(artifact)])
+    assert result.exit_code == 0, result.output
+    assert "attention.prefill[hq=2,hkv=1,d=64,causal,fp32]" in result.output
+    assert "rejected sdpa.flash" in result.output and "PLATFORM_MISMATCH" in result.output
+    assert "rejected compile.rms_norm" in result.output and "EXCLUDED" in result.output
+    result = runner.invoke(cli, ["db", "query", "--db", str(artifact), "--json",
+                                 "SELECT status, count(*) AS n FROM records GROUP BY status ORDER BY status"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["status"] for r in rows] == ["ok", "rejected"] and all(r["n"] > 0 for r in rows)
+    result = runner.invoke(cli, ["db", "query", "--db", str(artifact / "perfdb"),
+                                 "SELECT kernel_id, eager_ms FROM admitted WHERE op = 'norm.rms' LIMIT 2"])
+    assert result.exit_code == 0 and result.output.startswith("kernel_id")
+
+
+def test_rerun_reuses_measurements(artifact, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    before = len(list((artifact / "perfdb").glob("*.parquet")))
+    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--tp", "2", "--grid", "tiny", "--dtype", "fp32",
+                                      "--device", "cpu", "--exclude", "compile.*", "--out", str(artifact)])
+    assert result.exit_code == 0, result.output
+    from lzsolve.perfdb import PerfDB
+    runs = PerfDB(artifact / "perfdb").rows(
+        "SELECT run_id, count(*) FILTER (WHERE stage <> 'capability') AS measured FROM records GROUP BY run_id "
+        "ORDER BY min(ts)")
+    assert len(runs) == 2 and runs[0]["measured"] > 0 and runs[1]["measured"] == 0
+    assert len(list((artifact / "perfdb").glob("*.parquet"))) > before
+
+
+def test_plan_llama3_70b_tp8(tmp_path):
+    result = CliRunner().invoke(cli, ["plan", "--model", "llama3-70b", "--tp", "8", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "linear[k=8192,n=16032,bf16]" in result.output and "lm_head" in result.output
+    assert "sdpa.efficient" in result.output and "FEATURE_UNSUPPORTED:gqa" in result.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["tune", "--model", "llama9"], "known: llama3-8b, llama3-70b"),
+    (["tune", "--config", "{config}"], "not valid JSON"),
+    (["tune", "--model", "llama3-70b", "--tp", "3"], "--tp 3 cannot shard llama3-70b"),
+    (["tune", "--model", "llama3-70b", "--tp", "0"], "--tp must be >= 1"),
+    (["tune", "--model", "llama3-8b", "--out", "{file}/sub"], "cannot write to --out"),
+    (["tune", "--model", "llama3-8b", "--dtype", "int4"], "'int4' is not one of"),
+    (["tune"], "pass exactly one of --model NAME or --config PATH"),
+    (["tune", "--model", "llama3-8b", "--kernels", "nope.*"], "matches no kernel"),
+    (["plan", "--model", "llama3-8b", "--device", "tpu"], "--device"),
+    (["db", "query", "SELECT 1"], "no artifact under ./artifacts"),
+    (["explain"], "no artifact under ./artifacts"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
+    config = tmp_path / "bad.json"
+    config.write_text("{oops")
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    args = [a.format(config=config, file=blocker) for a in args]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "nothing half-written"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_device_without_gpu(tmp_path):
+    result = run_cli("plan", "--model", "llama3-8b", "--device", "cuda", cwd=tmp_path)
+    assert result.returncode != 0 and "no CUDA device is available" in result.stderr
+
+
+def test_runtime_loader_needs_no_solver_stack(artifact):
+    """runtime_loader imports and replays with lzsolve, pandas, pyarrow, duckdb and optuna unimportable."""
+    code = textwrap.dedent(f"""
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] in {{'lzsolve', 'pandas', 'pyarrow', 'duckdb', 'optuna'}}:
+                    raise ImportError('blocked ' + name)
+        sys.meta_path.insert(0, Block())
+        import torch, runtime_loader
+        d = runtime_loader.load({str(artifact)!r}, strict=True)
+        x = torch.randn(4, 128)
+        print(d.rms_norm(x, torch.ones(128), 1e-5).shape)
+        assert not [m for m in sys.modules if m.split('.')[0] in {{'lzsolve', 'pandas', 'pyarrow', 'duckdb', 'optuna'}}]
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(runtime_loader.__file__).parents[1])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "torch.Size([4, 128])" in result.stdout

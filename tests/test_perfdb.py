@@ -1,0 +1,37 @@
+"""PerfDB: append whole files, query through DuckDB views."""
+import datetime as dt
+
+import pytest
+
+from lzsolve.errors import LzError
+from lzsolve.perfdb import PerfDB
+
+
+def rec(kernel, status="ok", ms=1.0, **kw):
+    return {"run_id": "r1", "ts": dt.datetime(2026, 11, 22, 12, 0), "signature": "norm.rms[hidden=8,bf16]",
+            "op": "norm.rms", "kernel_id": kernel, "status": status, "eager_ms": ms if status == "ok" else None,
+            "tokens": 4, "dims": '{"tokens": 4}', **kw}
+
+
+def test_append_and_query(tmp_path):
+    db = PerfDB(tmp_path / "perfdb")
+    db.append([rec("a", ms=2.0), rec("b", ms=1.0)], "r1")
+    db.append([rec("c", status="rejected", reason_code="PARITY_FAILED", reason_message="rel_l2 1")], "r1")
+    assert len(db.files()) == 2
+    assert not list((tmp_path / "perfdb").glob("*.tmp")), "no temp files left behind"
+    assert db.rows("SELECT kernel_id FROM admitted ORDER BY eager_ms") == [{"kernel_id": "b"}, {"kernel_id": "a"}]
+    assert db.rows("SELECT kernel_id, reason_code FROM rejected") == [{"kernel_id": "c", "reason_code": "PARITY_FAILED"}]
+    columns, rows = db.query("SELECT count(*) AS n FROM records")
+    assert columns == ["n"] and rows == [(3,)]
+
+
+def test_errors_are_one_line(tmp_path):
+    db = PerfDB(tmp_path / "none")
+    with pytest.raises(LzError, match="no PerfDB records"):
+        db.query("SELECT 1")
+    db.append([rec("a")], "r1")
+    with pytest.raises(LzError, match="query failed") as e:
+        db.query("SELEC nonsense")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="unknown columns"):
+        db.append([{**rec("a"), "bogus": 1}], "r1")

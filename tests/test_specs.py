@@ -1,0 +1,72 @@
+"""Kernel specs and the capability gate; the registry."""
+import dataclasses
+
+import pytest
+
+from runtime_loader import registry
+from runtime_loader.ops import OPS, Signature
+from runtime_loader.specs import HEAD_DIM_ANY, DeviceInfo, KernelSpec
+
+ATTN = Signature.make("attention.prefill", {"hq": 8, "hkv": 1, "d": 128}, ("causal",), "bf16")
+H100 = DeviceInfo("cuda", 90)
+
+
+def spec(**overrides):
+    base = KernelSpec("test.k", frozenset({"attention.prefill"}), "torch", lambda *a: None,
+                      platforms=frozenset({"cuda"}), min_sm=80, dtypes=frozenset({"bf16"}), head_dim_max=256,
+                      head_dim_multiple=8, features=frozenset({"causal", "gqa"}))
+    return dataclasses.replace(base, **overrides)
+
+
+def codes(reasons):
+    return [r.code for r in reasons]
+
+
+def test_admitted_when_everything_is_declared():
+    assert spec().check(ATTN, H100) == []
+
+
+@pytest.mark.parametrize("overrides,device,code", [
+    ({}, DeviceInfo("cpu"), "PLATFORM_MISMATCH"),
+    ({}, DeviceInfo("cuda", 75), "SM_TOO_OLD"),
+    ({"max_sm": 89}, H100, "SM_TOO_NEW"),
+    ({"dtypes": frozenset({"fp16"})}, H100, "DTYPE_UNSUPPORTED"),
+    ({"head_dim_max": 64}, H100, "HEAD_DIM_UNSUPPORTED"),
+    ({"head_dim_multiple": 48}, H100, "HEAD_DIM_UNSUPPORTED"),
+    ({"features": frozenset({"causal"})}, H100, "FEATURE_UNSUPPORTED:gqa"),
+    ({"ops": frozenset({"attention.decode"})}, H100, "OP_UNSUPPORTED"),
+    ({"requires": ("surely_not_a_module_xyz",)}, H100, "NOT_INSTALLED"),
+])
+def test_each_missing_capability_is_a_reason(overrides, device, code):
+    assert code in codes(spec(**overrides).check(ATTN, device))
+
+
+def test_missing_fields_mean_unsupported():
+    bare = KernelSpec("bare", frozenset({"attention.prefill"}), "torch", lambda *a: None)
+    got = codes(bare.check(ATTN, H100))
+    assert {"PLATFORM_MISMATCH", "DTYPE_UNSUPPORTED", "HEAD_DIM_UNSUPPORTED",
+            "FEATURE_UNSUPPORTED:causal", "FEATURE_UNSUPPORTED:gqa"} <= set(got)
+
+
+def test_registry_covers_every_op_with_its_fallback():
+    for op, schema in OPS.items():
+        fallback = registry.fallback(op)
+        assert op in fallback.ops
+        assert fallback.platforms >= {"cpu", "cuda"}, f"{op}'s fallback must run everywhere"
+        assert fallback.head_dim_max in (0, HEAD_DIM_ANY)
+    with pytest.raises(KeyError):
+        registry.get("os.system")
+
+
+def test_sdpa_efficient_declares_no_gqa():
+    assert "FEATURE_UNSUPPORTED:gqa" in codes(registry.get("sdpa.efficient").check(ATTN, H100))
+    mha = Signature.make("attention.prefill", {"hq": 8, "hkv": 8, "d": 128}, ("causal",), "bf16")
+    assert registry.get("sdpa.efficient").check(mha, H100) == []
+
+
+def test_capabilities_hash_tracks_declarations(monkeypatch):
+    before = registry.capabilities_hash()
+    assert before == registry.capabilities_hash()
+    changed = dataclasses.replace(registry.REGISTRY["sdpa.flash"], head_dim_max=128)
+    monkeypatch.setitem(registry.REGISTRY, "sdpa.flash", changed)
+    assert registry.capabilities_hash() != before

@@ -1,0 +1,75 @@
+"""Fail-closed loading: an artifact is data, and anything off means fallback (or an error when strict)."""
+import json
+import warnings
+
+import pytest
+import torch
+
+import runtime_loader
+from runtime_loader.table import TableError, parse_table
+
+from .tables import ATTN, RMS, entry, table, write
+
+
+def load_quietly(path, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = runtime_loader.load(path, **kw)
+    return d, [str(w.message) for w in caught]
+
+
+def test_valid_table_loads_without_warnings(tmp_path):
+    d, warned = load_quietly(write(tmp_path, table()), strict=True)
+    assert not warned
+    assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "torch.rms_norm"
+    assert d.kernel_for("rms_norm", torch.randn(9, 64), torch.randn(64)) == "eager.rms_norm"
+
+
+BAD = {
+    "truncated": json.dumps(table())[:-20],
+    "not_json": "\x00\x01garbage",
+    "top_level_list": json.dumps([table()]),
+    "unknown_schema": table(schema_version=99),
+    "no_hardware": table(hardware=None),
+    "unknown_kernel": table(ops=[entry(RMS, {"kernel_id": "flashy.rms_norm"})]),
+    "import_path_kernel": table(ops=[entry(RMS, {"kernel_id": "os.system"})]),
+    "dunder_kernel": table(ops=[entry(RMS, {"kernel_id": "__import__('os').system"})]),
+    "kernel_for_other_op": table(ops=[entry(RMS, {"kernel_id": "sdpa.math"})]),
+    "kernel_lacks_feature": table(ops=[entry(ATTN, {"kernel_id": "sdpa.efficient"})]),  # no GQA
+    "split_on_static_dim": table(ops=[entry(RMS, {"dim": "hidden", "threshold": 1, "le": {"kernel_id": "eager.rms_norm"},
+                                                  "gt": {"kernel_id": "eager.rms_norm"}})]),
+    "nan_threshold": table(ops=[entry(RMS, {"dim": "tokens", "threshold": float("nan"),
+                                            "le": {"kernel_id": "eager.rms_norm"}, "gt": {"kernel_id": "eager.rms_norm"}})]),
+    "string_threshold": table(ops=[entry(RMS, {"dim": "tokens", "threshold": "8",
+                                               "le": {"kernel_id": "eager.rms_norm"}, "gt": {"kernel_id": "eager.rms_norm"}})]),
+    "unknown_op": table(ops=[{"op": "os.system", "static": {}, "dtype": "fp32", "tree": {"kernel_id": "eager.rms_norm"}}]),
+    "wrong_static": table(ops=[{"op": "norm.rms", "static": {"width": 3}, "dtype": "fp32",
+                                "tree": {"kernel_id": "eager.rms_norm"}}]),
+    "other_gpu": table(hardware={**table()["hardware"], "device": "cuda", "name": "NVIDIA B200", "sm": 100}),
+    "other_torch": table(hardware={**table()["hardware"], "torch": "1.0.0"}),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_untrustworthy_tables_fall_back(tmp_path, case):
+    path = write(tmp_path, BAD[case] if isinstance(BAD[case], str) else json.dumps(BAD[case]))
+    d, warned = load_quietly(path)
+    assert len(warned) == 1 and "every call uses the fallback" in warned[0]
+    assert d.table is None
+    x = torch.randn(4, 64)
+    assert d.kernel_for("rms_norm", x, torch.randn(64)) == "eager.rms_norm"
+    with pytest.raises(TableError):
+        runtime_loader.load(path, strict=True)
+
+
+def test_deep_tree_is_refused():
+    node = {"kernel_id": "eager.rms_norm"}
+    for _ in range(40):
+        node = {"dim": "tokens", "threshold": 1.0, "le": node, "gt": node}
+    with pytest.raises(TableError, match="deeper"):
+        parse_table(table(ops=[entry(RMS, node)]))
+
+
+def test_missing_artifact(tmp_path):
+    with pytest.raises(TableError, match="cannot read"):
+        runtime_loader.load(tmp_path / "nothing", strict=True)

@@ -54,7 +54,7 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict
             "calls_per_forward": sp.instance.calls_per_forward,
             "fallback": sp.fallback,
             **solved,
-            "candidates": candidates_summary(recs),
+            "candidates": candidates_summary(recs, mode),
         })
     table = {
         "schema_version": SCHEMA_VERSION,

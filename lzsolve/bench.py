@@ -1,12 +1,24 @@
 """The timing harness: one interface, a CPU clock and CUDA events behind it.
 
-`first_call` times the first call of a candidate on a workload (JIT, compile,
-autotune, handle creation: what a server's first request would pay);
-`measure` times the steady state with warm-up and adaptive repeats, and never
-includes that first call.
+A candidate is timed on `k` input sets (fresh random data each), one call per
+set per sample, so that no call finds its inputs in cache from the previous
+call; on CUDA the L2 is also flushed before every sample (as
+triton.testing.do_bench does). Two numbers per record:
+
+- eager: the k calls launched back to back from Python and timed with events,
+  so host-side launch overhead counts wherever it exceeds the GPU time (what an
+  eager server pays);
+- graph: the k calls captured once in a CUDA graph and replayed (what a server
+  with CUDA graphs pays: GPU time alone). A candidate that cannot be captured
+  gets no graph time and the capture error instead.
+
+Samples repeat until the spread (IQR / median) is under a target, a sample cap
+or a time cap. `first_call` times the very first call on a workload (JIT,
+compile, autotune), which never enters the steady-state numbers.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -17,11 +29,13 @@ import torch
 
 @dataclass(frozen=True)
 class Budget:
-    warmup_s: float = 0.05  # at least one warm-up call, then more until this much time passed
+    warmup_s: float = 0.05  # at least one warm-up pass, then more until this much time passed
     min_samples: int = 5
     max_samples: int = 200
-    time_cap_s: float = 0.5  # stop sampling after this long even if still noisy
+    time_cap_s: float = 0.5  # per mode: stop sampling after this long even if still noisy
     target_spread: float = 0.02  # stop once IQR / median is below this
+    max_sets: int = 32  # input sets rotated per sample
+    max_set_bytes: int = 1 << 30  # never hold more than this in rotation sets
 
 
 @dataclass(frozen=True)
@@ -33,6 +47,13 @@ class Timing:
     spread: float  # IQR / median of the samples
 
 
+@dataclass(frozen=True)
+class Measurement:
+    eager: Timing
+    graph: Timing | None  # None: not measured (CPU) or not capturable (see graph_error)
+    graph_error: str | None = None
+
+
 def summarize(samples_ms: list[float]) -> Timing:
     ordered = sorted(samples_ms)
     n = len(ordered)
@@ -42,77 +63,139 @@ def summarize(samples_ms: list[float]) -> Timing:
     return Timing(median, q[18], ordered[0], n, iqr / median if median > 0 else 0.0)
 
 
+def rotation_sets(bytes_per_set: float, cache_bytes: int, budget: Budget) -> int:
+    """How many input sets to rotate so one pass covers twice the cache (bounded)."""
+    if bytes_per_set <= 0:
+        return 1
+    wanted = math.ceil(2 * cache_bytes / bytes_per_set)
+    affordable = max(1, int(budget.max_set_bytes // bytes_per_set))
+    return max(1, min(wanted, budget.max_sets, affordable))
+
+
 class Harness(Protocol):
     name: str
+    cache_bytes: int
 
     def first_call(self, fn: Callable[[], object]) -> tuple[object, float]: ...
 
-    def measure(self, fn: Callable[[], object]) -> Timing: ...
+    def measure(self, calls: list[Callable[[], object]]) -> Measurement: ...
 
 
-class _Adaptive:
-    """Warm-up, then samples until the spread target, the sample cap or the time cap."""
-
+class _Base:
     name = "abstract"
+    cache_bytes = 0
 
     def __init__(self, budget: Budget = Budget()):
         self.budget = budget
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         pass
 
-    def _sample_ms(self, fn) -> float:
-        raise NotImplementedError
-
     def first_call(self, fn):
-        self._sync()
+        self.sync()
         start = time.perf_counter()
         out = fn()
-        self._sync()
+        self.sync()
         return out, (time.perf_counter() - start) * 1e3
 
-    def measure(self, fn) -> Timing:
-        b = self.budget
+    def _warmup(self, calls) -> None:
         start = time.perf_counter()
-        fn()
-        self._sync()
-        while time.perf_counter() - start < b.warmup_s:
-            fn()
-            self._sync()
+        while True:
+            for call in calls:
+                call()
+            self.sync()
+            if time.perf_counter() - start >= self.budget.warmup_s:
+                return
+
+    def _adaptive(self, sample_ms: Callable[[], float]) -> Timing:
+        b = self.budget
         samples: list[float] = []
         start = time.perf_counter()
         while len(samples) < b.max_samples:
-            samples.append(self._sample_ms(fn))
+            samples.append(sample_ms())
             if len(samples) >= b.min_samples:
                 if time.perf_counter() - start > b.time_cap_s or summarize(samples).spread < b.target_spread:
                     break
         return summarize(samples)
 
 
-class CpuHarness(_Adaptive):
+class CpuHarness(_Base):
     name = "cpu_perf_counter"
+    cache_bytes = 32 << 20  # a typical last-level cache; sizes the rotation only
 
-    def _sample_ms(self, fn) -> float:
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
+    def measure(self, calls) -> Measurement:
+        self._warmup(calls)
+
+        def sample() -> float:
+            start = time.perf_counter()
+            for call in calls:
+                call()
+            return (time.perf_counter() - start) * 1e3 / len(calls)
+
+        return Measurement(self._adaptive(sample), None, "CUDA graphs need a CUDA device")
 
 
-class CudaEventHarness(_Adaptive):
+class CudaHarness(_Base):
     name = "cuda_events"
 
-    def _sync(self) -> None:
-        torch.cuda.synchronize()
+    def __init__(self, budget: Budget = Budget(), device: torch.device | None = None):
+        super().__init__(budget)
+        self.device = device or torch.device("cuda")
+        self.cache_bytes = torch.cuda.get_device_properties(self.device).L2_cache_size
+        # Writing twice the L2 evicts whatever the previous sample left there.
+        self._flush_buffer = torch.empty(2 * self.cache_bytes // 4, dtype=torch.int32, device=self.device)
 
-    def _sample_ms(self, fn) -> float:
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def _events_ms(self, run: Callable[[], None], calls_per_run: int) -> float:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._flush_buffer.zero_()
         begin.record()
-        fn()
+        run()
         end.record()
         end.synchronize()
-        return begin.elapsed_time(end)
+        return begin.elapsed_time(end) / calls_per_run
+
+    def measure(self, calls) -> Measurement:
+        self._warmup(calls)
+
+        def eager_pass() -> None:
+            for call in calls:
+                call()
+
+        eager = self._adaptive(lambda: self._events_ms(eager_pass, len(calls)))
+        try:
+            graph = self._capture(calls)
+        except Exception as e:  # capture refused: the kernel is not graph-safe
+            torch.cuda.synchronize(self.device)  # surfaces a sticky CUDA error to the caller
+            return Measurement(eager, None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300])
+        try:
+            timing = self._adaptive(lambda: self._events_ms(graph.replay, len(calls)))
+        finally:
+            del graph
+        return Measurement(eager, timing)
+
+    def _capture(self, calls) -> torch.cuda.CUDAGraph:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # libraries set up workspaces outside capture
+            for call in calls:
+                call()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for call in calls:
+                call()
+        graph.replay()
+        self.sync()
+        return graph
+
+
+def timer_name(device: torch.device) -> str:
+    return CudaHarness.name if device.type == "cuda" else CpuHarness.name
 
 
 def make_harness(device: torch.device, budget: Budget | None = None) -> Harness:
     budget = budget or Budget()
-    return CudaEventHarness(budget) if device.type == "cuda" else CpuHarness(budget)
+    return CudaHarness(budget, device) if device.type == "cuda" else CpuHarness(budget)

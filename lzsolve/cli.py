@@ -21,7 +21,7 @@ from runtime_loader.ops import DTYPES
 from . import __version__
 from .artifact import build_table, default_out, ensure_writable, find_artifact, format_op, read_table_json
 from .artifact import report, write_artifact
-from .bench import make_harness
+from .worker import InProcessRunner, WorkerRunner, load_plugins
 from .errors import LzError
 from .grid import GRIDS, default_grid
 from .models import CATALOGUE, from_catalogue, from_config_file, shard
@@ -59,6 +59,14 @@ def _model(model: str | None, config: str | None, tp: int):
                       f"(built-in models: {', '.join(CATALOGUE)})")
     spec = from_catalogue(model) if model else from_config_file(config)
     return shard(spec, tp)
+
+
+def _load_plugins(modules: tuple[str, ...]) -> None:
+    try:
+        load_plugins(modules)
+    except Exception as e:
+        raise LzError(f"--plugin: cannot import {e.name if isinstance(e, ImportError) else ''} "
+                      f"({type(e).__name__}: {e}); pass an importable module name") from None
 
 
 def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -120,19 +128,33 @@ def cli():
 @model_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="artifact folder  [default: artifacts/<model>/<hardware-signature>-[tpN-]<dtype>]")
+@click.option("--mode", type=click.Choice(["graph", "eager"]), default=None,
+              help="timing the solver optimises: graph (CUDA-graph replay, GPU time) or eager (launches "
+                   "from Python, host overhead included)  [default: graph on cuda, eager on cpu]")
 @click.option("--fresh", is_flag=True, help="re-measure everything instead of reusing matching PerfDB records")
-def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, fresh):
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="seconds one measurement may take (first-call JIT included) before its worker is killed")
+@click.option("--isolate/--no-isolate", default=True, show_default=True,
+              help="measure in a worker process, so a crash or hang costs one record, not the run")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
+              help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
+def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
     fp32 reference before it is timed; all records, rejections included, go to the
     PerfDB. Interrupted runs keep their records: run the same command again to continue.
     """
+    _load_plugins(plugins)
     plan = _plan(model, config, tp, dtype, device, grid, kernels, exclude)
+    mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
+    if mode == "graph" and plan.device.type != "cuda":
+        raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
     out_dir = Path(out) if out else default_out(plan)
     ensure_writable(out_dir)
     db = PerfDB(out_dir / "perfdb")
-    harness = make_harness(plan.device)
+    runner = WorkerRunner(plan.device, plugins=plugins, timeout_s=timeout) if isolate else \
+        InProcessRunner(plan.device, plugins=plugins)
     run_id = new_run_id()
     started = time.perf_counter()
     click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {dtype} on {plan.hardware['name']} "
@@ -142,11 +164,15 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, fresh):
                            item_show_func=lambda s: s, file=sys.stderr) as bar:
         def step(label: str) -> None:
             bar.update(1, label)
-        records = tuner.tune(plan, db, harness, run_id, reuse=not fresh, on_step=step)
-    table = build_table(plan, records, "eager", run_id)
+        try:
+            records = tuner.tune(plan, db, runner, run_id, reuse=not fresh, on_step=step)
+        finally:
+            runner.close()
+    table = build_table(plan, records, mode, run_id)
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records)))
-    click.echo(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s)")
+    click.echo(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
+               f"{runner.restarts} worker restart(s))")
     for entry in table["ops"]:
         chosen = sorted({leaf for leaf in _leaf_ids(entry["tree"])})
         click.echo(f"  {entry['signature']}: {', '.join(chosen)}")
@@ -163,8 +189,10 @@ def _leaf_ids(node: dict):
 
 @cli.command()
 @model_options
-def plan(model, config, tp, dtype, device, grid, kernels, exclude):
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
+def plan(model, config, tp, dtype, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
+    _load_plugins(plugins)
     p = _plan(model, config, tp, dtype, device, grid, kernels, exclude)
     click.echo(f"{p.model.summary()}, tp={p.model.tp}, {dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
     for sp in p.signatures:

@@ -30,9 +30,15 @@ class Parity:
     errors: dict = field(default_factory=dict)  # rel_l2, max_rel
 
 
-def _short(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def reason_for(e: BaseException) -> Reason:
+    """The Reason for a candidate that raised: OOM for any out-of-memory, else RAISED."""
+    out_of_memory = isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e)
+    return Reason(OOM if out_of_memory else RAISED, describe(e))
 
 
 def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tuple, harness: Harness) -> Parity:
@@ -41,10 +47,8 @@ def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tu
     reference = contract.reference(*to_fp32(args))
     try:
         out, first_ms = harness.first_call(lambda: spec.impl(*args))
-    except torch.OutOfMemoryError as e:
-        return Parity(Reason(OOM, _short(e)))
     except Exception as e:  # any failure of a candidate is its Reason, never the tuner's crash
-        return Parity(Reason(RAISED, _short(e)))
+        return Parity(reason_for(e))
     ok, errors, message = compare(out, reference, contract.tolerances[sig.dtype])
     if not ok:
         return Parity(Reason(PARITY_FAILED, message), first_ms, errors)

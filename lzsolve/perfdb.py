@@ -50,11 +50,20 @@ SCHEMA = pa.schema([
     ("graph_samples", pa.int32()),
     ("graph_spread", pa.float64()),
     ("graph_safe", pa.bool_()),
+    ("graph_error", pa.string()),  # why a CUDA graph could not be captured
+    ("rotation_sets", pa.int32()),  # input sets cycled per sample so caches do not flatter
     ("jit_ms", pa.float64()),  # first call on the workload, never mixed into the above
     ("rel_l2", pa.float64()),
     ("max_rel", pa.float64()),
     ("flops", pa.float64()),
     ("bytes", pa.float64()),
+    ("temp_c", pa.float64()),  # NVML readings around the measurement (worst of before/after)
+    ("sm_clock_mhz", pa.float64()),
+    ("mem_clock_mhz", pa.float64()),
+    ("power_w", pa.float64()),
+    ("throttle_reasons", pa.string()),
+    ("env_bucket", pa.string()),  # cold / warm / hot
+    ("throttled", pa.bool_()),  # still throttled after a bounded re-measure
     ("timer", pa.string()),
     ("device", pa.string()),
     ("hw_slug", pa.string()),

@@ -14,6 +14,8 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from runtime_loader.specs import CUDA_GRAPH_UNSAFE
+
 MAX_DEPTH = 6
 MIN_NOISE = 0.02  # regret per point below this is never worth a split or a non-default kernel
 
@@ -97,16 +99,20 @@ def _points(records: list[dict], mode: str) -> Points:
     return Points([dims[i] for i in measured], {k: [t[i] for i in measured] for k, t in times.items()}, noise)
 
 
-def candidates_summary(records: list[dict]) -> dict[str, dict]:
-    """Per kernel: on how many grid points it was admitted, and why it was rejected elsewhere."""
+def candidates_summary(records: list[dict], mode: str) -> dict[str, dict]:
+    """Per kernel: on how many grid points it was admitted, and why it was rejected elsewhere.
+    In graph mode a kernel that could not be captured in a CUDA graph is rejected there."""
     summary: dict[str, dict] = {}
     for r in records:
         entry = summary.setdefault(r["kernel_id"], {"admitted": 0, "rejected": Counter(), "messages": {}})
-        if r["status"] == "ok":
+        if r["status"] == "ok" and r.get(f"{mode}_ms") is not None:
             entry["admitted"] += 1
-        else:
-            entry["rejected"][r["reason_code"]] += 1
-            entry["messages"].setdefault(r["reason_code"], r["reason_message"])
+            continue
+        code, message = r["reason_code"], r["reason_message"]
+        if r["status"] == "ok":
+            code, message = CUDA_GRAPH_UNSAFE, r.get("graph_error") or f"no {mode} timing"
+        entry["rejected"][code] += 1
+        entry["messages"].setdefault(code, message)
     return {k: {"admitted": v["admitted"],
                 "rejected": [{"code": c, "count": n, "message": v["messages"][c]} for c, n in v["rejected"].items()]}
             for k, v in sorted(summary.items())}

@@ -1,35 +1,45 @@
 """Planning and tuning: op instances x grid x candidates -> gated, measured PerfRecords.
 
-`make_plan` is the dry run (capability gate only); `tune` runs the parity gate
-and the harness on every admitted candidate, appends records to the PerfDB one
-signature at a time, and reuses matching records a previous run already
-measured (same workload, kernel version, hardware and timer), so an
-interrupted run continues instead of restarting.
+`make_plan` is the dry run (capability gate only); `tune` sends every admitted
+(workload, candidate) to a runner (parity gate, then timing, in a worker
+process), appends records to the PerfDB one signature at a time, and reuses
+matching records a previous run already measured (same workload, kernel
+version, hardware and timer), so an interrupted run continues instead of
+restarting.
 """
 from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import itertools
 import json
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
 from runtime_loader.ops import OPS
-from runtime_loader.specs import EXCLUDED, OOM, RAISED, KernelSpec, Reason
+from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
-from .bench import Harness
-from .gates import capability_gate, parity_gate
+from .gates import capability_gate
 from .grid import workloads
+from .measure import Task
 from .models import ModelSpec, OpInstance, walk
 from .ops import CONTRACTS
 from .perfdb import DIMS, PerfDB, dims_key
+
+
+class Runner(Protocol):
+    """Runs measurement tasks: in a worker process (worker.WorkerRunner) or in-process."""
+
+    timer: str
+
+    def run(self, task: Task) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -101,15 +111,15 @@ def new_run_id() -> str:
 class _Recorder:
     """Builds PerfDB records with the run's provenance."""
 
-    def __init__(self, plan: Plan, run_id: str, harness: Harness):
-        self.plan, self.run_id, self.harness = plan, run_id, harness
+    def __init__(self, plan: Plan, run_id: str, timer: str):
+        self.plan, self.run_id, self.timer = plan, run_id, timer
         self.hw_slug = slug(plan.hardware)
         self.common = {
             "run_id": run_id,
             "model": plan.model.name,
             "tp": plan.model.tp,
             "dtype": plan.dtype,
-            "timer": harness.name,
+            "timer": timer,
             "device": str(plan.device),
             "hw_slug": self.hw_slug,
             "hw_json": json.dumps(plan.hardware, sort_keys=True),
@@ -118,10 +128,10 @@ class _Recorder:
             "capabilities_hash": registry.capabilities_hash(),
         }
 
-    def record(self, sp: SignaturePlan, spec: KernelSpec, dims: dict, stage: str,
-               reason: Reason | None = None, **measured) -> dict:
+    def record(self, sp: SignaturePlan, spec: KernelSpec, dims: dict, **fields) -> dict:
         sig = sp.instance.signature
         contract = CONTRACTS[sig.op]
+        fields.pop("fatal", None)
         return {
             **self.common,
             "ts": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),  # UTC; naive so readers need no tz database
@@ -132,15 +142,12 @@ class _Recorder:
             "library": spec.library,
             "kernel_version": spec.version(),
             "is_fallback": spec.kernel_id == sp.fallback,
-            "status": "rejected" if reason else "ok",
-            "stage": stage,
-            "reason_code": reason.code if reason else None,
-            "reason_message": reason.message if reason else None,
+            "status": "rejected" if fields.get("reason_code") else "ok",
             **{d: dims.get(d) for d in DIMS},
             "dims": dims_key(dims),
             "flops": contract.flops(sig, dims),
             "bytes": contract.bytes_moved(sig, dims),
-            **measured,
+            **fields,
         }
 
 
@@ -149,39 +156,19 @@ def _reusable(db: PerfDB, recorder: _Recorder) -> dict[tuple, dict]:
     if not db.files():
         return {}
     rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? AND stage <> 'capability' "
-                   "ORDER BY ts", [recorder.hw_slug, recorder.harness.name])
+                   "AND coalesce(reason_code, '') <> 'TIMEOUT' ORDER BY ts",  # a longer --timeout may pass
+                   [recorder.hw_slug, recorder.timer])
     return {(r["signature"], r["kernel_id"], r["kernel_version"], r["dims"]): r for r in rows}
 
 
-def measure(sp: SignaturePlan, spec: KernelSpec, dims: dict, device: torch.device,
-            gen: torch.Generator, harness: Harness, recorder: _Recorder, seed: int) -> dict:
-    """Parity gate on fresh random inputs, then timing on the same inputs."""
-    sig = sp.instance.signature
-    contract = CONTRACTS[sig.op]
-    args = contract.make_inputs(sig, dims, device, gen)
-    parity = parity_gate(contract, spec, sig, args, harness)
-    extra = {"seed": seed, "jit_ms": parity.first_call_ms, **parity.errors}
-    if parity.reason:
-        return recorder.record(sp, spec, dims, "parity", parity.reason, **extra)
-    try:
-        t = harness.measure(lambda: spec.impl(*args))
-    except torch.OutOfMemoryError as e:
-        return recorder.record(sp, spec, dims, "bench", Reason(OOM, str(e)[:300]), **extra)
-    except Exception as e:
-        return recorder.record(sp, spec, dims, "bench", Reason(RAISED, f"{type(e).__name__}: {e}"[:300]), **extra)
-    return recorder.record(sp, spec, dims, "bench", None, eager_ms=t.median_ms, eager_p95_ms=t.p95_ms,
-                           eager_min_ms=t.min_ms, eager_samples=t.samples, eager_spread=t.spread, **extra)
-
-
-def tune(plan: Plan, db: PerfDB, harness: Harness, run_id: str | None = None, reuse: bool = True,
+def tune(plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True,
          on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
-    """Gate and measure every (workload, candidate) of the plan; returns this run's view of
-    the records (new ones and reused ones). `on_step` is called after each measurement."""
+    """Gate and measure every (workload, candidate) of the plan through `runner`; returns this
+    run's view of the records (new ones and reused ones). `on_step` follows each measurement."""
     run_id = run_id or new_run_id()
-    recorder = _Recorder(plan, run_id, harness)
+    recorder = _Recorder(plan, run_id, runner.timer)
     reusable = _reusable(db, recorder) if reuse else {}
-    seed = int.from_bytes(os.urandom(6), "little")  # fresh random inputs every run
-    gen = torch.Generator(device=plan.device).manual_seed(seed)
+    seeds = itertools.count(int.from_bytes(os.urandom(6), "little"))  # fresh random inputs every task
     results: list[dict] = []
     for sp in plan.signatures:
         fresh: list[dict] = []
@@ -190,14 +177,16 @@ def tune(plan: Plan, db: PerfDB, harness: Harness, run_id: str | None = None, re
                 for cand in sp.candidates:
                     if not cand.admitted:
                         first, *rest = cand.reasons
-                        msg = "; ".join([first.message, *(str(r) for r in rest)])
-                        fresh.append(recorder.record(sp, cand.spec, dims, "capability", Reason(first.code, msg)))
+                        fresh.append(recorder.record(sp, cand.spec, dims, stage="capability", reason_code=first.code,
+                                                     reason_message="; ".join([first.message, *map(str, rest)])))
                         continue
                     key = (str(sp.instance.signature), cand.spec.kernel_id, cand.spec.version(), dims_key(dims))
                     if key in reusable:
                         results.append(reusable[key])
                     else:
-                        fresh.append(measure(sp, cand.spec, dims, plan.device, gen, harness, recorder, seed))
+                        seed = next(seeds)
+                        outcome = runner.run(Task(sp.instance.signature, cand.spec.kernel_id, dims, seed))
+                        fresh.append(recorder.record(sp, cand.spec, dims, seed=seed, **outcome))
                     on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")
         finally:  # keep what was measured even when interrupted
             db.append(fresh, run_id)

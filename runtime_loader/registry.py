@@ -13,10 +13,19 @@ from .ops import OPS
 from .specs import KernelSpec
 
 REGISTRY: dict[str, KernelSpec] = {}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    """Add a kernel (built-in adapters, or a plugin module's own) under its unique id.
+    A table can name only registered ids, so plugins register before `load`."""
+    if spec.kernel_id in REGISTRY and REGISTRY[spec.kernel_id] is not spec:
+        raise ValueError(f"kernel id {spec.kernel_id!r} is already registered")
+    REGISTRY[spec.kernel_id] = spec
+    return spec
+
+
 for _spec in ALL_SPECS:
-    if _spec.kernel_id in REGISTRY:
-        raise RuntimeError(f"duplicate kernel id {_spec.kernel_id}")
-    REGISTRY[_spec.kernel_id] = _spec
+    register(_spec)
 
 
 def get(kernel_id: str) -> KernelSpec:

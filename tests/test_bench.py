@@ -1,7 +1,10 @@
-"""The harness: statistics, warm-up and first-call separation, adaptive stop."""
+"""The harness: statistics, rotation sets, warm-up and first-call separation, adaptive stop, graph mode."""
 import time
 
-from lzsolve.bench import Budget, CpuHarness, summarize
+import pytest
+import torch
+
+from lzsolve.bench import Budget, CpuHarness, CudaHarness, rotation_sets, summarize
 
 
 def test_summarize_statistics():
@@ -13,6 +16,14 @@ def test_summarize_statistics():
     assert single.median_ms == single.p95_ms == 2.0 and single.spread == 0.0
 
 
+def test_rotation_sets_cover_twice_the_cache_within_bounds():
+    b = Budget(max_sets=32, max_set_bytes=1 << 30)
+    assert rotation_sets(10 << 20, 50 << 20, b) == 10  # 2 x 50 MB / 10 MB
+    assert rotation_sets(1 << 10, 50 << 20, b) == 32  # tiny inputs: capped
+    assert rotation_sets(600 << 20, 50 << 20, b) == 1  # one set already evicts the cache
+    assert rotation_sets(30 << 20, 50 << 20, Budget(max_set_bytes=64 << 20)) == 2  # memory cap
+
+
 def test_first_call_is_not_in_steady_state():
     calls = []
 
@@ -22,15 +33,37 @@ def test_first_call_is_not_in_steady_state():
 
     harness = CpuHarness(Budget(warmup_s=0.0, min_samples=5, max_samples=20, time_cap_s=0.2))
     _, first_ms = harness.first_call(kernel)
-    timing = harness.measure(kernel)
+    m = harness.measure([kernel])
     assert first_ms >= 50
-    assert timing.median_ms < 20, "the compile-like first call must not leak into the median"
-    assert 5 <= timing.samples <= 20
+    assert m.eager.median_ms < 20, "the compile-like first call must not leak into the median"
+    assert 5 <= m.eager.samples <= 20
+    assert m.graph is None and "CUDA" in m.graph_error
+
+
+def test_each_sample_calls_every_set_once_and_divides():
+    seen = []
+    sets = [lambda i=i: (seen.append(i), time.sleep(0.002)) for i in range(4)]
+    m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure(sets)
+    assert seen[-4:] == [0, 1, 2, 3]
+    assert 1.5 < m.eager.median_ms < 10, "per-call time, not per-sample time"
 
 
 def test_stops_at_sample_cap_and_time_cap():
     harness = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=7, time_cap_s=10, target_spread=0.0))
-    assert harness.measure(lambda: None).samples == 7
+    assert harness.measure([lambda: None]).eager.samples == 7
     harness = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=10_000, time_cap_s=0.05,
                                 target_spread=0.0))
-    assert harness.measure(lambda: time.sleep(0.01)).samples < 20
+    assert harness.measure([lambda: time.sleep(0.01)]).eager.samples < 20
+
+
+@pytest.mark.gpu
+def test_cuda_graph_and_eager_modes():
+    harness = CudaHarness(Budget(time_cap_s=0.2))
+    x = [torch.randn(4096, 4096, device="cuda") for _ in range(2)]
+    m = harness.measure([lambda a=a: a @ a for a in x])
+    assert m.graph is not None and m.graph_error is None
+    assert m.graph.median_ms > 0.05  # a 4096^3 fp32 matmul is not free
+    assert abs(m.graph.median_ms / m.eager.median_ms - 1) < 0.1, "GPU-bound: both modes agree"
+    unsafe = harness.measure([lambda: x[0].sum().item()])  # a host sync cannot be captured
+    assert unsafe.graph is None and unsafe.graph_error
+    torch.cuda.synchronize()

@@ -60,6 +60,19 @@ def test_no_measurements_means_fallback():
 
 
 def test_candidates_summary_counts_reasons():
-    summary = candidates_summary(records({"fb": {1: 1.0, 2: 1.0}, "bad": {1: None, 2: None}}))
+    summary = candidates_summary(records({"fb": {1: 1.0, 2: 1.0}, "bad": {1: None, 2: None}}), "eager")
     assert summary["fb"] == {"admitted": 2, "rejected": []}
     assert summary["bad"]["rejected"] == [{"code": "PARITY_FAILED", "count": 2, "message": "bad"}]
+
+
+def test_graph_mode_skips_kernels_without_graph_timing():
+    recs = records({"fb": {1: 2.0, 16: 2.0}, "fast": {1: 1.0, 16: 1.0}})
+    for r in recs:
+        r["graph_ms"] = r["eager_ms"] if r["kernel_id"] == "fb" else None
+        r["graph_spread"] = 0.01
+        r["graph_error"] = None if r["kernel_id"] == "fb" else "operation not permitted when stream is capturing"
+    assert solve_signature(recs, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "fast"
+    assert solve_signature(recs, ("tokens",), "fb", "graph")["tree"]["kernel_id"] == "fb"
+    summary = candidates_summary(recs, "graph")
+    assert summary["fast"]["rejected"][0]["code"] == "CUDA_GRAPH_UNSAFE"
+    assert "capturing" in summary["fast"]["rejected"][0]["message"]

@@ -1,0 +1,148 @@
+"""Crash isolation: candidates run in a worker process owned by the tuner.
+
+A segfault, an illegal memory access, a hang or the OOM killer ends only the
+worker: the task gets a Reason (CRASHED, TIMEOUT, OOM), a fresh worker starts
+for the next task, and the tuning run goes on. The worker imports the same
+registry (plus any --plugin modules) and runs `measure.run_task`.
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import signal
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime_loader.specs import CRASHED, OOM, TIMEOUT
+
+from .bench import Budget, make_harness, timer_name
+from .env import Sensor
+from .errors import LzError
+from .measure import Task, rejected, run_task
+
+STARTUP_TIMEOUT_S = 180.0
+
+
+def load_plugins(modules: tuple[str, ...]) -> None:
+    """Import user-named modules that register extra kernels (runtime_loader.registry.register)."""
+    for name in modules:
+        importlib.import_module(name)
+
+
+@dataclass
+class InProcessRunner:
+    """Runs tasks in this process: no protection, for debugging (--no-isolate) and unit tests."""
+
+    device: torch.device
+    budget: Budget = field(default_factory=Budget)
+    plugins: tuple[str, ...] = ()
+    restarts: int = 0
+
+    def __post_init__(self):
+        load_plugins(self.plugins)
+        self.harness = make_harness(self.device, self.budget)
+        self.sensor = Sensor.for_device(self.device)
+        self.timer = self.harness.name
+
+    def run(self, task: Task) -> dict:
+        return run_task(task, self.device, self.harness, self.sensor)
+
+    def close(self) -> None:
+        pass
+
+
+def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...]) -> None:
+    """The worker's loop: announce readiness, then answer tasks until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    runner = InProcessRunner(torch.device(device), budget, plugins)
+    conn.send({"ready": True})
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        result = runner.run(task)
+        conn.send(result)
+        if result.get("fatal"):
+            return  # the CUDA context is gone; the parent starts a new worker
+
+
+def _death(exitcode: int | None) -> tuple[str, str]:
+    if exitcode is not None and exitcode < 0:
+        sig = signal.Signals(-exitcode)
+        if sig == signal.SIGKILL:
+            return OOM, "worker was killed by SIGKILL, as the kernel's out-of-memory killer does"
+        return CRASHED, f"worker died with {sig.name}"
+    return CRASHED, f"worker exited with code {exitcode}"
+
+
+class WorkerRunner:
+    """One worker process for one device, replaced after a crash or a hang."""
+
+    def __init__(self, device: torch.device, budget: Budget | None = None, plugins: tuple[str, ...] = (),
+                 timeout_s: float = 300.0):
+        self.device, self.budget, self.plugins, self.timeout_s = device, budget or Budget(), plugins, timeout_s
+        self._ctx = mp.get_context("spawn")  # a forked CUDA context is unusable
+        self._proc = None
+        self._conn = None
+        self.timer = timer_name(device)
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child, str(self.device), self.budget, self.plugins),
+                                       daemon=True, name="lzsolve-worker")
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(STARTUP_TIMEOUT_S):
+            self._stop()
+            raise LzError(f"the measurement worker did not start within {STARTUP_TIMEOUT_S:.0f} s; try --no-isolate to see why")
+        try:
+            parent.recv()
+        except EOFError:
+            code = self._reap()
+            raise LzError(f"the measurement worker failed to start ({_death(code)[1]}); try --no-isolate to see why") from None
+
+    def _reap(self) -> int | None:
+        self._proc.join(timeout=10)
+        code = self._proc.exitcode
+        self._conn.close()
+        self._proc = self._conn = None
+        return code
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._reap()
+
+    def run(self, task: Task) -> dict:
+        if self._proc is None:
+            self._start()
+        started = time.monotonic()
+        self._conn.send(task)
+        if not self._conn.poll(self.timeout_s):
+            self._stop()
+            self.restarts += 1
+            return rejected("bench", TIMEOUT, f"no answer within {self.timeout_s:.0f} s; the worker was killed")
+        try:
+            result = self._conn.recv()
+        except (EOFError, ConnectionResetError):
+            code, message = _death(self._reap())
+            self.restarts += 1
+            return rejected("bench", code, f"{message} after {time.monotonic() - started:.1f} s")
+        if result.get("fatal"):
+            self._reap()
+            self.restarts += 1
+        return result
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+                self._proc.join(timeout=10)
+            except (BrokenPipeError, OSError):
+                pass
+        self._stop()

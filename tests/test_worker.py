@@ -1,0 +1,60 @@
+"""Crash isolation: every kind of misbehaving candidate becomes a Reason while the run completes."""
+import dataclasses
+
+import pytest
+import torch
+
+from lzsolve.models import from_hf_config
+from lzsolve.perfdb import PerfDB
+from lzsolve.tuner import make_plan, tune
+from lzsolve.worker import WorkerRunner
+
+from .test_cli import TINY_LLAMA
+
+EXPECTED = {
+    "fault.raise": "RAISED",
+    "fault.nan": "PARITY_FAILED",
+    "fault.wrong": "PARITY_FAILED",
+    "fault.hang": "TIMEOUT",
+    "fault.segfault": "CRASHED",
+    "fault.exit": "CRASHED",
+    "fault.oom": "OOM",
+    "fault.oom_killed": "OOM",
+}
+
+
+def run_faults(device: str, tmp_path, expected: dict):
+    import tests.faulty_kernels  # noqa: F401  (registers fault.* here too, for the plan)
+    model = from_hf_config(TINY_LLAMA, "tiny")
+    plan = make_plan(model, "fp32", torch.device(device), "tiny", only=("fault.*",))
+    # one grid point per signature keeps this quick; every op still runs its fallback
+    plan = dataclasses.replace(plan, signatures=tuple(dataclasses.replace(sp, workloads=sp.workloads[:1])
+                                                      for sp in plan.signatures))
+    db = PerfDB(tmp_path / "perfdb")
+    runner = WorkerRunner(torch.device(device), plugins=("tests.faulty_kernels",), timeout_s=6)
+    try:
+        records = tune(plan, db, runner)
+    finally:
+        runner.close()
+    by_kernel = {r["kernel_id"]: r for r in records if r["op"] == "norm.rms"}
+    for kernel_id, code in expected.items():
+        assert by_kernel[kernel_id]["status"] == "rejected"
+        assert by_kernel[kernel_id]["reason_code"] == code, by_kernel[kernel_id]["reason_message"]
+    assert by_kernel["eager.rms_norm"]["status"] == "ok", "the fallback is measured between the crashes"
+    assert by_kernel["torch.rms_norm"]["reason_code"] == "EXCLUDED"
+    stored = db.rows("SELECT count(*) AS n, count(*) FILTER (WHERE status = 'ok') AS ok FROM records")[0]
+    assert stored["n"] == len(records) == sum(len(sp.candidates) for sp in plan.signatures)
+    assert stored["ok"] >= len(plan.signatures), "every op's fallback was measured despite the crashes"
+    assert runner.restarts >= 4
+    return by_kernel
+
+
+def test_faults_on_cpu(tmp_path):
+    by_kernel = run_faults("cpu", tmp_path, {**EXPECTED, "fault.device_assert": "RAISED"})
+    assert "SIGSEGV" in by_kernel["fault.segfault"]["reason_message"]
+
+
+@pytest.mark.gpu
+def test_faults_on_cuda(tmp_path):
+    by_kernel = run_faults("cuda", tmp_path, {**EXPECTED, "fault.device_assert": "CRASHED"})
+    assert "CUDA context lost" in by_kernel["fault.device_assert"]["reason_message"]

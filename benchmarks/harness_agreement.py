@@ -64,7 +64,7 @@ def main() -> None:
         sets = rotation_sets(tensor_bytes(inputs), harness.cache_bytes, harness.budget)
         calls = [fn] + [functools.partial(spec.impl, *contract.make_inputs(sig, dims, device, gen))
                         for _ in range(sets - 1)]
-        m = harness.measure(calls)
+        m = harness.measure({kernel_id: calls})[kernel_id]
         graph = m.graph.median_ms if m.graph else None
         rows.append({"case": label, "kernel": kernel_id, "anchor_ms": anchor, "do_bench_ms": ref,
                      "eager_ms": m.eager.median_ms, "eager_spread": m.eager.spread, "graph_ms": graph,

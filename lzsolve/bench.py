@@ -12,8 +12,9 @@ triton.testing.do_bench does). Two numbers per record:
   with CUDA graphs pays: GPU time alone). A candidate that cannot be captured
   gets no graph time and the capture error instead.
 
-Samples repeat until the spread (IQR / median) is under a target, a sample cap
-or a time cap. `first_call` times the very first call on a workload (JIT,
+All admitted candidates of a workload are timed together, interleaved round by
+round on the same input sets (see _Base). Each keeps sampling until its spread
+(IQR / median) is under a target, a sample cap or its time cap. `first_call` times the very first call on a workload (JIT,
 compile, autotune), which never enters the steady-state numbers.
 """
 from __future__ import annotations
@@ -75,15 +76,26 @@ def rotation_sets(bytes_per_set: float, cache_bytes: int, budget: Budget) -> int
 class Harness(Protocol):
     name: str
     cache_bytes: int
+    budget: Budget
 
     def first_call(self, fn: Callable[[], object]) -> tuple[object, float]: ...
 
-    def measure(self, calls: list[Callable[[], object]]) -> Measurement: ...
+    def measure(self, candidates: dict[str, list[Callable[[], object]]]) -> dict[str, Measurement | Exception]: ...
+
+
+def describe(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
 class _Base:
+    """Times several candidates of one workload interleaved: each round takes one sample of
+    every candidate (and mode) still sampling, in a rotating order, so that clock, power
+    and temperature drift fall on all of them alike and their ratios stay honest."""
+
     name = "abstract"
     cache_bytes = 0
+    no_graph = "CUDA graphs need a CUDA device"
 
     def __init__(self, budget: Budget = Budget()):
         self.budget = budget
@@ -107,32 +119,74 @@ class _Base:
             if time.perf_counter() - start >= self.budget.warmup_s:
                 return
 
-    def _adaptive(self, sample_ms: Callable[[], float]) -> Timing:
-        b = self.budget
-        samples: list[float] = []
-        start = time.perf_counter()
-        while len(samples) < b.max_samples:
-            samples.append(sample_ms())
-            if len(samples) >= b.min_samples:
-                if time.perf_counter() - start > b.time_cap_s or summarize(samples).spread < b.target_spread:
-                    break
-        return summarize(samples)
+    def _eager_sampler(self, calls) -> Callable[[], float]:
+        raise NotImplementedError
+
+    def _graph_sampler(self, calls, keep: list) -> tuple[Callable[[], float] | None, str | None]:
+        return None, self.no_graph
+
+    def _done(self, samples: list[float], spent_s: float) -> bool:
+        b, n = self.budget, len(samples)
+        return n >= b.max_samples or (n >= b.min_samples and (spent_s > b.time_cap_s or
+                                                             summarize(samples).spread < b.target_spread))
+
+    def _interleaved(self, samplers: dict) -> tuple[dict, dict]:
+        samples = {key: [] for key in samplers}
+        spent = dict.fromkeys(samplers, 0.0)
+        errors: dict = {}
+        active = list(samplers)
+        while active:
+            for key in active:
+                start = time.perf_counter()
+                try:
+                    samples[key].append(samplers[key]())
+                except Exception as e:
+                    self.sync()  # a broken CUDA context raises here and ends the whole task
+                    errors[key] = e
+                spent[key] += time.perf_counter() - start
+            active = [k for k in active if k not in errors and not self._done(samples[k], spent[k])]
+            active = active[1:] + active[:1]  # rotate, so no candidate always runs first
+        return {k: summarize(v) for k, v in samples.items() if v and k not in errors}, errors
+
+    def measure(self, candidates):
+        """Eager (and, on CUDA, graph) timing of every candidate; an Exception for one that raised."""
+        results: dict[str, Measurement | Exception] = {}
+        samplers, graph_errors, keep = {}, {}, []
+        for name, calls in candidates.items():
+            try:
+                self._warmup(calls)
+            except Exception as e:
+                self.sync()
+                results[name] = e
+                continue
+            samplers[(name, "eager")] = self._eager_sampler(calls)
+            graph, graph_errors[name] = self._graph_sampler(calls, keep)
+            if graph is not None:
+                samplers[(name, "graph")] = graph
+        try:
+            timings, errors = self._interleaved(samplers)
+        finally:
+            keep.clear()  # release the captured graphs
+        for name in graph_errors:
+            if (name, "eager") in errors:
+                results[name] = errors[(name, "eager")]
+                continue
+            graph_error = graph_errors[name] or (describe(errors[(name, "graph")]) if (name, "graph") in errors else None)
+            results[name] = Measurement(timings[(name, "eager")], timings.get((name, "graph")), graph_error)
+        return results
 
 
 class CpuHarness(_Base):
     name = "cpu_perf_counter"
     cache_bytes = 32 << 20  # a typical last-level cache; sizes the rotation only
 
-    def measure(self, calls) -> Measurement:
-        self._warmup(calls)
-
+    def _eager_sampler(self, calls):
         def sample() -> float:
             start = time.perf_counter()
             for call in calls:
                 call()
             return (time.perf_counter() - start) * 1e3 / len(calls)
-
-        return Measurement(self._adaptive(sample), None, "CUDA graphs need a CUDA device")
+        return sample
 
 
 class CudaHarness(_Base):
@@ -157,24 +211,20 @@ class CudaHarness(_Base):
         end.synchronize()
         return begin.elapsed_time(end) / calls_per_run
 
-    def measure(self, calls) -> Measurement:
-        self._warmup(calls)
-
+    def _eager_sampler(self, calls):
         def eager_pass() -> None:
             for call in calls:
                 call()
+        return lambda: self._events_ms(eager_pass, len(calls))
 
-        eager = self._adaptive(lambda: self._events_ms(eager_pass, len(calls)))
+    def _graph_sampler(self, calls, keep):
         try:
             graph = self._capture(calls)
         except Exception as e:  # capture refused: the kernel is not graph-safe
-            torch.cuda.synchronize(self.device)  # surfaces a sticky CUDA error to the caller
-            return Measurement(eager, None, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300])
-        try:
-            timing = self._adaptive(lambda: self._events_ms(graph.replay, len(calls)))
-        finally:
-            del graph
-        return Measurement(eager, timing)
+            self.sync()  # surfaces a sticky CUDA error to the caller
+            return None, describe(e)
+        keep.append(graph)
+        return (lambda: self._events_ms(graph.replay, len(calls))), None
 
     def _capture(self, calls) -> torch.cuda.CUDAGraph:
         side = torch.cuda.Stream(self.device)
@@ -184,6 +234,8 @@ class CudaHarness(_Base):
                 call()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        # Each graph keeps its own memory pool (the default) while the graphs of a
+        # workload stay alive together for the interleaved samples.
         with torch.cuda.graph(graph):
             for call in calls:
                 call()

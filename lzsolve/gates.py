@@ -15,7 +15,7 @@ import torch
 from runtime_loader.ops import Signature
 from runtime_loader.specs import OOM, PARITY_FAILED, RAISED, DeviceInfo, KernelSpec, Reason
 
-from .bench import Harness
+from .bench import Harness, describe
 from .ops import OpContract, compare, to_fp32
 
 
@@ -28,11 +28,6 @@ class Parity:
     reason: Reason | None  # None: admitted
     first_call_ms: float | None = None
     errors: dict = field(default_factory=dict)  # rel_l2, max_rel
-
-
-def describe(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
 def reason_for(e: BaseException) -> Reason:

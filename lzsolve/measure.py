@@ -1,9 +1,11 @@
-"""One measurement task: parity gate, then timing, for one kernel on one workload.
+"""Measurement tasks, run inside the worker process.
 
-This is what runs inside the worker process. It returns plain data (no
-provenance; the tuner adds that), and marks the result `fatal` when the CUDA
-context is broken afterwards (an illegal memory access poisons the whole
-process), so the worker is replaced before the next task.
+A ParityTask runs one kernel once on fresh random inputs against the fp32
+reference (its first call is the jit time). A TimingTask times every
+parity-admitted kernel of one workload together, interleaved on shared input
+sets. Both return plain data (the tuner adds provenance) and mark the result
+`fatal` when the CUDA context is broken afterwards (an illegal memory access
+poisons the whole process), so the worker is replaced before the next task.
 """
 from __future__ import annotations
 
@@ -16,20 +18,28 @@ from runtime_loader import registry
 from runtime_loader.ops import Signature
 from runtime_loader.specs import CRASHED
 
-from .bench import Harness, rotation_sets
+from .bench import Harness, Measurement, describe, rotation_sets
 from .env import Sensor, combine
-from .gates import describe, parity_gate, reason_for
+from .gates import parity_gate, reason_for
 from .ops import CONTRACTS
 
 MAX_THROTTLED_RETRIES = 1
 
 
 @dataclass(frozen=True)
-class Task:
+class ParityTask:
     signature: Signature
     kernel_id: str
     dims: dict
     seed: int  # inputs are drawn from this seed: fresh per task, reproducible from the record
+
+
+@dataclass(frozen=True)
+class TimingTask:
+    signature: Signature
+    kernel_ids: tuple[str, ...]
+    dims: dict
+    seed: int
 
 
 def tensor_bytes(args: tuple) -> int:
@@ -51,49 +61,70 @@ def rejected(stage: str, code: str, message: str, **fields) -> dict:
     return {"stage": stage, "reason_code": code, "reason_message": message, **fields}
 
 
-def timings(prefix: str, t) -> dict:
-    if t is None:
-        return {}
-    return {f"{prefix}_ms": t.median_ms, f"{prefix}_p95_ms": t.p95_ms, f"{prefix}_min_ms": t.min_ms,
-            f"{prefix}_samples": t.samples, f"{prefix}_spread": t.spread}
+def _failure(stage: str, e: BaseException, device: torch.device, **fields) -> dict:
+    broken = cuda_error(device)
+    if broken:
+        return rejected(stage, CRASHED, f"{describe(e)}; CUDA context lost: {broken}", fatal=True, **fields)
+    reason = reason_for(e)
+    return rejected(stage, reason.code, reason.message, **fields)
 
 
-def run_task(task: Task, device: torch.device, harness: Harness, sensor: Sensor) -> dict:
+def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict:
     sig = task.signature
-    contract, spec = CONTRACTS[sig.op], registry.get(task.kernel_id)
+    contract = CONTRACTS[sig.op]
     gen = torch.Generator(device=device).manual_seed(task.seed)
     args = contract.make_inputs(sig, task.dims, device, gen)
-    parity = parity_gate(contract, spec, sig, args, harness)
+    parity = parity_gate(contract, registry.get(task.kernel_id), sig, args, harness)
     result = {"jit_ms": parity.first_call_ms, **parity.errors}
-    if parity.reason:
-        broken = cuda_error(device)
-        if broken:
-            return rejected("parity", CRASHED, f"{parity.reason.message}; CUDA context lost: {broken}",
-                            fatal=True, **result)
-        return rejected("parity", parity.reason.code, parity.reason.message, **result)
+    if parity.reason is None:
+        return {"stage": "parity", **result}
+    broken = cuda_error(device)
+    if broken:
+        return rejected("parity", CRASHED, f"{parity.reason.message}; CUDA context lost: {broken}",
+                        fatal=True, **result)
+    return rejected("parity", parity.reason.code, parity.reason.message, **result)
+
+
+def timing_fields(m: Measurement, device: torch.device) -> dict:
+    fields = {"stage": "bench"}
+    for prefix, t in (("eager", m.eager), ("graph", m.graph)):
+        if t is not None:
+            fields |= {f"{prefix}_ms": t.median_ms, f"{prefix}_p95_ms": t.p95_ms, f"{prefix}_min_ms": t.min_ms,
+                       f"{prefix}_samples": t.samples, f"{prefix}_spread": t.spread}
+    if device.type == "cuda":
+        fields |= {"graph_safe": m.graph is not None, "graph_error": m.graph_error}
+    return fields
+
+
+def run_timing(task: TimingTask, device: torch.device, harness: Harness, sensor: Sensor) -> dict:
+    """{'per_kernel': {kernel_id: fields}}, or one rejection when the whole task failed."""
+    sig = task.signature
+    contract = CONTRACTS[sig.op]
+    gen = torch.Generator(device=device).manual_seed(task.seed)
     try:
-        sets = rotation_sets(tensor_bytes(args), harness.cache_bytes, harness.budget)
-        inputs = [args] + [contract.make_inputs(sig, task.dims, device, gen) for _ in range(sets - 1)]
-        calls = [functools.partial(spec.impl, *a) for a in inputs]
+        first = contract.make_inputs(sig, task.dims, device, gen)
+        sets = rotation_sets(tensor_bytes(first), harness.cache_bytes, harness.budget)
+        inputs = [first] + [contract.make_inputs(sig, task.dims, device, gen) for _ in range(sets - 1)]
+        candidates = {k: [functools.partial(registry.get(k).impl, *a) for a in inputs] for k in task.kernel_ids}
         for _ in range(1 + MAX_THROTTLED_RETRIES):  # re-measure (bounded) when clocks were held down
             before = sensor.read()
-            m = harness.measure(calls)
+            results = harness.measure(candidates)
             env = combine(before, sensor.read())
             if not env["throttled"]:
                 break
     except Exception as e:
-        broken = cuda_error(device)
-        if broken:
-            return rejected("bench", CRASHED, f"{describe(e)}; CUDA context lost: {broken}", fatal=True, **result)
-        reason = reason_for(e)
-        return rejected("bench", reason.code, reason.message, **result)
-    return {
-        **result,
-        "stage": "bench",
-        **timings("eager", m.eager),
-        **timings("graph", m.graph),
-        "graph_safe": None if device.type != "cuda" else m.graph is not None,
-        "graph_error": m.graph_error if device.type == "cuda" else None,
-        "rotation_sets": sets,
-        **env,
-    }
+        return _failure("bench", e, device)
+    per_kernel = {}
+    for kernel_id, m in results.items():
+        if isinstance(m, Exception):
+            reason = reason_for(m)
+            per_kernel[kernel_id] = rejected("bench", reason.code, reason.message)
+        else:
+            per_kernel[kernel_id] = {**timing_fields(m, device), "rotation_sets": sets, **env}
+    return {"per_kernel": per_kernel}
+
+
+def run_task(task: ParityTask | TimingTask, device: torch.device, harness: Harness, sensor: Sensor) -> dict:
+    if isinstance(task, ParityTask):
+        return run_parity(task, device, harness)
+    return run_timing(task, device, harness, sensor)

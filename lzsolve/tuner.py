@@ -28,7 +28,7 @@ from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 from . import __version__
 from .gates import capability_gate
 from .grid import workloads
-from .measure import Task
+from .measure import ParityTask, TimingTask
 from .models import ModelSpec, OpInstance, walk
 from .ops import CONTRACTS
 from .perfdb import DIMS, PerfDB, dims_key
@@ -39,7 +39,7 @@ class Runner(Protocol):
 
     timer: str
 
-    def run(self, task: Task) -> dict: ...
+    def run(self, task: ParityTask | TimingTask) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -161,33 +161,62 @@ def _reusable(db: PerfDB, recorder: _Recorder) -> dict[tuple, dict]:
     return {(r["signature"], r["kernel_id"], r["kernel_version"], r["dims"]): r for r in rows}
 
 
+def _measure_workload(sp: SignaturePlan, dims: dict, specs: list[KernelSpec], runner: Runner,
+                      recorder: _Recorder, seed: int, on_step: Callable[[str], None]) -> list[dict]:
+    """Parity for each kernel (its own task: a crash costs one record), then one timing task
+    for all the admitted ones, interleaved. If that task dies, each kernel is timed alone so
+    the failure lands on the kernel that caused it."""
+    sig = sp.instance.signature
+    records, admitted = [], {}
+    for spec in specs:
+        outcome = runner.run(ParityTask(sig, spec.kernel_id, dims, seed))
+        if outcome.get("reason_code"):
+            records.append(recorder.record(sp, spec, dims, seed=seed, **outcome))
+            on_step(f"{sig.op} {spec.kernel_id}")
+        else:
+            admitted[spec.kernel_id] = (spec, outcome)
+    groups = [tuple(admitted)] if admitted else []
+    while groups:
+        group = groups.pop()
+        timing = runner.run(TimingTask(sig, group, dims, seed))
+        if "per_kernel" not in timing and len(group) > 1:
+            groups.extend((k,) for k in group)
+            continue
+        for kernel_id in group:
+            spec, parity = admitted[kernel_id]
+            fields = timing["per_kernel"][kernel_id] if "per_kernel" in timing else timing
+            records.append(recorder.record(sp, spec, dims, seed=seed, **{**parity, **fields}))
+            on_step(f"{sig.op} {kernel_id}")
+    return records
+
+
 def tune(plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True,
          on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
     """Gate and measure every (workload, candidate) of the plan through `runner`; returns this
-    run's view of the records (new ones and reused ones). `on_step` follows each measurement."""
+    run's view of the records (new ones and reused ones). `on_step` follows each candidate."""
     run_id = run_id or new_run_id()
     recorder = _Recorder(plan, run_id, runner.timer)
     reusable = _reusable(db, recorder) if reuse else {}
-    seeds = itertools.count(int.from_bytes(os.urandom(6), "little"))  # fresh random inputs every task
+    seeds = itertools.count(int.from_bytes(os.urandom(6), "little"))  # fresh random inputs every workload
     results: list[dict] = []
     for sp in plan.signatures:
         fresh: list[dict] = []
         try:
             for dims in sp.workloads:
+                to_measure = []
                 for cand in sp.candidates:
+                    key = (str(sp.instance.signature), cand.spec.kernel_id, cand.spec.version(), dims_key(dims))
                     if not cand.admitted:
                         first, *rest = cand.reasons
                         fresh.append(recorder.record(sp, cand.spec, dims, stage="capability", reason_code=first.code,
                                                      reason_message="; ".join([first.message, *map(str, rest)])))
-                        continue
-                    key = (str(sp.instance.signature), cand.spec.kernel_id, cand.spec.version(), dims_key(dims))
-                    if key in reusable:
+                    elif key in reusable:
                         results.append(reusable[key])
+                        on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")
                     else:
-                        seed = next(seeds)
-                        outcome = runner.run(Task(sp.instance.signature, cand.spec.kernel_id, dims, seed))
-                        fresh.append(recorder.record(sp, cand.spec, dims, seed=seed, **outcome))
-                    on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")
+                        to_measure.append(cand.spec)
+                if to_measure:
+                    fresh.extend(_measure_workload(sp, dims, to_measure, runner, recorder, next(seeds), on_step))
         finally:  # keep what was measured even when interrupted
             db.append(fresh, run_id)
             results.extend(fresh)

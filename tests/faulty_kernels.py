@@ -55,3 +55,18 @@ FAULTS = {"raise": _raise, "nan": _nan, "wrong": _wrong, "hang": _hang, "segfaul
 for name, impl in FAULTS.items():
     register(KernelSpec(f"fault.{name}", frozenset({"norm.rms"}), "torch", impl,
                         platforms=frozenset({"cpu", "cuda"}), dtypes=frozenset({"bf16", "fp16", "fp32"})))
+
+
+_calls = {"n": 0}
+
+
+def _crash_later(x, w, eps):
+    """Passes parity (its first call in a process), then dies while being timed."""
+    _calls["n"] += 1
+    if _calls["n"] >= 3:
+        ctypes.string_at(0)
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+register(KernelSpec("fault.crash_later", frozenset({"norm.rms"}), "torch", _crash_later,
+                    platforms=frozenset({"cpu", "cuda"}), dtypes=frozenset({"bf16", "fp16", "fp32"})))

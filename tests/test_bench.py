@@ -33,7 +33,7 @@ def test_first_call_is_not_in_steady_state():
 
     harness = CpuHarness(Budget(warmup_s=0.0, min_samples=5, max_samples=20, time_cap_s=0.2))
     _, first_ms = harness.first_call(kernel)
-    m = harness.measure([kernel])
+    m = harness.measure({"k": [kernel]})["k"]
     assert first_ms >= 50
     assert m.eager.median_ms < 20, "the compile-like first call must not leak into the median"
     assert 5 <= m.eager.samples <= 20
@@ -43,27 +43,50 @@ def test_first_call_is_not_in_steady_state():
 def test_each_sample_calls_every_set_once_and_divides():
     seen = []
     sets = [lambda i=i: (seen.append(i), time.sleep(0.002)) for i in range(4)]
-    m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure(sets)
+    m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure({"k": sets})["k"]
     assert seen[-4:] == [0, 1, 2, 3]
     assert 1.5 < m.eager.median_ms < 10, "per-call time, not per-sample time"
 
 
+def test_candidates_are_interleaved_in_rotating_order():
+    order = []
+    candidates = {name: [lambda name=name: order.append(name)] for name in "abc"}
+    CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure(candidates)
+    sampled = order[-9:]  # after each candidate's warm-up pass
+    assert sampled == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_a_raising_candidate_does_not_stop_the_others():
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise RuntimeError("fails on its 4th call")
+
+    out = CpuHarness(Budget(warmup_s=0.0, min_samples=5, max_samples=5)).measure(
+        {"flaky": [flaky], "fine": [lambda: None], "broken": [lambda: 1 / 0]})
+    assert isinstance(out["flaky"], RuntimeError) and isinstance(out["broken"], ZeroDivisionError)
+    assert out["fine"].eager.samples == 5
+
+
 def test_stops_at_sample_cap_and_time_cap():
     harness = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=7, time_cap_s=10, target_spread=0.0))
-    assert harness.measure([lambda: None]).eager.samples == 7
+    assert harness.measure({"k": [lambda: None]})["k"].eager.samples == 7
     harness = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=10_000, time_cap_s=0.05,
                                 target_spread=0.0))
-    assert harness.measure([lambda: time.sleep(0.01)]).eager.samples < 20
+    assert harness.measure({"k": [lambda: time.sleep(0.01)]})["k"].eager.samples < 20
 
 
 @pytest.mark.gpu
 def test_cuda_graph_and_eager_modes():
     harness = CudaHarness(Budget(time_cap_s=0.2))
     x = [torch.randn(4096, 4096, device="cuda") for _ in range(2)]
-    m = harness.measure([lambda a=a: a @ a for a in x])
+    out = harness.measure({"mm": [lambda a=a: a @ a for a in x], "sync": [lambda: x[0].sum().item()]})
+    m, unsafe = out["mm"], out["sync"]
     assert m.graph is not None and m.graph_error is None
     assert m.graph.median_ms > 0.05  # a 4096^3 fp32 matmul is not free
     assert abs(m.graph.median_ms / m.eager.median_ms - 1) < 0.1, "GPU-bound: both modes agree"
-    unsafe = harness.measure([lambda: x[0].sum().item()])  # a host sync cannot be captured
-    assert unsafe.graph is None and unsafe.graph_error
+    assert unsafe.graph is None and unsafe.graph_error  # a host sync cannot be captured
+    assert unsafe.eager.median_ms > 0
     torch.cuda.synchronize()

@@ -3,7 +3,7 @@ import torch
 
 from lzsolve.bench import Budget, CpuHarness
 from lzsolve.env import SW_POWER_CAP, EnvReading, Sensor
-from lzsolve.measure import Task, run_task
+from lzsolve.measure import ParityTask, TimingTask, run_task
 from runtime_loader.ops import Signature
 
 SIG = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
@@ -16,10 +16,10 @@ class CountingHarness(CpuHarness):
         self.measured = 0
         self.sets = None
 
-    def measure(self, calls):
+    def measure(self, candidates):
         self.measured += 1
-        self.sets = len(calls)
-        return super().measure(calls)
+        self.sets = {len(calls) for calls in candidates.values()}
+        return super().measure(candidates)
 
 
 class ScriptedSensor(Sensor):
@@ -31,36 +31,42 @@ class ScriptedSensor(Sensor):
         return EnvReading(temp_c=50.0, throttle_reasons=next(self.masks))
 
 
-def test_task_record_fields():
+def timing(kernels, sensor=None, harness=None, sig=SIG):
+    return run_task(TimingTask(sig, tuple(kernels), {"tokens": 4}, seed=1), CPU, harness or CountingHarness(),
+                    sensor or Sensor())["per_kernel"]
+
+
+def test_parity_task():
+    out = run_task(ParityTask(SIG, "torch.rms_norm", {"tokens": 4}, seed=1), CPU, CountingHarness(), Sensor())
+    assert out["stage"] == "parity" and "reason_code" not in out and out["jit_ms"] > 0 and "rel_l2" in out
+    import tests.faulty_kernels  # noqa: F401
+    out = run_task(ParityTask(SIG, "fault.wrong", {"tokens": 4}, seed=1), CPU, CountingHarness(), Sensor())
+    assert out["stage"] == "parity" and out["reason_code"] == "PARITY_FAILED"
+
+
+def test_timing_task_record_fields():
     harness = CountingHarness()
-    out = run_task(Task(SIG, "torch.rms_norm", {"tokens": 4}, seed=1), CPU, harness, Sensor())
-    assert out["stage"] == "bench" and "reason_code" not in out
-    assert out["eager_ms"] > 0 and out["eager_samples"] == 3 and out["jit_ms"] > 0
-    assert out["rotation_sets"] == harness.sets == 32, "tiny inputs rotate over the maximum number of sets"
-    assert out["graph_safe"] is None and out["graph_error"] is None and out["temp_c"] is None
-
-
-def test_same_seed_same_inputs_other_seed_other_inputs():
-    half = Signature.make("norm.rms", {"hidden": 64}, (), "fp16")  # fp16 rounding makes the error input-specific
-    a = run_task(Task(half, "eager.rms_norm", {"tokens": 4}, seed=5), CPU, CountingHarness(), Sensor())
-    b = run_task(Task(half, "eager.rms_norm", {"tokens": 4}, seed=5), CPU, CountingHarness(), Sensor())
-    c = run_task(Task(half, "eager.rms_norm", {"tokens": 4}, seed=6), CPU, CountingHarness(), Sensor())
-    assert a["rel_l2"] == b["rel_l2"] and a["rel_l2"] != c["rel_l2"]
+    out = timing(["torch.rms_norm", "eager.rms_norm"], harness=harness)
+    assert harness.measured == 1, "both kernels timed in one interleaved measurement"
+    for fields in out.values():
+        assert fields["stage"] == "bench" and "reason_code" not in fields
+        assert fields["eager_ms"] > 0 and fields["eager_samples"] == 3
+        assert fields["rotation_sets"] == 32, "tiny inputs rotate over the maximum number of sets"
+        assert "graph_ms" not in fields and fields["temp_c"] is None
+    assert harness.sets == {32}
 
 
 def test_throttled_measurement_is_retried_once_then_marked():
     harness = CountingHarness()
-    out = run_task(Task(SIG, "torch.rms_norm", {"tokens": 4}, seed=1), CPU, harness,
-                   ScriptedSensor([SW_POWER_CAP, 0, 0, 0]))
-    assert harness.measured == 2 and out["throttled"] is False
+    out = timing(["torch.rms_norm"], ScriptedSensor([SW_POWER_CAP, 0, 0, 0]), harness)
+    assert harness.measured == 2 and out["torch.rms_norm"]["throttled"] is False
     harness = CountingHarness()
-    out = run_task(Task(SIG, "torch.rms_norm", {"tokens": 4}, seed=1), CPU, harness,
-                   ScriptedSensor([SW_POWER_CAP] * 4))
-    assert harness.measured == 2 and out["throttled"] is True and out["throttle_reasons"] == "sw_power_cap"
+    out = timing(["torch.rms_norm"], ScriptedSensor([SW_POWER_CAP] * 4), harness)
+    assert harness.measured == 2 and out["torch.rms_norm"]["throttled"] is True
+    assert out["torch.rms_norm"]["throttle_reasons"] == "sw_power_cap"
 
 
-def test_parity_failure_stops_before_timing():
+def test_a_kernel_failing_during_timing_gets_its_own_reason():
     import tests.faulty_kernels  # noqa: F401
-    harness = CountingHarness()
-    out = run_task(Task(SIG, "fault.wrong", {"tokens": 4}, seed=1), CPU, harness, Sensor())
-    assert out["stage"] == "parity" and out["reason_code"] == "PARITY_FAILED" and harness.measured == 0
+    out = timing(["torch.rms_norm", "fault.raise"])
+    assert out["fault.raise"]["reason_code"] == "RAISED" and out["torch.rms_norm"]["eager_ms"] > 0

@@ -37,6 +37,8 @@ class Budget:
     target_spread: float = 0.02  # stop once IQR / median is below this
     max_sets: int = 32  # input sets rotated per sample
     max_set_bytes: int = 1 << 30  # never hold more than this in rotation sets
+    max_sample_s: float = 0.005  # rotate fewer sets when one pass would take longer: a call this
+    # long refills the cache itself, so more sets would only slow the tuning
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Measurement:
     eager: Timing
     graph: Timing | None  # None: not measured (CPU) or not capturable (see graph_error)
     graph_error: str | None = None
+    sets: int = 1  # input sets rotated per sample
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -110,14 +113,22 @@ class _Base:
         self.sync()
         return out, (time.perf_counter() - start) * 1e3
 
-    def _warmup(self, calls) -> None:
+    def _warmup(self, calls) -> list:
+        """Warm up; returns the calls to rotate: all of them, or fewer when one pass over
+        all would take longer than max_sample_s."""
         start = time.perf_counter()
-        while True:
+        calls[0]()  # may still set something up (a worker restarted since the parity call)
+        self.sync()
+        second = time.perf_counter()
+        calls[0]()
+        self.sync()
+        per_call = time.perf_counter() - second
+        calls = calls[:max(1, min(len(calls), int(self.budget.max_sample_s / max(per_call, 1e-9))))]
+        while time.perf_counter() - start < self.budget.warmup_s:
             for call in calls:
                 call()
             self.sync()
-            if time.perf_counter() - start >= self.budget.warmup_s:
-                return
+        return calls
 
     def _eager_sampler(self, calls) -> Callable[[], float]:
         raise NotImplementedError
@@ -152,13 +163,15 @@ class _Base:
         """Eager (and, on CUDA, graph) timing of every candidate; an Exception for one that raised."""
         results: dict[str, Measurement | Exception] = {}
         samplers, graph_errors, keep = {}, {}, []
+        sets = {}
         for name, calls in candidates.items():
             try:
-                self._warmup(calls)
+                calls = self._warmup(calls)
             except Exception as e:
                 self.sync()
                 results[name] = e
                 continue
+            sets[name] = len(calls)
             samplers[(name, "eager")] = self._eager_sampler(calls)
             graph, graph_errors[name] = self._graph_sampler(calls, keep)
             if graph is not None:
@@ -172,7 +185,8 @@ class _Base:
                 results[name] = errors[(name, "eager")]
                 continue
             graph_error = graph_errors[name] or (describe(errors[(name, "graph")]) if (name, "graph") in errors else None)
-            results[name] = Measurement(timings[(name, "eager")], timings.get((name, "graph")), graph_error)
+            results[name] = Measurement(timings[(name, "eager")], timings.get((name, "graph")), graph_error,
+                                        sets[name])
         return results
 
 

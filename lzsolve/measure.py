@@ -120,7 +120,7 @@ def run_timing(task: TimingTask, device: torch.device, harness: Harness, sensor:
             reason = reason_for(m)
             per_kernel[kernel_id] = rejected("bench", reason.code, reason.message)
         else:
-            per_kernel[kernel_id] = {**timing_fields(m, device), "rotation_sets": sets, **env}
+            per_kernel[kernel_id] = {**timing_fields(m, device), "rotation_sets": m.sets, **env}
     return {"per_kernel": per_kernel}
 
 

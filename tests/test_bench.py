@@ -43,7 +43,8 @@ def test_first_call_is_not_in_steady_state():
 def test_each_sample_calls_every_set_once_and_divides():
     seen = []
     sets = [lambda i=i: (seen.append(i), time.sleep(0.002)) for i in range(4)]
-    m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure({"k": sets})["k"]
+    m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3, max_sample_s=1.0)).measure({"k": sets})["k"]
+    assert m.sets == 4
     assert seen[-4:] == [0, 1, 2, 3]
     assert 1.5 < m.eager.median_ms < 10, "per-call time, not per-sample time"
 
@@ -90,3 +91,9 @@ def test_cuda_graph_and_eager_modes():
     assert unsafe.graph is None and unsafe.graph_error  # a host sync cannot be captured
     assert unsafe.eager.median_ms > 0
     torch.cuda.synchronize()
+
+
+def test_slow_calls_rotate_fewer_sets():
+    sets = [lambda: time.sleep(0.004) for _ in range(8)]
+    m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3, max_sample_s=0.01)).measure({"k": sets})["k"]
+    assert m.sets == 2, "a 4 ms call refills any cache; 8 sets would only slow tuning down"

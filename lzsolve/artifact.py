@@ -6,8 +6,9 @@ import json
 import os
 from pathlib import Path
 
-from runtime_loader import registry
+from runtime_loader import jit, registry
 from runtime_loader.hardware import slug
+from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import OPS
 from runtime_loader.table import SCHEMA_VERSION, parse_table
 
@@ -38,6 +39,28 @@ def ensure_writable(out: Path) -> None:
         raise LzError(f"cannot write to --out {out}: {e.strerror or e}; choose a writable directory") from None
 
 
+JIT_WORK = ".jit-work"  # where the run's libraries compile to; hidden, so the manifest skips it
+JIT_ARCHIVE = "jit/caches.tar"
+
+
+def kernel_provenance(kernel_ids) -> dict:
+    """What the runtime checks before trusting a kernel: same library version, same declarations."""
+    out = {}
+    for kernel_id in sorted(kernel_ids):
+        spec = registry.get(kernel_id)
+        out[kernel_id] = {"library": spec.library, "version": spec.version(),
+                          "capabilities": spec.capabilities_hash(), "jit_caches": list(spec.jit_caches)}
+    return out
+
+
+def leaf_ids(node: dict):
+    if "kernel_id" in node:
+        yield node["kernel_id"]
+    else:
+        yield from leaf_ids(node["le"])
+        yield from leaf_ids(node["gt"])
+
+
 def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict:
     by_sig: dict[str, list[dict]] = {}
     for r in records:
@@ -56,6 +79,7 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict
             **solved,
             "candidates": candidates_summary(recs, mode),
         })
+    chosen = {k for entry in ops for k in leaf_ids(entry["tree"])}
     table = {
         "schema_version": SCHEMA_VERSION,
         "lzsolve_version": __version__,
@@ -66,6 +90,7 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict
         "hardware": plan.hardware,
         "hw_slug": slug(plan.hardware),
         "capabilities_hash": registry.capabilities_hash(),
+        "kernels": kernel_provenance(chosen),
         "timing_mode": mode,
         "grid": plan.grid,
         "buckets": {sp.instance.signature.op: buckets(plan.grid, sp.instance.signature.op)
@@ -75,9 +100,10 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict
             "unavailable_kernel": "fallback",
             "fallbacks": {op: OPS[op].fallback for op in sorted({sp.instance.signature.op for sp in plan.signatures})},
         },
+        "jit": None,
         "ops": ops,
     }
-    parse_table(table)  # what we write must be what the runtime accepts
+    parse_table(table)  # what we write must be what the runtime accepts (schema included)
     return table
 
 
@@ -131,8 +157,21 @@ def report(table: dict, wall_s: float, n_records: int) -> str:
 
 
 def write_artifact(out: Path, table: dict, report_md: str) -> None:
+    """jit/ (the caches the chosen kernels compiled into), dispatch.json, report.md, and last
+    manifest.json with every file's sha256: a reader that finds the manifest finds it all."""
+    kinds = {kind for k in table["kernels"].values() for kind in k["jit_caches"]}
+    (out / "jit").mkdir(exist_ok=True)
+    tmp = out / "jit" / ".caches.tar.tmp"
+    packed = jit.pack(out / JIT_WORK, kinds, tmp) if kinds else []
+    if packed:
+        tmp.replace(out / JIT_ARCHIVE)
+        table = {**table, "jit": {"archive": JIT_ARCHIVE, "caches": packed}}
+    else:
+        tmp.unlink(missing_ok=True)
+        (out / JIT_ARCHIVE).unlink(missing_ok=True)
     atomic_write_text(out / "dispatch.json", json.dumps(table, indent=1, sort_keys=False) + "\n")
     atomic_write_text(out / "report.md", report_md)
+    atomic_write_text(out / MANIFEST, json.dumps(build_manifest(out), indent=1) + "\n")
 
 
 def find_artifact(path: str | Path | None) -> Path:

@@ -16,18 +16,18 @@ import torch
 
 from runtime_loader import registry
 from runtime_loader.hardware import device_info
+from runtime_loader.jit import point_caches
 from runtime_loader.ops import DTYPES
 
-from . import __version__
-from .artifact import build_table, default_out, ensure_writable, find_artifact, format_op, read_table_json
-from .artifact import report, write_artifact
-from .worker import InProcessRunner, WorkerRunner, load_plugins
+from . import __version__, tuner
+from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
+from .artifact import read_table_json, report, write_artifact
 from .errors import LzError
 from .grid import GRIDS, default_grid
 from .models import CATALOGUE, from_catalogue, from_config_file, shard
 from .perfdb import PerfDB
-from . import tuner
 from .tuner import Plan, make_plan, new_run_id
+from .worker import InProcessRunner, WorkerRunner, load_plugins
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -153,6 +153,7 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
     out_dir = Path(out) if out else default_out(plan)
     ensure_writable(out_dir)
     db = PerfDB(out_dir / "perfdb")
+    point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
     runner = WorkerRunner(plan.device, plugins=plugins, timeout_s=timeout) if isolate else \
         InProcessRunner(plan.device, plugins=plugins)
     run_id = new_run_id()

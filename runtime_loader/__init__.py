@@ -13,28 +13,54 @@ from pathlib import Path
 
 import torch
 
+from . import jit
 from .dispatcher import Dispatcher
 from .hardware import hardware_signature, mismatches
-from .table import TableError, read_table
+from .manifest import read_manifest, verify
+from .table import Table, TableError, read_table
 
 __all__ = ["Dispatcher", "TableError", "load"]
 
 
-def load(path: str | Path, *, strict: bool = False) -> Dispatcher:
-    """Validate the artifact at `path` (a folder with dispatch.json, or the file) and
-    return a Dispatcher replaying it. A table that cannot be trusted gives one warning
-    and a dispatcher whose every call uses the fallback; with strict=True it raises
-    TableError instead."""
+def _open(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:
+    manifest = read_manifest(folder)
+    table = read_table(verify(folder, manifest, "dispatch.json"))
+    device = table.hardware["device"]
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TableError("table was tuned on CUDA but no CUDA device is available here")
+    wrong = mismatches(table.hardware, hardware_signature("cuda" if device == "cuda" else "cpu"))
+    if wrong:
+        raise TableError(f"hardware or software stack differs ({'; '.join(wrong)})")
+    if table.jit:
+        archive = verify(folder, manifest, table.jit["archive"])
+        jit.check_members(archive)  # refuse a hostile archive even when not restoring it
+        if restore_jit:
+            jit.restore(archive, manifest["files"][table.jit["archive"]]["sha256"], jit_dir)
+    return table
+
+
+def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, warmup: bool = False,
+         jit_dir: str | Path | None = None) -> Dispatcher:
+    """Validate the artifact at `path` (its folder, or its dispatch.json) and return a
+    Dispatcher replaying it.
+
+    Checks, in order: manifest checksums, dispatch.json against its JSON Schema, every
+    kernel id against this runtime's registry, the hardware and software signature, and
+    the jit/ archive's members. A table that fails any check gives one warning and a
+    dispatcher whose every call uses the fallback; with strict=True it raises TableError.
+
+    restore_jit=True extracts the artifact's JIT caches (to jit_dir, default
+    ~/.cache/lzsolve/jit) and points Triton, Inductor and FlashInfer at them; this runs
+    compiled code the tuning run produced, so use it for artifacts you built.
+    warmup=True calls every table entry once now, so the first request compiles nothing.
+    """
+    path = Path(path)
+    folder = path.parent if path.name == "dispatch.json" else path
     try:
-        table = read_table(path)
-        device = table.hardware["device"]
-        if device == "cuda" and not torch.cuda.is_available():
-            raise TableError("table was tuned on CUDA but no CUDA device is available here")
-        here = hardware_signature("cuda" if device == "cuda" else "cpu")
-        wrong = mismatches(table.hardware, here)
-        if wrong:
-            raise TableError(f"hardware or software stack differs ({'; '.join(wrong)})")
-        return Dispatcher(table)
+        dispatcher = Dispatcher(_open(folder, restore_jit, Path(jit_dir) if jit_dir else None))
+        if warmup:
+            dispatcher.warmup(strict=strict)
+        return dispatcher
     except TableError as e:
         if strict:
             raise

@@ -1,46 +1,63 @@
 """The Dispatcher: replays a dispatch table with a dict lookup per call.
 
-A call's key is built from shapes, dtype and device (no allocation, no
+A call's key is built from shapes, dtype and device kind (no allocation, no
 formatting); the first call with a new key derives the op signature, walks the
 tree and stores the chosen callable under that key. Anything the table does not
 cover goes to the op's fallback, which keeps the plain PyTorch semantics.
+Dict reads and writes are atomic under the GIL, so many threads may dispatch at
+once; a race only resolves the same key twice, to the same answer.
 """
 from __future__ import annotations
 
+import itertools
 import warnings
+
+import torch
 
 from . import registry
 from .hardware import device_info
-from .ops import attention_call, linear_call, rms_norm_call, rope_call, swiglu_call
-from .table import Leaf, Split, Table, choose, leaves
+from .ops import attention_call, example_args, linear_call, rms_norm_call, rope_call, swiglu_call
+from .table import Leaf, Split, Table, TableError, choose, leaves
 
 MAX_CACHED_KEYS = 8192  # past this, new keys are resolved per call instead of cached
+
+
+def _stale(kernel_id: str, measured: dict) -> str | None:
+    """Why the kernel here is not the kernel that was measured, if it is not."""
+    spec = registry.get(kernel_id)
+    if spec.version() != measured.get("version"):
+        return f"{spec.library} is {spec.version()} here, the table measured {measured.get('version')}"
+    if spec.capabilities_hash() != measured.get("capabilities"):
+        return "its declared capabilities changed since the table was solved"
+    return None
 
 
 class Dispatcher:
     def __init__(self, table: Table | None = None):
         self.table = table
         self.device_type = table.hardware["device"] if table else None
+        self._on_cuda = self.device_type == "cuda"
         self._trees: dict[str, Leaf | Split] = {}
         self._usable: set[str] = set()
-        if table is not None:
-            here = device_info(self.device_type if self.device_type == "cpu" else "cuda")
-            for sig, tree in table.trees.items():
-                self._trees[str(sig)] = tree
-                for leaf in leaves(tree):
-                    local = registry.get(leaf.kernel_id).local_reasons(here)
-                    if local:
-                        warnings.warn(f"lzsolve: {leaf.kernel_id} is not usable here ({local[0]}); "
-                                      f"{sig} uses the fallback where the table chose it", RuntimeWarning,
-                                      stacklevel=3)
-                    else:
-                        self._usable.add(leaf.kernel_id)
         self._cache: dict[tuple, tuple] = {}
+        if table is None:
+            return
+        here = device_info("cuda" if self._on_cuda else "cpu")
+        for sig, tree in table.trees.items():
+            self._trees[str(sig)] = tree
+        for kernel_id in sorted({leaf.kernel_id for tree in table.trees.values() for leaf in leaves(tree)}):
+            local = registry.get(kernel_id).local_reasons(here)
+            why = str(local[0]) if local else _stale(kernel_id, table.kernels[kernel_id])
+            if why:
+                warnings.warn(f"lzsolve: {kernel_id} is not used ({why}); its table entries use the fallback",
+                              RuntimeWarning, stacklevel=3)
+            else:
+                self._usable.add(kernel_id)
 
     # --- resolution (first call of a key) ------------------------------------
-    def _resolve(self, key: tuple, call, fallback_op: str, device_type: str) -> tuple:
+    def _resolve(self, key: tuple, call, fallback_op: str, on_cuda: bool) -> tuple:
         spec = registry.fallback(fallback_op)
-        if call is not None and device_type == self.device_type:
+        if call is not None and on_cuda == self._on_cuda:
             sig, dims = call
             tree = self._trees.get(str(sig))
             if tree is not None:
@@ -53,30 +70,31 @@ class Dispatcher:
         return entry
 
     # --- entries: (kernel_id, callable) for a call ------------------------------
+    # Keys use is_cuda rather than device.type: the latter builds a Python object per call.
     def _attention_entry(self, q, k, v, causal):
-        key = ("attention", q.shape, k.shape, v.shape, q.dtype, q.device.type, causal)
+        key = ("attention", q.shape, k.shape, v.shape, q.dtype, q.is_cuda, causal)
         entry = self._cache.get(key)
-        return entry or self._resolve(key, attention_call(q, k, v, causal), "attention.prefill", q.device.type)
+        return entry or self._resolve(key, attention_call(q, k, v, causal), "attention.prefill", q.is_cuda)
 
     def _rms_norm_entry(self, x, weight):
-        key = ("norm.rms", x.shape, x.dtype, x.device.type)
+        key = ("norm.rms", x.shape, x.dtype, x.is_cuda)
         entry = self._cache.get(key)
-        return entry or self._resolve(key, rms_norm_call(x, weight), "norm.rms", x.device.type)
+        return entry or self._resolve(key, rms_norm_call(x, weight), "norm.rms", x.is_cuda)
 
     def _rope_entry(self, q, k, interleaved):
-        key = ("posenc.rope", q.shape, k.shape, q.dtype, q.device.type, interleaved)
+        key = ("posenc.rope", q.shape, k.shape, q.dtype, q.is_cuda, interleaved)
         entry = self._cache.get(key)
-        return entry or self._resolve(key, rope_call(q, k, interleaved), "posenc.rope", q.device.type)
+        return entry or self._resolve(key, rope_call(q, k, interleaved), "posenc.rope", q.is_cuda)
 
     def _swiglu_entry(self, gate):
-        key = ("act.swiglu", gate.shape, gate.dtype, gate.device.type)
+        key = ("act.swiglu", gate.shape, gate.dtype, gate.is_cuda)
         entry = self._cache.get(key)
-        return entry or self._resolve(key, swiglu_call(gate), "act.swiglu", gate.device.type)
+        return entry or self._resolve(key, swiglu_call(gate), "act.swiglu", gate.is_cuda)
 
     def _linear_entry(self, x, weight, bias):
-        key = ("linear", x.shape, weight.shape, bias is None, x.dtype, x.device.type)
+        key = ("linear", x.shape, weight.shape, bias is None, x.dtype, x.is_cuda)
         entry = self._cache.get(key)
-        return entry or self._resolve(key, linear_call(x, weight, bias), "linear", x.device.type)
+        return entry or self._resolve(key, linear_call(x, weight, bias), "linear", x.is_cuda)
 
     # --- the public ops ----------------------------------------------------------
     def attention(self, q, k, v, causal: bool = True, scale: float | None = None):
@@ -97,6 +115,9 @@ class Dispatcher:
     def linear(self, x, weight, bias=None):
         return self._linear_entry(x, weight, bias)[1](x, weight, bias)
 
+    METHODS = {"attention.prefill": "attention", "attention.decode": "attention", "norm.rms": "rms_norm",
+               "posenc.rope": "rope", "act.swiglu": "swiglu", "linear": "linear"}
+
     def kernel_for(self, op: str, *args, **kwargs) -> str:
         """The kernel id a call of `op` ('attention', 'rms_norm', ...) with these args would use."""
         entries = {
@@ -107,3 +128,37 @@ class Dispatcher:
             "linear": lambda x, weight, bias=None: self._linear_entry(x, weight, bias),
         }
         return entries[op](*args, **kwargs)[0]
+
+    def warmup(self, strict: bool = False) -> int:
+        """Call every table entry once (the smallest and largest grid point each leaf serves),
+        so JIT compilation happens now rather than in a server's first request. A kernel that
+        raises is dropped to the fallback with a warning (or TableError when strict).
+        Returns the number of calls made."""
+        if self.table is None:
+            return 0
+        device = torch.device("cuda" if self._on_cuda else "cpu")
+        calls = 0
+        for sig, tree in self.table.trees.items():
+            grid = self.table.raw["buckets"].get(sig.op, {})
+            points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+            by_leaf: dict[str, list[dict]] = {}
+            for dims in points:
+                by_leaf.setdefault(choose(tree, dims), []).append(dims)
+            for kernel_id, served in by_leaf.items():
+                if kernel_id not in self._usable:
+                    continue
+                for dims in {0: served[0], 1: served[-1]}.values() if len(served) > 1 else served:
+                    try:
+                        getattr(self, self.METHODS[sig.op])(*example_args(sig, dims, device))
+                        calls += 1
+                    except Exception as e:
+                        if strict:
+                            raise TableError(f"warm-up of {kernel_id} on {sig} at {dims} failed: {e}") from e
+                        warnings.warn(f"lzsolve: {kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
+                                      "its table entries use the fallback", RuntimeWarning, stacklevel=2)
+                        self._usable.discard(kernel_id)
+                        self._cache.clear()
+                        break
+        if self._on_cuda:
+            torch.cuda.synchronize()
+        return calls

@@ -142,3 +142,28 @@ def linear_call(x, weight, bias):
     n, k = weight.shape
     flags = ("bias",) if bias is not None else ()
     return Signature.make("linear", {"k": k, "n": n}, flags, DTYPE_NAMES[x.dtype]), {"tokens": x.numel() // max(k, 1)}
+
+
+def example_args(sig: Signature, dims: dict, device) -> tuple:
+    """Random canonical arguments of the right shapes (for warm-up calls, not for checking)."""
+    dtype = DTYPES[sig.dtype]
+    s = dict(sig.static)
+
+    def randn(*shape):
+        return torch.randn(shape, dtype=dtype, device=device)
+
+    if sig.op in ("attention.prefill", "attention.decode"):
+        seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
+        return (randn(dims["batch"], s["hq"], seq_q, s["d"]), randn(dims["batch"], s["hkv"], kv_len, s["d"]),
+                randn(dims["batch"], s["hkv"], kv_len, s["d"]), "causal" in sig.flags, None)
+    tokens = dims["tokens"]
+    if sig.op == "norm.rms":
+        return randn(tokens, s["hidden"]), randn(s["hidden"]), 1e-6
+    if sig.op == "posenc.rope":
+        return (randn(1, s["hq"], tokens, s["d"]), randn(1, s["hkv"], tokens, s["d"]), randn(1, tokens, s["d"]),
+                randn(1, tokens, s["d"]), s["layout"] == "interleaved")
+    if sig.op == "act.swiglu":
+        return randn(tokens, s["width"]), randn(tokens, s["width"])
+    if sig.op == "linear":
+        return randn(tokens, s["k"]), randn(s["n"], s["k"]), randn(s["n"]) if "bias" in sig.flags else None
+    raise ValueError(f"no example arguments for {sig.op}")

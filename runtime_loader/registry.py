@@ -43,5 +43,5 @@ def fallback(op: str) -> KernelSpec:
 
 def capabilities_hash() -> str:
     """sha256 of every declared capability: a table solved against other declarations is stale."""
-    blob = json.dumps([REGISTRY[k].data() for k in sorted(REGISTRY)], sort_keys=True)
+    blob = json.dumps([REGISTRY[k].capabilities_hash() for k in sorted(REGISTRY)])
     return hashlib.sha256(blob.encode()).hexdigest()

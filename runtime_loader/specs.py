@@ -7,8 +7,10 @@ measuring and the runtime uses it again before trusting a table entry.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
+import json
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -67,7 +69,8 @@ class KernelSpec:
     features: frozenset[str] = frozenset()
     graph_safe: bool = False
     deterministic: bool = False
-    jit: bool = False  # compiles on first call: its jit time matters and caches travel
+    jit: bool = False  # compiles on first call: its jit time matters
+    jit_caches: tuple[str, ...] = ()  # where it compiles to (runtime_loader.jit.JIT_CACHES): packed into artifacts
     requires: tuple[str, ...] = ()  # importable modules the adapter needs
     notes: str = ""
 
@@ -87,8 +90,12 @@ class KernelSpec:
             "graph_safe": self.graph_safe,
             "deterministic": self.deterministic,
             "jit": self.jit,
+            "jit_caches": list(self.jit_caches),
             "requires": list(self.requires),
         }
+
+    def capabilities_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.data(), sort_keys=True).encode()).hexdigest()
 
     def installed(self) -> Reason | None:
         for module in self.requires:

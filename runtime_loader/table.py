@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import registry
 from .ops import DTYPES, OPS, Signature
+from .schema import validate_dispatch
 
 SCHEMA_VERSION = 1
 MAX_TREE_DEPTH = 32
@@ -48,6 +49,8 @@ class Table:
     raw: dict
     hardware: dict
     trees: dict[Signature, Leaf | Split]
+    kernels: dict[str, dict]  # kernel id -> library, version and capabilities hash it was measured with
+    jit: dict | None  # {"archive": "jit/....tar", "caches": [...]} when JIT caches travel
 
 
 def _parse_node(node, sig: Signature, depth: int) -> Leaf | Split:
@@ -89,20 +92,41 @@ def leaves(node: Leaf | Split):
         yield from leaves(node.gt)
 
 
+MAX_JSON_DEPTH = MAX_TREE_DEPTH + 8  # table > ops > entry > tree > 32 levels of nodes
+
+
+def json_depth(value, limit: int = MAX_JSON_DEPTH) -> int:
+    """Nesting depth of JSON-like data, stopping at `limit` (checked before any recursive walk,
+    so a hostile table cannot make validation exponential or exhaust the stack)."""
+    depth, level = 0, [value]
+    seen: set[int] = set()
+    while level and depth <= limit:
+        depth += 1
+        nxt = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            for child in children:
+                if isinstance(child, (dict, list)) and id(child) not in seen:
+                    seen.add(id(child))
+                    nxt.append(child)
+        level = nxt
+    return depth
+
+
 def parse_table(raw, source: str = "<memory>") -> Table:
     if not isinstance(raw, dict):
         raise TableError("top level is not a JSON object")
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise TableError(f"nested deeper than {MAX_JSON_DEPTH} levels (trees are at most {MAX_TREE_DEPTH} deep)")
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
         raise TableError(f"schema_version {version!r} is not supported (this runtime reads {SCHEMA_VERSION})")
-    hardware = raw.get("hardware")
-    if not isinstance(hardware, dict) or hardware.get("device") not in ("cpu", "cuda"):
-        raise TableError("missing or malformed hardware signature")
-    ops = raw.get("ops")
-    if not isinstance(ops, list):
-        raise TableError("missing 'ops' list")
+    problems = validate_dispatch(raw)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise TableError(f"does not match dispatch.schema.json: {problems[0]}{more}")
     trees = {}
-    for entry in ops:
+    for entry in raw["ops"]:
         sig = _parse_signature(entry)
         if sig in trees:
             raise TableError(f"{sig}: listed twice")
@@ -112,8 +136,10 @@ def parse_table(raw, source: str = "<memory>") -> Table:
             wrong = registry.get(leaf.kernel_id).semantic_reasons(sig)
             if wrong:
                 raise TableError(f"{sig}: kernel {leaf.kernel_id} cannot compute it ({wrong[0]})")
+            if leaf.kernel_id not in raw["kernels"]:
+                raise TableError(f"{sig}: kernel {leaf.kernel_id} has no entry under 'kernels'")
         trees[sig] = tree
-    return Table(source, raw, hardware, trees)
+    return Table(source, raw, raw["hardware"], trees, raw["kernels"], raw.get("jit"))
 
 
 def read_table(path: str | Path) -> Table:
@@ -125,7 +151,7 @@ def read_table(path: str | Path) -> Table:
         raise TableError(f"cannot read {file}: {e.strerror or e}") from None
     try:
         raw = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TableError(f"{file} is not valid JSON ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise TableError(f"{file} is not valid JSON ({type(e).__name__}: {e})") from None
     return parse_table(raw, str(file))
 

@@ -43,7 +43,7 @@ def test_unavailable_kernel_falls_back_with_a_warning(monkeypatch):
     import dataclasses
     cpu_only_missing = dataclasses.replace(registry.REGISTRY["sdpa.math"], requires=("no_such_module_abc",))
     monkeypatch.setitem(registry.REGISTRY, "sdpa.math", cpu_only_missing)
-    with pytest.warns(RuntimeWarning, match="not usable here"):
+    with pytest.warns(RuntimeWarning, match="sdpa.math is not used .NOT_INSTALLED"):
         d = Dispatcher(parse_table(table()))
     q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
     assert d.kernel_for("attention", q, k, k) == "sdpa.default"

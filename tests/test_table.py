@@ -8,7 +8,7 @@ import torch
 import runtime_loader
 from runtime_loader.table import TableError, parse_table
 
-from .tables import ATTN, RMS, entry, table, write
+from .tables import ATTN, RMS, entry, provenance, table, write
 
 
 def load_quietly(path, **kw):
@@ -66,10 +66,57 @@ def test_deep_tree_is_refused():
     node = {"kernel_id": "eager.rms_norm"}
     for _ in range(40):
         node = {"dim": "tokens", "threshold": 1.0, "le": node, "gt": node}
-    with pytest.raises(TableError, match="deeper"):
-        parse_table(table(ops=[entry(RMS, node)]))
+    with pytest.raises(TableError, match="deeper"):  # shared subtrees: 2^40 paths if walked naively
+        parse_table(table(ops=[entry(RMS, node)], kernels=provenance({"eager.rms_norm"})))
 
 
 def test_missing_artifact(tmp_path):
-    with pytest.raises(TableError, match="cannot read"):
+    with pytest.raises(TableError, match="no manifest.json"):
         runtime_loader.load(tmp_path / "nothing", strict=True)
+
+
+def test_checksum_mismatch_is_refused(tmp_path):
+    path = write(tmp_path, table())
+    raw = json.loads((tmp_path / "dispatch.json").read_text())
+    raw["ops"][0]["tree"]["le"]["kernel_id"] = "eager.rms_norm"  # a valid table, but not the one hashed
+    (tmp_path / "dispatch.json").write_text(json.dumps(raw))
+    d, warned = load_quietly(path)
+    assert d.table is None and "checksum mismatch for dispatch.json" in warned[0]
+
+
+def test_missing_manifest_is_refused(tmp_path):
+    d, warned = load_quietly(write(tmp_path, table(), manifest=False))
+    assert d.table is None and "no manifest.json" in warned[0]
+
+
+def test_manifest_cannot_point_outside(tmp_path):
+    from runtime_loader.manifest import read_manifest, verify
+    write(tmp_path, table())
+    with pytest.raises(TableError, match="leaves the artifact"):
+        verify(tmp_path, read_manifest(tmp_path), "../outside.json")
+
+
+def test_stale_kernel_uses_the_fallback_not_the_table(tmp_path):
+    raw = table()
+    raw["kernels"]["sdpa.math"]["version"] = "0.0.1"  # measured with another torch
+    d, warned = load_quietly(write(tmp_path, raw))
+    assert d.table is not None, "one stale kernel does not void the whole table"
+    assert any("sdpa.math is not used" in w and "0.0.1" in w for w in warned)
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    assert d.kernel_for("attention", q, k, k) == "sdpa.default"
+    assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "torch.rms_norm"
+
+
+def test_redeclared_kernel_uses_the_fallback(tmp_path):
+    raw = table()
+    raw["kernels"]["torch.rms_norm"]["capabilities"] = "0" * 64
+    d, warned = load_quietly(write(tmp_path, raw))
+    assert any("declared capabilities changed" in w for w in warned)
+    assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "eager.rms_norm"
+
+
+def test_schema_violation_names_the_field(tmp_path):
+    raw = table()
+    del raw["fallback_policy"]
+    with pytest.raises(TableError, match="missing 'fallback_policy'"):
+        runtime_loader.load(write(tmp_path, raw), strict=True)

@@ -32,7 +32,8 @@ def lazily_compiled(fn):
 
 def compile_variant(spec: KernelSpec, kernel_id: str) -> KernelSpec:
     return dataclasses.replace(spec, kernel_id=kernel_id, impl=lazily_compiled(spec.impl), library="torch",
-                               jit=True, deterministic=False, notes=f"torch.compile(dynamic=True) of {spec.kernel_id}")
+                               jit=True, jit_caches=("inductor", "triton"), deterministic=False,
+                               notes=f"torch.compile(dynamic=True) of {spec.kernel_id}")
 
 
 _EAGER = {s.kernel_id: s for s in eager.SPECS}

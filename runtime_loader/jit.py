@@ -1,0 +1,116 @@
+"""JIT caches: where each library keeps compiled kernels, and how an artifact carries them.
+
+During tuning every library writes its cache under a folder owned by the run
+(point_caches); the packer tars the caches the table's kernels declare into
+jit/. At load, `restore` extracts that archive (after checking every member:
+no absolute paths, no '..', no links, regular files only) and points the
+libraries at it, so a server's first call finds its kernels compiled.
+
+Restoring runs compiled code from the artifact (Triton binaries, Inductor's
+generated modules and cache entries, which those libraries load themselves), so
+it is opt-in: use it for artifacts you built, whose checksums the manifest
+verifies. lzsolve itself never imports or unpickles anything from an artifact.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from .table import TableError
+
+# cache kind -> the environment variable its library reads (lazily, at first compile;
+# FlashInfer reads its own at import, which its adapter defers to the first call).
+JIT_CACHES = {
+    "triton": "TRITON_CACHE_DIR",
+    "inductor": "TORCHINDUCTOR_CACHE_DIR",
+    "flashinfer": "FLASHINFER_WORKSPACE_BASE",
+}
+MAX_ARCHIVE_BYTES = 8 << 30
+DEFAULT_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lzsolve" / "jit"
+
+
+def point_caches(root: Path, kinds=JIT_CACHES) -> None:
+    """Send each library's JIT cache to root/<kind> (in this process and its children)."""
+    for kind in kinds:
+        folder = Path(root) / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[JIT_CACHES[kind]] = str(folder.resolve())
+
+
+def check_members(archive: Path) -> list[tarfile.TarInfo]:
+    """Every member of a jit archive, or TableError for the first one that is not plain data."""
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, OSError) as e:
+        raise TableError(f"jit archive {archive.name} cannot be read ({e})") from None
+    total = 0
+    for m in members:
+        path = PurePosixPath(m.name)
+        if path.is_absolute() or m.name.startswith(("/", "\\")):
+            raise TableError(f"jit archive member {m.name!r} has an absolute path")
+        if ".." in path.parts:
+            raise TableError(f"jit archive member {m.name!r} climbs out with '..'")
+        if m.issym() or m.islnk():
+            raise TableError(f"jit archive member {m.name!r} is a link ({m.linkname!r})")
+        if not (m.isfile() or m.isdir()):
+            raise TableError(f"jit archive member {m.name!r} is not a regular file or folder")
+        if path.parts and path.parts[0] not in JIT_CACHES:
+            raise TableError(f"jit archive member {m.name!r} is outside the known caches {sorted(JIT_CACHES)}")
+        total += m.size
+    if total > MAX_ARCHIVE_BYTES:
+        raise TableError(f"jit archive unpacks to {total >> 20} MiB, over the {MAX_ARCHIVE_BYTES >> 30} GiB limit")
+    return members
+
+
+def restore(archive: Path, digest: str, root: Path | None = None) -> Path:
+    """Extract a checked archive into root/<digest> (once; atomically) and point the caches there."""
+    members = check_members(archive)
+    target = Path(root or DEFAULT_ROOT) / digest[:24]
+    if not (target / ".complete").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=target.parent))
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                for m in members:  # each already checked; the data filter is a second guard
+                    if hasattr(tarfile, "data_filter"):
+                        tar.extract(m, staging, filter="data")
+                    else:
+                        tar.extract(m, staging)
+            (staging / ".complete").write_text("")
+            if not (target / ".complete").exists():  # another process may have won the race
+                shutil.rmtree(target, ignore_errors=True)
+                try:
+                    staging.rename(target)
+                except OSError:
+                    if not (target / ".complete").exists():
+                        raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    kinds = sorted({PurePosixPath(m.name).parts[0] for m in members if PurePosixPath(m.name).parts})
+    point_caches(target, kinds)
+    return target
+
+
+def pack(root: Path, kinds, archive: Path) -> list[str]:
+    """Tar the non-empty caches `kinds` under `root` into `archive`; returns the kinds packed."""
+    packed = []
+    with tarfile.open(archive, "w") as tar:
+        for kind in sorted(set(kinds)):
+            folder = Path(root) / kind
+            if folder.is_dir() and any(folder.rglob("*")):
+                tar.add(folder, arcname=kind, filter=_plain_files_only)
+                packed.append(kind)
+    return packed
+
+
+def _plain_files_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Caches sometimes hold lock files as links or sockets: leave those out."""
+    if not (info.isfile() or info.isdir()):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info

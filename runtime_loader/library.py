@@ -1,0 +1,78 @@
+"""The Dispatcher as torch.library custom ops, for code under torch.compile.
+
+torch.compile(fullgraph=True) cannot trace into the Dispatcher's Python (dict
+lookups keyed on shapes) without graph breaks, so these ops present each call
+as one opaque node with a fake (meta) implementation for shape propagation; at
+run time the node calls the active Dispatcher. `activate(d)` chooses it
+(`load` does not, so several dispatchers can coexist).
+
+    runtime_loader.library.activate(d)
+    y = torch.ops.lzsolve.rms_norm(x, w, 1e-6)
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dispatcher import Dispatcher
+
+_active = Dispatcher(None)
+
+
+def activate(dispatcher: Dispatcher) -> None:
+    global _active
+    _active = dispatcher
+
+
+def active() -> Dispatcher:
+    return _active
+
+
+@torch.library.custom_op("lzsolve::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None) -> Tensor:
+    return _active.attention(q, k, v, causal, scale)
+
+
+@attention.register_fake
+def _(q, k, v, causal, scale):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.custom_op("lzsolve::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return _active.rms_norm(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("lzsolve::rope", mutates_args=())
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> tuple[Tensor, Tensor]:
+    return _active.rope(q, k, cos, sin, interleaved)
+
+
+@rope.register_fake
+def _(q, k, cos, sin, interleaved):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("lzsolve::swiglu", mutates_args=())
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return _active.swiglu(gate, up)
+
+
+@swiglu.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op("lzsolve::linear", mutates_args=())
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return _active.linear(x, weight, bias)
+
+
+@linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

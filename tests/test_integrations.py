@@ -1,0 +1,92 @@
+"""A real client: tiny random-initialised Hugging Face models with attn_implementation="lzsolve"."""
+import pytest
+import torch
+
+import runtime_loader
+from runtime_loader import Dispatcher
+
+transformers = pytest.importorskip("transformers")
+from runtime_loader.integrations.transformers import register  # noqa: E402
+
+
+class Counting(Dispatcher):
+    def __init__(self):
+        super().__init__(None)
+        self.calls = 0
+
+    def attention(self, *args, **kwargs):
+        self.calls += 1
+        return super().attention(*args, **kwargs)
+
+
+def tiny(family: str):
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+    if family == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
+    if not hasattr(transformers, "Qwen3ForCausalLM"):
+        pytest.skip("this transformers has no Qwen3")
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=16)).eval()
+
+
+def logits(model, impl, ids, **kw):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(ids, **kw).logits
+
+
+@pytest.fixture
+def counting():
+    d = Counting()
+    register(d)
+    yield d
+    runtime_loader.library.activate(Dispatcher(None))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_same_logits_as_sdpa(family, counting):
+    torch.manual_seed(0)
+    model = tiny(family)
+    ids = torch.randint(0, 128, (2, 12))
+    ref = logits(model, "sdpa", ids)
+    out = logits(model, "lzsolve", ids)
+    assert counting.calls == 2, "both layers went through the dispatcher"
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_generation_matches_sdpa(counting):
+    torch.manual_seed(1)
+    model = tiny("llama")
+    ids = torch.randint(0, 128, (1, 6))
+    kw = dict(max_new_tokens=6, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    model.set_attn_implementation("sdpa")
+    expected = model.generate(ids, **kw)
+    model.set_attn_implementation("lzsolve")
+    assert torch.equal(model.generate(ids, **kw), expected)
+    assert counting.calls >= 2 * 6, "prefill and every decode step used the dispatcher"
+
+
+def test_padding_masks_are_handed_to_sdpa(counting):
+    torch.manual_seed(2)
+    model = tiny("llama")
+    ids = torch.randint(0, 128, (2, 10))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    ref = logits(model, "sdpa", ids, attention_mask=mask)
+    out = logits(model, "lzsolve", ids, attention_mask=mask)
+    torch.testing.assert_close(out, ref)
+    assert counting.calls == 0, "a padding mask is not a case the table covers"
+
+
+def test_compiled_model_fullgraph(counting):
+    torch.manual_seed(3)
+    model = tiny("llama")
+    ids = torch.randint(0, 128, (1, 16))
+    ref = logits(model, "sdpa", ids)
+    model.set_attn_implementation("lzsolve")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
+    with torch.no_grad():
+        out = compiled(ids).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert counting.calls == 2, "the compiled graph calls torch.ops.lzsolve.attention in both layers"

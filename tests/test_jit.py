@@ -1,0 +1,137 @@
+"""JIT caches: packing, safe extraction, restore; hostile archives are refused."""
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+import runtime_loader
+from runtime_loader import jit
+from runtime_loader.manifest import MANIFEST, build_manifest
+from runtime_loader.table import TableError
+
+from .tables import table
+
+
+def fake_caches(root: Path):
+    (root / "triton" / "ab12").mkdir(parents=True)
+    (root / "triton" / "ab12" / "kernel.cubin").write_bytes(b"\x7fELF...")
+    (root / "inductor" / "fxgraph").mkdir(parents=True)
+    (root / "inductor" / "fxgraph" / "entry").write_bytes(b"data")
+
+
+def test_pack_and_restore_round_trip(tmp_path, monkeypatch):
+    fake_caches(tmp_path / "work")
+    archive = tmp_path / "caches.tar"
+    assert jit.pack(tmp_path / "work", ["inductor", "triton", "flashinfer"], archive) == ["inductor", "triton"]
+    for var in jit.JIT_CACHES.values():
+        monkeypatch.delenv(var, raising=False)
+    target = jit.restore(archive, "f" * 64, tmp_path / "restored")
+    assert (target / "triton" / "ab12" / "kernel.cubin").read_bytes() == b"\x7fELF..."
+    assert os.environ["TRITON_CACHE_DIR"] == str(target / "triton")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(target / "inductor")
+    assert "FLASHINFER_WORKSPACE_BASE" not in os.environ, "only the caches the archive holds are pointed"
+    assert jit.restore(archive, "f" * 64, tmp_path / "restored") == target, "a second restore reuses the folder"
+
+
+def hostile(kind: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(name, data=b"x", **attrs):
+            info = tarfile.TarInfo(name)
+            info.size = len(data) if attrs.get("type", tarfile.REGTYPE) == tarfile.REGTYPE else 0
+            for k, v in attrs.items():
+                setattr(info, k, v)
+            tar.addfile(info, io.BytesIO(data) if info.size else None)
+        add("triton/ok.json")
+        {
+            "absolute": lambda: add("/etc/cron.d/evil"),
+            "dotdot": lambda: add("triton/../../evil.py"),
+            "symlink": lambda: add("triton/link", type=tarfile.SYMTYPE, linkname="/etc/passwd"),
+            "hardlink": lambda: add("triton/hard", type=tarfile.LNKTYPE, linkname="triton/ok.json"),
+            "device": lambda: add("triton/dev", type=tarfile.CHRTYPE),
+            "unknown_top": lambda: add("site-packages/evil.py"),
+        }[kind]()
+    return buf.getvalue()
+
+
+KINDS = ["absolute", "dotdot", "symlink", "hardlink", "device", "unknown_top"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hostile_archives_are_refused_and_nothing_extracted(tmp_path, kind):
+    folder = tmp_path / "artifact"
+    (folder / "jit").mkdir(parents=True)
+    (folder / "jit" / "caches.tar").write_bytes(hostile(kind))
+    (folder / "dispatch.json").write_text(json.dumps(table(jit={"archive": "jit/caches.tar", "caches": ["triton"]})))
+    (folder / MANIFEST).write_text(json.dumps(build_manifest(folder)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = runtime_loader.load(folder, restore_jit=True, jit_dir=tmp_path / "jit")
+    assert d.table is None and len(caught) == 1 and "jit archive member" in str(caught[0].message)
+    with pytest.raises(TableError, match="jit archive member"):
+        runtime_loader.load(folder, strict=True)  # refused even when not restoring
+    assert not (tmp_path / "jit").exists(), "nothing was extracted"
+    assert not Path("/etc/cron.d/evil").exists()
+
+
+COMPILE_AND_PACK = """
+import json, sys, torch
+from pathlib import Path
+from runtime_loader import jit, registry
+from runtime_loader.ops import Signature
+out = Path(sys.argv[1])
+jit.point_caches(out / ".jit-work")
+impl = registry.get("compile.rms_norm").impl
+for tokens in (4, 8):
+    impl(torch.randn(tokens, 64), torch.randn(64), 1e-6)
+sys.path.insert(0, sys.argv[2])
+from tests.tables import entry, table
+from lzsolve.artifact import kernel_provenance, write_artifact
+sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
+raw = table(ops=[entry(sig, {"kernel_id": "compile.rms_norm"})], kernels=kernel_provenance(["compile.rms_norm"]),
+            buckets={"norm.rms": {"tokens": [4, 8]}})
+write_artifact(out, raw, "report")
+"""
+
+LOAD_AND_CALL = """
+import json, sys, torch
+import runtime_loader
+from torch._dynamo.utils import counters
+d = runtime_loader.load(sys.argv[1], strict=True, restore_jit=sys.argv[2] == "restore", warmup=True,
+                        jit_dir=sys.argv[3])
+graphs = counters["stats"]["unique_graphs"]
+out = d.rms_norm(torch.randn(8, 64), torch.randn(64), 1e-6)  # the first "request"
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "compiled_on_request": counters["stats"]["unique_graphs"] - graphs,
+                  "kernel": d.kernel_for("rms_norm", torch.randn(8, 64), torch.randn(64))}))
+"""
+
+
+def run(code, *args, cwd, env):
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True,
+                            text=True, cwd=cwd, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+
+
+def test_restored_caches_mean_the_first_request_compiles_nothing(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-default-cache"),
+           "TRITON_CACHE_DIR": str(tmp_path / "empty-default-triton")}
+    artifact = tmp_path / "artifact"
+    run(COMPILE_AND_PACK, artifact, repo, cwd=repo, env=env)
+    assert (artifact / "jit" / "caches.tar").is_file()
+    assert json.loads((artifact / "dispatch.json").read_text())["jit"]["caches"] == ["inductor"]
+    restored = json.loads(run(LOAD_AND_CALL, artifact, "restore", tmp_path / "jit", cwd=tmp_path, env=env))
+    assert restored["kernel"] == "compile.rms_norm"
+    assert restored["compiled_on_request"] == 0, "warm-up compiled everything before the first request"
+    assert restored["hit"] > 0 and restored["miss"] == 0, "Inductor found every graph in the restored cache"
+    cold = json.loads(run(LOAD_AND_CALL, artifact, "cold", tmp_path / "jit2", cwd=tmp_path, env=env))
+    assert cold["miss"] > 0, "without the artifact's caches Inductor compiles from scratch"

@@ -171,7 +171,11 @@ def write_artifact(out: Path, table: dict, report_md: str) -> None:
         (out / JIT_ARCHIVE).unlink(missing_ok=True)
     atomic_write_text(out / "dispatch.json", json.dumps(table, indent=1, sort_keys=False) + "\n")
     atomic_write_text(out / "report.md", report_md)
-    atomic_write_text(out / MANIFEST, json.dumps(build_manifest(out), indent=1) + "\n")
+    refresh_manifest(out)
+
+
+def refresh_manifest(folder: Path) -> None:
+    atomic_write_text(folder / MANIFEST, json.dumps(build_manifest(folder), indent=1) + "\n")
 
 
 def find_artifact(path: str | Path | None) -> Path:

@@ -255,6 +255,52 @@ def explain(artifact, op_glob):
         raise LzError(f"no op signature matches --op {op_glob!r}; try --op '*'")
 
 
+@cli.command()
+@click.argument("artifact", required=False, type=click.Path())
+@click.option("--shapes", multiple=True, metavar="DIM=N[,DIM=N]",
+              help="evaluate these shapes (e.g. tokens=24, batch=2,seq=700) instead of the midpoints between buckets")
+@click.option("--device", default=None, metavar="cpu|cuda[:i]", help="[default: the artifact's device]")
+@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="seconds one measurement may take before its worker is killed")
+@click.option("--isolate/--no-isolate", default=True, show_default=True, help="measure in a worker process")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="also write the results here")
+def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
+    """Measure the table's regret on shapes it never saw: geomean and worst of
+    time(table choice) / time(best kernel), and time(table choice) / time(PyTorch default).
+    ARTIFACT defaults to the newest under ./artifacts."""
+    from .evaluate import evaluate as run_evaluation, parse_shapes, summarize
+
+    _load_plugins(plugins)
+    folder = find_artifact(artifact)
+    table = read_table_json(folder)
+    dev = _device(device or ("cuda" if table["hardware"]["device"] == "cuda" else "cpu"))
+    wanted = parse_shapes(shapes) if shapes else None
+    runner = WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else InProcessRunner(dev, plugins=plugins)
+    click.echo(f"evaluating {folder} ({table['timing_mode']} timing) on {dev}", err=True)
+    try:
+        with click.progressbar(length=0, label="measuring", file=sys.stderr) as bar:
+            results = run_evaluation(folder, dev, runner, wanted, on_step=lambda label: bar.update(1, label))
+    finally:
+        runner.close()
+    if not results:
+        raise LzError("no evaluation shape fits any op signature of the table; check --shapes")
+    summary = summarize(results)
+    rows = [(sig, s["points"], s["regret_geomean"], s["regret_worst"], s["vs_default_geomean"], s["vs_default_worst"])
+            for sig, s in summary["signatures"].items()]
+    o = summary["overall"]
+    rows.append(("all", o["points"], o["regret_geomean"], o["regret_worst"], o["vs_default_geomean"],
+                 o["vs_default_worst"]))
+    _print_table(["signature", "shapes", "regret geomean", "regret worst", "vs default geomean", "vs default worst"],
+                 rows)
+    click.echo("regret = time(table choice) / time(best kernel); vs default = time(table choice) / time(fallback)")
+    for problem in summary["problems"]:
+        click.echo(f"warning: {problem}", err=True)
+    if json_out:
+        Path(json_out).write_text(json.dumps({"artifact": str(folder), "timing_mode": table["timing_mode"],
+                                              **summary}, indent=1, default=str))
+
+
 @cli.group()
 def db():
     """Query the PerfDB with DuckDB SQL (views: records, admitted, rejected)."""

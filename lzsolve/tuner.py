@@ -104,25 +104,30 @@ def make_plan(model: ModelSpec, dtype: str, device: torch.device, grid: str,
     return Plan(model, dtype, device, grid, hardware_signature(device), tuple(plans))
 
 
+def fresh_seeds():
+    """Seeds for input draws: new random inputs every workload, every run."""
+    return itertools.count(int.from_bytes(os.urandom(6), "little"))
+
+
 def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
 
 
-class _Recorder:
+class Recorder:
     """Builds PerfDB records with the run's provenance."""
 
-    def __init__(self, plan: Plan, run_id: str, timer: str):
-        self.plan, self.run_id, self.timer = plan, run_id, timer
-        self.hw_slug = slug(plan.hardware)
+    def __init__(self, model: str, tp: int, dtype: str, device: torch.device, hardware: dict, run_id: str, timer: str):
+        self.run_id, self.timer = run_id, timer
+        self.hw_slug = slug(hardware)
         self.common = {
             "run_id": run_id,
-            "model": plan.model.name,
-            "tp": plan.model.tp,
-            "dtype": plan.dtype,
+            "model": model,
+            "tp": tp,
+            "dtype": dtype,
             "timer": timer,
-            "device": str(plan.device),
+            "device": str(device),
             "hw_slug": self.hw_slug,
-            "hw_json": json.dumps(plan.hardware, sort_keys=True),
+            "hw_json": json.dumps(hardware, sort_keys=True),
             "torch_version": torch.__version__,
             "lzsolve_version": __version__,
             "capabilities_hash": registry.capabilities_hash(),
@@ -151,7 +156,7 @@ class _Recorder:
         }
 
 
-def _reusable(db: PerfDB, recorder: _Recorder) -> dict[tuple, dict]:
+def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
     """Records of earlier runs that measured the same thing on this machine and stack."""
     if not db.files():
         return {}
@@ -161,8 +166,8 @@ def _reusable(db: PerfDB, recorder: _Recorder) -> dict[tuple, dict]:
     return {(r["signature"], r["kernel_id"], r["kernel_version"], r["dims"]): r for r in rows}
 
 
-def _measure_workload(sp: SignaturePlan, dims: dict, specs: list[KernelSpec], runner: Runner,
-                      recorder: _Recorder, seed: int, on_step: Callable[[str], None]) -> list[dict]:
+def measure_workload(sp: SignaturePlan, dims: dict, specs: list[KernelSpec], runner: Runner,
+                     recorder: Recorder, seed: int, on_step: Callable[[str], None]) -> list[dict]:
     """Parity for each kernel (its own task: a crash costs one record), then one timing task
     for all the admitted ones, interleaved. If that task dies, each kernel is timed alone so
     the failure lands on the kernel that caused it."""
@@ -195,9 +200,9 @@ def tune(plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reus
     """Gate and measure every (workload, candidate) of the plan through `runner`; returns this
     run's view of the records (new ones and reused ones). `on_step` follows each candidate."""
     run_id = run_id or new_run_id()
-    recorder = _Recorder(plan, run_id, runner.timer)
+    recorder = Recorder(plan.model.name, plan.model.tp, plan.dtype, plan.device, plan.hardware, run_id, runner.timer)
     reusable = _reusable(db, recorder) if reuse else {}
-    seeds = itertools.count(int.from_bytes(os.urandom(6), "little"))  # fresh random inputs every workload
+    seeds = fresh_seeds()
     results: list[dict] = []
     for sp in plan.signatures:
         fresh: list[dict] = []
@@ -216,7 +221,7 @@ def tune(plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reus
                     else:
                         to_measure.append(cand.spec)
                 if to_measure:
-                    fresh.extend(_measure_workload(sp, dims, to_measure, runner, recorder, next(seeds), on_step))
+                    fresh.extend(measure_workload(sp, dims, to_measure, runner, recorder, next(seeds), on_step))
         finally:  # keep what was measured even when interrupted
             db.append(fresh, run_id)
             results.extend(fresh)

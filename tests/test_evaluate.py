@@ -1,0 +1,61 @@
+"""lzsolve evaluate: off-grid shapes, regret against the best kernel and the default."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from lzsolve.cli import cli
+from lzsolve.errors import LzError
+from lzsolve.evaluate import PointResult, between, off_grid_points, parse_shapes, summarize
+from runtime_loader.manifest import read_manifest, verify
+
+
+def test_midpoints_between_buckets():
+    assert between([1, 4, 16, 64]) == [2, 8, 32]
+    assert between([1, 2]) == []  # no integer strictly between
+    assert off_grid_points({"tokens": [1, 8, 64]}) == [{"tokens": 3}, {"tokens": 23}]
+    assert off_grid_points({"batch": [1, 2], "seq": [32, 128]}) == [{"batch": 1, "seq": 64}, {"batch": 2, "seq": 64}]
+    assert off_grid_points({"tokens": [1, 2]}) == []
+
+
+def test_parse_shapes():
+    assert parse_shapes(("tokens=24", "batch=2,seq=700")) == [{"tokens": 24}, {"batch": 2, "seq": 700}]
+    for bad in ("tokens", "tokens=0", "tokens=x", "width=3"):
+        with pytest.raises(LzError, match="--shapes"):
+            parse_shapes((bad,))
+
+
+def test_summary_geomean_and_worst():
+    results = [PointResult("s", {"tokens": 3}, "a", "a", 1.0, 1.0, 2.0),
+               PointResult("s", {"tokens": 5}, "a", "b", 4.0, 1.0, 2.0),
+               PointResult("s", {"tokens": 7}, "c", "b", None, 1.0, 2.0, problem="c failed here: RAISED: x")]
+    o = summarize(results)["overall"]
+    assert o["regret_geomean"] == pytest.approx(2.0) and o["regret_worst"] == 4.0
+    assert o["vs_default_geomean"] == pytest.approx(1.0) and o["vs_default_worst"] == 2.0
+    assert o["problems"] == 1 and o["points"] == 3
+
+
+def test_evaluate_cli_on_the_spine_artifact(tmp_path):
+    from .test_cli import TINY_LLAMA
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    out = tmp_path / "artifact"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
+                                 "--exclude", "compile.*", "--out", str(out), "--no-isolate"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["evaluate", str(out), "--json", str(tmp_path / "eval.json"), "--no-isolate",
+                                 "--shapes", "tokens=3", "--shapes", "batch=1,seq=32", "--shapes", "batch=2,kv_len=40"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "eval.json").read_text())
+    ops = {p["signature"].split("[")[0] for p in summary["points"]}
+    assert ops == {"norm.rms", "linear", "posenc.rope", "act.swiglu", "attention.prefill", "attention.decode"}
+    o = summary["overall"]
+    assert o["points"] == len(summary["points"]) and o["regret_worst"] >= o["regret_geomean"] >= 1.0
+    assert "regret" in result.output and "all" in result.output
+    manifest = read_manifest(out)
+    assert any(p.startswith("perfdb/") for p in manifest["files"])
+    verify(out, manifest, "dispatch.json")
+    from lzsolve.perfdb import PerfDB
+    runs = PerfDB(out / "perfdb").rows("SELECT DISTINCT run_id FROM records WHERE run_id LIKE 'eval-%'")
+    assert len(runs) == 1, "evaluation records are kept in the PerfDB"

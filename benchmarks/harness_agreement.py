@@ -4,6 +4,8 @@ Times the same calls three ways: do_bench (median, warmup=25 ms, rep=100 ms, L2
 flushed before each call: the method of ../shared/anchors), and lzsolve's
 harness in eager mode (back-to-back launches over rotated input sets, L2
 flushed per sample) and graph mode (CUDA-graph replay of the same calls).
+The two alternate for ROUNDS rounds and each reports its median over the rounds,
+so clock and power drift (large GEMMs hit the power cap) falls on both alike.
 Prints a table and writes the numbers as JSON.
 
     python benchmarks/harness_agreement.py --json out.json
@@ -27,6 +29,7 @@ from runtime_loader import registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.ops import Signature
 
+ROUNDS = 3
 HEADS = {"hq": 64, "hkv": 8, "d": 128}
 # (label, op, static, flags, dims, kernel, anchor ms from ../shared/anchors/README.md)
 CASES = [
@@ -60,15 +63,19 @@ def main() -> None:
         contract, spec = CONTRACTS[op], registry.get(kernel_id)
         inputs = contract.make_inputs(sig, dims, device, gen)
         fn = functools.partial(spec.impl, *inputs)
-        ref = do_bench(fn, warmup=25, rep=100, return_mode="median")
         sets = rotation_sets(tensor_bytes(inputs), harness.cache_bytes, harness.budget)
         calls = [fn] + [functools.partial(spec.impl, *contract.make_inputs(sig, dims, device, gen))
                         for _ in range(sets - 1)]
-        m = harness.measure({kernel_id: calls})[kernel_id]
-        graph = m.graph.median_ms if m.graph else None
-        rows.append({"case": label, "kernel": kernel_id, "anchor_ms": anchor, "do_bench_ms": ref,
-                     "eager_ms": m.eager.median_ms, "eager_spread": m.eager.spread, "graph_ms": graph,
-                     "graph_spread": m.graph.spread if m.graph else None, "sets": sets})
+        refs, eager, graph = [], [], []
+        for _ in range(ROUNDS):
+            refs.append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+            m = harness.measure({kernel_id: calls})[kernel_id]
+            eager.append(m.eager.median_ms)
+            if m.graph:
+                graph.append(m.graph.median_ms)
+        rows.append({"case": label, "kernel": kernel_id, "anchor_ms": anchor, "do_bench_ms": statistics.median(refs),
+                     "eager_ms": statistics.median(eager), "graph_ms": statistics.median(graph) if graph else None,
+                     "rounds": {"do_bench": refs, "eager": eager, "graph": graph}, "sets": m.sets})
         del inputs, calls, fn
         torch.cuda.empty_cache()
 

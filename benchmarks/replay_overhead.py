@@ -31,8 +31,8 @@ CASES = [
     ("posenc.rope", {"hq": 8, "hkv": 1, "d": 128, "layout": "split_half"}, (), {"tokens": 1}, "eager.rope", "rope"),
     ("attention.decode", {"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 1, "kv_len": 512}, "sdpa.default", "attention"),
 ]
-ENTRY = {"rms_norm": "_rms_norm_entry", "linear": "_linear_entry", "swiglu": "_swiglu_entry",
-         "rope": "_rope_entry", "attention": "_attention_entry"}
+LOOKUP = {"rms_norm": "_rms_norm_fn", "linear": "_linear_fn", "swiglu": "_swiglu_fn",
+          "rope": "_rope_fn", "attention": "_attention_fn"}
 
 
 def table_for(device: torch.device, dtype: str) -> dict:
@@ -76,7 +76,7 @@ def main() -> None:
         call_args = example_args(sig, dims, device)
         direct = registry.get(kernel_id).impl
         dispatched = getattr(d, method)
-        entry = getattr(d, ENTRY[method])
+        lookup = getattr(d, LOOKUP[method])
         lookup_args = {"rms_norm": lambda a: a[:2], "linear": lambda a: a[:3], "swiglu": lambda a: a[:1],
                        "rope": lambda a: (a[0], a[1], a[4]), "attention": lambda a: a[:4]}[method](call_args)
         assert d.kernel_for(method, *call_args) == kernel_id
@@ -84,7 +84,7 @@ def main() -> None:
         for _ in range(args.rounds):
             timings["direct"].append(per_call_us(lambda: direct(*call_args), args.calls, sync))
             timings["dispatcher"].append(per_call_us(lambda: dispatched(*call_args), args.calls, sync))
-            timings["lookup"].append(per_call_us(lambda: entry(*lookup_args), args.calls, lambda: None))
+            timings["lookup"].append(per_call_us(lambda: lookup(*lookup_args), args.calls, lambda: None))
         overhead = [b - a for a, b in zip(timings["direct"], timings["dispatcher"])]
         rows.append({"op": op, "kernel": kernel_id, **{k: statistics.median(v) for k, v in timings.items()},
                      "overhead_us": statistics.median(overhead)})

@@ -19,7 +19,7 @@ from .hardware import device_info
 from .ops import attention_call, example_args, linear_call, rms_norm_call, rope_call, swiglu_call
 from .table import Leaf, Split, Table, TableError, choose, leaves
 
-MAX_CACHED_KEYS = 8192  # past this, new keys are resolved per call instead of cached
+MAX_CACHED_KEYS = 8192  # per op; past this, new keys are resolved per call instead of cached
 
 
 def _stale(kernel_id: str, measured: dict) -> str | None:
@@ -39,7 +39,9 @@ class Dispatcher:
         self._on_cuda = self.device_type == "cuda"
         self._trees: dict[str, Leaf | Split] = {}
         self._usable: set[str] = set()
-        self._cache: dict[tuple, tuple] = {}
+        # one cache per op: key -> callable; and callable -> kernel id, for kernel_for
+        self._attention, self._rms_norm, self._rope, self._swiglu, self._linear = {}, {}, {}, {}, {}
+        self._ids: dict = {}
         if table is None:
             return
         here = device_info("cuda" if self._on_cuda else "cpu")
@@ -55,7 +57,7 @@ class Dispatcher:
                 self._usable.add(kernel_id)
 
     # --- resolution (first call of a key) ------------------------------------
-    def _resolve(self, key: tuple, call, fallback_op: str, on_cuda: bool) -> tuple:
+    def _resolve(self, cache: dict, key: tuple, call, fallback_op: str, on_cuda: bool):
         spec = registry.fallback(fallback_op)
         if call is not None and on_cuda == self._on_cuda:
             sig, dims = call
@@ -64,70 +66,79 @@ class Dispatcher:
                 kernel_id = choose(tree, dims)
                 if kernel_id in self._usable:
                     spec = registry.get(kernel_id)
-        entry = (spec.kernel_id, spec.impl)
-        if len(self._cache) < MAX_CACHED_KEYS:
-            self._cache[key] = entry
-        return entry
+        self._ids[spec.impl] = spec.kernel_id
+        if len(cache) < MAX_CACHED_KEYS:
+            cache[key] = spec.impl
+        return spec.impl
 
-    # --- entries: (kernel_id, callable) for a call ------------------------------
-    # Keys use is_cuda rather than device.type: the latter builds a Python object per call.
-    def _attention_entry(self, q, k, v, causal):
-        key = ("attention", q.shape, k.shape, v.shape, q.dtype, q.is_cuda, causal)
-        entry = self._cache.get(key)
-        return entry or self._resolve(key, attention_call(q, k, v, causal), "attention.prefill", q.is_cuda)
+    # --- lookups: the callable for a call ---------------------------------------
+    # The hot path: one tuple, one dict read. Keys use is_cuda, not device.type (which
+    # builds an object per call); attention keys on v.shape, not k.shape: a valid SDPA
+    # call has k.shape == v.shape but for the last dim, which must equal q's.
+    def _attention_fn(self, q, k, v, causal):
+        key = (q.shape, v.shape, q.dtype, q.is_cuda, causal)
+        return self._attention.get(key) or self._resolve(
+            self._attention, key, attention_call(q, k, v, causal), "attention.prefill", q.is_cuda)
 
-    def _rms_norm_entry(self, x, weight):
-        key = ("norm.rms", x.shape, x.dtype, x.is_cuda)
-        entry = self._cache.get(key)
-        return entry or self._resolve(key, rms_norm_call(x, weight), "norm.rms", x.is_cuda)
+    def _rms_norm_fn(self, x, weight):
+        key = (x.shape, x.dtype, x.is_cuda)
+        return self._rms_norm.get(key) or self._resolve(
+            self._rms_norm, key, rms_norm_call(x, weight), "norm.rms", x.is_cuda)
 
-    def _rope_entry(self, q, k, interleaved):
-        key = ("posenc.rope", q.shape, k.shape, q.dtype, q.is_cuda, interleaved)
-        entry = self._cache.get(key)
-        return entry or self._resolve(key, rope_call(q, k, interleaved), "posenc.rope", q.is_cuda)
+    def _rope_fn(self, q, k, interleaved):
+        key = (q.shape, k.shape, q.dtype, q.is_cuda, interleaved)
+        return self._rope.get(key) or self._resolve(
+            self._rope, key, rope_call(q, k, interleaved), "posenc.rope", q.is_cuda)
 
-    def _swiglu_entry(self, gate):
-        key = ("act.swiglu", gate.shape, gate.dtype, gate.is_cuda)
-        entry = self._cache.get(key)
-        return entry or self._resolve(key, swiglu_call(gate), "act.swiglu", gate.is_cuda)
+    def _swiglu_fn(self, gate):
+        key = (gate.shape, gate.dtype, gate.is_cuda)
+        return self._swiglu.get(key) or self._resolve(
+            self._swiglu, key, swiglu_call(gate), "act.swiglu", gate.is_cuda)
 
-    def _linear_entry(self, x, weight, bias):
-        key = ("linear", x.shape, weight.shape, bias is None, x.dtype, x.is_cuda)
-        entry = self._cache.get(key)
-        return entry or self._resolve(key, linear_call(x, weight, bias), "linear", x.is_cuda)
+    def _linear_fn(self, x, weight, bias):
+        key = (x.shape, weight.shape, bias is None, x.dtype, x.is_cuda)
+        return self._linear.get(key) or self._resolve(
+            self._linear, key, linear_call(x, weight, bias), "linear", x.is_cuda)
 
     # --- the public ops ----------------------------------------------------------
     def attention(self, q, k, v, causal: bool = True, scale: float | None = None):
         """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads."""
-        return self._attention_entry(q, k, v, causal)[1](q, k, v, causal, scale)
+        return self._attention_fn(q, k, v, causal)(q, k, v, causal, scale)
 
     def rms_norm(self, x, weight, eps: float = 1e-6):
-        return self._rms_norm_entry(x, weight)[1](x, weight, eps)
+        return self._rms_norm_fn(x, weight)(x, weight, eps)
 
     def rope(self, q, k, cos, sin, interleaved: bool = False):
         """Rotary embedding of q (batch, hq, seq, d) and k (batch, hkv, seq, d) with cos/sin
         of shape (batch or 1, seq, d) as Hugging Face builds them; returns (q, k)."""
-        return self._rope_entry(q, k, interleaved)[1](q, k, cos, sin, interleaved)
+        return self._rope_fn(q, k, interleaved)(q, k, cos, sin, interleaved)
 
     def swiglu(self, gate, up):
-        return self._swiglu_entry(gate)[1](gate, up)
+        return self._swiglu_fn(gate)(gate, up)
 
     def linear(self, x, weight, bias=None):
-        return self._linear_entry(x, weight, bias)[1](x, weight, bias)
+        return self._linear_fn(x, weight, bias)(x, weight, bias)
+
+    def clear_cache(self) -> None:
+        for cache in (self._attention, self._rms_norm, self._rope, self._swiglu, self._linear):
+            cache.clear()
+
+    def cached_keys(self) -> int:
+        return sum(map(len, (self._attention, self._rms_norm, self._rope, self._swiglu, self._linear)))
 
     METHODS = {"attention.prefill": "attention", "attention.decode": "attention", "norm.rms": "rms_norm",
                "posenc.rope": "rope", "act.swiglu": "swiglu", "linear": "linear"}
 
     def kernel_for(self, op: str, *args, **kwargs) -> str:
         """The kernel id a call of `op` ('attention', 'rms_norm', ...) with these args would use."""
-        entries = {
-            "attention": lambda q, k, v, causal=True, scale=None: self._attention_entry(q, k, v, causal),
-            "rms_norm": lambda x, weight, eps=1e-6: self._rms_norm_entry(x, weight),
-            "rope": lambda q, k, cos, sin, interleaved=False: self._rope_entry(q, k, interleaved),
-            "swiglu": lambda gate, up: self._swiglu_entry(gate),
-            "linear": lambda x, weight, bias=None: self._linear_entry(x, weight, bias),
+        lookups = {
+            "attention": lambda q, k, v, causal=True, scale=None: self._attention_fn(q, k, v, causal),
+            "rms_norm": lambda x, weight, eps=1e-6: self._rms_norm_fn(x, weight),
+            "rope": lambda q, k, cos, sin, interleaved=False: self._rope_fn(q, k, interleaved),
+            "swiglu": lambda gate, up: self._swiglu_fn(gate),
+            "linear": lambda x, weight, bias=None: self._linear_fn(x, weight, bias),
         }
-        return entries[op](*args, **kwargs)[0]
+        return self._ids[lookups[op](*args, **kwargs)]
 
     def warmup(self, strict: bool = False) -> int:
         """Call every table entry once (the smallest and largest grid point each leaf serves),
@@ -157,7 +168,7 @@ class Dispatcher:
                         warnings.warn(f"lzsolve: {kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
                                       "its table entries use the fallback", RuntimeWarning, stacklevel=2)
                         self._usable.discard(kernel_id)
-                        self._cache.clear()
+                        self.clear_cache()
                         break
         if self._on_cuda:
             torch.cuda.synchronize()

@@ -66,4 +66,4 @@ def test_cache_is_bounded(d, monkeypatch):
     with warnings.catch_warnings():
         for tokens in range(1, 10):
             d.rms_norm(torch.randn(tokens, 64), w)
-    assert len(d._cache) == 3
+    assert d.cached_keys() == 3

@@ -3,7 +3,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 lz() { python3 -c "from lzsolve.cli import main; main()" "$@"; }
-echo "== gpu tests"; python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -3
+echo "== gpu tests"; python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=line 2>&1 | grep -E "Error|error|passed|failed" | tail -8
 echo "== harness"; python3 benchmarks/harness_agreement.py --json "$OUT/harness_agreement.json" | tail -17
 echo "== replay"; python3 benchmarks/replay_overhead.py --device cuda --json "$OUT/replay_overhead.json" | tail -7
 echo "== tune"; ( time lz tune --model llama3-70b --tp 8 --device cuda --out /tmp/h100 ) 2>&1 | tail -6

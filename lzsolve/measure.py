@@ -5,7 +5,9 @@ reference (its first call is the jit time). A TimingTask times every
 parity-admitted kernel of one workload together, interleaved on shared input
 sets. Both return plain data (the tuner adds provenance) and mark the result
 `fatal` when the CUDA context is broken afterwards (an illegal memory access
-poisons the whole process), so the worker is replaced before the next task.
+poisons the whole process), or `restart` after a failed CUDA-graph capture
+(which can leave the process's default CUDA generator unusable), so the worker
+is replaced before the next task.
 """
 from __future__ import annotations
 
@@ -59,6 +61,10 @@ def cuda_error(device: torch.device) -> str | None:
 
 def rejected(stage: str, code: str, message: str, **fields) -> dict:
     return {"stage": stage, "reason_code": code, "reason_message": message, **fields}
+
+
+def needs_restart(result: dict) -> bool:
+    return bool(result.get("fatal") or result.get("restart"))
 
 
 def _failure(stage: str, e: BaseException, device: torch.device, **fields) -> dict:
@@ -121,7 +127,8 @@ def run_timing(task: TimingTask, device: torch.device, harness: Harness, sensor:
             per_kernel[kernel_id] = rejected("bench", reason.code, reason.message)
         else:
             per_kernel[kernel_id] = {**timing_fields(m, device), "rotation_sets": m.sets, **env}
-    return {"per_kernel": per_kernel}
+    failed_capture = any(f.get("graph_safe") is False for f in per_kernel.values())
+    return {"per_kernel": per_kernel, "restart": failed_capture}
 
 
 def run_task(task: ParityTask | TimingTask, device: torch.device, harness: Harness, sensor: Sensor) -> dict:

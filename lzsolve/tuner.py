@@ -137,6 +137,7 @@ class Recorder:
         sig = sp.instance.signature
         contract = CONTRACTS[sig.op]
         fields.pop("fatal", None)
+        fields.pop("restart", None)
         return {
             **self.common,
             "ts": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None),  # UTC; naive so readers need no tz database

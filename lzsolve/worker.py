@@ -20,7 +20,7 @@ from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 from .bench import Budget, make_harness, timer_name
 from .env import Sensor
 from .errors import LzError
-from .measure import ParityTask, TimingTask, rejected, run_task
+from .measure import ParityTask, TimingTask, needs_restart, rejected, run_task
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -64,8 +64,8 @@ def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...]) -> None:
             return
         result = runner.run(task)
         conn.send(result)
-        if result.get("fatal"):
-            return  # the CUDA context is gone; the parent starts a new worker
+        if needs_restart(result):
+            return  # the CUDA context is gone or suspect; the parent starts a new worker
 
 
 def _death(exitcode: int | None) -> tuple[str, str]:
@@ -133,7 +133,7 @@ class WorkerRunner:
             code, message = _death(self._reap())
             self.restarts += 1
             return rejected("bench", code, f"{message} after {time.monotonic() - started:.1f} s")
-        if result.get("fatal"):
+        if needs_restart(result):
             self._reap()
             self.restarts += 1
         return result

@@ -70,3 +70,14 @@ def _crash_later(x, w, eps):
 
 register(KernelSpec("fault.crash_later", frozenset({"norm.rms"}), "torch", _crash_later,
                     platforms=frozenset({"cpu", "cuda"}), dtypes=frozenset({"bf16", "fp16", "fp32"})))
+
+
+def _graph_unsafe(x, w, eps):
+    """Correct, but synchronises with the host: a CUDA graph cannot capture it."""
+    out = torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
+    out.sum().item()
+    return out
+
+
+register(KernelSpec("fault.graph_unsafe", frozenset({"norm.rms"}), "torch", _graph_unsafe,
+                    platforms=frozenset({"cpu", "cuda"}), dtypes=frozenset({"bf16", "fp16", "fp32"})))

@@ -79,9 +79,13 @@ def test_many_threads_dispatch_at_once(d):
 def test_dispatch_inside_cuda_graph_capture():
     """First calls resolve during capture (pure Python, no sync); replays match eager results."""
     d = Dispatcher(None)
-    x, w = torch.randn(16, 4096, device="cuda"), torch.randn(4096, device="cuda")
-    q, k = torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.bfloat16), \
-        torch.randn(2, 2, 128, 64, device="cuda", dtype=torch.bfloat16)
+    # An explicit generator: a failed capture elsewhere in this process (test_bench captures a
+    # host sync on purpose) leaves the default CUDA generator unusable; the tuner restarts its
+    # worker after one for the same reason.
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, w = torch.randn(16, 4096, device="cuda", generator=g), torch.randn(4096, device="cuda", generator=g)
+    q = torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(2, 2, 128, 64, device="cuda", dtype=torch.bfloat16, generator=g)
     graph = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -92,7 +96,7 @@ def test_dispatch_inside_cuda_graph_capture():
     with torch.cuda.graph(graph):
         y = d.rms_norm(x, w, 1e-6)
         a = d.attention(q, k, k)
-    x.copy_(torch.randn_like(x))
+    x.copy_(torch.randn(x.shape, device="cuda", generator=g))
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, d.rms_norm(x, w, 1e-6))

@@ -54,9 +54,13 @@ def run_faults(device: str, tmp_path, expected: dict):
 def test_faults_on_cpu(tmp_path):
     by_kernel = run_faults("cpu", tmp_path, {**EXPECTED, "fault.device_assert": "RAISED"})
     assert "SIGSEGV" in by_kernel["fault.segfault"]["reason_message"]
+    assert by_kernel["fault.graph_unsafe"]["status"] == "ok", "host syncs are fine without CUDA graphs"
 
 
 @pytest.mark.gpu
 def test_faults_on_cuda(tmp_path):
     by_kernel = run_faults("cuda", tmp_path, {**EXPECTED, "fault.device_assert": "CRASHED"})
     assert "CUDA context lost" in by_kernel["fault.device_assert"]["reason_message"]
+    unsafe = by_kernel["fault.graph_unsafe"]
+    assert unsafe["status"] == "ok" and unsafe["graph_safe"] is False and unsafe["graph_ms"] is None
+    assert unsafe["graph_error"] and unsafe["eager_ms"] > 0

@@ -1,11 +1,13 @@
 """torch.compile variants of the eager kernels (Inductor: Triton on CUDA, C++ on CPU).
 
-One compiled graph serves every token count: the token dims are marked *unbacked*
-when a graph is traced, so Inductor neither specialises on the first shape it sees
-nor picks its kernel configs from it (it uses a fixed size hint instead). Without
-this, the speed of a compiled kernel depended on which shape happened to come
-first in the process: measured at one order, served at another, the choice was
-wrong (seen on the H100: 2.5x slower at off-grid shapes).
+One compiled graph serves every token count, and it is the same graph whatever
+the order of calls: the token dims are marked *unbacked* when a graph is traced
+(no specialisation on the first shape seen, nor on 1), and the first call of a
+new graph is made at PRIME_TOKENS, so Inductor's runtime autotuning picks its
+kernel configs at that size, not at whatever size came first. Without this the
+speed of a compiled kernel depended on the call history of the process: measured
+in one order and served in another, it was up to 4x slower than measured (seen
+on the H100).
 """
 from __future__ import annotations
 
@@ -19,18 +21,32 @@ from ..specs import KernelSpec
 from . import eager
 
 LEADING = "leading"  # every dim but the last
+PRIME_TOKENS = 256
+
+
+def _dims(tensor: torch.Tensor, dims: tuple | str) -> tuple:
+    return tuple(range(tensor.dim() - 1)) if dims == LEADING else dims
+
+
+def _priming_args(args: tuple, token_dims: dict[int, tuple | str]) -> tuple:
+    """The call's arguments with every token dim resized to PRIME_TOKENS (fresh random data)."""
+    primed = list(args)
+    for index, dims in token_dims.items():
+        tensor = args[index]
+        shape = [PRIME_TOKENS if d in _dims(tensor, dims) else n for d, n in enumerate(tensor.shape)]
+        primed[index] = torch.randn(shape, dtype=tensor.dtype, device=tensor.device)
+    return tuple(primed)
 
 
 def _mark(args: tuple, token_dims: dict[int, tuple | str]) -> None:
     for index, dims in token_dims.items():
-        tensor = args[index]
-        for dim in range(tensor.dim() - 1) if dims == LEADING else dims:
-            torch._dynamo.decorators.mark_unbacked(tensor, dim)
+        for dim in _dims(args[index], dims):
+            torch._dynamo.decorators.mark_unbacked(args[index], dim)
 
 
 def lazily_compiled(fn: Callable, token_dims: dict[int, tuple | str]) -> Callable:
     compiled = None
-    traced_ranks: set[int] = set()  # a new rank means a new trace: mark its token dims again
+    traced: set[tuple] = set()  # a new rank, dtype or device means a new trace: prime and mark it too
     lock = threading.Lock()
 
     def run(*args):
@@ -39,11 +55,14 @@ def lazily_compiled(fn: Callable, token_dims: dict[int, tuple | str]) -> Callabl
             with lock:
                 if compiled is None:
                     compiled = torch.compile(fn, dynamic=True)
-        rank = args[0].dim()
-        if rank not in traced_ranks:
+        kind = (args[0].dim(), args[0].dtype, args[0].is_cuda)
+        if kind not in traced:
             with lock:
-                _mark(args, token_dims)
-                traced_ranks.add(rank)
+                if kind not in traced:
+                    primed = _priming_args(args, token_dims)
+                    _mark(primed, token_dims)
+                    compiled(*primed)  # trace, compile and autotune at PRIME_TOKENS
+                    traced.add(kind)
         return compiled(*args)
 
     run.__name__ = f"compiled_{fn.__name__}"

@@ -145,12 +145,14 @@ def linear_call(x, weight, bias):
 
 
 def example_args(sig: Signature, dims: dict, device) -> tuple:
-    """Random canonical arguments of the right shapes (for warm-up calls, not for checking)."""
+    """Random canonical arguments of the right shapes (for warm-up calls, not for checking),
+    drawn from a private generator so a server's own random stream is left alone."""
     dtype = DTYPES[sig.dtype]
     s = dict(sig.static)
+    gen = torch.Generator(device=device).manual_seed(0)
 
     def randn(*shape):
-        return torch.randn(shape, dtype=dtype, device=device)
+        return torch.randn(shape, dtype=dtype, device=device, generator=gen)
 
     if sig.op in ("attention.prefill", "attention.decode"):
         seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])

@@ -67,3 +67,15 @@ def test_cache_is_bounded(d, monkeypatch):
         for tokens in range(1, 10):
             d.rms_norm(torch.randn(tokens, 64), w)
     assert d.cached_keys() == 3
+
+
+def test_warm_up_leaves_the_callers_random_stream_alone(tmp_path):
+    import runtime_loader
+
+    from .tables import write
+    d = runtime_loader.load(write(tmp_path, table()), strict=True)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    assert d.warmup(strict=True) > 0
+    assert torch.equal(torch.rand(3), expected)

@@ -29,12 +29,14 @@ def _dims(tensor: torch.Tensor, dims: tuple | str) -> tuple:
 
 
 def _priming_args(args: tuple, token_dims: dict[int, tuple | str]) -> tuple:
-    """The call's arguments with every token dim resized to PRIME_TOKENS (fresh random data)."""
+    """The call's arguments with every token dim resized to PRIME_TOKENS (random data from a
+    private generator: the caller's random stream is not ours to advance)."""
     primed = list(args)
     for index, dims in token_dims.items():
         tensor = args[index]
         shape = [PRIME_TOKENS if d in _dims(tensor, dims) else n for d, n in enumerate(tensor.shape)]
-        primed[index] = torch.randn(shape, dtype=tensor.dtype, device=tensor.device)
+        gen = torch.Generator(device=tensor.device).manual_seed(index)
+        primed[index] = torch.randn(shape, dtype=tensor.dtype, device=tensor.device, generator=gen)
     return tuple(primed)
 
 

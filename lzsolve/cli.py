@@ -175,17 +175,7 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
     click.echo(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
                f"{runner.restarts} worker restart(s))")
     for entry in table["ops"]:
-        chosen = sorted({leaf for leaf in _leaf_ids(entry["tree"])})
-        click.echo(f"  {entry['signature']}: {', '.join(chosen)}")
-
-
-
-def _leaf_ids(node: dict):
-    if "kernel_id" in node:
-        yield node["kernel_id"]
-    else:
-        yield from _leaf_ids(node["le"])
-        yield from _leaf_ids(node["gt"])
+        click.echo(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
 
 
 @cli.command()

@@ -31,8 +31,7 @@ CASES = [
     ("posenc.rope", {"hq": 8, "hkv": 1, "d": 128, "layout": "split_half"}, (), {"tokens": 1}, "eager.rope", "rope"),
     ("attention.decode", {"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 1, "kv_len": 512}, "sdpa.default", "attention"),
 ]
-LOOKUP = {"rms_norm": "_rms_norm_fn", "linear": "_linear_fn", "swiglu": "_swiglu_fn",
-          "rope": "_rope_fn", "attention": "_attention_fn"}
+LOOKUP = {"linear": "_linear_fn", "rope": "_rope_fn", "attention": "_attention_fn"}
 
 
 def table_for(device: torch.device, dtype: str) -> dict:
@@ -76,9 +75,12 @@ def main() -> None:
         call_args = example_args(sig, dims, device)
         direct = registry.get(kernel_id).impl
         dispatched = getattr(d, method)
-        lookup = getattr(d, LOOKUP[method])
-        lookup_args = {"rms_norm": lambda a: a[:2], "linear": lambda a: a[:3], "swiglu": lambda a: a[:1],
-                       "rope": lambda a: (a[0], a[1], a[4]), "attention": lambda a: a[:4]}[method](call_args)
+        if method in d.ROW_OPS:  # norms and activations share one lookup keyed on their first input
+            lookup, lookup_args = d._rows_fn, (d.ROW_OPS[method], call_args[0])
+        else:
+            lookup = getattr(d, LOOKUP[method])
+            lookup_args = {"linear": lambda a: a[:3], "rope": lambda a: (a[0], a[1], a[4]),
+                           "attention": lambda a: a[:4]}[method](call_args)
         assert d.kernel_for(method, *call_args) == kernel_id
         timings = {"direct": [], "dispatcher": [], "lookup": []}
         for _ in range(args.rounds):

@@ -16,7 +16,7 @@ import torch
 
 from . import registry
 from .hardware import device_info
-from .ops import attention_call, example_args, linear_call, rms_norm_call, rope_call, swiglu_call
+from .ops import OPS, attention_call, example_args, linear_call, rope_call, rows_call
 from .table import Leaf, Split, Table, TableError, choose, leaves
 
 MAX_CACHED_KEYS = 8192  # per op; past this, new keys are resolved per call instead of cached
@@ -39,8 +39,11 @@ class Dispatcher:
         self._on_cuda = self.device_type == "cuda"
         self._trees: dict[str, Leaf | Split] = {}
         self._usable: set[str] = set()
-        # one cache per op: key -> callable; and callable -> kernel id, for kernel_for
-        self._attention, self._rms_norm, self._rope, self._swiglu, self._linear = {}, {}, {}, {}, {}
+        # one cache per op (both attention ops share one): key -> callable; and callable -> kernel id
+        self._caches: dict[str, dict] = {op: {} for op in OPS if op != "attention.decode"}
+        self._caches["attention.decode"] = self._caches["attention.prefill"]
+        self._attention, self._rope, self._linear = (self._caches[op] for op in ("attention.prefill", "posenc.rope",
+                                                                                  "linear"))
         self._ids: dict = {}
         if table is None:
             return
@@ -80,20 +83,16 @@ class Dispatcher:
         return self._attention.get(key) or self._resolve(
             self._attention, key, attention_call(q, k, v, causal), "attention.prefill", q.is_cuda)
 
-    def _rms_norm_fn(self, x, weight):
+    def _rows_fn(self, op: str, x):
+        """Norms and activations: keyed on the shape of their first input alone."""
+        cache = self._caches[op]
         key = (x.shape, x.dtype, x.is_cuda)
-        return self._rms_norm.get(key) or self._resolve(
-            self._rms_norm, key, rms_norm_call(x, weight), "norm.rms", x.is_cuda)
+        return cache.get(key) or self._resolve(cache, key, rows_call(op, x), op, x.is_cuda)
 
     def _rope_fn(self, q, k, interleaved):
         key = (q.shape, k.shape, q.dtype, q.is_cuda, interleaved)
         return self._rope.get(key) or self._resolve(
             self._rope, key, rope_call(q, k, interleaved), "posenc.rope", q.is_cuda)
-
-    def _swiglu_fn(self, gate):
-        key = (gate.shape, gate.dtype, gate.is_cuda)
-        return self._swiglu.get(key) or self._resolve(
-            self._swiglu, key, swiglu_call(gate), "act.swiglu", gate.is_cuda)
 
     def _linear_fn(self, x, weight, bias):
         key = (x.shape, weight.shape, bias is None, x.dtype, x.is_cuda)
@@ -106,7 +105,15 @@ class Dispatcher:
         return self._attention_fn(q, k, v, causal)(q, k, v, causal, scale)
 
     def rms_norm(self, x, weight, eps: float = 1e-6):
-        return self._rms_norm_fn(x, weight)(x, weight, eps)
+        return self._rows_fn("norm.rms", x)(x, weight, eps)
+
+    def rms_norm_add(self, x, residual, weight, eps: float = 1e-6):
+        """(rms_norm(x + residual) * weight, x + residual), the fused residual add of a pre-norm
+        block. x and residual are consumed: a kernel may write the results into their storage."""
+        return self._rows_fn("norm.rms_add", x)(x, residual, weight, eps)
+
+    def layer_norm(self, x, weight, bias, eps: float = 1e-5):
+        return self._rows_fn("norm.layer", x)(x, weight, bias, eps)
 
     def rope(self, q, k, cos, sin, interleaved: bool = False):
         """Rotary embedding of q (batch, hq, seq, d) and k (batch, hkv, seq, d) with cos/sin
@@ -114,30 +121,42 @@ class Dispatcher:
         return self._rope_fn(q, k, interleaved)(q, k, cos, sin, interleaved)
 
     def swiglu(self, gate, up):
-        return self._swiglu_fn(gate)(gate, up)
+        """silu(gate) * up."""
+        return self._rows_fn("act.swiglu", gate)(gate, up)
+
+    def geglu(self, gate, up):
+        """gelu(gate, approximate="tanh") * up (Gemma's gelu_pytorch_tanh)."""
+        return self._rows_fn("act.geglu", gate)(gate, up)
+
+    def gelu(self, x):
+        """gelu(x, approximate="tanh") (GPT-2's gelu_new)."""
+        return self._rows_fn("act.gelu", x)(x)
 
     def linear(self, x, weight, bias=None):
         return self._linear_fn(x, weight, bias)(x, weight, bias)
 
     def clear_cache(self) -> None:
-        for cache in (self._attention, self._rms_norm, self._rope, self._swiglu, self._linear):
+        for cache in self._caches.values():
             cache.clear()
 
     def cached_keys(self) -> int:
-        return sum(map(len, (self._attention, self._rms_norm, self._rope, self._swiglu, self._linear)))
+        return sum(len(cache) for op, cache in self._caches.items() if op != "attention.decode")
 
     METHODS = {"attention.prefill": "attention", "attention.decode": "attention", "norm.rms": "rms_norm",
-               "posenc.rope": "rope", "act.swiglu": "swiglu", "linear": "linear"}
+               "norm.rms_add": "rms_norm_add", "norm.layer": "layer_norm", "posenc.rope": "rope",
+               "act.swiglu": "swiglu", "act.geglu": "geglu", "act.gelu": "gelu", "linear": "linear"}
+    ROW_OPS = {method: op for op, method in METHODS.items() if op not in ("attention.prefill", "attention.decode",
+                                                                          "posenc.rope", "linear")}
 
     def kernel_for(self, op: str, *args, **kwargs) -> str:
         """The kernel id a call of `op` ('attention', 'rms_norm', ...) with these args would use."""
         lookups = {
             "attention": lambda q, k, v, causal=True, scale=None: self._attention_fn(q, k, v, causal),
-            "rms_norm": lambda x, weight, eps=1e-6: self._rms_norm_fn(x, weight),
             "rope": lambda q, k, cos, sin, interleaved=False: self._rope_fn(q, k, interleaved),
-            "swiglu": lambda gate, up: self._swiglu_fn(gate),
             "linear": lambda x, weight, bias=None: self._linear_fn(x, weight, bias),
         }
+        if op in self.ROW_OPS:  # the first (positional) argument decides
+            return self._ids[self._rows_fn(self.ROW_OPS[op], args[0])]
         return self._ids[lookups[op](*args, **kwargs)]
 
     def warmup(self, strict: bool = False) -> int:

@@ -36,8 +36,12 @@ OPS: dict[str, OpSchema] = {
         OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal",), ("batch", "seq"), "sdpa.default"),
         OpSchema("attention.decode", ("hq", "hkv", "d"), (), ("batch", "kv_len"), "sdpa.default"),
         OpSchema("norm.rms", ("hidden",), (), ("tokens",), "eager.rms_norm"),
+        OpSchema("norm.rms_add", ("hidden",), (), ("tokens",), "eager.rms_norm_add"),
+        OpSchema("norm.layer", ("hidden",), (), ("tokens",), "eager.layer_norm"),
         OpSchema("posenc.rope", ("hq", "hkv", "d", "layout"), (), ("tokens",), "eager.rope"),
         OpSchema("act.swiglu", ("width",), (), ("tokens",), "eager.swiglu"),
+        OpSchema("act.geglu", ("width",), (), ("tokens",), "eager.geglu"),
+        OpSchema("act.gelu", ("width",), (), ("tokens",), "eager.gelu"),
         OpSchema("linear", ("k", "n"), ("bias",), ("tokens",), "torch.linear"),
     )
 }
@@ -114,11 +118,14 @@ def attention_call(q, k, v, causal: bool):
     return None  # e.g. chunked prefill: SDPA's top-left causal alignment is kept by the fallback
 
 
-def rms_norm_call(x, weight):
+def rows_call(op: str, x):
+    """Ops over the last dim of x with every leading dim a token: norms and activations,
+    whose one static dim (hidden, width) is that last dim."""
     if x.dtype not in DTYPE_NAMES or x.dim() == 0:
         return None
-    hidden = x.shape[-1]
-    return Signature.make("norm.rms", {"hidden": hidden}, (), DTYPE_NAMES[x.dtype]), {"tokens": x.numel() // max(hidden, 1)}
+    last = x.shape[-1]
+    static = {OPS[op].static[0]: last}
+    return Signature.make(op, static, (), DTYPE_NAMES[x.dtype]), {"tokens": x.numel() // max(last, 1)}
 
 
 def rope_call(q, k, interleaved: bool):
@@ -127,13 +134,6 @@ def rope_call(q, k, interleaved: bool):
     batch, hq, seq, d = q.shape
     static = {"hq": hq, "hkv": k.shape[1], "d": d, "layout": "interleaved" if interleaved else "split_half"}
     return Signature.make("posenc.rope", static, (), DTYPE_NAMES[q.dtype]), {"tokens": batch * seq}
-
-
-def swiglu_call(gate):
-    if gate.dtype not in DTYPE_NAMES or gate.dim() == 0:
-        return None
-    width = gate.shape[-1]
-    return Signature.make("act.swiglu", {"width": width}, (), DTYPE_NAMES[gate.dtype]), {"tokens": gate.numel() // max(width, 1)}
 
 
 def linear_call(x, weight, bias):
@@ -161,11 +161,17 @@ def example_args(sig: Signature, dims: dict, device) -> tuple:
     tokens = dims["tokens"]
     if sig.op == "norm.rms":
         return randn(tokens, s["hidden"]), randn(s["hidden"]), 1e-6
+    if sig.op == "norm.rms_add":
+        return randn(tokens, s["hidden"]), randn(tokens, s["hidden"]), randn(s["hidden"]), 1e-6
+    if sig.op == "norm.layer":
+        return randn(tokens, s["hidden"]), randn(s["hidden"]), randn(s["hidden"]), 1e-5
     if sig.op == "posenc.rope":
         return (randn(1, s["hq"], tokens, s["d"]), randn(1, s["hkv"], tokens, s["d"]), randn(1, tokens, s["d"]),
                 randn(1, tokens, s["d"]), s["layout"] == "interleaved")
-    if sig.op == "act.swiglu":
+    if sig.op in ("act.swiglu", "act.geglu"):
         return randn(tokens, s["width"]), randn(tokens, s["width"])
+    if sig.op == "act.gelu":
+        return (randn(tokens, s["width"]),)
     if sig.op == "linear":
         return randn(tokens, s["k"]), randn(s["n"], s["k"]), randn(s["n"]) if "bias" in sig.flags else None
     raise ValueError(f"no example arguments for {sig.op}")

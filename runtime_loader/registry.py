@@ -8,11 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from .kernels import ALL_SPECS
+from .kernels import ALL_SPECS, ALL_TUNABLES
 from .ops import OPS
-from .specs import KernelSpec
+from .specs import KernelSpec, Tunable, parse_config_id
 
-REGISTRY: dict[str, KernelSpec] = {}
+REGISTRY: dict[str, KernelSpec] = {}  # every kernel a search starts from: fixed kernels and default configs
+TUNABLES: dict[str, Tunable] = {}  # base id -> family
+_CONFIGURED: dict[str, KernelSpec] = {}  # configurations built so far, by id
 
 
 def register(spec: KernelSpec) -> KernelSpec:
@@ -24,13 +26,35 @@ def register(spec: KernelSpec) -> KernelSpec:
     return spec
 
 
+def register_tunable(tunable: Tunable) -> Tunable:
+    """Add a family: its default configuration under the base id, the others on demand."""
+    register(tunable.spec)
+    TUNABLES[tunable.base_id] = tunable
+    return tunable
+
+
 for _spec in ALL_SPECS:
     register(_spec)
+for _tunable in ALL_TUNABLES:
+    register_tunable(_tunable)
 
 
 def get(kernel_id: str) -> KernelSpec:
-    """The spec of `kernel_id`; KeyError for ids this runtime does not know."""
-    return REGISTRY[kernel_id]
+    """The spec of `kernel_id`, including configurations of tunable families
+    ('triton.rms_norm[block=1024,warps=4]'); KeyError for ids this runtime does not know."""
+    spec = REGISTRY.get(kernel_id) or _CONFIGURED.get(kernel_id)
+    if spec is not None:
+        return spec
+    parsed = parse_config_id(kernel_id)
+    if parsed is None or parsed[0] not in TUNABLES:
+        raise KeyError(kernel_id)
+    try:
+        spec = TUNABLES[parsed[0]].configured(parsed[1])
+    except ValueError as e:
+        raise KeyError(f"{kernel_id}: {e}") from None
+    if spec.kernel_id != kernel_id:  # one id per kernel: no reordered, repeated or zero-padded spellings
+        raise KeyError(f"{kernel_id}: not the canonical spelling {spec.kernel_id}")
+    return _CONFIGURED.setdefault(kernel_id, spec)
 
 
 def candidates(op: str) -> list[KernelSpec]:
@@ -43,5 +67,6 @@ def fallback(op: str) -> KernelSpec:
 
 def capabilities_hash() -> str:
     """sha256 of every declared capability: a table solved against other declarations is stale."""
-    blob = json.dumps([REGISTRY[k].capabilities_hash() for k in sorted(REGISTRY)])
+    blob = json.dumps([REGISTRY[k].capabilities_hash() for k in sorted(REGISTRY)]
+                      + [TUNABLES[k].data() for k in sorted(TUNABLES)], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()

@@ -7,10 +7,14 @@ measuring and the runtime uses it again before trusting a table entry.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -36,6 +40,18 @@ CUDA_GRAPH_UNSAFE = "CUDA_GRAPH_UNSAFE"  # runs, but cannot be captured in a CUD
 EXCLUDED = "EXCLUDED"  # left out by the user's --kernels / --exclude filter
 
 HEAD_DIM_ANY = 1 << 16  # head_dim_max for kernels with no head-dim limit
+
+
+@functools.lru_cache(maxsize=None)
+def _import_reason(module: str) -> Reason | None:
+    try:
+        if importlib.util.find_spec(module) is None:
+            return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install lzsolve[gpu])")
+        importlib.import_module(module)
+    except Exception as e:  # a broken install fails in many ways (ImportError, OSError, RuntimeError...)
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        return Reason(BACKEND_IMPORT_FAILED, f"import {module} failed: {type(e).__name__}: {first_line}")
+    return None
 
 
 class Reason(NamedTuple):
@@ -98,9 +114,12 @@ class KernelSpec:
         return hashlib.sha256(json.dumps(self.data(), sort_keys=True).encode()).hexdigest()
 
     def installed(self) -> Reason | None:
+        """NOT_INSTALLED when a required module is missing, BACKEND_IMPORT_FAILED when it is there
+        but does not import (wrong CUDA or torch build): the library's message, not a crash."""
         for module in self.requires:
-            if importlib.util.find_spec(module) is None:
-                return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install lzsolve[gpu])")
+            reason = _import_reason(module)
+            if reason:
+                return reason
         return None
 
     def version(self) -> str | None:
@@ -145,3 +164,58 @@ class KernelSpec:
         for feature in sorted(required_features(sig) - self.features):
             reasons.append(Reason(f"{FEATURE_UNSUPPORTED}:{feature}", f"{self.kernel_id} does not declare {feature!r}"))
         return reasons
+
+
+# --- tunable kernels --------------------------------------------------------------
+# A kernel with parameters (block sizes, warps, split-K...) is a family: every
+# configuration is a kernel of its own, named base[name=value,...] with the
+# parameters in the family's order. Ids read from an artifact are parsed by this
+# grammar alone and each value must be one the family declares, so a table can
+# name a configuration but never smuggle in anything else.
+CONFIG_ID = re.compile(r"([a-z0-9_.]+)\[([a-z_]+=[0-9]{1,6}(?:,[a-z_]+=[0-9]{1,6})*)\]")
+
+
+def config_id(base: str, config: dict[str, int]) -> str:
+    return f"{base}[{','.join(f'{name}={value}' for name, value in config.items())}]"
+
+
+def parse_config_id(kernel_id: str) -> tuple[str, dict[str, int]] | None:
+    """(base id, config) of 'base[name=value,...]'; None when the id is not of that form."""
+    match = CONFIG_ID.fullmatch(kernel_id)
+    if match is None:
+        return None
+    pairs = [item.split("=") for item in match.group(2).split(",")]
+    return match.group(1), {name: int(value) for name, value in pairs}
+
+
+@dataclass(frozen=True)
+class Tunable:
+    spec: KernelSpec  # capabilities shared by every configuration; registered as the default configuration
+    params: dict[str, tuple[int, ...]]  # every value the kernel accepts, per parameter, in id order
+    default: dict[str, int]
+    build: Callable[[dict[str, int]], Callable] = field(repr=False, compare=False)  # config -> impl
+
+    def __post_init__(self):
+        self.check(self.default)
+
+    @property
+    def base_id(self) -> str:
+        return self.spec.kernel_id
+
+    def check(self, config: dict[str, int]) -> None:
+        """ValueError unless config sets every parameter, in order, to a declared value."""
+        if list(config) != list(self.params):
+            raise ValueError(f"{self.base_id} takes parameters {list(self.params)}, got {list(config)}")
+        for name, value in config.items():
+            if value not in self.params[name]:
+                raise ValueError(f"{self.base_id}: {name}={value} is not one of {list(self.params[name])}")
+
+    def configured(self, config: dict[str, int]) -> KernelSpec:
+        self.check(config)
+        kernel_id = config_id(self.base_id, config)
+        return dataclasses.replace(self.spec, kernel_id=kernel_id, impl=self.build(dict(config)),
+                                   notes=f"{self.base_id} at {kernel_id[len(self.base_id):]}")
+
+    def data(self) -> dict:
+        return {"spec": self.spec.data(), "params": {k: list(v) for k, v in self.params.items()},
+                "default": self.default}

@@ -11,8 +11,12 @@ SHAPES = {
     "attention.prefill": ({"hq": 4, "hkv": 2, "d": 32}, ("causal",), {"batch": 2, "seq": 33}),
     "attention.decode": ({"hq": 4, "hkv": 1, "d": 64}, (), {"batch": 3, "kv_len": 70}),
     "norm.rms": ({"hidden": 256}, (), {"tokens": 9}),
+    "norm.rms_add": ({"hidden": 256}, (), {"tokens": 9}),
+    "norm.layer": ({"hidden": 192}, (), {"tokens": 9}),
     "posenc.rope": ({"hq": 4, "hkv": 2, "d": 64, "layout": "split_half"}, (), {"tokens": 11}),
     "act.swiglu": ({"width": 96}, (), {"tokens": 7}),
+    "act.geglu": ({"width": 96}, (), {"tokens": 7}),
+    "act.gelu": ({"width": 96}, (), {"tokens": 7}),
     "linear": ({"k": 64, "n": 48}, ("bias",), {"tokens": 5}),
 }
 
@@ -72,6 +76,7 @@ def test_cuda_kernel_parity():
 @pytest.mark.parametrize("kernel_id,op,static", [
     ("compile.rms_norm", "norm.rms", {"hidden": 256}),
     ("compile.swiglu", "act.swiglu", {"width": 128}),
+    ("compile.rms_norm_add", "norm.rms_add", {"hidden": 256}),
     ("compile.rope", "posenc.rope", {"hq": 4, "hkv": 2, "d": 64, "layout": "split_half"}),
 ])
 def test_compiled_kernels_trace_one_graph_for_every_token_count(kernel_id, op, static):
@@ -79,13 +84,13 @@ def test_compiled_kernels_trace_one_graph_for_every_token_count(kernel_id, op, s
     kernel measured at one call order is the kernel served at any other."""
     from torch._dynamo.utils import counters
 
-    from runtime_loader.ops import example_args
     sig = Signature.make(op, static, (), "fp32")
+    contract, gen = CONTRACTS[op], torch.Generator().manual_seed(0)
     impl = registry.get(kernel_id).impl
     reference = registry.get(kernel_id.replace("compile.", "eager.")).impl
     graphs = []
     for tokens in (3, 1, 17, 300):
-        args = example_args(sig, {"tokens": tokens}, "cpu")
+        args = contract.make_inputs(sig, {"tokens": tokens}, torch.device("cpu"), gen)  # gate, up: strided views
         got, expected = impl(*args), reference(*args)
         for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,)):
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)

@@ -71,7 +71,8 @@ def test_walker_llama3_70b_tp8():
     ops = walk(shard(from_catalogue("llama3-70b"), 8), "bf16")
     found = {str(o.signature): (o.roles, o.calls_per_forward) for o in ops}
     expected = {
-        "norm.rms[hidden=8192,bf16]": 161,
+        "norm.rms[hidden=8192,bf16]": 1,  # the first layer's input norm: no residual yet
+        "norm.rms_add[hidden=8192,bf16]": 160,  # every other norm adds the residual stream first
         "linear[k=8192,n=1280,bf16]": 80,  # qkv: (8 + 2*1) * 128
         "posenc.rope[hq=8,hkv=1,d=128,layout=split_half,bf16]": 80,
         "attention.prefill[hq=8,hkv=1,d=128,causal,bf16]": 80,
@@ -84,7 +85,8 @@ def test_walker_llama3_70b_tp8():
     }
     assert {k: v[1] for k, v in found.items()} == expected
     assert found["linear[k=8192,n=16032,bf16]"][0] == ("lm_head",)
-    assert set(found["norm.rms[hidden=8192,bf16]"][0]) == {
+    assert found["norm.rms[hidden=8192,bf16]"][0] == ("layers.0.input_norm",)
+    assert set(found["norm.rms_add[hidden=8192,bf16]"][0]) == {
         "layers.*.input_norm", "layers.*.post_attention_norm", "final_norm"}
 
 

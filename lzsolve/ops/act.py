@@ -1,4 +1,10 @@
-"""act.swiglu: silu(gate) * up."""
+"""Gated and plain activations over the last dim.
+
+act.swiglu: silu(gate) * up; act.geglu: gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh);
+act.gelu: gelu_tanh(x) (GPT-2's gelu_new). Gate and up are made as the two halves of one
+(tokens, 2 * width) buffer, because that is what a fused gate_up projection hands them
+over as: kernels are checked and timed on those strided views.
+"""
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -6,21 +12,36 @@ import torch.nn.functional as F
 from .base import OpContract, itemsize, randn
 
 
-def make_inputs(sig, dims, device, gen):
-    shape = (dims["tokens"], sig.dim("width"))
-    return randn(shape, sig, device, gen), randn(shape, sig, device, gen)
+def gated_inputs(sig, dims, device, gen):
+    width = sig.dim("width")
+    gate_up = randn((dims["tokens"], 2 * width), sig, device, gen)
+    return gate_up[:, :width], gate_up[:, width:]
 
 
-def reference(gate, up):
+def gelu_inputs(sig, dims, device, gen):
+    return (randn((dims["tokens"], sig.dim("width")), sig, device, gen),)
+
+
+def swiglu(gate, up):
     return F.silu(gate) * up
 
 
-def flops(sig, dims):
-    return 5.0 * dims["tokens"] * sig.dim("width")
+def geglu(gate, up):
+    return F.gelu(gate, approximate="tanh") * up
 
 
-def bytes_moved(sig, dims):
-    return float(itemsize(sig) * 3 * dims["tokens"] * sig.dim("width"))
+def gelu(x):
+    return F.gelu(x, approximate="tanh")
 
 
-SWIGLU = OpContract("act.swiglu", make_inputs, reference, flops, bytes_moved)
+def flops_per_element(per_element: float):
+    return lambda sig, dims: per_element * dims["tokens"] * sig.dim("width")
+
+
+def bytes_per_element(tensors: int):
+    return lambda sig, dims: float(itemsize(sig) * tensors * dims["tokens"] * sig.dim("width"))
+
+
+SWIGLU = OpContract("act.swiglu", gated_inputs, swiglu, flops_per_element(5.0), bytes_per_element(3))
+GEGLU = OpContract("act.geglu", gated_inputs, geglu, flops_per_element(9.0), bytes_per_element(3))
+GELU = OpContract("act.gelu", gelu_inputs, gelu, flops_per_element(8.0), bytes_per_element(2))

@@ -28,6 +28,12 @@ def _dims(tensor: torch.Tensor, dims: tuple | str) -> tuple:
     return tuple(range(tensor.dim() - 1)) if dims == LEADING else dims
 
 
+def _row_padded(tensor: torch.Tensor) -> bool:
+    """A 2-D view whose rows sit further apart than their length: gate and up arrive as the two
+    halves of one gate_up buffer. (Not is_contiguous(): a one-row view of it is contiguous.)"""
+    return tensor.dim() == 2 and tensor.stride(1) == 1 and tensor.stride(0) > tensor.shape[1]
+
+
 def _priming_args(args: tuple, token_dims: dict[int, tuple | str]) -> tuple:
     """The call's arguments with every token dim resized to PRIME_TOKENS (random data from a
     private generator: the caller's random stream is not ours to advance)."""
@@ -36,7 +42,13 @@ def _priming_args(args: tuple, token_dims: dict[int, tuple | str]) -> tuple:
         tensor = args[index]
         shape = [PRIME_TOKENS if d in _dims(tensor, dims) else n for d, n in enumerate(tensor.shape)]
         gen = torch.Generator(device=tensor.device).manual_seed(index)
-        primed[index] = torch.randn(shape, dtype=tensor.dtype, device=tensor.device, generator=gen)
+        # Same row stride as the call (gate and up arrive as halves of one gate_up buffer):
+        # a graph traced on other strides would be guarded out and retraced on the real call.
+        if _row_padded(tensor):
+            primed[index] = torch.randn((shape[0], tensor.stride(0)), dtype=tensor.dtype, device=tensor.device,
+                                        generator=gen)[:, :tensor.shape[1]]
+        else:
+            primed[index] = torch.randn(shape, dtype=tensor.dtype, device=tensor.device, generator=gen)
     return tuple(primed)
 
 
@@ -44,6 +56,8 @@ def _mark(args: tuple, token_dims: dict[int, tuple | str]) -> None:
     for index, dims in token_dims.items():
         for dim in _dims(args[index], dims):
             torch._dynamo.decorators.mark_unbacked(args[index], dim)
+        if _row_padded(args[index]):  # Dynamo traces a view through its base: free the base's rows too
+            torch._dynamo.decorators.mark_unbacked(args[index]._base, 0)
 
 
 def lazily_compiled(fn: Callable, token_dims: dict[int, tuple | str]) -> Callable:
@@ -57,7 +71,7 @@ def lazily_compiled(fn: Callable, token_dims: dict[int, tuple | str]) -> Callabl
             with lock:
                 if compiled is None:
                     compiled = torch.compile(fn, dynamic=True)
-        kind = (args[0].dim(), args[0].dtype, args[0].is_cuda)
+        kind = (args[0].dim(), args[0].dtype, args[0].is_cuda, _row_padded(args[0]))
         if kind not in traced:
             with lock:
                 if kind not in traced:
@@ -80,7 +94,11 @@ def compile_variant(spec: KernelSpec, kernel_id: str, token_dims: dict[int, tupl
 _EAGER = {s.kernel_id: s for s in eager.SPECS}
 SPECS = [
     compile_variant(_EAGER["eager.rms_norm"], "compile.rms_norm", {0: LEADING}),
+    compile_variant(_EAGER["eager.rms_norm_add"], "compile.rms_norm_add", {0: LEADING, 1: LEADING}),
+    compile_variant(_EAGER["eager.layer_norm"], "compile.layer_norm", {0: LEADING}),
     # q, k: (batch, heads, seq, d); cos, sin: (batch or 1, seq, d)
     compile_variant(_EAGER["eager.rope"], "compile.rope", {0: (2,), 1: (2,), 2: (1,), 3: (1,)}),
     compile_variant(_EAGER["eager.swiglu"], "compile.swiglu", {0: LEADING, 1: LEADING}),
+    compile_variant(_EAGER["eager.geglu"], "compile.geglu", {0: LEADING, 1: LEADING}),
+    compile_variant(_EAGER["eager.gelu"], "compile.gelu", {0: LEADING}),
 ]

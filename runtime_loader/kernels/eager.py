@@ -31,6 +31,18 @@ def rms_norm(x, weight, eps: float):
     return weight * xf.to(x.dtype)
 
 
+def rms_norm_add(x, residual, weight, eps: float):
+    total = x + residual
+    return rms_norm(total, weight, eps), total
+
+
+def layer_norm(x, weight, bias, eps: float):
+    xf = x.float()
+    mean = xf.mean(-1, keepdim=True)
+    xf = (xf - mean) * torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + eps)
+    return xf.to(x.dtype) * weight + bias
+
+
 def rotate(x, interleaved: bool):
     """The 90-degree rotation RoPE mixes in: pairs (x1, x2) -> (-x2, x1)."""
     if interleaved:
@@ -51,6 +63,14 @@ def swiglu(gate, up):
     return F.silu(gate) * up
 
 
+def geglu(gate, up):
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def gelu(x):
+    return F.gelu(x, approximate="tanh")
+
+
 def linear(x, weight, bias=None):
     out = torch.matmul(x, weight.T)
     return out + bias if bias is not None else out
@@ -63,11 +83,19 @@ SPECS = [
                notes="matmul + fp32 softmax + matmul; materialises the score matrix"),
     KernelSpec("eager.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm,
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+    KernelSpec("eager.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add,
+               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+    KernelSpec("eager.layer_norm", frozenset({"norm.layer"}), "torch", layer_norm,
+               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.rope", frozenset({"posenc.rope"}), "torch", rope,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY, head_dim_multiple=2,
                features=frozenset({"gqa", "rope_split_half", "rope_interleaved"}),
                graph_safe=True, deterministic=True),
     KernelSpec("eager.swiglu", frozenset({"act.swiglu"}), "torch", swiglu,
+               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+    KernelSpec("eager.geglu", frozenset({"act.geglu"}), "torch", geglu,
+               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+    KernelSpec("eager.gelu", frozenset({"act.gelu"}), "torch", gelu,
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.linear", frozenset({"linear"}), "torch", linear, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"bias"}), graph_safe=True, notes="matmul, then a separate bias add"),

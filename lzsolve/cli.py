@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import click
 import torch
 
 from runtime_loader import registry
-from runtime_loader.hardware import device_info
+from runtime_loader.hardware import device_info, slug
 from runtime_loader.jit import point_caches
 from runtime_loader.ops import DTYPES
 
@@ -26,6 +27,7 @@ from .errors import LzError
 from .grid import GRIDS, default_grid
 from .models import CATALOGUE, from_catalogue, from_config_file, shard
 from .perfdb import PerfDB
+from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, search
 from .tuner import Plan, make_plan, new_run_id
 from .worker import InProcessRunner, WorkerRunner, load_plugins
 
@@ -138,7 +140,13 @@ def cli():
               help="measure in a worker process, so a crash or hang costs one record, not the run")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
-def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins):
+@click.option("--trials", type=click.IntRange(min=0), default=None,
+              help="optuna trials per op signature and bucket for each tunable kernel (0: no search)  "
+                   "[default: each search space's own budget]")
+@click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
+              help="folder of search-space YAML files  [default: the repo's search_spaces/]")
+def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
+         trials, spaces):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -158,17 +166,16 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
         InProcessRunner(plan.device, plugins=plugins)
     run_id = new_run_id()
     started = time.perf_counter()
-    click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {dtype} on {plan.hardware['name']} "
-               f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
-               f"{plan.measurements} measurements", err=True)
-    with click.progressbar(length=plan.measurements, label="measuring", show_eta=True, show_pos=True,
-                           item_show_func=lambda s: s, file=sys.stderr) as bar:
-        def step(label: str) -> None:
-            bar.update(1, label)
-        try:
-            records = tuner.tune(plan, db, runner, run_id, reuse=not fresh, on_step=step)
-        finally:
-            runner.close()
+    try:
+        plan = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials)
+        click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {dtype} on {plan.hardware['name']} "
+                   f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
+                   f"{plan.measurements} measurements", err=True)
+        with click.progressbar(length=plan.measurements, label="measuring", show_eta=True, show_pos=True,
+                               item_show_func=lambda s: s, file=sys.stderr) as bar:
+            records = tuner.tune(plan, db, runner, run_id, reuse=not fresh, on_step=lambda label: bar.update(1, label))
+    finally:
+        runner.close()
     table = build_table(plan, records, mode, run_id)
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records)))
@@ -176,6 +183,20 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
                f"{runner.restarts} worker restart(s))")
     for entry in table["ops"]:
         click.echo(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
+
+
+def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: int | None):
+    """Search the tunable kernels' configurations (when any is a candidate); the plan gains the winners."""
+    spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}
+    total = planned_trials(plan, spaces, trials)
+    if total == 0:
+        return plan
+    click.echo(f"searching {', '.join(sorted(spaces))} configurations: up to {total} trials "
+               f"(studies in {out_dir / STORAGE_NAME})", err=True)
+    with click.progressbar(length=total, label="searching", show_eta=True, show_pos=True,
+                           item_show_func=lambda s: s, file=sys.stderr) as bar:
+        return search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
+                      on_trial=lambda label: bar.update(1, label))
 
 
 @cli.command()
@@ -212,15 +233,27 @@ def models():
 
 @cli.command()
 @click.option("--device", default=None, metavar="cpu|cuda[:i]", help="judge availability for this device")
-def kernels(device):
-    """List every candidate kernel, its ops, version and whether it can run here."""
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object per kernel, capabilities included")
+def kernels(device, as_json):
+    """List every candidate kernel: its ops, library and version, whether it can run on this
+    device (and the Reason when not: NOT_INSTALLED, BACKEND_IMPORT_FAILED, PLATFORM_MISMATCH,
+    SM_TOO_OLD...), and for tunable kernels the search space optuna explores."""
     here = device_info(_device(device))
+    spaces = load_spaces(SPACES_DIR) if SPACES_DIR.is_dir() else {}
     rows = []
     for spec in registry.REGISTRY.values():
         local = spec.local_reasons(here)
-        rows.append((spec.kernel_id, ",".join(sorted(spec.ops)), spec.library, spec.version() or "-",
-                     ",".join(sorted(spec.platforms)), "yes" if not local else f"no: {local[0]}"))
-    _print_table(["kernel", "ops", "library", "version", "platforms", f"available on {here.type}"], rows)
+        space = spaces.get(spec.kernel_id)
+        search = (f"{space.trials} trials over {math.prod(map(len, space.params.values()))} configs "
+                  f"({' x '.join(space.params)})" if space else "")
+        if as_json:
+            click.echo(json.dumps({**spec.data(), "version": spec.version(), "available": not local,
+                                   "reasons": [str(r) for r in local], "search": search or None}))
+        else:
+            rows.append((spec.kernel_id, ",".join(sorted(spec.ops)), spec.library, spec.version() or "-",
+                         "yes" if not local else f"no: {local[0]}", search))
+    if not as_json:
+        _print_table(["kernel", "ops", "library", "version", f"available on {here.type}", "search"], rows)
 
 
 @cli.command()

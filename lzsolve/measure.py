@@ -80,8 +80,11 @@ def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict
     contract = CONTRACTS[sig.op]
     gen = torch.Generator(device=device).manual_seed(task.seed)
     args = contract.make_inputs(sig, task.dims, device, gen)
-    parity = parity_gate(contract, registry.get(task.kernel_id), sig, args, harness)
+    spec = registry.get(task.kernel_id)
+    parity = parity_gate(contract, spec, sig, args, harness)
     result = {"jit_ms": parity.first_call_ms, **parity.errors}
+    if spec.setup_ms is not None and parity.first_call_ms is not None:
+        result["setup_ms"] = spec.setup_ms(*args)
     if parity.reason is None:
         return {"stage": "parity", **result}
     broken = cuda_error(device)

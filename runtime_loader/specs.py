@@ -89,6 +89,9 @@ class KernelSpec:
     jit_caches: tuple[str, ...] = ()  # where it compiles to (runtime_loader.jit.JIT_CACHES): packed into artifacts
     requires: tuple[str, ...] = ()  # importable modules the adapter needs
     notes: str = ""
+    # ms of one-time setup (e.g. a plan) the adapter did for the layout of these call args, once
+    # the kernel has been called on them; recorded apart from jit and steady-state time
+    setup_ms: Callable[..., float | None] | None = field(default=None, repr=False, compare=False)
 
     def data(self) -> dict:
         """The declared capabilities as plain data (hashed into the capabilities hash)."""

@@ -44,6 +44,24 @@ def test_parity_task():
     assert out["stage"] == "parity" and out["reason_code"] == "PARITY_FAILED"
 
 
+def test_parity_task_records_the_setup_an_adapter_reports(monkeypatch):
+    """A planned kernel (FlashInfer's decode) reports its one-time plan cost apart from jit_ms."""
+    import dataclasses
+
+    from runtime_loader import registry
+    seen = []
+
+    def setup_ms(x, weight, eps):
+        seen.append(tuple(x.shape))
+        return 1.5
+    spec = dataclasses.replace(registry.get("torch.rms_norm"), kernel_id="test.planned", setup_ms=setup_ms)
+    monkeypatch.setitem(registry.REGISTRY, "test.planned", spec)
+    out = run_task(ParityTask(SIG, "test.planned", {"tokens": 4}, seed=1), CPU, CountingHarness(), Sensor())
+    assert out["setup_ms"] == 1.5 and seen == [(4, 64)], "asked once, for the layout the kernel ran on"
+    plain = run_task(ParityTask(SIG, "torch.rms_norm", {"tokens": 4}, seed=1), CPU, CountingHarness(), Sensor())
+    assert "setup_ms" not in plain
+
+
 def test_timing_task_record_fields():
     harness = CountingHarness()
     out = timing(["torch.rms_norm", "eager.rms_norm"], harness=harness)

@@ -1,0 +1,103 @@
+"""FlexAttention (torch.nn.attention.flex_attention) under torch.compile: one fused kernel per shape.
+
+Uncompiled, flex_attention materialises the whole score matrix; it is fast only compiled.
+Dynamo keeps compiled graphs per *code object*, and once one code object holds
+torch._dynamo.config.recompile_limit graphs (8) it runs that code eagerly: the unfused path.
+Compiled with dynamic=False, every shape is a graph of its own, and a tuner visits dozens.
+So each shape key gets its own compiled function whose code object is a private copy of
+`_attend`'s: its cache holds that one graph, however many shapes the others see. (Functions
+sharing a code object share its cache, so fresh function objects alone would not help.)
+fullgraph=True turns any limit hit or graph break that remains into an error, never a
+silent fallback to the unfused path.
+
+A static graph per shape gives each shape the kernel Inductor picks for it (flex decoding
+with split-KV for short queries, unmasked loads when lengths divide the tile); the price
+is a compile the first time a shape is seen, at serving time too for shapes no table
+warmed up.
+
+The op's flags become a score mod and a mask mod in `mods`: sliding windows and
+softcapping would enter there, as flags of their own.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import types
+from typing import Callable
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from ..specs import KernelSpec
+from .eager import ALL_DTYPES
+from .sdpa import ATTENTION, CAUSAL_GQA
+
+BLOCK_MASKS_KEPT = 64  # a causal block mask is (seq / 128)^2 block indices; creating one costs seq_q * kv_len bools
+
+
+def causal_mask(batch, head, q_idx, kv_idx):
+    return q_idx >= kv_idx  # top-left aligned, as SDPA
+
+
+def mods(causal: bool) -> tuple[Callable | None, Callable | None]:
+    """(score_mod, mask_mod) for the op's flags; None where nothing is modified. Module-level
+    functions, so Dynamo's guards on them hold from one call to the next."""
+    return None, (causal_mask if causal else None)
+
+
+@functools.lru_cache(maxsize=BLOCK_MASKS_KEPT)
+def block_mask(mask_mod: Callable, seq_q: int, kv_len: int, device: torch.device):
+    # batch and heads broadcast (None): one mask for every head, which flex decoding requires under GQA
+    return create_block_mask(mask_mod, None, None, seq_q, kv_len, device=device)
+
+
+def _attend(q, k, v, score_mod, block_mask, scale, enable_gqa):
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def with_own_code(fn: Callable) -> Callable:
+    """A copy of fn whose code object is its own (code.replace() always makes a new one)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def shape_key(q, k, v, causal: bool, scale: float | None) -> tuple:
+    """Everything a dynamic=False graph is specialised on: shapes, strides, dtype, device, flags, scale."""
+    return (*((tuple(t.shape), t.stride()) for t in (q, k, v)), q.dtype, q.device, causal, scale)
+
+
+class CompiledPerShape:
+    """Compiled callables of `fn`, one per shape key, each with a Dynamo cache of its own."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.compiled: dict[tuple, Callable] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, key: tuple) -> Callable:
+        with self.lock:
+            compiled = self.compiled.get(key)
+            if compiled is None:
+                compiled = torch.compile(with_own_code(self.fn), dynamic=False, fullgraph=True)
+                self.compiled[key] = compiled
+            return compiled
+
+
+_compiled_attend = CompiledPerShape(_attend)
+
+
+def attention(q, k, v, causal: bool, scale: float | None):
+    score_mod, mask_mod = mods(causal)
+    mask = block_mask(mask_mod, q.shape[2], k.shape[2], q.device) if mask_mod else None
+    compiled = _compiled_attend(shape_key(q, k, v, causal, scale))
+    return compiled(q, k, v, score_mod, mask, scale, q.shape[1] != k.shape[1])
+
+
+SPECS = [
+    # Triton templates need d >= 16 (tl.dot); other head dims are rounded up to a power of two inside.
+    KernelSpec("flex.attention", ATTENTION, "torch", attention, platforms=frozenset({"cuda"}), min_sm=80,
+               dtypes=ALL_DTYPES,
+               head_dim_max=256, head_dim_multiple=16, features=CAUSAL_GQA, graph_safe=True, jit=True,
+               jit_caches=("inductor", "triton"),
+               notes="torch.compile(flex_attention, dynamic=False), one code object per shape: a compile per "
+                     "new shape, never the unfused fallback"),
+]

@@ -1,0 +1,78 @@
+"""lzsolve's own Triton kernels, as tunable families.
+
+Every configuration of a family is a kernel of its own ('triton.rms_norm[block=4096,warps=8]').
+`params` is what the runtime accepts, a safety bound on what a table may name; the tuner
+searches the narrower spaces in search_spaces/<base id>.yaml. The defaults are what a
+user gets without a search: picked for an H100 and LLM shapes.
+
+Nothing here imports triton: a configuration imports its kernel module on its first call,
+so runtime_loader imports, and a table naming these kernels loads, where triton is missing
+or broken; `requires` turns that into the kernel's NOT_INSTALLED or BACKEND_IMPORT_FAILED.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+
+from ...specs import KernelSpec, Tunable
+
+ALL_DTYPES = frozenset({"bf16", "fp16", "fp32"})
+
+
+def powers_of_two(low: int, high: int) -> tuple[int, ...]:
+    return tuple(1 << e for e in range(low.bit_length() - 1, high.bit_length()))
+
+
+class DeferredKernel:
+    """One configuration's impl: the kernel module (and triton) is imported at the first call."""
+
+    def __init__(self, module: str, function: str, config: dict[str, int]):
+        self.module, self.function, self.config = module, function, config
+
+    @functools.cached_property
+    def kernel(self):
+        module = importlib.import_module(f"{__name__}.{self.module}")
+        return functools.partial(getattr(module, self.function), **self.config)
+
+    def __call__(self, *args):
+        return self.kernel(*args)
+
+
+def family(base_id: str, op: str, module: str, function: str, params: dict, default: dict, notes: str,
+           **capabilities) -> Tunable:
+    build = functools.partial(DeferredKernel, module, function)
+    spec = KernelSpec(base_id, frozenset({op}), "triton", build(default), platforms=frozenset({"cuda"}), min_sm=80,
+                      dtypes=ALL_DTYPES, graph_safe=True, deterministic=True, jit=True, jit_caches=("triton",),
+                      requires=("triton",), notes=notes, **capabilities)
+    return Tunable(spec=spec, params=params, default=default, build=build)
+
+
+# Rows up to 16384 wide fit one tile; wider ones (or a smaller block) are walked in chunks.
+NORM_PARAMS = {"block": powers_of_two(256, 16384), "warps": powers_of_two(1, 32)}
+NORM_DEFAULT = {"block": 4096, "warps": 8}  # one tile for hidden <= 4096 (most LLMs), two chunks at 8192
+ACT_PARAMS = {"block": powers_of_two(128, 8192), "warps": powers_of_two(1, 16)}
+ACT_DEFAULT = {"block": 1024, "warps": 4}
+
+TUNABLES = [
+    family("triton.rms_norm", "norm.rms", "norm", "rms_norm", NORM_PARAMS, NORM_DEFAULT,
+           "one row per program, fp32 statistics; rows wider than block take two passes"),
+    family("triton.rms_norm_add", "norm.rms_add", "norm", "rms_norm_add", NORM_PARAMS, NORM_DEFAULT,
+           "in place: total into residual, normed into x; rows wider than block take two passes"),
+    family("triton.layer_norm", "norm.layer", "norm", "layer_norm", NORM_PARAMS, NORM_DEFAULT,
+           "one row per program, two-pass fp32 variance; rows wider than block take three passes"),
+    family("triton.swiglu", "act.swiglu", "act", "swiglu", ACT_PARAMS, ACT_DEFAULT,
+           "reads gate and up through their row strides (halves of one gate_up buffer, no copy)"),
+    family("triton.geglu", "act.geglu", "act", "geglu", ACT_PARAMS, ACT_DEFAULT,
+           "gelu tanh approximation; reads gate and up through their row strides"),
+    family("triton.gelu", "act.gelu", "act", "gelu", ACT_PARAMS, ACT_DEFAULT, "gelu tanh approximation"),
+    family("triton.rope", "posenc.rope", "rope", "rope",
+           {"block_h": powers_of_two(1, 32), "warps": powers_of_two(1, 16)}, {"block_h": 8, "warps": 4},
+           "q and k in one launch, block_h heads of one token per program; out of place",
+           head_dim_max=256, head_dim_multiple=2, features=frozenset({"gqa", "rope_split_half", "rope_interleaved"})),
+    family("triton.linear", "linear", "linear", "linear",
+           {"block_m": powers_of_two(16, 256), "block_n": powers_of_two(16, 256), "block_k": powers_of_two(16, 256),
+            "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6), "split_k": powers_of_two(1, 16)},
+           {"block_m": 128, "block_n": 128, "block_k": 64, "warps": 8, "stages": 3, "split_k": 1},
+           "tiled GEMM, fp32 accumulation, bias in the epilogue; split_k > 1 reduces fp32 partials in order",
+           features=frozenset({"bias"})),
+]

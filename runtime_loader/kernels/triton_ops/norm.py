@@ -1,0 +1,159 @@
+"""RMSNorm (with and without the fused residual add) and LayerNorm, one row per program.
+
+A row that fits in the tile (BLOCK >= hidden) is read once and kept in registers; a
+longer one is walked in BLOCK-wide chunks, once per statistic and once more to write,
+so BLOCK is a real tuning knob (register pressure against extra passes over the row,
+which L2 mostly serves). Statistics are in fp32 whatever the input dtype.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .layout import as_rows
+
+
+@triton.jit
+def _load_total(x_ptr, x_offsets, res_ptr, res_offsets, mask):
+    """A chunk of the row in fp32: x, or x + residual rounded to the input dtype, as eager's
+    `x + residual` is; that rounded total is what gets normalised and written back."""
+    x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0)
+    if res_ptr is not None:
+        residual = tl.load(res_ptr + res_offsets, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, res_ptr, res_offsets):
+    if res_ptr is not None:  # the total replaces the residual (vLLM's fused_add_rms_norm does the same)
+        tl.store(res_ptr + res_offsets, total.to(res_ptr.dtype.element_ty), mask=mask)
+    weight = tl.load(w_ptr + cols * w_stride, mask=mask, other=0.0).to(tl.float32)
+    # Rounded to the output dtype before the weight multiplies, as Hugging Face's LlamaRMSNorm does.
+    normed = (total * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + out_offsets, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
+                     x_stride_row, x_stride_col, res_stride_row, res_stride_col, w_stride,
+                     out_stride_row, out_stride_col, n_cols, eps,
+                     BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):
+    """rms_norm of one row of x, or of x + residual when res_ptr is given."""
+    row = tl.program_id(0).to(tl.int64)
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x_offsets = row * x_stride_row + cols * x_stride_col
+        res_offsets = row * res_stride_row + cols * res_stride_col
+        total = _load_total(x_ptr, x_offsets, res_ptr, res_offsets, mask)
+        rstd = tl.rsqrt(tl.sum(total * total) / n_cols + eps)
+        _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
+                   row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets)
+    else:
+        sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
+                                res_ptr, row * res_stride_row + cols * res_stride_col, mask)
+            sum_sq += total * total
+        rstd = tl.rsqrt(tl.sum(sum_sq) / n_cols + eps)
+        # The second pass recomputes the total from x and residual, and writes it only now: reading
+        # back a total stored by the first pass could meet another thread's unsynchronised store.
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            res_offsets = row * res_stride_row + cols * res_stride_col
+            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col, res_ptr, res_offsets, mask)
+            _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
+                       row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets)
+
+
+@triton.jit
+def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, x_stride_row, x_stride_col, w_stride, b_stride,
+                       out_stride_row, n_cols, eps, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):
+    """layer_norm of one row. The variance is the mean of squared deviations from the mean
+    (two passes), not E[x^2] - mean^2, which cancels badly when the mean is large."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride_row
+    out_row = out_ptr + row * out_stride_row
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols * x_stride_col, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x) / n_cols
+        centred = tl.where(mask, x - mean, 0.0)
+        rstd = tl.rsqrt(tl.sum(centred * centred) / n_cols + eps)
+        weight = tl.load(w_ptr + cols * w_stride, mask=mask, other=0.0).to(tl.float32)
+        bias = tl.load(b_ptr + cols * b_stride, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_row + cols, (centred * rstd * weight + bias).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            total += tl.load(x_row + cols * x_stride_col, mask=cols < n_cols, other=0.0).to(tl.float32)
+        mean = tl.sum(total) / n_cols
+        sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols * x_stride_col, mask=mask, other=0.0).to(tl.float32)
+            centred = tl.where(mask, x - mean, 0.0)
+            sum_sq += centred * centred
+        rstd = tl.rsqrt(tl.sum(sum_sq) / n_cols + eps)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(x_row + cols * x_stride_col, mask=mask, other=0.0).to(tl.float32)
+            weight = tl.load(w_ptr + cols * w_stride, mask=mask, other=0.0).to(tl.float32)
+            bias = tl.load(b_ptr + cols * b_stride, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out_row + cols, ((x - mean) * rstd * weight + bias).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_vectors(rows, *vectors) -> None:
+    """Per-column vectors must span the row: the kernel would read past a shorter one."""
+    for vector in vectors:
+        if vector.shape != rows.shape[-1:]:
+            raise ValueError(f"rows of {rows.shape[-1]} need vectors of that length, got {tuple(vector.shape)}")
+
+
+def _rms_rows(rows, residual_rows, weight, out, eps: float, block: int, warps: int) -> None:
+    _check_vectors(rows, weight)
+    n_rows, n_cols = rows.shape
+    if n_rows == 0:
+        return
+    res_strides = residual_rows.stride() if residual_rows is not None else (0, 0)
+    _rms_norm_kernel[(n_rows,)](rows, residual_rows, weight, out, *rows.stride(), *res_strides, weight.stride(0),
+                                *out.stride(), n_cols, eps, BLOCK=block, ONE_TILE=n_cols <= block, num_warps=warps)
+
+
+def rms_norm(x, weight, eps: float, *, block: int, warps: int):
+    rows = as_rows(x)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    _rms_rows(rows, None, weight, out, eps, block, warps)
+    return out.view(x.shape)
+
+
+def rms_norm_add(x, residual, weight, eps: float, *, block: int, warps: int):
+    """In place, as serving engines do (the op's contract allows it): the total goes into
+    residual's storage and the normed rows into x's; returns (normed, total)."""
+    if residual.shape != x.shape:
+        raise ValueError(f"rms_norm_add: residual {tuple(residual.shape)} is not the shape of x {tuple(x.shape)}")
+    rows, residual_rows = as_rows(x), as_rows(residual)
+    _rms_rows(rows, residual_rows, weight, rows, eps, block, warps)
+    # Views of x and residual (copies only where as_rows had to copy leading dims).
+    return rows.view(x.shape), residual_rows.view(residual.shape)
+
+
+def layer_norm(x, weight, bias, eps: float, *, block: int, warps: int):
+    rows = as_rows(x)
+    _check_vectors(rows, weight, bias)
+    n_rows, n_cols = rows.shape
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    if n_rows:
+        _layer_norm_kernel[(n_rows,)](rows, weight, bias, out, *rows.stride(), weight.stride(0), bias.stride(0),
+                                      out.stride(0), n_cols, eps, BLOCK=block, ONE_TILE=n_cols <= block,
+                                      num_warps=warps)
+    return out.view(x.shape)

@@ -1,0 +1,380 @@
+"""FlashInfer adapters without FlashInfer: their declared capabilities and Reasons, the zero-copy
+layout helpers, and their wiring, against a fake `flashinfer` module written from the 0.5.3
+signatures (GPU parity is tests/test_kernels.py's gpu test)."""
+import importlib.util
+import sys
+import types
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from lzsolve.ops import CONTRACTS
+from runtime_loader import registry, specs
+from runtime_loader.kernels import eager
+from runtime_loader.kernels import flashinfer as fi
+from runtime_loader.ops import Signature
+from runtime_loader.specs import DeviceInfo
+
+H100 = DeviceInfo("cuda", 90)
+SIGNATURES = {  # one signature per op, inside every flashinfer spec's declared capabilities
+    "attention.prefill": Signature.make("attention.prefill", {"hq": 8, "hkv": 2, "d": 128}, ("causal",), "bf16"),
+    "attention.decode": Signature.make("attention.decode", {"hq": 8, "hkv": 2, "d": 128}, (), "bf16"),
+    "norm.rms": Signature.make("norm.rms", {"hidden": 4096}, (), "bf16"),
+    "norm.rms_add": Signature.make("norm.rms_add", {"hidden": 4096}, (), "bf16"),
+    "norm.layer": Signature.make("norm.layer", {"hidden": 4096}, (), "bf16"),
+    "act.swiglu": Signature.make("act.swiglu", {"width": 11008}, (), "bf16"),
+    "act.geglu": Signature.make("act.geglu", {"width": 11008}, (), "bf16"),
+}
+KERNEL_IDS = {"flashinfer.prefill", "flashinfer.decode", "flashinfer.decode_tc", "flashinfer.rms_norm",
+              "flashinfer.rms_norm_add", "flashinfer.layer_norm", "flashinfer.swiglu", "flashinfer.geglu"}
+
+
+def codes(reasons):
+    return [r.code for r in reasons]
+
+
+def only_op(spec):
+    (op,) = spec.ops
+    return op
+
+
+# --- capabilities and Reasons --------------------------------------------------------
+
+def test_specs_are_registered_with_their_declarations():
+    assert {s.kernel_id for s in fi.SPECS} == KERNEL_IDS
+    for spec in fi.SPECS:
+        assert registry.get(spec.kernel_id) is spec
+        assert (spec.library, spec.requires, spec.platforms, spec.min_sm) == (
+            "flashinfer-python", ("flashinfer",), frozenset({"cuda"}), 80)
+        assert spec.jit and spec.jit_caches == ("flashinfer",) and spec.graph_safe
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is not None, reason="flashinfer is installed here")
+@pytest.mark.parametrize("spec", fi.SPECS, ids=lambda s: s.kernel_id)
+def test_without_flashinfer_each_spec_is_not_installed(spec):
+    sig = SIGNATURES[only_op(spec)]
+    assert codes(spec.check(sig, H100)) == ["NOT_INSTALLED"]  # everything else is declared
+    assert "PLATFORM_MISMATCH" in codes(spec.check(sig, DeviceInfo("cpu")))
+    assert "SM_TOO_OLD" in codes(spec.check(sig, DeviceInfo("cuda", 75)))
+
+
+def test_runtime_loader_imports_without_flashinfer():
+    assert "runtime_loader.kernels.flashinfer" in sys.modules  # imported above, with the registry
+    assert "flashinfer" not in sys.modules  # and nothing loaded flashinfer itself
+
+
+@pytest.mark.parametrize("d,admitted", [(64, True), (128, True), (256, True), (32, False), (96, False),
+                                        (512, False)])
+def test_attention_head_dims(d, admitted):
+    for kernel_id in ("flashinfer.prefill", "flashinfer.decode", "flashinfer.decode_tc"):
+        spec = registry.get(kernel_id)
+        sig = Signature.make(only_op(spec), {"hq": 8, "hkv": 8, "d": d}, (), "fp16")
+        assert ("HEAD_DIM_UNSUPPORTED" not in codes(spec.semantic_reasons(sig))) == admitted
+
+
+def test_dtypes_are_half_precision_and_layer_norm_bf16_only():
+    for spec in fi.SPECS:
+        sig = SIGNATURES[only_op(spec)]
+        assert "DTYPE_UNSUPPORTED" in codes(spec.semantic_reasons(Signature.make(sig.op, dict(sig.static),
+                                                                                 sig.flags, "fp32")))
+    layer = Signature.make("norm.layer", {"hidden": 4096}, (), "fp16")
+    assert "DTYPE_UNSUPPORTED" in codes(registry.get("flashinfer.layer_norm").semantic_reasons(layer))
+
+
+@pytest.fixture
+def broken_flashinfer(tmp_path, monkeypatch):
+    """A `flashinfer` package that raises on import, as a wheel built for another CUDA does."""
+    package = tmp_path / "flashinfer"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs._import_reason.cache_clear()
+    yield
+    specs._import_reason.cache_clear()  # leave no cached verdict about the fake behind
+
+
+def test_a_flashinfer_that_fails_to_import_is_backend_import_failed(broken_flashinfer):
+    for spec in fi.SPECS:
+        reasons = spec.check(SIGNATURES[only_op(spec)], H100)
+        assert codes(reasons) == ["BACKEND_IMPORT_FAILED"]
+        assert "libcudart.so.13" in reasons[0].message
+    assert "flashinfer" not in sys.modules
+
+
+# --- zero-copy layout helpers -------------------------------------------------------
+
+def test_gate_and_up_halves_of_one_buffer_are_passed_as_a_view(gen):
+    sig = Signature.make("act.swiglu", {"width": 96}, (), "bf16")
+    for tokens in (7, 1):
+        gate, up = CONTRACTS["act.swiglu"].make_inputs(sig, {"tokens": tokens}, torch.device("cpu"), gen)
+        fused = fi.fused_gate_up(gate, up)
+        assert fused.data_ptr() == gate.data_ptr()
+        assert fused.shape == (tokens, 192) and fused.stride() == (192, 1)
+        assert torch.equal(fused, torch.cat((gate, up), dim=-1))
+
+
+def test_gate_and_up_halves_with_leading_dims():
+    gate_up = torch.randn(2, 3, 16)
+    gate, up = gate_up.chunk(2, dim=-1)
+    fused = fi.fused_gate_up(gate, up)
+    assert fused.data_ptr() == gate_up.data_ptr() and fused.shape == gate_up.shape
+    assert fused.stride() == gate_up.stride()
+
+
+def test_gate_and_up_that_are_not_halves_of_one_buffer_get_no_view():
+    gate_up = torch.randn(5, 16)
+    assert fi.fused_gate_up(torch.randn(5, 8), torch.randn(5, 8)) is None  # two buffers
+    assert fi.fused_gate_up(gate_up[:, 8:], gate_up[:, :8]) is None  # [up | gate]: the wrong order
+    wider = torch.randn(5, 24)
+    assert fi.fused_gate_up(wider[:, :8], wider[:, 8:16]) is None  # rows 24 apart, not 16
+    assert fi.fused_gate_up(gate_up[:, :8], gate_up[:, 8:].to(torch.float64)) is None
+
+
+def test_one_request_q_k_v_are_nhd_views():
+    q = torch.randn(1, 4, 33, 64)
+    view = fi.nhd_view(q)
+    assert view.data_ptr() == q.data_ptr()
+    assert view.shape == (33, 4, 64) and view.stride() == (64, 33 * 64, 1)
+    assert torch.equal(view[5, 2], q[0, 2, 5])
+
+
+def test_batch_queries_are_copied_to_token_rows_only_when_they_must_be():
+    contiguous = torch.randn(2, 4, 9, 64)  # (batch, heads, seq, d) as the op contract makes it
+    rows = fi.token_rows(contiguous)
+    assert rows.shape == (18, 4, 64) and rows.data_ptr() != contiguous.data_ptr()
+    assert torch.equal(rows[9 + 3, 1], contiguous[1, 1, 3])
+    projected = torch.randn(2, 9, 4, 64).transpose(1, 2)  # Hugging Face's q: a view of (batch, seq, heads, d)
+    rows = fi.token_rows(projected)
+    assert rows.data_ptr() == projected.data_ptr() and rows.stride() == (4 * 64, 64, 1)
+
+
+def test_page_table_walks_each_sequence_from_its_first_page():
+    indptr, indices, last_page_len = fi.page_table(batch=2, seq=48, page_size=16, sequence_pages=6)
+    assert torch.equal(indptr, torch.tensor([0, 3, 6], dtype=torch.int32))
+    assert torch.equal(indices[:6], torch.tensor([0, 1, 2, 6, 7, 8], dtype=torch.int32))
+    assert torch.equal(indices[6:], torch.zeros(fi.INDEX_PADDING, dtype=torch.int32))  # room for FA3's overread
+    assert torch.equal(last_page_len, torch.tensor([16, 16], dtype=torch.int32))
+
+
+def unpage(cache, indptr, indices):
+    """An HND page pool and its page table -> (batch, heads, seq, d)."""
+    return torch.stack([cache[indices[indptr[b]:indptr[b + 1]].long()].transpose(0, 1).flatten(1, 2)
+                        for b in range(len(indptr) - 1)])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "cache_slice", "token_major", "fused_qkv"])
+def test_k_and_v_are_paged_as_views(layout):
+    batch, heads, seq, d = 3, 2, 40, 8  # 40 tokens: pages of gcd(40, 16) = 8
+    if layout == "contiguous":  # as the op contract and a KV cache hold them
+        k, v = torch.randn(batch, heads, seq, d), torch.randn(batch, heads, seq, d)
+    elif layout == "cache_slice":  # the filled part of a preallocated cache
+        k, v = (torch.randn(batch, heads, 64, d)[:, :, :seq] for _ in range(2))
+    elif layout == "token_major":  # as a Hugging Face projection hands them over
+        k, v = (torch.randn(batch, seq, heads, d).transpose(1, 2) for _ in range(2))
+    else:  # two slices of one fused qkv projection
+        qkv = torch.randn(batch, seq, 5, heads, d)
+        k, v = qkv[:, :, 3].transpose(1, 2), qkv[:, :, 4].transpose(1, 2)
+    k_pages, v_pages, sequence_pages = fi.paged_kv(k, v)
+    assert k_pages.shape[1:] == (heads, 8, d)
+    assert k_pages.data_ptr() == k.data_ptr() and v_pages.data_ptr() == v.data_ptr()  # no copy
+    indptr, indices, _ = fi.page_table(batch, seq, 8, sequence_pages)
+    assert torch.equal(unpage(k_pages, indptr, indices), k) and torch.equal(unpage(v_pages, indptr, indices), v)
+
+
+def test_k_and_v_with_different_strides_are_copied_to_one_layout():
+    k, v = torch.randn(2, 2, 16, 8), torch.randn(2, 16, 2, 8).transpose(1, 2)
+    k_pages, v_pages, sequence_pages = fi.paged_kv(k, v)
+    assert k_pages.stride() == v_pages.stride() and v_pages.data_ptr() != v.data_ptr()
+    assert sequence_pages == 2  # two heads of one 16-token page each
+
+
+# --- wiring, against a fake flashinfer ------------------------------------------------
+
+class FakeDecodeWrapper:
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False):
+        assert kv_layout == "HND"
+        self.use_tensor_cores = use_tensor_cores
+        self.plans = 0
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+             q_data_type, kv_data_type, sm_scale):
+        assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
+        assert bool((last_page_len == page_size).all())
+        self.plans += 1
+        self.indptr, self.indices, self.sm_scale = indptr, indices, sm_scale
+
+    def run(self, q, paged_kv_cache):
+        self.cache = paged_kv_cache
+        k, v = (unpage(cache, self.indptr, self.indices) for cache in paged_kv_cache)
+        return eager.attention(q.unsqueeze(2), k, v, False, self.sm_scale).squeeze(2)
+
+
+class FakePrefillWrapper:
+    def __init__(self, float_workspace_buffer, kv_layout="NHD"):
+        assert kv_layout == "HND"
+        self.plans = 0
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+             num_kv_heads, head_dim_qk, page_size, *, causal, sm_scale, q_data_type, kv_data_type):
+        self.plans += 1
+        self.indptr, self.indices, self.causal, self.sm_scale = paged_kv_indptr, paged_kv_indices, causal, sm_scale
+        self.seq = int(qo_indptr[1])
+
+    def run(self, q, paged_kv_cache):
+        self.q, self.cache = q, paged_kv_cache
+        q = q.view(-1, self.seq, *q.shape[1:]).transpose(1, 2)  # token rows -> (batch, heads, seq, d)
+        k, v = (unpage(cache, self.indptr, self.indices) for cache in paged_kv_cache)
+        out = eager.attention(q, k, v, self.causal, self.sm_scale)
+        return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # (batch * seq, heads, d)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A `flashinfer` computing each op with the eager kernels, recording what it was handed."""
+    calls = {}
+
+    def single_prefill_with_kv_cache(q, k, v, *, causal, kv_layout, sm_scale):
+        assert kv_layout == "NHD"
+        calls["single_prefill"] = (q, k, v)
+        q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # NHD -> (1, heads, seq, d)
+        return eager.attention(q, k, v, causal, sm_scale)[0].transpose(0, 1).contiguous()
+
+    def fused_add_rmsnorm(input, residual, weight, eps):
+        residual += input
+        input.copy_(eager.rms_norm(residual, weight, eps))
+
+    def layernorm(input, gemma, beta, eps):
+        assert input.is_contiguous() and gemma.dtype == beta.dtype == torch.float32
+        return eager.layer_norm(input, gemma.to(input.dtype), beta.to(input.dtype), eps)
+
+    def act_and_mul(activation):
+        def run(input):
+            assert input.is_contiguous()  # act_and_mul_kernel ignores strides
+            calls["act_and_mul"] = input
+            gate, up = input.chunk(2, dim=-1)
+            return activation(gate, up)
+        return run
+
+    module = types.ModuleType("flashinfer")
+    module.single_prefill_with_kv_cache = single_prefill_with_kv_cache
+    module.BatchPrefillWithPagedKVCacheWrapper = FakePrefillWrapper
+    module.BatchDecodeWithPagedKVCacheWrapper = FakeDecodeWrapper
+    module.rmsnorm = eager.rms_norm
+    module.fused_add_rmsnorm = fused_add_rmsnorm
+    module.layernorm = layernorm
+    module.silu_and_mul = act_and_mul(eager.swiglu)
+    module.gelu_tanh_and_mul = act_and_mul(eager.geglu)
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    monkeypatch.setattr(fi, "_PLANS", OrderedDict())
+    monkeypatch.setattr(fi, "PLAN_MS", {})
+    monkeypatch.setattr(fi, "_WORKSPACES", {})
+    monkeypatch.setattr(fi, "WORKSPACE_BYTES", 1024)
+    return calls
+
+
+def attention_inputs(batch, hq, hkv, seq_q, kv_len, d=64):
+    return torch.randn(batch, hq, seq_q, d), torch.randn(batch, hkv, kv_len, d), torch.randn(batch, hkv, kv_len, d)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_of_one_request_runs_on_views(fake, causal):
+    q, k, v = attention_inputs(1, 4, 2, 33, 33)
+    out = fi.prefill(q, k, v, causal, 0.2)
+    torch.testing.assert_close(out, eager.attention(q, k, v, causal, 0.2))
+    assert [t.data_ptr() for t in fake["single_prefill"]] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    assert fi.PLAN_MS == {}  # nothing to plan
+
+
+def test_batch_prefill_plans_once_per_layout_on_pages_of_k_and_v(fake):
+    q, k, v = attention_inputs(2, 4, 2, 24, 24)  # pages of 8 tokens, 3 per head, 6 per sequence
+    out = fi.prefill(q, k, v, True, None)
+    torch.testing.assert_close(out, eager.attention(q, k, v, True, None))
+    (key, wrapper), = fi._PLANS.items()
+    assert [pages.data_ptr() for pages in wrapper.cache] == [k.data_ptr(), v.data_ptr()]
+    assert key == fi.PlanKey("flashinfer.prefill", 2, 24, 4, 2, 64, "fp32", "cpu", 64 ** -0.5, True, 6)
+    assert wrapper.plans == 2 and key in fi.PLAN_MS  # planned, then re-planned to time the plan alone
+    assert wrapper.q.data_ptr() != q.data_ptr()  # q copied to token rows
+    q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in attention_inputs(2, 4, 2, 24, 24))
+    torch.testing.assert_close(fi.prefill(q, k, v, True, None), eager.attention(q, k, v, True, None))
+    assert len(fi._PLANS) == 2  # token-major k and v: other pages, so another plan
+    token_major = fi._PLANS[next(reversed(fi._PLANS))]
+    assert [t.data_ptr() for t in (token_major.q, *token_major.cache)] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    fi.prefill(*attention_inputs(2, 4, 2, 24, 24), True, None)
+    assert wrapper.plans == 2 and len(fi._PLANS) == 2
+
+
+@pytest.mark.parametrize("kernel_id", ["flashinfer.decode", "flashinfer.decode_tc"])
+def test_decode_plans_once_per_layout_and_pages_k_v_as_they_are(fake, kernel_id):
+    impl = registry.get(kernel_id).impl
+    q, k, v = attention_inputs(3, 4, 1, 1, 70)
+    torch.testing.assert_close(impl(q, k, v, False, None), eager.attention(q, k, v, False, None))
+    (key, wrapper), = fi._PLANS.items()
+    assert key == fi.PlanKey(kernel_id, 3, 70, 4, 1, 64, "fp32", "cpu", 64 ** -0.5, False, 35)  # 2-token pages
+    assert [pages.data_ptr() for pages in wrapper.cache] == [k.data_ptr(), v.data_ptr()]
+    assert wrapper.use_tensor_cores == (kernel_id == "flashinfer.decode_tc")
+    assert wrapper.plans == 2 and fi.PLAN_MS.keys() == {key}
+    q, k, v = attention_inputs(3, 4, 1, 1, 70)
+    torch.testing.assert_close(impl(q, k, v, False, None), eager.attention(q, k, v, False, None))
+    assert wrapper.plans == 2  # same layout, new tensors: no new plan
+    impl(*attention_inputs(3, 4, 1, 1, 71), False, None)
+    impl(*attention_inputs(3, 4, 1, 1, 70), False, 0.5)  # the scale is fixed at plan time too
+    assert len(fi._PLANS) == len(fi.PLAN_MS) == 3
+
+
+def test_least_recently_used_plans_are_dropped_with_their_plan_cost(fake, monkeypatch):
+    monkeypatch.setattr(fi, "MAX_PLANS", 2)
+    decode = registry.get("flashinfer.decode").impl
+    for kv_len in (10, 11, 10, 12):  # 10 is used again before 12 arrives: 11 goes
+        decode(*attention_inputs(2, 4, 4, 1, kv_len), False, None)
+    assert [key.kv_len for key in fi._PLANS] == [10, 12]
+    assert fi.PLAN_MS.keys() == fi._PLANS.keys()
+
+
+def test_decode_refuses_what_its_kernels_lack_before_compiling(fake):
+    decode, decode_tc = registry.get("flashinfer.decode").impl, registry.get("flashinfer.decode_tc").impl
+    q, k, v = attention_inputs(2, 10, 2, 1, 16)  # GQA group of 5
+    with pytest.raises(ValueError, match="group sizes"):
+        decode(q, k, v, False, None)
+    decode_tc(q, k, v, False, None)  # the tensor-core kernel takes any group
+    with pytest.raises(ValueError, match="head_dim"):
+        decode_tc(*attention_inputs(2, 4, 2, 1, 16, d=192), False, None)
+    with pytest.raises(ValueError, match="not causal"):
+        decode_tc(q, k, v, True, None)
+    assert len(fi._PLANS) == 1
+
+
+def test_rms_norm_add_writes_into_x_and_residual(fake):
+    x, residual, weight = torch.randn(2, 5, 64), torch.randn(2, 5, 64), torch.randn(64)
+    expected = eager.rms_norm_add(x, residual, weight, 1e-6)
+    x_ptr, residual_ptr = x.data_ptr(), residual.data_ptr()
+    normed, total = fi.rms_norm_add(x, residual, weight, 1e-6)
+    torch.testing.assert_close((normed, total), expected)
+    assert (normed.data_ptr(), total.data_ptr()) == (x_ptr, residual_ptr)
+    assert normed.shape == total.shape == (2, 5, 64)
+
+
+def test_norms_take_rows_with_any_leading_dims(fake):
+    x, weight, bias = torch.randn(2, 3, 64, dtype=torch.bfloat16), torch.randn(64), torch.randn(64)
+    torch.testing.assert_close(fi.rms_norm(x, weight.bfloat16(), 1e-6), eager.rms_norm(x, weight.bfloat16(), 1e-6))
+    out = fi.layer_norm(x, weight.bfloat16(), bias.bfloat16(), 1e-5)
+    assert out.shape == x.shape and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kernel_id,reference", [("flashinfer.swiglu", eager.swiglu),
+                                                 ("flashinfer.geglu", eager.geglu)])
+def test_gated_activations_get_the_gate_up_buffer_itself(fake, gen, kernel_id, reference):
+    sig = Signature.make("act.swiglu", {"width": 96}, (), "bf16")
+    gate, up = CONTRACTS["act.swiglu"].make_inputs(sig, {"tokens": 7}, torch.device("cpu"), gen)
+    impl = registry.get(kernel_id).impl
+    torch.testing.assert_close(impl(gate, up), reference(gate, up))
+    assert fake["act_and_mul"].data_ptr() == gate.data_ptr()  # no copy
+    gate, up = gate.clone(), up.clone()  # two buffers: concatenated
+    torch.testing.assert_close(impl(gate, up), reference(gate, up))
+    assert fake["act_and_mul"].data_ptr() not in (gate.data_ptr(), up.data_ptr())
+
+
+def test_gated_activations_refuse_misaligned_halves(fake):
+    gate_up = torch.randn(3, 24, dtype=torch.bfloat16)  # width 12: the up half starts 24 bytes in
+    with pytest.raises(ValueError, match="% 16"):
+        fi.swiglu(gate_up[:, :12], gate_up[:, 12:])

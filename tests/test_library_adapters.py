@@ -1,0 +1,249 @@
+"""Adapters of optional libraries (Liger-Kernel, FlashAttention 3 and 2) and FlexAttention, on CPU.
+
+The libraries themselves run only on the GPU machine (tests/test_kernels.py's GPU parity test
+covers them there); here: their capability gates, the layout plumbing of each adapter (with a
+stand-in library where the real one needs CUDA), Flex's per-shape compile cache, and Liger's
+kernels through the Triton interpreter when liger_kernel is installed.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lzsolve.ops import CONTRACTS, compare, to_fp32
+from runtime_loader import registry
+from runtime_loader.kernels import flash_attn, flex, liger
+from runtime_loader.ops import Signature
+from runtime_loader.specs import DeviceInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = DeviceInfo("cuda", 90)
+CPU = torch.device("cpu")
+PREFILL = Signature.make("attention.prefill", {"hq": 8, "hkv": 2, "d": 128}, ("causal",), "bf16")
+DECODE = Signature.make("attention.decode", {"hq": 8, "hkv": 2, "d": 128}, (), "bf16")
+
+# A signature each kernel should admit on an H100, so that a missing library is its only reason.
+ADMITTED = {
+    "norm.rms": Signature.make("norm.rms", {"hidden": 4096}, (), "bf16"),
+    "norm.rms_add": Signature.make("norm.rms_add", {"hidden": 4096}, (), "bf16"),
+    "norm.layer": Signature.make("norm.layer", {"hidden": 4096}, (), "bf16"),
+    "act.swiglu": Signature.make("act.swiglu", {"width": 14336}, (), "bf16"),
+    "act.geglu": Signature.make("act.geglu", {"width": 14336}, (), "bf16"),
+    "posenc.rope": Signature.make("posenc.rope", {"hq": 32, "hkv": 8, "d": 128, "layout": "split_half"}, (), "bf16"),
+    "attention.prefill": PREFILL,
+    "attention.decode": DECODE,
+}
+OPTIONAL = [spec for spec in registry.REGISTRY.values() if spec.kernel_id.split(".")[0] in ("liger", "fa3", "fa2")]
+
+
+def codes(spec, sig, device=H100):
+    return [r.code for r in spec.check(sig, device)]
+
+
+def test_every_library_kernel_is_registered():
+    assert {s.kernel_id for s in OPTIONAL} == {
+        "liger.rms_norm", "liger.rms_norm_add", "liger.layer_norm", "liger.swiglu", "liger.geglu", "liger.rope",
+        "fa3.attention", "fa2.attention"}
+    assert "flex.attention" in registry.REGISTRY
+
+
+@pytest.mark.parametrize("spec", OPTIONAL, ids=lambda s: s.kernel_id)
+def test_missing_library_is_the_only_reason_on_an_h100(spec):
+    (module,) = spec.requires
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here")
+    for op in spec.ops:
+        assert codes(spec, ADMITTED[op]) == ["NOT_INSTALLED"], op
+
+
+def test_runtime_loader_imports_no_optional_library():
+    probe = ("import sys, runtime_loader.registry; "
+             "print([m for m in ('liger_kernel', 'fa3_fwd_interface', 'flash_attn') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_fa3_is_hopper_only():
+    fa3 = registry.get("fa3.attention")
+    assert "SM_TOO_OLD" in codes(fa3, PREFILL, DeviceInfo("cuda", 80))
+    assert "SM_TOO_NEW" in codes(fa3, PREFILL, DeviceInfo("cuda", 100))
+    assert "DTYPE_UNSUPPORTED" in codes(fa3, Signature.make(PREFILL.op, dict(PREFILL.static), ("causal",), "fp16"))
+    assert "HEAD_DIM_UNSUPPORTED" in codes(fa3, Signature.make(DECODE.op, {"hq": 8, "hkv": 2, "d": 320}, ()))
+
+
+def test_fa2_is_ampere_to_hopper():
+    fa2 = registry.get("fa2.attention")
+    assert "SM_TOO_OLD" in codes(fa2, PREFILL, DeviceInfo("cuda", 75))
+    assert "SM_TOO_NEW" in codes(fa2, PREFILL, DeviceInfo("cuda", 100))
+
+
+def test_liger_rope_refuses_interleaved():
+    rope = registry.get("liger.rope")
+    sig = Signature.make("posenc.rope", {"hq": 4, "hkv": 2, "d": 64, "layout": "interleaved"}, ())
+    assert "FEATURE_UNSUPPORTED:rope_interleaved" in codes(rope, sig)
+    with pytest.raises(ValueError, match="split-half"):
+        rope.impl(torch.zeros(1, 4, 2, 64), torch.zeros(1, 2, 2, 64), torch.zeros(1, 2, 64), torch.zeros(1, 2, 64), True)
+
+
+# --- FlashAttention layout plumbing, through a stand-in for the CUDA library -----------------
+
+def fake_flash_attn_func(calls):
+    """FA's flash_attn_func on (batch, seq, heads, d) tensors, computed by SDPA; records what it got."""
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, **kwargs):
+        calls.append({"q": q, "k": k, "v": v, "kwargs": kwargs})
+        # FA's causal mask is bottom-right aligned: only seq_q == kv_len may reach it (checked below)
+        assert not causal or q.shape[1] == k.shape[1]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=causal, scale=softmax_scale, enable_gqa=True)
+        return out.transpose(1, 2).contiguous()  # FA allocates its output in its own layout
+    return flash_attn_func
+
+
+@pytest.mark.parametrize("kernel_id,module", [("fa3.attention", "fa3_fwd_interface"), ("fa2.attention", "flash_attn")])
+@pytest.mark.parametrize("op,dims", [("attention.prefill", {"batch": 2, "seq": 33}),
+                                     ("attention.decode", {"batch": 3, "kv_len": 70})])
+def test_flash_attention_adapters_pass_views_and_match_the_reference(monkeypatch, kernel_id, module, op, dims):
+    calls = []
+    monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(flash_attn_func=fake_flash_attn_func(calls)))
+    sig = Signature.make(op, {"hq": 4, "hkv": 2, "d": 64}, ("causal",) if op == "attention.prefill" else (), "fp32")
+    contract = CONTRACTS[op]
+    q, k, v, causal, scale = args = contract.make_inputs(sig, dims, CPU, torch.Generator().manual_seed(0))
+    ok, _, message = compare(registry.get(kernel_id).impl(*args), contract.reference(*to_fp32(args)),
+                             contract.tolerances["fp32"])
+    assert ok, message
+    (call,) = calls
+    for ours, theirs in ((q, call["q"]), (k, call["k"]), (v, call["v"])):
+        assert theirs.data_ptr() == ours.data_ptr() and theirs.stride(-1) == 1  # a view, no copy
+        assert theirs.shape == (ours.shape[0], ours.shape[2], ours.shape[1], ours.shape[3])
+
+
+def test_fa_layout_is_a_view_both_ways():
+    q = torch.randn(2, 8, 5, 64)
+    fa = flash_attn.fa_layout(q)
+    assert fa.shape == (2, 5, 8, 64) and fa.data_ptr() == q.data_ptr() and fa.stride(-1) == 1
+    assert torch.equal(flash_attn.fa_layout(fa), q)
+
+
+@pytest.mark.parametrize("kernel_id", ["fa3.attention", "fa2.attention"])
+def test_causal_with_unequal_lengths_is_refused(kernel_id):
+    q, kv = torch.zeros(1, 4, 3, 64), torch.zeros(1, 4, 7, 64)
+    with pytest.raises(ValueError, match="bottom-right"):
+        registry.get(kernel_id).impl(q, kv, kv, True, None)
+    flash_attn.check_causal_alignment(q, kv, causal=False)  # non-causal: any lengths
+    flash_attn.check_causal_alignment(kv, kv, causal=True)  # prefill: equal lengths
+
+
+# --- Liger helpers (pure torch) and kernels (Triton interpreter) -------------------------------
+
+def test_swiglu_finds_the_gate_up_buffer_without_copying():
+    sig = Signature.make("act.swiglu", {"width": 96}, (), "bf16")
+    gate, up = CONTRACTS["act.swiglu"].make_inputs(sig, {"tokens": 7}, CPU, torch.Generator().manual_seed(0))
+    buffer = liger._gate_up_buffer(gate, up)
+    assert buffer.shape == (7, 192) and buffer.data_ptr() == gate.data_ptr()
+    assert torch.equal(buffer[:, :96], gate) and torch.equal(buffer[:, 96:], up)
+    assert liger._gate_up_buffer(gate.clone(), up.clone()) is None  # two projections: no shared buffer
+    assert liger._gate_up_buffer(up, gate) is None  # halves in the wrong order
+
+
+def test_liger_rows_keep_row_strided_views():
+    wide = torch.randn(5, 300)
+    rows = wide[:, :256]
+    assert liger._rows(rows) is rows  # Liger's row kernels take the row stride
+    assert liger._rows(wide.T).is_contiguous()  # columns not at unit stride: copied
+    x3 = torch.randn(2, 3, 256)
+    assert liger._rows(x3) is x3  # contiguous: .contiguous() is a no-op
+
+
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None, reason="liger_kernel is not installed")
+def test_liger_kernels_match_the_reference_in_the_triton_interpreter():
+    out = subprocess.run([sys.executable, "-m", "tests.liger_interpreter_check"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert {r["kernel"] for r in results} == {s.kernel_id for s in OPTIONAL if s.library == "liger-kernel"}
+    failures = [r for r in results if not (r["ok"] and r["inputs_untouched"])]
+    assert not failures, "\n".join(json.dumps(r) for r in failures)
+
+
+# --- FlexAttention: the per-shape compile cache ------------------------------------------------
+
+def test_shape_key_separates_what_a_static_graph_is_specialised_on():
+    q, kv = torch.randn(1, 4, 8, 32), torch.randn(1, 2, 8, 32)
+    key = flex.shape_key(q, kv, kv, True, None)
+    assert key == flex.shape_key(q.clone(), kv.clone(), kv.clone(), True, None)
+    others = [flex.shape_key(q, kv, kv, False, None), flex.shape_key(q, kv, kv, True, 0.5),
+              flex.shape_key(q.half(), kv.half(), kv.half(), True, None),
+              flex.shape_key(q.transpose(1, 2).contiguous().transpose(1, 2), kv, kv, True, None),
+              flex.shape_key(torch.randn(1, 4, 9, 32), torch.randn(1, 2, 9, 32), torch.randn(1, 2, 9, 32), True, None)]
+    assert len({key, *others}) == 6
+
+
+def test_one_compiled_function_and_code_object_per_key_from_any_thread():
+    cache = flex.CompiledPerShape(flex._attend)
+    got = {}
+
+    def fetch(i):
+        got[i] = (cache(("a",)), cache(("b", i % 2)))
+
+    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(a) for a, _ in got.values()}) == 1 and len({id(b) for _, b in got.values()}) == 2
+    assert len(cache.compiled) == 3
+    # Dynamo keys its cache by code object identity (equal code objects compare ==, so ids here)
+    code_ids = {id(fn._torchdynamo_orig_callable.__code__) for fn in cache.compiled.values()}
+    assert len(code_ids) == 3 and id(flex._attend.__code__) not in code_ids
+
+
+def test_block_masks_are_cached_and_causal_is_top_left():
+    from torch.nn.attention.flex_attention import create_mask
+
+    mask = flex.block_mask(flex.causal_mask, 300, 300, CPU)
+    assert flex.block_mask(flex.causal_mask, 300, 300, CPU) is mask
+    assert mask.shape[-2:] == (300, 300) and mask.to_dense().shape[-2:] == (3, 3)  # 128-wide blocks
+    assert torch.equal(create_mask(flex.causal_mask, 1, 1, 3, 5, CPU)[0, 0], torch.ones(3, 5, dtype=torch.bool).tril())
+    assert flex.mods(False) == (None, None) and flex.mods(True) == (None, flex.causal_mask)
+
+
+def test_functions_sharing_a_code_object_share_its_recompile_limit():
+    """The trap the cache avoids: a fresh function object per shape is not enough."""
+    private = flex.with_own_code(flex._attend)
+    twin = types.FunctionType(private.__code__, private.__globals__, private.__name__)
+    first, second = (torch.compile(fn, backend="eager", dynamic=False, fullgraph=True) for fn in (private, twin))
+    with torch._dynamo.config.patch(recompile_limit=1):
+        first(*[torch.randn(1, 2, 5, 16)] * 3, None, None, None, False)
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            second(*[torch.randn(1, 2, 7, 16)] * 3, None, None, None, False)
+
+
+def test_flex_compiles_one_fused_graph_per_shape_and_never_hits_the_limit():
+    """Compiled flex runs on CPU (Inductor's C++ flex template). With the recompile limit at 1,
+    a cache that shared a code object would fail on the second shape; each shape instead gets
+    one graph, and calling a shape again compiles nothing."""
+    from torch._dynamo.utils import counters
+
+    flex_spec = registry.get("flex.attention")
+    cases = [(Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 32}, ("causal",), "fp32"),
+              {"batch": 2, "seq": 33}),
+             (Signature.make("attention.decode", {"hq": 4, "hkv": 1, "d": 64}, (), "fp32"), {"batch": 3, "kv_len": 70})]
+    graphs = []
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for _ in range(2):
+            for sig, dims in cases:
+                contract = CONTRACTS[sig.op]
+                args = contract.make_inputs(sig, dims, CPU, torch.Generator().manual_seed(0))
+                ok, _, message = compare(flex_spec.impl(*args), contract.reference(*to_fp32(args)),
+                                         contract.tolerances[sig.dtype])
+                assert ok, f"{sig}: {message}"
+                graphs.append(counters["stats"]["unique_graphs"])
+    new_graphs = [b - a for a, b in zip(graphs, graphs[1:])]
+    assert new_graphs == [1, 0, 0], "one graph per new shape, none for a shape seen before"

@@ -1,0 +1,104 @@
+"""Parity of lzsolve's Triton kernels on CPU, through the Triton interpreter.
+
+Run by tests/test_triton_kernels.py as `python -m tests.triton_interpret_check`, in a process
+of its own: TRITON_INTERPRET must be set before triton is first imported. For every family,
+its default configuration and a few others (chunked rows, partial head blocks, split-K with
+empty splits...) are checked against the op's fp32 reference on tiny shapes, in fp32 and
+bf16 (linear in fp16: the interpreter's tl.dot multiplies bf16 operands as their raw
+integer bits, a Triton 3.9 interpreter bug; on a GPU the kernel takes bf16 like fp16).
+Prints one line per failure and exits 1 if there was any.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+
+from lzsolve.ops import CONTRACTS, compare, to_fp32  # noqa: E402
+from runtime_loader import registry  # noqa: E402
+from runtime_loader.ops import Signature  # noqa: E402
+from runtime_loader.specs import config_id  # noqa: E402
+
+CPU = torch.device("cpu")
+NORM_CHUNKED = {"block": 256, "warps": 2}  # rows of 320: two chunks
+ACT_CHUNKED = {"block": 128, "warps": 2}  # rows of 300: three chunks, the last partial
+
+# (base id, op, static dims, flags, dynamic dims, configurations besides the default)
+CASES = [
+    ("triton.rms_norm", "norm.rms", {"hidden": 320}, (), {"tokens": 5}, [NORM_CHUNKED]),
+    ("triton.rms_norm_add", "norm.rms_add", {"hidden": 320}, (), {"tokens": 5}, [NORM_CHUNKED]),
+    ("triton.layer_norm", "norm.layer", {"hidden": 320}, (), {"tokens": 5}, [NORM_CHUNKED]),
+    ("triton.swiglu", "act.swiglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
+    ("triton.geglu", "act.geglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
+    ("triton.gelu", "act.gelu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
+    # 6 q heads and 2 kv heads in blocks of 4: a full and a partial q block, a partial k block;
+    # head_dim 48 leaves part of the pair tile (32 lanes for 24 pairs) masked.
+    *[("triton.rope", "posenc.rope", {"hq": 6, "hkv": 2, "d": 48, "layout": layout}, (), {"tokens": 5},
+       [{"block_h": 4, "warps": 1}]) for layout in ("split_half", "interleaved")],
+    # 20 x 48 outputs in 16 x 16 tiles: 2 x 3 tiles. K = 80 in 16s split 4 ways: 32, 32, 16 and
+    # an empty split that must still write its zeros; in 32s split 2 ways: 64 and a partial 16.
+    *[("triton.linear", "linear", {"k": 80, "n": 48}, flags, {"tokens": 20},
+       [{"block_m": 16, "block_n": 16, "block_k": 16, "warps": 2, "stages": 2, "split_k": 4},
+        {"block_m": 16, "block_n": 32, "block_k": 32, "warps": 4, "stages": 3, "split_k": 2}])
+      for flags in (("bias",), ())],
+]
+
+
+def separate(args):
+    """gate and up as two contiguous tensors instead of the halves of one gate_up buffer."""
+    return tuple(a.clone() for a in args)
+
+
+def with_leading_dims(args):
+    """x (and a residual of its shape) as (1, tokens, ...): every leading dim is a row."""
+    rows = args[0].shape
+    return tuple(a.unsqueeze(0) if isinstance(a, torch.Tensor) and a.shape == rows else a for a in args)
+
+
+VARIANTS = {"act.swiglu": separate, "act.geglu": separate, "norm.rms_add": with_leading_dims,
+            "linear": with_leading_dims}
+
+
+def check(kernel_id: str, sig: Signature, dims: dict, variant=None) -> list[str]:
+    contract = CONTRACTS[sig.op]
+    args = contract.make_inputs(sig, dims, CPU, torch.Generator().manual_seed(3))
+    if variant:
+        args = variant(args)
+    reference = contract.reference(*to_fp32(args))  # first: norm.rms_add writes into its inputs
+    try:
+        out = registry.get(kernel_id).impl(*args)
+    except Exception as e:  # one failing case must not hide the others
+        return [f"{kernel_id} on {sig}: raised {type(e).__name__}: {e}"]
+    ok, _, message = compare(out, reference, contract.tolerances[sig.dtype])
+    label = f" ({variant.__name__})" if variant else ""
+    return [] if ok else [f"{kernel_id} on {sig}{label}: {message}"]
+
+
+def split_k_is_deterministic() -> list[str]:
+    sig = Signature.make("linear", {"k": 80, "n": 48}, ("bias",), "fp32")
+    args = CONTRACTS["linear"].make_inputs(sig, {"tokens": 20}, CPU, torch.Generator().manual_seed(4))
+    impl = registry.get(config_id("triton.linear", {"block_m": 16, "block_n": 16, "block_k": 16, "warps": 2,
+                                                    "stages": 2, "split_k": 4})).impl
+    return [] if torch.equal(impl(*args), impl(*args)) else ["triton.linear with split_k=4 is not deterministic"]
+
+
+def main() -> int:
+    failures, checked = split_k_is_deterministic(), 1
+    for base, op, static, flags, dims, configs in CASES:
+        for dtype in ("fp32", "fp16" if op == "linear" else "bf16"):
+            sig = Signature.make(op, static, flags, dtype)
+            ids = [base] + [config_id(base, config) for config in configs]
+            for kernel_id in ids:
+                failures += check(kernel_id, sig, dims)
+                checked += 1
+            if op in VARIANTS:
+                failures += check(base, sig, dims, VARIANTS[op])
+                checked += 1
+    print("\n".join(failures) or f"{checked} checks agree with the references")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -110,7 +110,7 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
         entry = entries[(sig.op, sig.dtype, tuple(sorted(dict(sig.static).items())), tuple(sorted(sig.flags)))]
         fallback = OPS[sig.op].fallback
         considered = sorted({k for k, c in entry.get("candidates", {}).items() if c["admitted"]} | {fallback})
-        specs = [registry.get(k) for k in considered if k in registry.REGISTRY]
+        specs = [registry.get(k) for k in considered if registry.known(k)]
         specs = [s for s in specs if not s.check(sig, here)]
         sp = SignaturePlan(OpInstance(sig, tuple(entry.get("roles", ())), entry.get("calls_per_forward", 1)), (),
                            tuple(Candidate(s, ()) for s in specs))

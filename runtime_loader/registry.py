@@ -57,6 +57,14 @@ def get(kernel_id: str) -> KernelSpec:
     return _CONFIGURED.setdefault(kernel_id, spec)
 
 
+def known(kernel_id: str) -> bool:
+    try:
+        get(kernel_id)
+        return True
+    except KeyError:
+        return False
+
+
 def candidates(op: str) -> list[KernelSpec]:
     return [spec for spec in REGISTRY.values() if op in spec.ops]
 

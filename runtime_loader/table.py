@@ -60,7 +60,7 @@ def _parse_node(node, sig: Signature, depth: int) -> Leaf | Split:
         raise TableError(f"{sig}: tree node is not an object")
     if "kernel_id" in node:
         kernel_id = node["kernel_id"]
-        if not isinstance(kernel_id, str) or kernel_id not in registry.REGISTRY:
+        if not isinstance(kernel_id, str) or not registry.known(kernel_id):
             raise TableError(f"{sig}: unknown kernel id {kernel_id!r} (not in this runtime's registry)")
         return Leaf(kernel_id)
     dim, threshold = node.get("dim"), node.get("threshold")

@@ -24,7 +24,7 @@ def leaf_ids(node):
 def provenance(kernel_ids) -> dict:
     out = {}
     for kernel_id in kernel_ids:
-        spec = registry.REGISTRY.get(kernel_id)
+        spec = registry.get(kernel_id) if registry.known(kernel_id) else None
         out[kernel_id] = {"library": "torch", "version": spec.version() if spec else "0",
                           "capabilities": spec.capabilities_hash() if spec else "0" * 64, "jit_caches": []}
     return out

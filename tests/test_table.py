@@ -25,6 +25,17 @@ def test_valid_table_loads_without_warnings(tmp_path):
     assert d.kernel_for("rms_norm", torch.randn(9, 64), torch.randn(64)) == "eager.rms_norm"
 
 
+def test_searched_configuration_in_a_table_is_replayed(tmp_path):
+    """A tunable family's configuration id ('demo.rms_norm[rows=64,exact=1]') resolves through the
+    registry's grammar and is what the dispatcher calls."""
+    import tests.tunable_kernels  # noqa: F401  (registers the CPU family demo.rms_norm)
+    kernel_id = "demo.rms_norm[rows=64,exact=1]"
+    d, warned = load_quietly(write(tmp_path, table(ops=[entry(RMS, {"kernel_id": kernel_id})])), strict=True)
+    x, w = torch.randn(4, 64), torch.randn(64)
+    assert not warned and d.kernel_for("rms_norm", x, w) == kernel_id
+    torch.testing.assert_close(d.rms_norm(x, w, 1e-6), torch.nn.functional.rms_norm(x, (64,), w, 1e-6))
+
+
 BAD = {
     "truncated": json.dumps(table())[:-20],
     "not_json": "\x00\x01garbage",
@@ -34,6 +45,11 @@ BAD = {
     "unknown_kernel": table(ops=[entry(RMS, {"kernel_id": "flashy.rms_norm"})]),
     "import_path_kernel": table(ops=[entry(RMS, {"kernel_id": "os.system"})]),
     "dunder_kernel": table(ops=[entry(RMS, {"kernel_id": "__import__('os').system"})]),
+    "config_out_of_domain": table(ops=[entry(RMS, {"kernel_id": "triton.rms_norm[block=3,warps=8]"})]),
+    "config_of_unknown_family": table(ops=[entry(RMS, {"kernel_id": "os.system[block=1]"})]),
+    "config_reordered": table(ops=[entry(RMS, {"kernel_id": "triton.rms_norm[warps=8,block=4096]"})]),
+    "config_zero_padded": table(ops=[entry(RMS, {"kernel_id": "triton.rms_norm[block=04096,warps=8]"})]),
+    "config_with_code": table(ops=[entry(RMS, {"kernel_id": "triton.rms_norm[block=__import__('os')]"})]),
     "kernel_for_other_op": table(ops=[entry(RMS, {"kernel_id": "sdpa.math"})]),
     "kernel_lacks_feature": table(ops=[entry(ATTN, {"kernel_id": "sdpa.efficient"})]),  # no GQA
     "split_on_static_dim": table(ops=[entry(RMS, {"dim": "hidden", "threshold": 1, "le": {"kernel_id": "eager.rms_norm"},

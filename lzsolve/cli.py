@@ -18,14 +18,14 @@ import torch
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, slug
 from runtime_loader.jit import point_caches
-from runtime_loader.ops import DTYPES
+from runtime_loader.ops import DTYPES, required_features
 
 from . import __version__, tuner
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
 from .errors import LzError
 from .grid import GRIDS, default_grid
-from .models import CATALOGUE, from_catalogue, from_config_file, shard
+from .models import CATALOGUE, from_catalogue, from_config_file, shard, walk
 from .perfdb import PerfDB
 from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, search
 from .tuner import Plan, make_plan, new_run_id
@@ -164,6 +164,7 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
     runner = WorkerRunner(plan.device, plugins=plugins, timeout_s=timeout) if isolate else \
         InProcessRunner(plan.device, plugins=plugins)
+    _print_notes(plan)
     run_id = new_run_id()
     started = time.perf_counter()
     try:
@@ -183,6 +184,12 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
                f"{runner.restarts} worker restart(s))")
     for entry in table["ops"]:
         click.echo(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
+
+
+def _print_notes(plan: Plan) -> None:
+    """What will run on a reference fallback, and why: one line each (stderr under tune)."""
+    for line in tuner.notes(plan):
+        click.echo(f"note: {line}", err=True)
 
 
 def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: int | None):
@@ -217,7 +224,44 @@ def plan(model, config, tp, dtype, device, grid, kernels, exclude, plugins):
             tag = " (fallback)" if cand.spec.kernel_id == sp.fallback else ""
             verdict = "admitted" if cand.admitted else "; ".join(str(r) for r in cand.reasons)
             click.echo(f"  {cand.spec.kernel_id + tag:<28} {verdict}")
-    click.echo(f"\n{p.measurements} measurements (parity check + timing) would run")
+    click.echo("")
+    _print_notes(p)
+    click.echo(f"{p.measurements} measurements (parity check + timing) would run")
+
+
+@cli.command()
+@click.option("--model", "names", multiple=True, metavar="NAME", help="a built-in model (repeatable)  [default: all]")
+@click.option("--config", "configs", multiple=True, metavar="PATH", help="a Hugging Face config.json (repeatable)")
+@click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree the shapes are sharded to")
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(list(DTYPES)))
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object per (model, op signature)")
+def matrix(names, configs, tp, dtype, as_json):
+    """Model x op x required features x the kernels that support each op, from the registry.
+
+    A kernel supports an op signature when it declares the op, the dtype, the head dim and
+    every feature the signature needs (GQA, causal, sliding window, softcap, QK-norm, RoPE
+    layout, bias, (1 + weight) norms...); whether it is installed or runs on this machine is
+    `lzsolve kernels`' business. An op only a reference fallback supports is marked."""
+    specs = [from_catalogue(n) for n in names] + [from_config_file(c) for c in configs]
+    if not specs:
+        specs = [from_catalogue(n) for n in CATALOGUE]
+    rows = []
+    for spec in specs:
+        for instance in walk(shard(spec, tp), dtype):
+            sig = instance.signature
+            fallback = registry.fallback_for(sig).kernel_id
+            supporting = [k.kernel_id for k in registry.candidates(sig.op) if not k.semantic_reasons(sig)]
+            row = {"model": spec.name, "family": spec.family, "signature": str(sig), "op": sig.op,
+                   "features": sorted(required_features(sig)), "kernels": supporting,
+                   "reference_only": supporting == [fallback]}
+            if as_json:
+                click.echo(json.dumps(row))
+            rows.append(row)
+    if not as_json:
+        _print_table(["model", "op signature", "requires", "supported by"],
+                     [(r["model"], r["signature"], ",".join(r["features"]) or "-",
+                       ("REFERENCE ONLY: " if r["reference_only"] else f"{len(r['kernels'])}: ") + ", ".join(r["kernels"]))
+                      for r in rows])
 
 
 @cli.command()

@@ -19,7 +19,7 @@ import torch
 
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, mismatches
-from runtime_loader.ops import OPS
+from runtime_loader.ops import OPS, Signature
 from runtime_loader.table import TableError, choose, read_table
 
 from .artifact import refresh_manifest
@@ -103,12 +103,11 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
     recorder = Recorder(raw["model"]["id"], raw["model"]["tp"], raw["model"]["dtype"], device, table.hardware,
                         run_id, runner.timer)
     seeds = fresh_seeds()
-    entries = {(e["op"], e["dtype"], tuple(sorted(e["static"].items())), tuple(sorted(e["flags"]))): e
-               for e in raw["ops"]}
+    entries = {str(Signature.make(e["op"], e["static"], e["flags"], e["dtype"])): e for e in raw["ops"]}
     results, records = [], []
     for sig, tree in table.trees.items():
-        entry = entries[(sig.op, sig.dtype, tuple(sorted(dict(sig.static).items())), tuple(sorted(sig.flags)))]
-        fallback = OPS[sig.op].fallback
+        entry = entries[str(sig)]
+        fallback = registry.fallback_for(sig).kernel_id
         considered = sorted({k for k, c in entry.get("candidates", {}).items() if c["admitted"]} | {fallback})
         specs = [registry.get(k) for k in considered if registry.known(k)]
         specs = [s for s in specs if not s.check(sig, here)]

@@ -22,14 +22,13 @@ import torch
 
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
-from runtime_loader.ops import OPS
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
 from .gates import capability_gate
 from .grid import workloads
 from .measure import ParityTask, TimingTask
-from .models import ModelSpec, OpInstance, walk
+from .models import ModelSpec, OpInstance, unmodelled, walk
 from .ops import CONTRACTS
 from .perfdb import DIMS, PerfDB, dims_key
 
@@ -60,7 +59,18 @@ class SignaturePlan:
 
     @property
     def fallback(self) -> str:
-        return OPS[self.instance.signature.op].fallback
+        return registry.fallback_for(self.instance.signature).kernel_id
+
+    def diagnostic(self) -> str | None:
+        """One actionable line when nothing but the fallback can compute this op: what is
+        missing from which kernels (None when an optimised candidate is admitted)."""
+        if any(c.admitted and c.spec.kernel_id != self.fallback for c in self.candidates):
+            return None
+        sig = self.instance.signature
+        considered = [f"{c.spec.kernel_id} ({c.reasons[0].code})" for c in self.candidates
+                      if c.spec.kernel_id != self.fallback]
+        return (f"{sig}: no optimised kernel supports it, so it runs its reference fallback {self.fallback}; "
+                f"considered: {', '.join(considered) or 'none registered for ' + sig.op}")
 
 
 @dataclass(frozen=True)
@@ -95,13 +105,20 @@ def make_plan(model: ModelSpec, dtype: str, device: torch.device, grid: str,
         sig = instance.signature
         candidates = []
         for spec in registry.candidates(sig.op):
-            if spec.kernel_id != OPS[sig.op].fallback and not _selected(spec.kernel_id, only, exclude):
+            if spec.kernel_id != registry.fallback_for(sig).kernel_id and not _selected(spec.kernel_id, only, exclude):
                 reasons = (Reason(EXCLUDED, "left out by --kernels/--exclude"),)
             else:
                 reasons = tuple(capability_gate(spec, sig, here))
             candidates.append(Candidate(spec, reasons))
         plans.append(SignaturePlan(instance, tuple(workloads(grid, sig.op)), tuple(candidates)))
     return Plan(model, dtype, device, grid, hardware_signature(device), tuple(plans))
+
+
+def notes(plan: Plan) -> list[str]:
+    """Lines a user must read before trusting the plan: what the model computes that no op models
+    (so nothing tunes it), and ops only a reference fallback computes."""
+    return ([f"{plan.model.name}: not tuned: {part}" for part in unmodelled(plan.model)]
+            + [line for sp in plan.signatures if (line := sp.diagnostic())])
 
 
 def fresh_seeds():

@@ -16,10 +16,12 @@ import torch
 
 from . import registry
 from .hardware import device_info
-from .ops import OPS, attention_call, example_args, linear_call, rope_call, rows_call
+from .ops import (OPS, attention_call, embedding_call, example_args, gated_deltanet_call, linear_call, qk_norm_call,
+                  rope_call, rows_call)
 from .table import Leaf, Split, Table, TableError, choose, leaves
 
 MAX_CACHED_KEYS = 8192  # per op; past this, new keys are resolved per call instead of cached
+UNIT_OFFSET = ("unit_offset",)
 
 
 def _stale(kernel_id: str, measured: dict) -> str | None:
@@ -42,8 +44,9 @@ class Dispatcher:
         # one cache per op (both attention ops share one): key -> callable; and callable -> kernel id
         self._caches: dict[str, dict] = {op: {} for op in OPS if op != "attention.decode"}
         self._caches["attention.decode"] = self._caches["attention.prefill"]
-        self._attention, self._rope, self._linear = (self._caches[op] for op in ("attention.prefill", "posenc.rope",
-                                                                                  "linear"))
+        self._attention, self._rope, self._linear, self._qk_norm, self._embedding, self._deltanet = (
+            self._caches[op] for op in ("attention.prefill", "posenc.rope", "linear", "norm.qk", "embedding",
+                                        "recurrent.gated_deltanet"))
         self._ids: dict = {}
         if table is None:
             return
@@ -60,8 +63,9 @@ class Dispatcher:
                 self._usable.add(kernel_id)
 
     # --- resolution (first call of a key) ------------------------------------
-    def _resolve(self, cache: dict, key: tuple, call, fallback_op: str, on_cuda: bool):
-        spec = registry.fallback(fallback_op)
+    def _resolve(self, cache: dict, key: tuple, call, outside: str, on_cuda: bool):
+        """outside: the kernel id for a call that no signature describes."""
+        spec = registry.get(outside) if call is None else registry.fallback_for(call[0])
         if call is not None and on_cuda == self._on_cuda:
             sig, dims = call
             tree = self._trees.get(str(sig))
@@ -75,50 +79,98 @@ class Dispatcher:
         return spec.impl
 
     # --- lookups: the callable for a call ---------------------------------------
-    # The hot path: one tuple, one dict read. Keys use is_cuda, not device.type (which
+    # The hot path: one tuple, one dict read. Keys hold every argument that changes the
+    # signature (flags, window, softcap). Keys use is_cuda, not device.type (which
     # builds an object per call); attention keys on v.shape, not k.shape: a valid SDPA
     # call has k.shape == v.shape but for the last dim, which must equal q's.
-    def _attention_fn(self, q, k, v, causal):
-        key = (q.shape, v.shape, q.dtype, q.is_cuda, causal)
+    def _attention_fn(self, q, k, v, causal, window, softcap, qk_norm):
+        key = (q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, qk_norm)
+        # a call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA cannot softcap
+        schema = OPS["attention.prefill"]
         return self._attention.get(key) or self._resolve(
-            self._attention, key, attention_call(q, k, v, causal), "attention.prefill", q.is_cuda)
+            self._attention, key, attention_call(q, k, v, causal, window, softcap, qk_norm),
+            schema.reference if softcap else schema.fallback, q.is_cuda)
 
-    def _rows_fn(self, op: str, x):
-        """Norms and activations: keyed on the shape of their first input alone."""
+    def _rows_fn(self, op: str, x, unit_offset: bool = False):
+        """Norms, activations, learned positions: keyed on the shape of their first input (and the norm's flag)."""
         cache = self._caches[op]
-        key = (x.shape, x.dtype, x.is_cuda)
-        return cache.get(key) or self._resolve(cache, key, rows_call(op, x), op, x.is_cuda)
+        key = (x.shape, x.dtype, x.is_cuda, unit_offset)
+        return cache.get(key) or self._resolve(
+            cache, key, rows_call(op, x, UNIT_OFFSET if unit_offset else ()), OPS[op].fallback, x.is_cuda)
+
+    def _qk_norm_fn(self, x, unit_offset):
+        key = (x.shape, x.dtype, x.is_cuda, unit_offset)
+        return self._qk_norm.get(key) or self._resolve(
+            self._qk_norm, key, qk_norm_call(x, unit_offset), OPS["norm.qk"].fallback, x.is_cuda)
+
+    def _embedding_fn(self, ids, table, scale):
+        key = (ids.shape, ids.dtype, table.shape, table.dtype, table.is_cuda, scale is None)
+        return self._embedding.get(key) or self._resolve(
+            self._embedding, key, embedding_call(ids, table, scale), OPS["embedding"].fallback, table.is_cuda)
 
     def _rope_fn(self, q, k, interleaved):
         key = (q.shape, k.shape, q.dtype, q.is_cuda, interleaved)
         return self._rope.get(key) or self._resolve(
-            self._rope, key, rope_call(q, k, interleaved), "posenc.rope", q.is_cuda)
+            self._rope, key, rope_call(q, k, interleaved), OPS["posenc.rope"].fallback, q.is_cuda)
 
     def _linear_fn(self, x, weight, bias):
         key = (x.shape, weight.shape, bias is None, x.dtype, x.is_cuda)
         return self._linear.get(key) or self._resolve(
-            self._linear, key, linear_call(x, weight, bias), "linear", x.is_cuda)
+            self._linear, key, linear_call(x, weight, bias), OPS["linear"].fallback, x.is_cuda)
+
+    def _deltanet_fn(self, q, v, qk_l2norm):
+        key = (q.shape, v.shape, q.dtype, q.is_cuda, qk_l2norm)
+        return self._deltanet.get(key) or self._resolve(
+            self._deltanet, key, gated_deltanet_call(q, v, qk_l2norm), OPS["recurrent.gated_deltanet"].fallback,
+            q.is_cuda)
 
     # --- the public ops ----------------------------------------------------------
-    def attention(self, q, k, v, causal: bool = True, scale: float | None = None):
-        """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads."""
-        return self._attention_fn(q, k, v, causal)(q, k, v, causal, scale)
+    # Options a model seldom sets (window, softcap, unit_offset) reach a kernel only when set,
+    # so kernels that do not declare them keep their plain call.
+    def attention(self, q, k, v, causal: bool = True, scale: float | None = None, window: int = 0,
+                  softcap: float = 0.0, qk_norm: bool = False):
+        """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads.
+        window: a query at position p sees keys j > p - window, where p is i for query i under a
+        causal mask and kv_len - seq_q + i without one (a decode query is the newest token);
+        softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
+        qk_norm: q and k come from a per-head norm (no change to the math, only to which kernels
+        may serve the call)."""
+        fn = self._attention_fn(q, k, v, causal, window, softcap, qk_norm)
+        if window or softcap:
+            return fn(q, k, v, causal, scale, window, softcap)
+        return fn(q, k, v, causal, scale)
 
-    def rms_norm(self, x, weight, eps: float = 1e-6):
-        return self._rows_fn("norm.rms", x)(x, weight, eps)
+    def rms_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
+        """x / rms(x) * weight; unit_offset: * (1 + weight) in fp32, rounded once (Gemma, Qwen3.5)."""
+        fn = self._rows_fn("norm.rms", x, unit_offset)
+        return fn(x, weight, eps, True) if unit_offset else fn(x, weight, eps)
 
-    def rms_norm_add(self, x, residual, weight, eps: float = 1e-6):
+    def rms_norm_add(self, x, residual, weight, eps: float = 1e-6, unit_offset: bool = False):
         """(rms_norm(x + residual) * weight, x + residual), the fused residual add of a pre-norm
         block. x and residual are consumed: a kernel may write the results into their storage."""
-        return self._rows_fn("norm.rms_add", x)(x, residual, weight, eps)
+        fn = self._rows_fn("norm.rms_add", x, unit_offset)
+        return fn(x, residual, weight, eps, True) if unit_offset else fn(x, residual, weight, eps)
+
+    def qk_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
+        """rms_norm of each head of x (..., heads, d) with one weight (d,) (Qwen3's q_norm, k_norm)."""
+        fn = self._qk_norm_fn(x, unit_offset)
+        return fn(x, weight, eps, True) if unit_offset else fn(x, weight, eps)
 
     def layer_norm(self, x, weight, bias, eps: float = 1e-5):
         return self._rows_fn("norm.layer", x)(x, weight, bias, eps)
+
+    def embedding(self, ids, table, scale: float | None = None):
+        """table[ids] (ids int64), times scale rounded to the table's dtype when given (Gemma's sqrt(hidden))."""
+        return self._embedding_fn(ids, table, scale)(ids, table, scale)
 
     def rope(self, q, k, cos, sin, interleaved: bool = False):
         """Rotary embedding of q (batch, hq, seq, d) and k (batch, hkv, seq, d) with cos/sin
         of shape (batch or 1, seq, d) as Hugging Face builds them; returns (q, k)."""
         return self._rope_fn(q, k, interleaved)(q, k, cos, sin, interleaved)
+
+    def learned_positions(self, x, positions, table):
+        """x + table[positions] (GPT-2's wpe); positions broadcast against x's leading dims."""
+        return self._rows_fn("posenc.learned", x)(x, positions, table)
 
     def swiglu(self, gate, up):
         """silu(gate) * up."""
@@ -132,8 +184,18 @@ class Dispatcher:
         """gelu(x, approximate="tanh") (GPT-2's gelu_new)."""
         return self._rows_fn("act.gelu", x)(x)
 
+    def sigmoid_gate(self, x, gate):
+        """x * sigmoid(gate) (Qwen3.5's gated attention output)."""
+        return self._rows_fn("act.sigmoid_gate", x)(x, gate)
+
     def linear(self, x, weight, bias=None):
         return self._linear_fn(x, weight, bias)(x, weight, bias)
+
+    def gated_deltanet(self, q, k, v, g, beta, state=None, qk_l2norm: bool = True):
+        """Qwen3.5's Gated DeltaNet: q, k (batch, seq, hk, dk), v (batch, seq, hv, dv), g (log
+        decay) and beta (batch, seq, hv), state (batch, hv, dk, dv) or None; returns (out, final
+        fp32 state). See lzsolve.ops.recurrent for the conventions."""
+        return self._deltanet_fn(q, v, qk_l2norm)(q, k, v, g, beta, state, qk_l2norm)
 
     def clear_cache(self) -> None:
         for cache in self._caches.values():
@@ -143,20 +205,30 @@ class Dispatcher:
         return sum(len(cache) for op, cache in self._caches.items() if op != "attention.decode")
 
     METHODS = {"attention.prefill": "attention", "attention.decode": "attention", "norm.rms": "rms_norm",
-               "norm.rms_add": "rms_norm_add", "norm.layer": "layer_norm", "posenc.rope": "rope",
-               "act.swiglu": "swiglu", "act.geglu": "geglu", "act.gelu": "gelu", "linear": "linear"}
-    ROW_OPS = {method: op for op, method in METHODS.items() if op not in ("attention.prefill", "attention.decode",
-                                                                          "posenc.rope", "linear")}
+               "norm.rms_add": "rms_norm_add", "norm.qk": "qk_norm", "norm.layer": "layer_norm",
+               "embedding": "embedding", "posenc.rope": "rope", "posenc.learned": "learned_positions",
+               "act.swiglu": "swiglu", "act.geglu": "geglu", "act.gelu": "gelu", "act.sigmoid_gate": "sigmoid_gate",
+               "linear": "linear", "recurrent.gated_deltanet": "gated_deltanet"}
+    # methods whose kernel their first argument alone decides
+    ROW_OPS = {method: op for op, method in METHODS.items()
+               if op in ("norm.layer", "posenc.learned", "act.swiglu", "act.geglu", "act.gelu", "act.sigmoid_gate")}
 
     def kernel_for(self, op: str, *args, **kwargs) -> str:
         """The kernel id a call of `op` ('attention', 'rms_norm', ...) with these args would use."""
-        lookups = {
-            "attention": lambda q, k, v, causal=True, scale=None: self._attention_fn(q, k, v, causal),
+        if op in self.ROW_OPS:
+            return self._ids[self._rows_fn(self.ROW_OPS[op], args[0])]
+        lookups = {  # each mirrors its method's parameters
+            "attention": lambda q, k, v, causal=True, scale=None, window=0, softcap=0.0, qk_norm=False:
+                self._attention_fn(q, k, v, causal, window, softcap, qk_norm),
+            "rms_norm": lambda x, weight, eps=None, unit_offset=False: self._rows_fn("norm.rms", x, unit_offset),
+            "rms_norm_add": lambda x, residual, weight, eps=None, unit_offset=False:
+                self._rows_fn("norm.rms_add", x, unit_offset),
+            "qk_norm": lambda x, weight, eps=None, unit_offset=False: self._qk_norm_fn(x, unit_offset),
+            "embedding": lambda ids, table, scale=None: self._embedding_fn(ids, table, scale),
             "rope": lambda q, k, cos, sin, interleaved=False: self._rope_fn(q, k, interleaved),
             "linear": lambda x, weight, bias=None: self._linear_fn(x, weight, bias),
+            "gated_deltanet": lambda q, k, v, g, beta, state=None, qk_l2norm=True: self._deltanet_fn(q, v, qk_l2norm),
         }
-        if op in self.ROW_OPS:  # the first (positional) argument decides
-            return self._ids[self._rows_fn(self.ROW_OPS[op], args[0])]
         return self._ids[lookups[op](*args, **kwargs)]
 
     def warmup(self, strict: bool = False) -> int:

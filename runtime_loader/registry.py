@@ -73,6 +73,16 @@ def fallback(op: str) -> KernelSpec:
     return REGISTRY[OPS[op].fallback]
 
 
+def fallback_for(sig) -> KernelSpec:
+    """The fallback that computes `sig`: the op's usual one (SDPA, eager torch), or its reference
+    implementation when the usual one lacks a feature the signature needs (e.g. a logit softcap)."""
+    primary = fallback(sig.op)
+    reference = OPS[sig.op].reference
+    if reference and primary.semantic_reasons(sig):
+        return REGISTRY[reference]
+    return primary
+
+
 def capabilities_hash() -> str:
     """sha256 of every declared capability: a table solved against other declarations is stale."""
     blob = json.dumps([REGISTRY[k].capabilities_hash() for k in sorted(REGISTRY)]

@@ -51,8 +51,8 @@ def test_artifact_layout(artifact):
     table = json.loads((artifact / "dispatch.json").read_text())
     assert table["schema_version"] == 1 and table["model"]["id"] == "tiny-llama" and table["model"]["tp"] == 2
     assert table["hardware"]["device"] == "cpu"
-    assert {e["op"] for e in table["ops"]} == {"attention.prefill", "attention.decode", "norm.rms", "norm.rms_add",
-                                               "posenc.rope", "act.swiglu", "linear"}
+    assert {e["op"] for e in table["ops"]} == {"embedding", "attention.prefill", "attention.decode", "norm.rms",
+                                               "norm.rms_add", "posenc.rope", "act.swiglu", "linear"}
     assert "# lzsolve report: tiny-llama" in (artifact / "report.md").read_text()
 
 

@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from runtime_loader import Dispatcher, registry
+from runtime_loader.ops import Signature
 from runtime_loader.table import parse_table
 
-from .tables import table
+from .tables import RMS, table
 
 
 @pytest.fixture
@@ -79,3 +80,112 @@ def test_warm_up_leaves_the_callers_random_stream_alone(tmp_path):
     torch.manual_seed(123)
     assert d.warmup(strict=True) > 0
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_new_methods_on_an_empty_dispatcher_are_the_eager_ops():
+    d, eager = Dispatcher(), registry.get
+    x, w = torch.randn(5, 3, 16), torch.randn(16) * 0.1
+    torch.testing.assert_close(d.qk_norm(x, w, 1e-6), eager("eager.qk_norm").impl(x, w, 1e-6))
+    torch.testing.assert_close(d.qk_norm(x, w, 1e-6, unit_offset=True),
+                               F.rms_norm(x, (16,), 1 + w, 1e-6), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d.rms_norm(x, w, 1e-6, unit_offset=True), F.rms_norm(x, (16,), 1 + w, 1e-6),
+                               rtol=1e-5, atol=1e-5)
+    r = torch.randn(5, 3, 16)
+    out, total = d.rms_norm_add(x, r, w, 1e-6, unit_offset=True)
+    torch.testing.assert_close(out, F.rms_norm(x + r, (16,), 1 + w, 1e-6), rtol=1e-5, atol=1e-5)
+    assert torch.equal(total, x + r)
+    ids, table = torch.tensor([[3, 0, 9]]), torch.randn(10, 16, dtype=torch.bfloat16)
+    assert torch.equal(d.embedding(ids, table), table[ids])
+    # Gemma rounds sqrt(hidden) to the table's dtype before multiplying: 25.298 -> 25.25 in bf16
+    rounded = torch.tensor(25.25, dtype=torch.bfloat16)
+    assert torch.equal(d.embedding(ids, table, scale=640 ** 0.5), table[ids] * rounded)
+    positions, wpe = torch.arange(3)[None], torch.randn(8, 16)
+    torch.testing.assert_close(d.learned_positions(x[None, :3, 0], positions, wpe), x[None, :3, 0] + wpe[:3])
+    gate = torch.randn(5, 3, 16)
+    torch.testing.assert_close(d.sigmoid_gate(x, gate), x * torch.sigmoid(gate))
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8), torch.randn(2, 4, 2, 8)
+    g, beta = -torch.rand(2, 4, 2), torch.rand(2, 4, 2)
+    out, state = d.gated_deltanet(q, k, v, g, beta)
+    expected = eager("eager.gated_deltanet").impl(q, k, v, g, beta, None, True)
+    torch.testing.assert_close((out, state), expected)
+    assert state.shape == (2, 2, 8, 8) and state.dtype == torch.float32
+
+
+def test_attention_window_and_softcap():
+    """Prefill windows count back from each query; a decode query sits at kv_len - 1 and sees the
+    last `window` keys; softcap squashes the scaled scores before the mask."""
+    d = Dispatcher()
+    q, k, v = torch.randn(1, 4, 12, 16), torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
+    i, j = torch.arange(12)[:, None], torch.arange(12)[None, :]
+    keep = (j <= i) & (j > i - 5)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    torch.testing.assert_close(d.attention(q, k, v, causal=True, window=5), expected, rtol=1e-5, atol=1e-5)
+    assert d.kernel_for("attention", q, k, v, causal=True, window=5) == "sdpa.default"
+    decode = d.attention(q[:, :, -1:], k, v, causal=False, window=5)
+    expected = F.scaled_dot_product_attention(q[:, :, -1:], k[:, :, -5:], v[:, :, -5:], enable_gqa=True)
+    torch.testing.assert_close(decode, expected, rtol=1e-5, atol=1e-5)
+    softcapped = d.attention(q, k, v, causal=True, softcap=0.5, scale=0.3)
+    scores = (q @ k.repeat_interleave(2, 1).transpose(-1, -2) * 0.3 / 0.5).tanh() * 0.5
+    expected = scores.masked_fill(j > i, float("-inf")).softmax(-1) @ v.repeat_interleave(2, 1)
+    torch.testing.assert_close(softcapped, expected, rtol=1e-5, atol=1e-5)
+    assert d.kernel_for("attention", q, k, v, causal=True, softcap=0.5) == "eager.attention"
+    chunk = q[:, :, -3:]  # outside every signature: SDPA cannot softcap, so the reference serves it
+    assert d.kernel_for("attention", chunk, k, v, causal=False, softcap=0.5) == "eager.attention"
+    assert d.kernel_for("attention", chunk, k, v, causal=False) == "sdpa.default"
+
+
+def test_flags_and_options_are_part_of_the_key():
+    from .tables import entry
+    sigs = [Signature.make("norm.qk", {"heads": 2, "d": 16}, ("unit_offset",), "fp32"),
+            Signature.make("embedding", {"vocab": 10, "hidden": 16}, ("scaled",), "fp32"),
+            Signature.make("attention.decode", {"hq": 4, "hkv": 2, "d": 16, "window": 8}, ("qk_norm",), "fp32")]
+    leaves = ["torch.qk_norm", "torch.embedding", "eager.attention"]
+    d = Dispatcher(parse_table(table(ops=[entry(RMS, {"kernel_id": "torch.rms_norm"})]
+                                     + [entry(s, {"kernel_id": k}) for s, k in zip(sigs, leaves)])))
+    x, w = torch.randn(4, 64), torch.randn(64)
+    assert d.kernel_for("rms_norm", x, w) == "torch.rms_norm"
+    assert d.kernel_for("rms_norm", x, w, 1e-6, True) == "eager.rms_norm", "unit_offset is another signature"
+    heads = torch.randn(3, 2, 16)
+    assert d.kernel_for("qk_norm", heads, w[:16], unit_offset=True) == "torch.qk_norm"
+    assert d.kernel_for("qk_norm", heads, w[:16]) == "eager.qk_norm"
+    ids, rows = torch.tensor([1, 2]), torch.randn(10, 16)
+    assert d.kernel_for("embedding", ids, rows, 4.0) == "torch.embedding"
+    assert d.kernel_for("embedding", ids, rows) == "eager.embedding"
+    q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 20, 16)
+    assert d.kernel_for("attention", q, k, k, False, None, 8, 0.0, True) == "eager.attention"
+    assert d.kernel_for("attention", q, k, k, causal=False, window=8) == "sdpa.default", "qk_norm is in the key"
+    assert d.kernel_for("attention", q, k, k, causal=False, qk_norm=True) == "sdpa.default", "so is the window"
+
+
+def test_warm_up_calls_every_new_method(tmp_path):
+    import runtime_loader
+
+    from .tables import entry, write
+    sigs = {Signature.make("norm.qk", {"heads": 2, "d": 16}, ("unit_offset",), "fp32"): "torch.qk_norm",
+            Signature.make("norm.rms_add", {"hidden": 16}, ("unit_offset",), "fp32"): "torch.rms_norm_add",
+            Signature.make("embedding", {"vocab": 10, "hidden": 16}, ("scaled",), "fp32"): "torch.embedding",
+            Signature.make("posenc.learned", {"hidden": 16}, (), "fp32"): "torch.learned_positions",
+            Signature.make("act.sigmoid_gate", {"width": 16}, (), "fp32"): "eager.sigmoid_gate",
+            Signature.make("recurrent.gated_deltanet", {"hk": 1, "hv": 2, "dk": 8, "dv": 8}, ("qk_l2norm",),
+                           "fp32"): "eager.gated_deltanet",
+            Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "window": 4}, ("causal", "qk_norm"),
+                           "fp32"): "eager.attention"}
+    buckets = {sig.op: {dim: [1, 3] for dim in sig.schema.dynamic} for sig in sigs}
+    raw = table(ops=[entry(sig, {"kernel_id": kernel_id}) for sig, kernel_id in sigs.items()], buckets=buckets)
+    d = runtime_loader.load(write(tmp_path, raw), strict=True)
+    assert d.warmup(strict=True) == 2 * len(sigs), "the smallest and largest grid point of each leaf"
+    for sig, kernel_id in sigs.items():  # each warm-up call resolved its table entry, not a fallback
+        assert {d._ids[fn] for fn in d._caches[sig.op].values()} == {kernel_id}
+
+
+def test_chunked_prefill_window_follows_the_causal_diagonal():
+    """Outside the signatures (seq_q < kv_len), causal keeps SDPA's top-left alignment and the
+    window counts back from that same diagonal, so no query is left without a key."""
+    d = Dispatcher()
+    q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    i, j = torch.arange(3)[:, None], torch.arange(10)[None, :]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (j > i - 2))
+    torch.testing.assert_close(d.attention(q, k, v, causal=True, window=2), expected, rtol=1e-5, atol=1e-5)
+    softcapped = d.attention(q, k, v, causal=True, window=2, softcap=30.0)  # the reference serves it
+    torch.testing.assert_close(softcapped, registry.get("eager.attention").impl(q, k, v, True, None, 2, 30.0))
+    assert torch.isfinite(softcapped).all()

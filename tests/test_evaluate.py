@@ -49,8 +49,8 @@ def test_evaluate_cli_on_the_spine_artifact(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "eval.json").read_text())
     ops = {p["signature"].split("[")[0] for p in summary["points"]}
-    assert ops == {"norm.rms", "norm.rms_add", "linear", "posenc.rope", "act.swiglu", "attention.prefill",
-                   "attention.decode"}
+    assert ops == {"embedding", "norm.rms", "norm.rms_add", "linear", "posenc.rope", "act.swiglu",
+                   "attention.prefill", "attention.decode"}
     o = summary["overall"]
     assert o["points"] == len(summary["points"]) and o["regret_worst"] >= o["regret_geomean"] >= 1.0
     assert "regret" in result.output and "all" in result.output

@@ -207,11 +207,28 @@ def test_one_compiled_function_and_code_object_per_key_from_any_thread():
 def test_block_masks_are_cached_and_causal_is_top_left():
     from torch.nn.attention.flex_attention import create_mask
 
-    mask = flex.block_mask(flex.causal_mask, 300, 300, CPU)
-    assert flex.block_mask(flex.causal_mask, 300, 300, CPU) is mask
+    causal = flex.mask_mod(True, 0, 0)
+    mask = flex.block_mask(causal, 300, 300, CPU)
+    assert flex.block_mask(flex.mask_mod(True, 0, 0), 300, 300, CPU) is mask, "one mod object per option value"
     assert mask.shape[-2:] == (300, 300) and mask.to_dense().shape[-2:] == (3, 3)  # 128-wide blocks
-    assert torch.equal(create_mask(flex.causal_mask, 1, 1, 3, 5, CPU)[0, 0], torch.ones(3, 5, dtype=torch.bool).tril())
-    assert flex.mods(False) == (None, None) and flex.mods(True) == (None, flex.causal_mask)
+    assert torch.equal(create_mask(causal, 1, 1, 3, 5, CPU)[0, 0], torch.ones(3, 5, dtype=torch.bool).tril())
+    assert flex.mods(False, 0, 0.0, 4, 4) == (None, None)
+
+
+@pytest.mark.parametrize("causal,window,seq_q,kv_len", [(True, 3, 7, 7), (False, 4, 1, 9), (False, 0, 1, 9),
+                                                         (True, 0, 5, 5), (False, 2, 6, 6)])
+def test_flex_masks_match_the_reference_visibility(causal, window, seq_q, kv_len):
+    """The mask mod and the eager reference agree on which keys each query sees (window, decode offset)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    from runtime_loader.kernels.eager import visible_keys
+    expected = visible_keys(seq_q, kv_len, causal, window, CPU)
+    _, visible = flex.mods(causal, window, 0.0, seq_q, kv_len)
+    got = create_mask(visible, 1, 1, seq_q, kv_len, CPU)[0, 0] if visible else None
+    if expected is None:
+        assert got is None
+    else:
+        assert torch.equal(got, expected.expand(seq_q, kv_len))
 
 
 def test_functions_sharing_a_code_object_share_its_recompile_limit():

@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lzsolve.ops import CONTRACTS, TOLERANCES, compare, to_fp32
 from lzsolve.ops.rope import cos_sin
@@ -14,27 +15,55 @@ CPU = torch.device("cpu")
 SIGS = [
     (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16}, ("causal",), "fp32"), {"batch": 2, "seq": 7}),
     (Signature.make("attention.prefill", {"hq": 4, "hkv": 4, "d": 16}, (), "fp32"), {"batch": 1, "seq": 5}),
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "window": 3}, ("causal",), "fp32"),
+     {"batch": 2, "seq": 9}),
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "softcap": 1.5}, ("causal", "qk_norm"), "fp32"),
+     {"batch": 1, "seq": 6}),
+    (Signature.make("attention.prefill", {"hq": 2, "hkv": 2, "d": 8, "window": 2, "softcap": 1.0}, (), "fp32"),
+     {"batch": 1, "seq": 6}),
     (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, (), "fp32"), {"batch": 3, "kv_len": 9}),
+    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8, "window": 4, "softcap": 2.0}, (), "fp32"),
+     {"batch": 2, "kv_len": 9}),
     (Signature.make("norm.rms", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
+    (Signature.make("norm.rms", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 5}),
+    (Signature.make("norm.rms_add", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 3}),
+    (Signature.make("norm.qk", {"heads": 3, "d": 16}, (), "fp32"), {"tokens": 4}),
+    (Signature.make("norm.qk", {"heads": 3, "d": 16}, ("unit_offset",), "fp32"), {"tokens": 4}),
     (Signature.make("posenc.rope", {"hq": 4, "hkv": 2, "d": 8, "layout": "split_half"}, (), "fp32"), {"tokens": 6}),
     (Signature.make("posenc.rope", {"hq": 4, "hkv": 2, "d": 8, "layout": "interleaved"}, (), "fp32"), {"tokens": 6}),
+    (Signature.make("posenc.learned", {"hidden": 24}, (), "fp32"), {"tokens": 5}),
+    (Signature.make("embedding", {"vocab": 50, "hidden": 24}, (), "fp32"), {"tokens": 7}),
+    (Signature.make("embedding", {"vocab": 50, "hidden": 24}, ("scaled",), "fp32"), {"tokens": 7}),
     (Signature.make("act.swiglu", {"width": 24}, (), "fp32"), {"tokens": 3}),
+    (Signature.make("act.sigmoid_gate", {"width": 24}, (), "fp32"), {"tokens": 3}),
     (Signature.make("linear", {"k": 16, "n": 12}, ("bias",), "fp32"), {"tokens": 4}),
     (Signature.make("linear", {"k": 16, "n": 12}, (), "fp32"), {"tokens": 4}),
+    (Signature.make("recurrent.gated_deltanet", {"hk": 1, "hv": 2, "dk": 8, "dv": 4}, ("qk_l2norm",), "fp32"),
+     {"batch": 2, "seq": 6}),
+    (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 2, "dk": 8, "dv": 8}, ("qk_l2norm",), "fp32"),
+     {"batch": 2, "seq": 1}),
+    (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 4, "dk": 4, "dv": 8}, (), "fp32"),
+     {"batch": 1, "seq": 5}),
 ]
 
 
-def attention64(q, k, v, causal, scale):
-    """Textbook attention, one (batch, head) at a time, in float64."""
+def attention64(q, k, v, causal, scale, window=0, softcap=0.0):
+    """Textbook attention, one (batch, head) at a time, in float64; masks as -inf triangles, the
+    window's diagonal moved to the query's position (i, or kv_len - 1 for a decode query)."""
     q, k, v = q.double(), k.double(), v.double()
     out = torch.empty_like(q)
     groups = q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    offset = 0 if causal else k.shape[2] - q.shape[2]
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
             s = q[b, h] @ k[b, h // groups].T * scale
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
             if causal:
                 s = s + torch.full_like(s, -math.inf).triu(1)
+            if window:
+                s = s + torch.full_like(s, -math.inf).tril(offset - window)
             out[b, h] = s.softmax(-1) @ v[b, h // groups]
     return out
 
@@ -57,14 +86,73 @@ def rope64(q, k, cos, sin, interleaved):
     return rotate(q), rotate(k)
 
 
+def rms64(x, w, eps, unit_offset=False):
+    x = x.double()
+    return x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps) * (w.double() + (1 if unit_offset else 0))
+
+
+def rows64(ids, table):
+    """table[ids] as a one-hot matrix product."""
+    return F.one_hot(ids, table.shape[0]).double() @ table.double()
+
+
+def deltanet64(q, k, v, g, beta, state, qk_l2norm):
+    """The gated delta rule per (batch, value head) in float64, with the state update as the
+    matrix product S <- (I - beta k k^T) exp(g) S + beta k v^T."""
+    batch, seq, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    out = torch.empty(batch, seq, hv, dv, dtype=torch.float64)
+    final = torch.empty(batch, hv, dk, dv, dtype=torch.float64)
+    eye = torch.eye(dk, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(hv):
+            s = torch.zeros(dk, dv, dtype=torch.float64) if state is None else state[b, h].double()
+            for t in range(seq):
+                qt, kt = q[b, t, h * hk // hv].double(), k[b, t, h * hk // hv].double()
+                if qk_l2norm:
+                    qt, kt = qt / torch.sqrt((qt ** 2).sum() + 1e-6), kt / torch.sqrt((kt ** 2).sum() + 1e-6)
+                bt = beta[b, t, h].double()
+                decayed = math.exp(g[b, t, h]) * s
+                s = (eye - bt * torch.outer(kt, kt)) @ decayed + bt * torch.outer(kt, v[b, t, h].double())
+                out[b, t, h] = s.T @ qt / math.sqrt(dk)
+            final[b, h] = s
+    return out, final
+
+
 INDEPENDENT = {
     "attention.prefill": attention64,
     "attention.decode": attention64,
-    "norm.rms": lambda x, w, eps: x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + eps) * w.double(),
+    "norm.rms": rms64,
+    "norm.rms_add": lambda x, r, w, eps, unit_offset=False: (rms64(x.double() + r.double(), w, eps, unit_offset),
+                                                             x.double() + r.double()),
+    "norm.qk": rms64,
     "posenc.rope": rope64,
+    "posenc.learned": lambda x, positions, table: x.double() + rows64(positions, table),
+    "embedding": lambda ids, table, scale: rows64(ids, table) * (1 if scale is None else scale),
     "act.swiglu": lambda g, u: g.double() * torch.sigmoid(g.double()) * u.double(),
+    "act.sigmoid_gate": lambda x, g: x.double() / (1 + torch.exp(-g.double())),
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
+    "recurrent.gated_deltanet": deltanet64,
 }
+
+# The runtime's derivation of a signature from a Dispatcher method's positional arguments
+METHOD_CALLS = {
+    "attention.prefill": lambda q, k, v, causal, scale, window=0, softcap=0.0, qk_norm=False:
+        rops.attention_call(q, k, v, causal, window, softcap, qk_norm),
+    "norm.rms": lambda x, w, eps, unit_offset=False: rops.rows_call("norm.rms", x, ("unit_offset",) * unit_offset),
+    "norm.rms_add": lambda x, r, w, eps, unit_offset=False:
+        rops.rows_call("norm.rms_add", x, ("unit_offset",) * unit_offset),
+    "norm.qk": lambda x, w, eps, unit_offset=False: rops.qk_norm_call(x, unit_offset),
+    "embedding": lambda ids, table, scale: rops.embedding_call(ids, table, scale),
+    "posenc.rope": lambda q, k, cos, sin, interleaved: rops.rope_call(q, k, interleaved),
+    "linear": lambda x, w, b: rops.linear_call(x, w, b),
+    "recurrent.gated_deltanet": lambda q, k, v, g, beta, state, qk_l2norm: rops.gated_deltanet_call(q, v, qk_l2norm),
+}
+METHOD_CALLS["attention.decode"] = METHOD_CALLS["attention.prefill"]
+
+
+def derive(op, args):
+    return METHOD_CALLS.get(op, lambda x, *rest: rops.rows_call(op, x))(*args)
 
 
 @pytest.mark.parametrize("sig,dims", SIGS, ids=[str(s) for s, _ in SIGS])
@@ -86,13 +174,35 @@ def test_inputs_are_random_and_match_the_runtime_signature(sig, dims, gen):
     tensors = [t for t in a if isinstance(t, torch.Tensor)]
     assert all(t.abs().sum() > 0 for t in tensors), "never zeros"
     assert not torch.equal(a[0], b[0]), "drawn afresh each time"
-    derive = {
-        "attention.prefill": lambda: rops.attention_call(a[0], a[1], a[2], a[3]),
-        "attention.decode": lambda: rops.attention_call(a[0], a[1], a[2], a[3]),
-        "posenc.rope": lambda: rops.rope_call(a[0], a[1], a[4]),
-        "linear": lambda: rops.linear_call(a[0], a[1], a[2]),
-    }.get(sig.op, lambda: rops.rows_call(sig.op, a[0]))
-    assert derive() == (sig, dims)
+    # the kernel call is the method call without qk_norm, a marker no kernel is handed
+    assert derive(sig.op, a) == (Signature(sig.op, sig.static, sig.flags - {"qk_norm"}, sig.dtype), dims)
+
+
+@pytest.mark.parametrize("sig,dims", SIGS, ids=[str(s) for s, _ in SIGS])
+def test_example_args_call_the_method_of_their_signature(sig, dims):
+    assert derive(sig.op, rops.example_args(sig, dims, CPU)) == (sig, dims)
+
+
+def test_realistic_recurrent_inputs(gen):
+    sig = Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 4, "dk": 16, "dv": 16}, (), "bf16")
+    q, k, v, g, beta, state, qk_l2norm = CONTRACTS[sig.op].make_inputs(sig, {"batch": 2, "seq": 1}, CPU, gen)
+    assert g.dtype == torch.float32 and (g < 0).all() and (g > -10).all(), "log decays, mostly near 0"
+    assert ((beta > 0) & (beta < 1)).all() and state.dtype == torch.float32 and not qk_l2norm
+    torch.testing.assert_close(k.float().norm(dim=-1), torch.ones(2, 1, 2), atol=1e-2, rtol=0)
+
+
+def test_options_change_the_reference(gen):
+    """A kernel that ignored the window, the softcap or the unit offset would fail parity."""
+    for op, static, flags, dims in [
+            ("attention.prefill", {"hq": 2, "hkv": 2, "d": 128, "window": 16}, ("causal",), {"batch": 1, "seq": 70}),
+            ("attention.prefill", {"hq": 2, "hkv": 2, "d": 128, "softcap": 1.0}, ("causal",), {"batch": 1, "seq": 33}),
+            ("attention.decode", {"hq": 2, "hkv": 2, "d": 128, "window": 32}, (), {"batch": 1, "kv_len": 70}),
+            ("norm.rms", {"hidden": 64}, ("unit_offset",), {"tokens": 4})]:
+        sig = Signature.make(op, static, flags, "fp32")
+        args = CONTRACTS[op].make_inputs(sig, dims, CPU, gen)
+        base = len(args) - (2 if op.startswith("attention") else 1)  # the canonical call without the options
+        with_options, without = CONTRACTS[op].reference(*args), CONTRACTS[op].reference(*args[:base])
+        assert not compare(without, with_options, TOLERANCES["bf16"])[0], f"{sig} needs its options"
 
 
 def test_rope_cos_sin_layouts():
@@ -113,6 +223,12 @@ def test_flops_and_bytes():
     full = Signature.make("attention.prefill", {"hq": 8, "hkv": 1, "d": 128}, (), "bf16")
     dims = {"batch": 1, "seq": 1024}
     assert CONTRACTS["attention.prefill"].flops(causal, dims) * 2 == CONTRACTS["attention.prefill"].flops(full, dims)
+    windowed = Signature.make("attention.decode", {"hq": 8, "hkv": 1, "d": 128, "window": 512}, (), "bf16")
+    unwindowed = Signature.make("attention.decode", {"hq": 8, "hkv": 1, "d": 128}, (), "bf16")
+    long, short = {"batch": 1, "kv_len": 8192}, {"batch": 1, "kv_len": 512}
+    assert CONTRACTS["attention.decode"].bytes_moved(windowed, long) == CONTRACTS["attention.decode"].bytes_moved(
+        unwindowed, short), "a decode query reads only its window"
+    assert CONTRACTS["attention.decode"].flops(windowed, long) == CONTRACTS["attention.decode"].flops(unwindowed, short)
 
 
 def test_compare_rejects_wrong_outputs():
@@ -135,6 +251,13 @@ def test_signature_format_and_validation():
     sig = Signature.make("attention.prefill", {"hkv": 1, "hq": 8, "d": 128}, ("causal",), "bf16")
     assert str(sig) == "attention.prefill[hq=8,hkv=1,d=128,causal,bf16]"
     assert rops.required_features(sig) == {"causal", "gqa"}
+    gemma2 = Signature.make("attention.prefill", {"hq": 8, "hkv": 4, "d": 256, "window": 4096, "softcap": 50.0},
+                            ("causal",), "bf16")
+    assert str(gemma2) == "attention.prefill[hq=8,hkv=4,d=256,window=4096,softcap=50.0,causal,bf16]"
+    assert rops.required_features(gemma2) == {"causal", "gqa", "sliding_window", "softcap"}
+    q, k = torch.zeros(1, 8, 5, 256, dtype=torch.bfloat16), torch.zeros(1, 4, 5, 256, dtype=torch.bfloat16)
+    call = rops.attention_call(q, k, k, True, window=4096, softcap=50)
+    assert str(call[0]) == str(gemma2), "an int softcap names the same signature as a float one"
     with pytest.raises(ValueError):
         Signature.make("attention.prefill", {"hq": 8}, (), "bf16")
     with pytest.raises(ValueError):

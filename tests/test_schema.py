@@ -28,7 +28,7 @@ def mutations():
         "ops_not_list": lambda t: t.update(ops={}),
         "jit_archive_escape": lambda t: t.update(jit={"archive": "jit/../../etc/passwd", "caches": []}),
         "missing_hardware": lambda t: t.pop("hardware"),
-        "static_float": lambda t: t["ops"][0]["static"].update(hidden=64.5),
+        "static_bool": lambda t: t["ops"][0]["static"].update(hidden=True),  # numbers (softcap=50.0) and strings only
     }
     for name, mutate in cases.items():
         t = copy.deepcopy(base)

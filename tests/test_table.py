@@ -36,6 +36,18 @@ def test_searched_configuration_in_a_table_is_replayed(tmp_path):
     torch.testing.assert_close(d.rms_norm(x, w, 1e-6), torch.nn.functional.rms_norm(x, (64,), w, 1e-6))
 
 
+def test_softcapped_attention_replays_on_its_reference(tmp_path):
+    """A softcap (a float static dim) survives the schema, and the signature SDPA cannot compute
+    falls back to the reference, not to SDPA."""
+    from runtime_loader.ops import Signature
+    sig = Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "softcap": 50.0}, ("causal",), "fp32")
+    d, warned = load_quietly(write(tmp_path, table(ops=[entry(sig, {"kernel_id": "eager.attention"})])), strict=True)
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    assert not warned and d.kernel_for("attention", q, k, k, True, None, 0, 50.0) == "eager.attention"
+    assert d.kernel_for("attention", q, k, k, True, None, 0, 30.0) == "eager.attention", "outside the table"
+    assert d.kernel_for("attention", q, k, k, True) == "sdpa.default"
+
+
 BAD = {
     "truncated": json.dumps(table())[:-20],
     "not_json": "\x00\x01garbage",

@@ -1,7 +1,7 @@
 """Models: the catalogue, Hugging Face config loading, TP sharding and the op walker."""
 from .catalogue import CATALOGUE
 from .spec import ModelSpec, from_catalogue, from_config_file, from_hf_config, shard
-from .walker import OpInstance, walk
+from .walker import OpInstance, required_features, unmodelled, walk
 
 __all__ = ["CATALOGUE", "ModelSpec", "OpInstance", "from_catalogue", "from_config_file", "from_hf_config",
-           "shard", "walk"]
+           "required_features", "shard", "unmodelled", "walk"]

@@ -1,21 +1,48 @@
-"""ModelSpec: the dims that decide which ops a model runs and at what shapes.
+"""ModelSpec: the dims and block structure that decide which ops a model runs and at what shapes.
 
-Every model, built-in or not, enters through `from_hf_config`, so the catalogue
-and `--config PATH` share one parser and one set of error messages.
+Every model, built-in or not, enters through `from_hf_config`, so the catalogue and
+`--config PATH` share one parser and one set of error messages. The parser reads each
+family's own config keys the way its transformers config class does (including the
+defaults that class fills in), and refuses, naming them, the parts no op here computes
+(mixture-of-experts routing, latent attention...) rather than tuning a model it would
+describe wrongly.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import LzError
 from .catalogue import CATALOGUE
 
-# model_types whose blocks are the Llama block (RMSNorm, RoPE split-half, SwiGLU, GQA).
-LLAMA_LIKE = ("llama", "mistral")
+FULL, SLIDING, LINEAR = "full_attention", "sliding_attention", "linear_attention"
+
+
+@dataclass(frozen=True)
+class Block:
+    """How a family's decoder layer computes: fixed by the architecture, not by config values."""
+    norm: str  # the norm op: "norm.rms", or "norm.layer" (GPT-2)
+    unit_offset: bool = False  # RMSNorm scales by (1 + weight): Gemma3, Qwen3.5
+    sandwich_norms: bool = False  # attention and MLP outputs are normed too before the residual add: Gemma3
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE: Qwen3, Qwen3.5, Gemma3
+    learned_positions: bool = False  # a learned position table is added to the embeddings (GPT-2), no RoPE
+    gated_mlp: bool = True  # down(act(gate) * up); False: fc -> act -> proj (GPT-2)
+    output_gate: bool = False  # attention output * sigmoid(gate), the gate coming out of q_proj: Qwen3.5
+    scaled_embedding: bool = False  # embeddings * sqrt(hidden): Gemma3
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """Qwen3.5's linear-attention layers (per rank once sharded)."""
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int  # the short causal conv1d over q, k and v
 
 
 @dataclass(frozen=True)
@@ -29,32 +56,190 @@ class ModelSpec:
     head_dim: int
     intermediate: int
     vocab: int
+    block: Block
+    layer_types: tuple[str, ...]  # per layer: full_attention, sliding_attention or linear_attention
+    window: int  # sliding_attention layers' window (0: none)
+    attn_softcap: float  # attention score softcap (0: none)
+    logit_softcap: float  # final logits softcap (0: none)
+    # RoPE (all 0 with learned positions): rotated dims per head (< head_dim with partial RoPE),
+    # theta, and the sliding layers' theta (Gemma3 rotates them with a smaller base)
+    rotary_dim: int
     rope_theta: float
-    rms_eps: float
-    tie_embeddings: bool
-    attention_bias: bool
+    rope_local_theta: float
+    norm_eps: float
+    act: str  # the MLP activation op
+    qkv_bias: bool
+    o_bias: bool
     mlp_bias: bool
+    tie_embeddings: bool
+    linear_attn: GatedDeltaNet | None
+    not_walked: tuple[str, ...]  # parts of the checkpoint outside the text forward pass (vision tower...)
     config_hash: str
     tp: int = 1
 
     def summary(self) -> str:
-        return (f"{self.name}: {self.family}, {self.layers} layers, hidden {self.hidden}, "
-                f"heads {self.heads}/{self.kv_heads} kv, head_dim {self.head_dim}, "
+        kinds = Counter(self.layer_types)
+        mix = "" if set(kinds) == {FULL} else " (" + ", ".join(f"{n} {k}" for k, n in kinds.items()) + ")"
+        window = f", window {self.window}" if self.window else ""
+        return (f"{self.name}: {self.family}, {self.layers} layers{mix}, hidden {self.hidden}, "
+                f"heads {self.heads}/{self.kv_heads} kv, head_dim {self.head_dim}{window}, "
                 f"mlp {self.intermediate}, vocab {self.vocab}")
 
 
-def _int(cfg: dict, key: str, where: str, default=None) -> int:
-    value = cfg.get(key, default)
+@dataclass(frozen=True)
+class Family:
+    block: Block
+    # transformers' defaults for the keys a config.json of this family may leave out
+    defaults: dict = field(default_factory=dict)
+    # a key's Llama-family name -> this family's name for it (GPT-2's n_embd...)
+    keys: dict = field(default_factory=dict)
+    layer_kinds: tuple[str, ...] = (FULL,)  # layer types its blocks can be
+    mlp_ratio: int = 0  # intermediate size = mlp_ratio * hidden when the config leaves it null (GPT-2's n_inner)
+    qkv_bias: bool | None = None  # fixed by the architecture; None: the config's attention_bias
+    o_bias: bool | None = None
+    mlp_bias: bool | None = None  # None: the config's mlp_bias
+
+
+RMS = Block("norm.rms")
+LLAMA_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+QWEN_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "use_sliding_window": False,
+                 "sliding_window": 4096, "max_window_layers": 28}
+GEMMA3 = Family(
+    Block("norm.rms", unit_offset=True, sandwich_norms=True, qk_norm=True, scaled_embedding=True),
+    # gemma-3-4b-it's text_config gives only hidden, intermediate, layers and window: the rest is these
+    {"hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+     "sliding_window": 4096, "sliding_window_pattern": 6, "num_attention_heads": 8, "num_key_value_heads": 4,
+     "head_dim": 256, "vocab_size": 262208, "tie_word_embeddings": True},
+    {"hidden_act": "hidden_activation"}, layer_kinds=(FULL, SLIDING))
+QWEN3_5 = Family(
+    Block("norm.rms", unit_offset=True, qk_norm=True, output_gate=True),
+    {"hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+     "head_dim": 256, "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+     "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32},
+    layer_kinds=(FULL, LINEAR))
+
+FAMILIES: dict[str, tuple[str, Family]] = {  # model_type -> (family, how its config reads)
+    "gpt2": ("gpt2", Family(
+        Block("norm.layer", learned_positions=True, gated_mlp=False),
+        {"activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+        {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+         "intermediate_size": "n_inner", "hidden_act": "activation_function", "rms_norm_eps": "layer_norm_epsilon",
+         "num_key_value_heads": "n_head"},  # multi-head attention: as many kv heads as heads
+        mlp_ratio=4, qkv_bias=True, o_bias=True, mlp_bias=True)),
+    "llama": ("llama", Family(RMS, LLAMA_DEFAULTS)),
+    # the Llama block, with a sliding window on every layer unless the config sets it to null
+    "mistral": ("llama", Family(RMS, {**LLAMA_DEFAULTS, "sliding_window": 4096}, layer_kinds=(FULL, SLIDING))),
+    "qwen2": ("qwen2", Family(RMS, QWEN_DEFAULTS, layer_kinds=(FULL, SLIDING), qkv_bias=True, o_bias=False)),
+    "qwen3": ("qwen3", Family(Block("norm.rms", qk_norm=True), {**QWEN_DEFAULTS, "head_dim": 128},
+                              layer_kinds=(FULL, SLIDING))),
+    "qwen3_5": ("qwen3_5", QWEN3_5),
+    "qwen3_5_text": ("qwen3_5", QWEN3_5),
+    "gemma3": ("gemma3", GEMMA3),
+    "gemma3_text": ("gemma3", GEMMA3),
+}
+
+# MLP activations as their transformers names -> the op computing them (gelu_new is the tanh form)
+GATED_ACTS = {"silu": "act.swiglu", "swish": "act.swiglu", "gelu_pytorch_tanh": "act.geglu", "gelu_new": "act.geglu"}
+PLAIN_ACTS = {"gelu_new": "act.gelu", "gelu_pytorch_tanh": "act.gelu"}
+
+# Config keys that mean the model computes something no op here does: refused by name
+UNSUPPORTED_KEYS = {
+    "num_experts": "mixture-of-experts routing",
+    "num_local_experts": "mixture-of-experts routing",
+    "n_routed_experts": "mixture-of-experts routing",
+    "num_experts_per_tok": "mixture-of-experts routing",
+    "kv_lora_rank": "multi-head latent attention (MLA)",
+    "q_lora_rank": "multi-head latent attention (MLA)",
+    "add_cross_attention": "cross-attention",
+    "use_bidirectional_attention": "bidirectional (non-causal) attention",
+    "quantization_config": "quantized weights (the linear ops tuned here are floating-point GEMMs)",
+}
+
+
+def _int(value, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise LzError(f"{where}: '{key}' must be a positive integer, got {value!r}; fix the config")
     return value
 
 
-def _float(cfg: dict, key: str, where: str, default=None) -> float:
-    value = cfg.get(key, default)
+def _float(value, key: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise LzError(f"{where}: '{key}' must be a positive number, got {value!r}; fix the config")
     return float(value)
+
+
+def _text_config(cfg: dict, where: str) -> dict:
+    """The language model's keys: a vision-language config.json nests them under text_config,
+    with top-level keys (tie_word_embeddings...) that the text_config may override."""
+    inner = cfg.get("text_config") or {}
+    if not isinstance(inner, dict):
+        raise LzError(f"{where}: 'text_config' must be an object")
+    outer = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}
+    return {**outer, **inner}
+
+
+def _refuse_unsupported(cfg: dict, model_type, where: str) -> None:
+    found = [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items() if cfg.get(key)]
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        found.insert(0, f"model_type {model_type!r}")
+    if found:
+        raise LzError(f"{where}: not supported yet: {'; '.join(found)}; supported: dense decoders with "
+                      f"model_type {', '.join(FAMILIES)}")
+
+
+def _layer_types(cfg: dict, family: str, kinds: tuple[str, ...], layers: int, where: str) -> tuple[str, ...]:
+    """Each layer's type: listed by newer config.json files, otherwise by the rule the
+    family's transformers config class applies."""
+    listed = cfg.get("layer_types")
+    if listed is not None:
+        if not isinstance(listed, (list, tuple)) or len(listed) != layers:
+            raise LzError(f"{where}: 'layer_types' must list the type of each of the {layers} layers")
+        types = tuple(listed)
+    elif family == "gemma3":
+        every = _int(cfg["sliding_window_pattern"], "sliding_window_pattern", where)
+        types = tuple(FULL if (i + 1) % every == 0 else SLIDING for i in range(layers))
+    elif family == "qwen3_5":
+        every = _int(cfg["full_attention_interval"], "full_attention_interval", where)
+        types = tuple(FULL if (i + 1) % every == 0 else LINEAR for i in range(layers))
+    elif family in ("qwen2", "qwen3") and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+        first = _int(cfg["max_window_layers"], "max_window_layers", where)
+        types = tuple(SLIDING if i >= first else FULL for i in range(layers))
+    elif cfg["model_type"] == "mistral" and cfg.get("sliding_window"):
+        types = (SLIDING,) * layers
+    else:
+        types = (FULL,) * layers
+    unknown = sorted(set(map(str, types)) - set(kinds))
+    if unknown:
+        raise LzError(f"{where}: layer type {', '.join(map(repr, unknown))} is not supported for {family}; "
+                      f"supported: {', '.join(kinds)}")
+    return types
+
+
+def _rope(cfg: dict, head_dim: int, where: str) -> tuple[int, float, float]:
+    """(rotary dims, theta, sliding layers' theta), from transformers 5's rope_parameters
+    (one dict, or one per layer type) or the older top-level rope_theta keys."""
+    params = cfg.get("rope_parameters") or {}
+    full, local = (params.get(FULL, params), params.get(SLIDING, {})) if isinstance(params, dict) else (None, None)
+    if not (isinstance(full, dict) and isinstance(local, dict)):
+        raise LzError(f"{where}: 'rope_parameters' must be an object (or one per layer type)")
+    theta = _float(full.get("rope_theta", cfg.get("rope_theta")), "rope_theta", where)
+    local_theta = _float(local.get("rope_theta", cfg.get("rope_local_base_freq", theta)), "rope_theta", where)
+    factor = full.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * factor) if isinstance(factor, (int, float)) else 0
+    if not (0 < rotary_dim <= head_dim and rotary_dim % 2 == 0):
+        raise LzError(f"{where}: 'partial_rotary_factor' {factor!r} must rotate an even number of the "
+                      f"{head_dim} dims per head")
+    return rotary_dim, theta, local_theta
+
+
+def _not_walked(cfg: dict, text: dict) -> tuple[str, ...]:
+    notes = []
+    if cfg.get("vision_config"):
+        notes.append("vision_config: the vision tower (only the text model is walked)")
+    if text.get("mtp_num_hidden_layers"):
+        notes.append(f"mtp_num_hidden_layers={text['mtp_num_hidden_layers']}: multi-token-prediction layers "
+                     f"(they run only for speculative decoding)")
+    return tuple(notes)
 
 
 def from_hf_config(cfg: dict, name: str, where: str | None = None) -> ModelSpec:
@@ -62,33 +247,71 @@ def from_hf_config(cfg: dict, name: str, where: str | None = None) -> ModelSpec:
     where = where or name
     if not isinstance(cfg, dict):
         raise LzError(f"{where}: expected a JSON object with Hugging Face config keys")
-    model_type = cfg.get("model_type")
-    if model_type not in LLAMA_LIKE:
-        raise LzError(f"{where}: model_type {model_type!r} is not supported yet; supported: {', '.join(LLAMA_LIKE)}")
-    hidden = _int(cfg, "hidden_size", where)
-    heads = _int(cfg, "num_attention_heads", where)
-    kv_heads = _int(cfg, "num_key_value_heads", where, default=heads)
+    text = _text_config(cfg, where)
+    model_type = text.get("model_type")
+    _refuse_unsupported(text, model_type, where)
+    family, fam = FAMILIES[model_type]
+    raw = {**fam.defaults, **text}
+
+    def read(key: str, parse=_int, default=None):
+        """The value this family's config holds for `key` (under its own name), checked by `parse`."""
+        own = fam.keys.get(key, key)
+        value = raw.get(own)
+        return parse(default if value is None else value, own, where)
+
+    hidden, heads, layers = read("hidden_size"), read("num_attention_heads"), read("num_hidden_layers")
+    kv_heads = read("num_key_value_heads", default=heads)
     if heads % kv_heads:
         raise LzError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    head_dim = cfg.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
-    if head_dim is None:
+    if raw.get("head_dim") is None and hidden % heads:
         raise LzError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set 'head_dim'")
+    head_dim = read("head_dim", default=hidden // heads)
+    layer_types = _layer_types(raw, family, fam.layer_kinds, layers, where)
+    acts = GATED_ACTS if fam.block.gated_mlp else PLAIN_ACTS
+    act_key = fam.keys.get("hidden_act", "hidden_act")
+    if not isinstance(raw.get(act_key), str) or raw[act_key] not in acts:
+        raise LzError(f"{where}: '{act_key}' {raw.get(act_key)!r} is not supported for {family}; "
+                      f"supported: {', '.join(acts)}")
+    rotary_dim, theta, local_theta = (0, 0.0, 0.0) if fam.block.learned_positions else _rope(raw, head_dim, where)
+    linear_attn = None
+    if LINEAR in layer_types:
+        linear_attn = GatedDeltaNet(*(read(f"linear_{k}") for k in ("num_key_heads", "num_value_heads",
+                                                                      "key_head_dim", "value_head_dim",
+                                                                      "conv_kernel_dim")))
+        if linear_attn.value_heads % linear_attn.key_heads:
+            raise LzError(f"{where}: linear_num_value_heads {linear_attn.value_heads} is not a multiple of "
+                          f"linear_num_key_heads {linear_attn.key_heads}")
+    softcap = {key: read(key, _float) if raw.get(key) else 0.0
+               for key in ("attn_logit_softcapping", "final_logit_softcapping")}  # null or 0: none
+    attention_bias = bool(raw.get("attention_bias", False))
     blob = json.dumps(cfg, sort_keys=True, default=str).encode()
     return ModelSpec(
         name=name,
-        family=model_type,
+        family=family,
         hidden=hidden,
-        layers=_int(cfg, "num_hidden_layers", where),
+        layers=layers,
         heads=heads,
         kv_heads=kv_heads,
-        head_dim=_int({"head_dim": head_dim}, "head_dim", where),
-        intermediate=_int(cfg, "intermediate_size", where),
-        vocab=_int(cfg, "vocab_size", where),
-        rope_theta=_float(cfg, "rope_theta", where, default=10000.0),
-        rms_eps=_float(cfg, "rms_norm_eps", where, default=1e-6),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        head_dim=head_dim,
+        # GPT-2 leaves n_inner null for 4 * n_embd
+        intermediate=read("intermediate_size", default=fam.mlp_ratio * hidden or None),
+        vocab=read("vocab_size"),
+        block=fam.block,
+        layer_types=layer_types,
+        window=read("sliding_window") if SLIDING in layer_types else 0,
+        attn_softcap=softcap["attn_logit_softcapping"],
+        logit_softcap=softcap["final_logit_softcapping"],
+        rotary_dim=rotary_dim,
+        rope_theta=theta,
+        rope_local_theta=local_theta,
+        norm_eps=read("rms_norm_eps", _float),
+        act=acts[raw[act_key]],
+        qkv_bias=attention_bias if fam.qkv_bias is None else fam.qkv_bias,
+        o_bias=attention_bias if fam.o_bias is None else fam.o_bias,
+        mlp_bias=bool(raw.get("mlp_bias", False)) if fam.mlp_bias is None else fam.mlp_bias,
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        linear_attn=linear_attn,
+        not_walked=_not_walked(cfg, text),
         config_hash=hashlib.sha256(blob).hexdigest()[:16],
     )
 
@@ -112,9 +335,9 @@ def from_config_file(path: str | Path) -> ModelSpec:
 
 
 def shard(spec: ModelSpec, tp: int) -> ModelSpec:
-    """The per-rank model under tensor parallelism of degree `tp`: heads and the MLP
-    are split across ranks; kv heads are split too, or replicated once tp exceeds
-    them (never below 1 per rank); the vocab is split with padding (lm_head)."""
+    """The per-rank model under tensor parallelism of degree `tp`: heads (linear-attention
+    heads too) and the MLP are split across ranks; kv heads are split too, or replicated once
+    tp exceeds them (never below 1 per rank); the vocab is split with padding (embedding, lm_head)."""
     if tp < 1:
         raise LzError(f"--tp must be >= 1, got {tp}")
     problems = []
@@ -124,6 +347,9 @@ def shard(spec: ModelSpec, tp: int) -> ModelSpec:
         problems.append(f"{spec.kv_heads} kv heads (neither divides the other)")
     if spec.intermediate % tp:
         problems.append(f"intermediate size {spec.intermediate}")
+    gdn = spec.linear_attn
+    if gdn and (gdn.key_heads % tp or gdn.value_heads % tp):
+        problems.append(f"{gdn.key_heads}/{gdn.value_heads} linear-attention key/value heads")
     if problems:
         raise LzError(f"--tp {tp} cannot shard {spec.name}: it does not divide {', '.join(problems)}; "
                       f"use a tp that divides {spec.heads}")
@@ -134,4 +360,5 @@ def shard(spec: ModelSpec, tp: int) -> ModelSpec:
         kv_heads=max(1, spec.kv_heads // tp),
         intermediate=spec.intermediate // tp,
         vocab=-(-spec.vocab // tp),
+        linear_attn=gdn and replace(gdn, key_heads=gdn.key_heads // tp, value_heads=gdn.value_heads // tp),
     )

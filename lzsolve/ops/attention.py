@@ -1,4 +1,11 @@
-"""attention.prefill (seq_q == kv_len, causal) and attention.decode (one query, all keys)."""
+"""attention.prefill (seq_q == kv_len, causal) and attention.decode (one query, all keys).
+
+Options: a sliding window (query at position p sees keys j > p - window; a prefill's query i
+sits at i, a decode query, the newest token, at kv_len - 1) and Gemma 2's logit softcap (scaled
+scores -> softcap * tanh(scores / softcap), before the mask and softmax).
+The canonical call is (q, k, v, causal, scale), with (window, softcap) appended only when the
+signature sets one of them: kernels that declare neither keep their five-argument form.
+"""
 from __future__ import annotations
 
 import torch
@@ -20,17 +27,19 @@ def make_inputs(sig, dims, device, gen):
     q = randn((batch, hq, seq_q, d), sig, device, gen)
     k = randn((batch, hkv, kv_len, d), sig, device, gen)
     v = randn((batch, hkv, kv_len, d), sig, device, gen)
-    return q, k, v, "causal" in sig.flags, None
+    options = (sig.dim("window"), sig.dim("softcap"))
+    return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
 
 
-def reference(q, k, v, causal, scale):
-    """softmax(q k^T * scale + causal mask) v in fp32, one kv head (and its q group) at a time,
+def reference(q, k, v, causal, scale, window=0, softcap=0.0):
+    """softmax(mask(softcap(q k^T * scale))) v in fp32, one kv head (and its q group) at a time,
     in blocks of query rows so the score matrix never needs more than 256 MiB."""
     batch, hq, seq_q, d = q.shape
     hkv, kv_len = k.shape[1], k.shape[2]
     groups = hq // hkv
     scale = d ** -0.5 if scale is None else scale
     rows = max(1, MAX_SCORE_ELEMENTS // (groups * kv_len))
+    col = torch.arange(kv_len, device=q.device)[None, :]
     out = torch.empty_like(q)
     for b in range(batch):
         for h in range(hkv):
@@ -38,23 +47,36 @@ def reference(q, k, v, causal, scale):
             for r0 in range(0, seq_q, rows):
                 r1 = min(seq_q, r0 + rows)
                 scores = torch.matmul(qh[:, r0:r1], k[b, h].T) * scale
+                if softcap:
+                    scores = softcap * torch.tanh(scores / softcap)
+                row = torch.arange(r0, r1, device=q.device)[:, None]
                 if causal:  # top-left aligned, as SDPA: query row i sees keys 0..i
-                    row = torch.arange(r0, r1, device=q.device)[:, None]
-                    col = torch.arange(kv_len, device=q.device)[None, :]
                     scores = scores.masked_fill(col > row, float("-inf"))
+                if window:  # counted back from the query's position: i, or kv_len - 1 for a decode query
+                    position = row if causal else row + (kv_len - seq_q)
+                    scores = scores.masked_fill(col <= position - window, float("-inf"))
                 out[b, h * groups:(h + 1) * groups, r0:r1] = torch.matmul(scores.softmax(-1), v[b, h])
     return out
 
 
+def _keys_per_query(sig, dims) -> float:
+    """Keys a query attends to on average: half of them under a causal mask, at most the window."""
+    seq_q, kv_len = _shapes(sig, dims)[4:]
+    keys = kv_len / 2 if "causal" in sig.flags else kv_len
+    return min(keys, sig.dim("window")) if sig.dim("window") else keys
+
+
 def flops(sig, dims):
     batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
-    full = 4.0 * batch * hq * seq_q * kv_len * d
-    return full / 2 if "causal" in sig.flags else full
+    return 4.0 * batch * hq * seq_q * _keys_per_query(sig, dims) * d
 
 
 def bytes_moved(sig, dims):
+    """q and out, and the keys and values some query sees (a decode query reads only its window)."""
     batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
-    return float(itemsize(sig) * batch * d * (2 * hq * seq_q + 2 * hkv * kv_len))
+    window = sig.dim("window")
+    keys_read = min(kv_len, window + seq_q - 1) if window else kv_len
+    return float(itemsize(sig) * batch * d * (2 * hq * seq_q + 2 * hkv * keys_read))
 
 
 PREFILL = OpContract("attention.prefill", make_inputs, reference, flops, bytes_moved)

@@ -4,7 +4,12 @@ norm.rms: x / sqrt(mean(x^2) + eps) * weight.
 norm.rms_add: the fused residual add of a pre-norm block, (rms(x + residual) * weight,
 x + residual); kernels may write both results into the storage of x and residual, as
 serving engines do (vLLM's fused_add_rms_norm, FlashInfer's fused_add_rmsnorm).
+norm.qk: rms over each head of x (tokens, heads, d) with one weight (d,) for every head
+(Qwen3's and Gemma 3's q_norm / k_norm).
 norm.layer: (x - mean) / sqrt(var + eps) * weight + bias.
+
+unit_offset (Gemma, Qwen3.5): the RMS norms scale by (1 + weight), whose trained weights sit
+near 0; the canonical call appends True as a last argument only when the signature sets it.
 """
 from __future__ import annotations
 
@@ -15,34 +20,47 @@ from .base import OpContract, itemsize, randn
 EPS = 1e-5
 
 
-def _weight(sig, device, gen):
-    return randn((sig.dim("hidden"),), sig, device, gen, scale=0.1) + 1  # trained norms sit near 1
+def _weight(sig, size, device, gen):
+    """Trained norms scale by about 1: weight near 1, or near 0 under (1 + weight)."""
+    weight = randn((size,), sig, device, gen, scale=0.1)
+    return weight if "unit_offset" in sig.flags else weight + 1
 
 
 def _x(sig, dims, device, gen):
     return randn((dims["tokens"], sig.dim("hidden")), sig, device, gen)
 
 
+def _unit_offset(sig) -> tuple:
+    return (True,) if "unit_offset" in sig.flags else ()
+
+
 def rms_inputs(sig, dims, device, gen):
-    return _x(sig, dims, device, gen), _weight(sig, device, gen), EPS
+    return (_x(sig, dims, device, gen), _weight(sig, sig.dim("hidden"), device, gen), EPS) + _unit_offset(sig)
 
 
 def rms_add_inputs(sig, dims, device, gen):
-    return _x(sig, dims, device, gen), _x(sig, dims, device, gen), _weight(sig, device, gen), EPS
+    return (_x(sig, dims, device, gen), _x(sig, dims, device, gen), _weight(sig, sig.dim("hidden"), device, gen),
+            EPS) + _unit_offset(sig)
+
+
+def qk_inputs(sig, dims, device, gen):
+    heads, d = sig.dim("heads"), sig.dim("d")
+    x = randn((dims["tokens"], heads, d), sig, device, gen)
+    return (x, _weight(sig, d, device, gen), EPS) + _unit_offset(sig)
 
 
 def layer_inputs(sig, dims, device, gen):
     bias = randn((sig.dim("hidden"),), sig, device, gen, scale=0.1)
-    return _x(sig, dims, device, gen), _weight(sig, device, gen), bias, EPS
+    return _x(sig, dims, device, gen), _weight(sig, sig.dim("hidden"), device, gen), bias, EPS
 
 
-def rms(x, weight, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+def rms(x, weight, eps, unit_offset=False):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + weight if unit_offset else weight)
 
 
-def rms_add(x, residual, weight, eps):
+def rms_add(x, residual, weight, eps, unit_offset=False):
     total = x + residual
-    return rms(total, weight, eps), total
+    return rms(total, weight, eps, unit_offset), total
 
 
 def layer(x, weight, bias, eps):
@@ -60,6 +78,16 @@ def bytes_moved(row_tensors: int, vectors: int):
     return lambda sig, dims: float(itemsize(sig) * sig.dim("hidden") * (row_tensors * dims["tokens"] + vectors))
 
 
+def qk_flops(sig, dims):
+    return 4.0 * dims["tokens"] * sig.dim("heads") * sig.dim("d")
+
+
+def qk_bytes(sig, dims):
+    """x read, out written, the (d,) weight read once."""
+    return float(itemsize(sig) * sig.dim("d") * (2 * dims["tokens"] * sig.dim("heads") + 1))
+
+
 RMS = OpContract("norm.rms", rms_inputs, rms, flops(4.0), bytes_moved(2, 1))
 RMS_ADD = OpContract("norm.rms_add", rms_add_inputs, rms_add, flops(5.0), bytes_moved(4, 1))
+QK = OpContract("norm.qk", qk_inputs, rms, qk_flops, qk_bytes)
 LAYER = OpContract("norm.layer", layer_inputs, layer, flops(7.0), bytes_moved(2, 2))

@@ -71,7 +71,9 @@ def lazily_compiled(fn: Callable, token_dims: dict[int, tuple | str]) -> Callabl
             with lock:
                 if compiled is None:
                     compiled = torch.compile(fn, dynamic=True)
-        kind = (args[0].dim(), args[0].dtype, args[0].is_cuda, _row_padded(args[0]))
+        # trailing options (unit_offset) change the graph too: a new kind is primed, not traced at its call
+        kind = (args[0].dim(), args[0].dtype, args[0].is_cuda, _row_padded(args[0]),
+                tuple(a for a in args if isinstance(a, bool)))
         if kind not in traced:
             with lock:
                 if kind not in traced:

@@ -9,31 +9,53 @@ from ..specs import HEAD_DIM_ANY, KernelSpec
 
 ALL_DTYPES = frozenset({"bf16", "fp16", "fp32"})
 BOTH = frozenset({"cpu", "cuda"})
+UNIT_OFFSET = frozenset({"unit_offset"})
 
 
-def attention(q, k, v, causal: bool, scale: float | None):
+def visible_keys(seq_q: int, kv_len: int, causal: bool, window: int, device):
+    """Which keys each query sees, as a (seq_q, kv_len) boolean mask; None when it sees them all.
+    Query i sits at position i under a causal mask (SDPA's top-left alignment: it sees keys 0..i)
+    and at kv_len - seq_q + i without one (the newest tokens: a decode query is at kv_len - 1);
+    a window lets it see keys j > position - window. Every query keeps at least one key."""
+    if not causal and not window:
+        return None
+    query = torch.arange(seq_q, device=device)[:, None]
+    key = torch.arange(kv_len, device=device)[None, :]
+    keep = key <= query if causal else torch.ones(seq_q, kv_len, dtype=torch.bool, device=device)
+    if window:
+        position = query if causal else query + (kv_len - seq_q)
+        keep = keep & (key > position - window)
+    return keep
+
+
+def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
+    """window and softcap are passed only by signatures that set them (see lzsolve.ops.attention)."""
     groups = q.shape[1] // k.shape[1]
     if groups != 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    if causal:  # SDPA semantics: top-left aligned causal mask
-        seq_q, kv_len = q.shape[2], k.shape[2]
-        keep = torch.ones(seq_q, kv_len, dtype=torch.bool, device=q.device).tril()
+    if softcap:  # Gemma 2: squash the scaled scores, then mask
+        scores = torch.tanh(scores / softcap) * softcap
+    keep = visible_keys(q.shape[2], k.shape[2], causal, window, q.device)
+    if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     return torch.matmul(scores.softmax(-1).to(q.dtype), v)
 
 
-def rms_norm(x, weight, eps: float):
+def rms_norm(x, weight, eps: float, unit_offset: bool = False):
+    """Over the last dim; also norm.qk's per-head norm, x (..., heads, d) with weight (d,)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:  # Gemma: (1 + weight) applied in fp32, one rounding at the end
+        return (xf * (1.0 + weight.float())).to(x.dtype)
     return weight * xf.to(x.dtype)
 
 
-def rms_norm_add(x, residual, weight, eps: float):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
     total = x + residual
-    return rms_norm(total, weight, eps), total
+    return rms_norm(total, weight, eps, unit_offset), total
 
 
 def layer_norm(x, weight, bias, eps: float):
@@ -76,15 +98,69 @@ def linear(x, weight, bias=None):
     return out + bias if bias is not None else out
 
 
+def scaled(rows, scale: float | None):
+    """Gemma's embedding scale: sqrt(hidden) rounded to the table's dtype, then multiplied in."""
+    return rows if scale is None else rows * torch.tensor(scale, dtype=rows.dtype)
+
+
+def embedding(ids, table, scale: float | None):
+    return scaled(table[ids], scale)
+
+
+def learned_positions(x, positions, table):
+    return x + table[positions]
+
+
+def sigmoid_gate(x, gate):
+    return x * torch.sigmoid(gate)
+
+
+def l2_normalize(x, eps: float = 1e-6):
+    """As FLA and transformers normalise Gated DeltaNet's q and k: eps inside the rsqrt."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
+    """The gated delta rule one token at a time, in fp32 (transformers' torch_recurrent_gated_delta_rule).
+    q, k: (batch, seq, hk, dk); v: (batch, seq, hv, dv); g (log decay), beta: (batch, seq, hv);
+    state: (batch, hv, dk, dv) or None. Per value head and token: S <- exp(g) S, then the delta
+    rule S <- S + k (beta (v - S^T k))^T, and out = S^T q / sqrt(dk).
+    Returns (out in v's dtype, final state in fp32)."""
+    batch, seq, hk, dk = k.shape
+    hv, dv = v.shape[2], v.shape[3]
+    if hv != hk:  # each q/k head serves hv // hk consecutive value heads
+        q = q.repeat_interleave(hv // hk, dim=2)
+        k = k.repeat_interleave(hv // hk, dim=2)
+    q, k = q.float(), k.float()
+    if qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
+    q = q * dk ** -0.5
+    values, decay, beta = v.float(), g.float().exp(), beta.float()
+    if state is None:
+        state = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=v.device)
+    state = state.float()
+    out = torch.empty(batch, seq, hv, dv, dtype=torch.float32, device=v.device)
+    for t in range(seq):
+        state = state * decay[:, t, :, None, None]
+        predicted = torch.einsum("bhkv,bhk->bhv", state, k[:, t])
+        delta = (values[:, t] - predicted) * beta[:, t, :, None]
+        state = state + k[:, t, :, :, None] * delta[:, :, None, :]
+        out[:, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, t])
+    return out.to(v.dtype), state
+
+
 SPECS = [
     KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=frozenset({"causal", "gqa"}), graph_safe=True, deterministic=True,
-               notes="matmul + fp32 softmax + matmul; materialises the score matrix"),
-    KernelSpec("eager.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm,
-               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
-    KernelSpec("eager.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add,
-               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm"}), graph_safe=True,
+               deterministic=True, notes="matmul + fp32 softmax + matmul; materialises the score matrix; "
+                                         "the reference for what SDPA cannot do (softcap)"),
+    KernelSpec("eager.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
+               features=UNIT_OFFSET, graph_safe=True, deterministic=True),
+    KernelSpec("eager.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add, platforms=BOTH,
+               dtypes=ALL_DTYPES, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
+    KernelSpec("eager.qk_norm", frozenset({"norm.qk"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
+               head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("eager.layer_norm", frozenset({"norm.layer"}), "torch", layer_norm,
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.rope", frozenset({"posenc.rope"}), "torch", rope,
@@ -99,4 +175,13 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.linear", frozenset({"linear"}), "torch", linear, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"bias"}), graph_safe=True, notes="matmul, then a separate bias add"),
+    KernelSpec("eager.embedding", frozenset({"embedding"}), "torch", embedding, platforms=BOTH, dtypes=ALL_DTYPES,
+               features=frozenset({"scaled"}), graph_safe=True, deterministic=True),
+    KernelSpec("eager.learned_positions", frozenset({"posenc.learned"}), "torch", learned_positions,
+               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+    KernelSpec("eager.sigmoid_gate", frozenset({"act.sigmoid_gate"}), "torch", sigmoid_gate,
+               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+    KernelSpec("eager.gated_deltanet", frozenset({"recurrent.gated_deltanet"}), "torch", gated_deltanet,
+               platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"gqa", "qk_l2norm"}), graph_safe=True,
+               deterministic=True, notes="a Python loop over the sequence: a handful of launches per token"),
 ]

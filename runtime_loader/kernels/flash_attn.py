@@ -7,12 +7,17 @@ in as transposed views and the output comes back the same way: no copies.
 FA aligns the causal mask to the bottom-right corner, SDPA (our contract) to the
 top-left; the two agree only when seq_q == kv_len, which attention.prefill always has
 (attention.decode is not causal). A causal call with seq_q != kv_len is refused, so it
-can never silently mean something else.
+can never silently mean something else. A sliding window is FA's window_size (left
+window - 1, right 0 under a causal mask), aligned the same way; softcap is FA's own.
+The fa3-fwd wheel is built with FLASHATTENTION_DISABLE_LOCAL (fa3_fwd_config.py), so
+FA3 declares softcap but no sliding window.
 """
 from __future__ import annotations
 
 from ..specs import KernelSpec
 from .sdpa import ATTENTION, CAUSAL_GQA, HALF
+
+FEATURES = CAUSAL_GQA | {"qk_norm"}  # q and k taken as given: composes with a separate QK-norm op
 
 
 def fa_layout(t):
@@ -26,33 +31,42 @@ def check_causal_alignment(q, k, causal: bool) -> None:
                          f"when seq_q ({q.shape[2]}) != kv_len ({k.shape[2]})")
 
 
-def fa3(q, k, v, causal: bool, scale: float | None):
+def window_size(window: int, causal: bool) -> tuple[int, int]:
+    """Our window (keys j > position - window) as FA's (left, right); -1 is unbounded."""
+    return (window - 1, 0 if causal else -1) if window else (-1, -1)
+
+
+def fa3(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
     check_causal_alignment(q, k, causal)
+    if window:
+        raise ValueError("the fa3-fwd wheel is built without sliding-window (local) attention")
     from fa3_fwd_interface import flash_attn_func
 
     # num_splits=0: FA3 picks split-KV from the shape (as flash_attn_with_kvcache does by default);
     # flash_attn_func's default of 1 leaves most SMs idle on decode, where batch * kv heads is small.
     out = flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal,
-                          num_splits=0)
+                          softcap=softcap, num_splits=0)
     return fa_layout(out)
 
 
-def fa2(q, k, v, causal: bool, scale: float | None):
+def fa2(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
     check_causal_alignment(q, k, causal)
     from flash_attn import flash_attn_func
 
-    return fa_layout(flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal))
+    return fa_layout(flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal,
+                                     window_size=window_size(window, causal), softcap=softcap))
 
 
 SPECS = [
     # fa3_fwd_config.py: FP16 kernels disabled (bf16 only; fp8 is outside our dtypes), head dims
     # 64/96/128/192/256 built, a smaller d runs in the 64 kernel; mha_fwd wants d % 8 == 0, d <= 256.
     KernelSpec("fa3.attention", ATTENTION, "fa3-fwd", fa3, platforms=frozenset({"cuda"}), min_sm=90, max_sm=90,
-               dtypes=frozenset({"bf16"}), head_dim_max=256, head_dim_multiple=8, features=CAUSAL_GQA,
+               dtypes=frozenset({"bf16"}), head_dim_max=256, head_dim_multiple=8, features=FEATURES | {"softcap"},
                graph_safe=True, deterministic=True, requires=("fa3_fwd_interface",),
                notes="FlashAttention-3 forward (fa3-fwd wheel), Hopper only; split-KV chosen by FA3's heuristic"),
     KernelSpec("fa2.attention", ATTENTION, "flash-attn", fa2, platforms=frozenset({"cuda"}), min_sm=80, max_sm=90,
-               dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=CAUSAL_GQA,
+               dtypes=HALF, head_dim_max=256, head_dim_multiple=8,
+               features=FEATURES | {"sliding_window", "softcap"},
                graph_safe=True, deterministic=True, requires=("flash_attn",),
                notes="FlashAttention-2 (Ampere, Ada, Hopper per its README); written from the documented "
                      "flash_attn_func API, not yet run; d % 8 != 0 would be padded (a copy), so not declared"),

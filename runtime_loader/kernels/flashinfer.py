@@ -296,15 +296,15 @@ SPECS = [
           "batch > 1: BatchPrefillWithPagedKVCacheWrapper on pages that are views of k and v, q copied "
           "to (batch*seq, heads, d) unless it is a transposed view already, planned on the first call of each "
           "layout (PLAN_MS), run() captured once planned; head_dim 64/128/256 (192 raises)",
-          head_dim_max=256, head_dim_multiple=64, features=frozenset({"causal", "gqa"})),
+          head_dim_max=256, head_dim_multiple=64, features=frozenset({"causal", "gqa", "qk_norm"})),
     _spec("flashinfer.decode", "attention.decode", batch_decode("flashinfer.decode", False),
           setup_ms=plan_ms("flashinfer.decode"), notes=
           f"CUDA-core decode; GQA group sizes {DECODE_GROUP_SIZES} only (others raise); head_dim 64/128/256; "
-          + _DECODE_NOTES, head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa"})),
+          + _DECODE_NOTES, head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm"})),
     _spec("flashinfer.decode_tc", "attention.decode", batch_decode("flashinfer.decode_tc", True),
           setup_ms=plan_ms("flashinfer.decode_tc"), notes=
           "tensor-core decode (FA2 prefill kernels), for large GQA groups; head_dim 64/128/256; " + _DECODE_NOTES,
-          head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa"})),
+          head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm"})),
     _spec("flashinfer.rms_norm", "norm.rms", rms_norm, "one CTA per row, fixed-order reduction",
           deterministic=True),
     _spec("flashinfer.rms_norm_add", "norm.rms_add", rms_norm_add,

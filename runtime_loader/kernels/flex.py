@@ -15,8 +15,8 @@ with split-KV for short queries, unmasked loads when lengths divide the tile); t
 is a compile the first time a shape is seen, at serving time too for shapes no table
 warmed up.
 
-The op's flags become a score mod and a mask mod in `mods`: sliding windows and
-softcapping would enter there, as flags of their own.
+The signature's options become a score mod (softcap) and a mask mod (causal, sliding
+window) in `mods`; each is built once per option value, so Dynamo's guards on them hold.
 """
 from __future__ import annotations
 
@@ -35,14 +35,34 @@ from .sdpa import ATTENTION, CAUSAL_GQA
 BLOCK_MASKS_KEPT = 64  # a causal block mask is (seq / 128)^2 block indices; creating one costs seq_q * kv_len bools
 
 
-def causal_mask(batch, head, q_idx, kv_idx):
-    return q_idx >= kv_idx  # top-left aligned, as SDPA
+@functools.lru_cache(maxsize=None)
+def mask_mod(causal: bool, window: int, offset: int) -> Callable | None:
+    """Keys a query sees, as runtime_loader.kernels.eager.visible_keys: under a causal mask query i
+    sits at position i (SDPA's top-left), otherwise at offset + i (offset = kv_len - seq_q, so a
+    decode query is the last position); a window keeps keys j > position - window."""
+    if not causal and not window:
+        return None
+
+    def visible(batch, head, q_idx, kv_idx):
+        position = q_idx if causal else q_idx + offset
+        keep = kv_idx <= position if causal else kv_idx >= 0
+        return keep & (kv_idx > position - window) if window else keep
+    return visible
 
 
-def mods(causal: bool) -> tuple[Callable | None, Callable | None]:
-    """(score_mod, mask_mod) for the op's flags; None where nothing is modified. Module-level
-    functions, so Dynamo's guards on them hold from one call to the next."""
-    return None, (causal_mask if causal else None)
+@functools.lru_cache(maxsize=None)
+def score_mod(softcap: float) -> Callable | None:
+    if not softcap:
+        return None
+
+    def capped(score, batch, head, q_idx, kv_idx):  # Gemma 2: after scaling, before masking
+        return softcap * torch.tanh(score / softcap)
+    return capped
+
+
+def mods(causal: bool, window: int, softcap: float, seq_q: int, kv_len: int) -> tuple[Callable | None, Callable | None]:
+    """(score_mod, mask_mod) for the signature's options; None where nothing is modified."""
+    return score_mod(softcap), mask_mod(causal, window, 0 if causal else kv_len - seq_q)
 
 
 @functools.lru_cache(maxsize=BLOCK_MASKS_KEPT)
@@ -60,9 +80,9 @@ def with_own_code(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def shape_key(q, k, v, causal: bool, scale: float | None) -> tuple:
-    """Everything a dynamic=False graph is specialised on: shapes, strides, dtype, device, flags, scale."""
-    return (*((tuple(t.shape), t.stride()) for t in (q, k, v)), q.dtype, q.device, causal, scale)
+def shape_key(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0) -> tuple:
+    """Everything a dynamic=False graph is specialised on: shapes, strides, dtype, device, options, scale."""
+    return (*((tuple(t.shape), t.stride()) for t in (q, k, v)), q.dtype, q.device, causal, scale, window, softcap)
 
 
 class CompiledPerShape:
@@ -85,18 +105,21 @@ class CompiledPerShape:
 _compiled_attend = CompiledPerShape(_attend)
 
 
-def attention(q, k, v, causal: bool, scale: float | None):
-    score_mod, mask_mod = mods(causal)
-    mask = block_mask(mask_mod, q.shape[2], k.shape[2], q.device) if mask_mod else None
-    compiled = _compiled_attend(shape_key(q, k, v, causal, scale))
-    return compiled(q, k, v, score_mod, mask, scale, q.shape[1] != k.shape[1])
+def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
+    scores, visible = mods(causal, window, softcap, q.shape[2], k.shape[2])
+    mask = block_mask(visible, q.shape[2], k.shape[2], q.device) if visible else None
+    compiled = _compiled_attend(shape_key(q, k, v, causal, scale, window, softcap))
+    return compiled(q, k, v, scores, mask, scale, q.shape[1] != k.shape[1])
 
 
 SPECS = [
     # Triton templates need d >= 16 (tl.dot); other head dims are rounded up to a power of two inside.
     KernelSpec("flex.attention", ATTENTION, "torch", attention, platforms=frozenset({"cuda"}), min_sm=80,
                dtypes=ALL_DTYPES,
-               head_dim_max=256, head_dim_multiple=16, features=CAUSAL_GQA, graph_safe=True, jit=True,
+               head_dim_max=256, head_dim_multiple=16,
+               # no sliding_window: a windowed causal prefill (seq 70, window 16) failed to lower on the H100
+               # (torch 2.11: Inductor "NoValidChoicesError" for flex_attention); the mask mod is kept for it
+               features=CAUSAL_GQA | {"qk_norm", "softcap"}, graph_safe=True, jit=True,
                jit_caches=("inductor", "triton"),
                notes="torch.compile(flex_attention, dynamic=False), one code object per shape: a compile per "
                      "new shape, never the unfused fallback"),

@@ -1,0 +1,82 @@
+"""recurrent.gated_deltanet: Qwen3.5's Gated DeltaNet core (the linear-attention layers).
+
+Canonical call gated_deltanet(q, k, v, g, beta, state, qk_l2norm) with q, k (batch, seq, hk, dk),
+v (batch, seq, hv, dv), g (batch, seq, hv) the log decay (<= 0, fp32 as the model computes it),
+beta (batch, seq, hv) in (0, 1), state (batch, hv, dk, dv) fp32 or None (zeros). Returns
+(out (batch, seq, hv, dv) in v's dtype, final state (batch, hv, dk, dv) fp32).
+Each q/k head serves hv // hk consecutive value heads; with qk_l2norm, q and k are L2-normalised
+over dk first (eps 1e-6 inside the rsqrt, as FLA); q is always scaled by dk ** -0.5. Per value
+head and token: S <- exp(g) S, then the delta rule S <- S + k (beta (v - S^T k))^T (the state
+learns to map k to v), and out = S^T q.
+Inputs: a prompt's chunk starts from no state (seq > 1), a decode step (seq == 1) from one.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import OpContract, itemsize, randn
+
+
+def _starts_from_state(dims) -> bool:
+    return dims["seq"] == 1
+
+
+def make_inputs(sig, dims, device, gen):
+    hk, hv, dk, dv = (sig.dim(n) for n in ("hk", "hv", "dk", "dv"))
+    batch, seq = dims["batch"], dims["seq"]
+    q = randn((batch, seq, hk, dk), sig, device, gen)
+    k = randn((batch, seq, hk, dk), sig, device, gen)
+    if "qk_l2norm" not in sig.flags:  # the caller normalised them: unit keys keep the state bounded
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    v = randn((batch, seq, hv, dv), sig, device, gen)
+    # g: a log decay as Qwen3.5's -A * softplus(a + dt_bias) gives, in fp32, mostly small (decays near 1,
+    # so the state carries far); beta = sigmoid(b) in the activation dtype
+    g = -F.softplus(torch.randn((batch, seq, hv), generator=gen, device=device) - 2)
+    beta = torch.sigmoid(randn((batch, seq, hv), sig, device, gen))
+    state = None
+    if _starts_from_state(dims):  # an associative memory of unit keys: entries of about 1 / sqrt(dk)
+        state = torch.randn((batch, hv, dk, dv), generator=gen, device=device) * dk ** -0.5
+    return q, k, v, g, beta, state, "qk_l2norm" in sig.flags
+
+
+def reference(q, k, v, g, beta, state, qk_l2norm):
+    """The recurrence in fp32 over (batch * hv) independent heads, one token at a time, with the
+    state update as a rank-1 correction: S' = exp(g) S; S = S' + beta k (v - S'^T k)^T."""
+    batch, seq, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    q, k = (t.repeat_interleave(hv // hk, dim=2) for t in (q, k))
+    if qk_l2norm:
+        q, k = (t * torch.rsqrt((t * t).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
+    q = q / dk ** 0.5
+
+    def heads(t):  # (batch, seq, hv, ...) -> (seq, batch * hv, ...)
+        return t.transpose(0, 1).reshape(seq, batch * hv, *t.shape[3:])
+
+    q, k, v, decay, beta = heads(q), heads(k), heads(v), heads(g).exp(), heads(beta)
+    s = torch.zeros(batch * hv, dk, dv, device=v.device) if state is None else state.reshape(batch * hv, dk, dv)
+    out = torch.empty(seq, batch * hv, dv, device=v.device)
+    for t in range(seq):
+        s = s * decay[t, :, None, None]
+        error = v[t] - torch.bmm(k[t][:, None, :], s)[:, 0]  # what the memory mispredicts for k
+        s = s + torch.bmm(k[t][:, :, None], (beta[t, :, None] * error)[:, None, :])
+        out[t] = torch.bmm(q[t][:, None, :], s)[:, 0]
+    return out.reshape(seq, batch, hv, dv).transpose(0, 1), s.reshape(batch, hv, dk, dv)
+
+
+def flops(sig, dims):
+    """Per token and value head: decay, read, correct and query the (dk, dv) state, ~7 dk dv."""
+    return 7.0 * dims["batch"] * dims["seq"] * sig.dim("hv") * sig.dim("dk") * sig.dim("dv")
+
+
+def bytes_moved(sig, dims):
+    """q, k, v, out in the activation dtype; g (fp32) and beta; the fp32 state written (and read
+    when the call starts from one)."""
+    hk, hv, dk, dv = (sig.dim(n) for n in ("hk", "hv", "dk", "dv"))
+    tokens = dims["batch"] * dims["seq"]
+    activations = itemsize(sig) * tokens * (2 * hk * dk + 2 * hv * dv + hv) + 4 * tokens * hv
+    state = 4 * dims["batch"] * hv * dk * dv * (2 if _starts_from_state(dims) else 1)
+    return float(activations + state)
+
+
+GATED_DELTANET = OpContract("recurrent.gated_deltanet", make_inputs, reference, flops, bytes_moved)

@@ -1,0 +1,122 @@
+"""Every model family end to end on CPU: plan for each catalogue entry and its config.json, a tune of a
+shrunk member of each family, the QK-norm gate, and the one-line note for ops only a reference computes."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import runtime_loader
+from lzsolve.cli import cli
+from lzsolve.models import CATALOGUE, from_hf_config
+from lzsolve.perfdb import PerfDB
+
+from .tables import leaf_ids
+
+# Small but structurally faithful: every family keeps its layer pattern, GQA, head layout and options.
+SMALL = {"hidden_size": 64, "n_embd": 64, "intermediate_size": 128, "num_attention_heads": 4, "n_head": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "num_hidden_layers": 2, "n_layer": 2,
+         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+         "linear_value_head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16}
+FAMILIES = {"gpt2": "gpt2", "llama": "nanbeige4.1-3b", "qwen2": "qwen2-0.5b", "qwen3": "qwen3-0.6b",
+            "qwen3.5": "qwen3.5-0.8b", "gemma3": "gemma3-270m"}
+
+
+def shrink(cfg: dict) -> dict:
+    small = {k: (SMALL[k] if k in SMALL and cfg[k] is not None else v) for k, v in cfg.items()}
+    if "layer_types" in cfg:  # keep one whole period of the pattern (Qwen3.5: 3 linear + 1 full)
+        period = next(i + 1 for i, t in enumerate(cfg["layer_types"]) if t == "full_attention")
+        small["layer_types"] = cfg["layer_types"][:max(period, 2)]
+        for key in ("num_hidden_layers", "n_layer"):
+            if key in small:
+                small[key] = len(small["layer_types"])
+    if isinstance(cfg.get("text_config"), dict):
+        small["text_config"] = shrink(cfg["text_config"])
+    return small
+
+
+def write_config(tmp_path, name: str, cfg: dict):
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_plan_every_catalogue_model_and_its_config_json(tmp_path, name):
+    runner = CliRunner()
+    by_name = runner.invoke(cli, ["plan", "--model", name, "--device", "cpu"])
+    assert by_name.exit_code == 0, by_name.output
+    by_file = runner.invoke(cli, ["plan", "--config", str(write_config(tmp_path, name, CATALOGUE[name])),
+                                  "--device", "cpu"])
+    assert by_file.exit_code == 0, by_file.output
+    assert by_name.output.split("\n", 1)[1] == by_file.output.split("\n", 1)[1], "same plan either way"
+
+
+def tune_small(tmp_path, family: str, *extra):
+    name = FAMILIES[family]
+    config = write_config(tmp_path, f"small-{name}", shrink(CATALOGUE[name]))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
+                                      "--device", "cpu", "--no-isolate", "--exclude", "compile.*",
+                                      "--out", str(out), *extra])
+    assert result.exit_code == 0, result.output
+    return out, result
+
+
+# ops a family is told apart by: each must be tuned and replayed from the table
+FAMILY_OPS = {"gpt2": {"embedding", "posenc.learned", "norm.layer", "act.gelu"},
+              "llama": {"norm.rms_add", "posenc.rope", "act.swiglu"},
+              "qwen2": {"posenc.rope", "act.swiglu"},
+              "qwen3": {"norm.qk", "attention.prefill"},
+              "qwen3.5": {"recurrent.gated_deltanet", "act.sigmoid_gate", "norm.qk"},
+              "gemma3": {"norm.qk", "act.geglu", "embedding"}}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tune_a_small_member_of_every_family(tmp_path, family):
+    out, _ = tune_small(tmp_path, family)
+    table = json.loads((out / "dispatch.json").read_text())
+    ops = {e["op"] for e in table["ops"]}
+    assert FAMILY_OPS[family] <= ops
+    d = runtime_loader.load(out, strict=True)  # validates every kernel id and its features again
+    assert d.table is not None and len(d.table.trees) == len(table["ops"])
+    if family == "gemma3":
+        windowed = [e["signature"] for e in table["ops"] if "window=8" in e["signature"]]
+        assert windowed and all("qk_norm" in s for s in windowed), "sliding layers tuned as such"
+    if family == "qwen2":
+        qkv = [e for e in table["ops"] if e["op"] == "linear" and "bias" in e["flags"]]
+        assert len(qkv) == 1, "q/k/v carry a bias, o_proj does not"
+
+
+def test_a_kernel_without_qk_norm_is_never_chosen_for_qwen3_attention(tmp_path):
+    out, _ = tune_small(tmp_path, "qwen3", "--plugin", "tests.plain_attention", "--kernels", "plain.*")
+    rows = PerfDB(out / "perfdb").rows("SELECT signature, status, reason_code FROM records "
+                                       "WHERE kernel_id = 'plain.attention'")
+    assert rows and all(r["status"] == "rejected" and r["reason_code"] == "FEATURE_UNSUPPORTED:qk_norm"
+                        for r in rows)
+    table = json.loads((out / "dispatch.json").read_text())
+    assert not any("plain.attention" in leaf_ids(e["tree"]) for e in table["ops"])
+    # the same kernel is a fair candidate where no QK-norm is needed: the gate is specific
+    llama_out, _ = tune_small(tmp_path / "llama", "llama", "--plugin", "tests.plain_attention", "--kernels", "plain.*")
+    admitted = PerfDB(llama_out / "perfdb").rows("SELECT count(*) AS n FROM admitted WHERE kernel_id = 'plain.attention'")
+    assert admitted[0]["n"] > 0
+
+
+def test_an_op_no_optimised_kernel_supports_runs_on_its_reference_and_says_so(tmp_path):
+    config = write_config(tmp_path, "small-qwen3.5", shrink(CATALOGUE["qwen3.5-0.8b"]))
+    result = CliRunner().invoke(cli, ["plan", "--config", str(config), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note: ")]
+    deltanet = [n for n in notes if "recurrent.gated_deltanet" in n]
+    assert len(deltanet) == 1 and "reference fallback eager.gated_deltanet" in deltanet[0]
+    assert "FEATURE_UNSUPPORTED" in deltanet[0] or "none registered" in deltanet[0]
+    assert any("not tuned" in n and "conv" in n for n in notes), "unmodelled parts are named, not dropped"
+    out, _ = tune_small(tmp_path, "qwen3.5")
+    entry = next(e for e in json.loads((out / "dispatch.json").read_text())["ops"]
+                 if e["op"] == "recurrent.gated_deltanet")
+    assert leaf_ids(entry["tree"]) == {"eager.gated_deltanet"}
+
+
+def test_shrunk_configs_keep_their_family():
+    for family, name in FAMILIES.items():
+        assert from_hf_config(shrink(CATALOGUE[name]), "small").family == from_hf_config(CATALOGUE[name], name).family

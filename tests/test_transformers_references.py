@@ -1,0 +1,196 @@
+"""Our references and eager kernels against the transformers modules they stand for, on random
+weights (fp32 on CPU; bf16 too where the cast order is the point). A transformers without a
+module skips that comparison."""
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lzsolve.ops import CONTRACTS
+from lzsolve.ops.rope import cos_sin
+from runtime_loader import Dispatcher, registry
+
+pytest.importorskip("transformers")
+
+
+def impl(kernel_id):
+    return registry.get(kernel_id).impl
+
+
+def close(got, expected, tol=1e-5):
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+
+
+def near(shape, center: float):
+    """Trained-looking norm weights: center (1, or 0 under (1 + weight)) plus a little noise."""
+    return center + 0.1 * torch.randn(shape)
+
+
+# --- RoPE --------------------------------------------------------------------------
+def test_rope_split_half_is_llamas():
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    config = llama.LlamaConfig(hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
+    positions = torch.tensor([[0, 1, 2, 5, 9, 100, 4000]])
+    cos, sin = llama.LlamaRotaryEmbedding(config)(torch.randn(1, 7, 128), positions)
+    q, k = torch.randn(1, 4, 7, 32), torch.randn(1, 2, 7, 32)
+    expected = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    close(impl("eager.rope")(q, k, cos, sin, False), expected)
+    close(CONTRACTS["posenc.rope"].reference(q, k, cos, sin, False), expected)
+    ours = cos_sin(positions[0], 32, interleaved=False, theta=config.rope_parameters["rope_theta"])
+    close(ours, (cos[0], sin[0]), tol=1e-4)  # our cos/sin layout is Llama's
+
+
+def test_rope_interleaved_is_glms_and_gptjs():
+    """GLM rotates interleaved pairs with Llama's cos/sin halves repeated pairwise; GPT-J rotates
+    every two dims of (batch, seq, heads, d) with its own sin/cos table."""
+    glm = pytest.importorskip("transformers.models.glm.modeling_glm")
+    gptj = pytest.importorskip("transformers.models.gptj.modeling_gptj")
+    positions = torch.tensor([0, 3, 7, 50, 1000])
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    cos_i, sin_i = (t[None] for t in cos_sin(positions, 16, interleaved=True, theta=10000.0))
+    cos_h, sin_h = (t[None] for t in cos_sin(positions, 16, interleaved=False, theta=10000.0))
+    expected = glm.apply_rotary_pos_emb(q, k, cos_h, sin_h)
+    close(impl("eager.rope")(q, k, cos_i, sin_i, True), expected, tol=1e-4)
+    close(CONTRACTS["posenc.rope"].reference(q, k, cos_i, sin_i, True), expected, tol=1e-4)
+    sin_cos = gptj.create_sinusoidal_positions(1024, 16)[positions][None]  # (1, seq, d): sin half, cos half
+    sin_j, cos_j = sin_cos[..., :8], sin_cos[..., 8:]
+    expected_q = gptj.apply_rotary_pos_emb(q.transpose(1, 2), sin_j, cos_j).transpose(1, 2)
+    close(impl("eager.rope")(q, k, cos_i, sin_i, True)[0], expected_q, tol=1e-4)
+
+
+# --- norms -------------------------------------------------------------------------
+def test_qwen3_qk_norm():
+    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+    norm = qwen3.Qwen3RMSNorm(64, eps=1e-6)
+    norm.weight.data = near(64, 1.0)
+    x = torch.randn(2, 5, 4, 64)  # (batch, seq, heads, head_dim): q_proj's output as Qwen3Attention norms it
+    expected = norm(x)
+    for kernel_id in ("eager.qk_norm", "torch.qk_norm"):
+        close(impl(kernel_id)(x, norm.weight.data, 1e-6), expected)
+    close(CONTRACTS["norm.qk"].reference(x, norm.weight.data, 1e-6), expected)
+    half = x.bfloat16()
+    assert torch.equal(impl("eager.qk_norm")(half, norm.weight.data.bfloat16(), 1e-6), norm.bfloat16()(half))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma3_unit_offset_norms(dtype):
+    """Gemma3RMSNorm: normalise in fp32, times (1 + weight) in fp32, one cast at the end; the
+    same module norms hidden states and (as q_norm / k_norm) each head."""
+    gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+    norm = gemma3.Gemma3RMSNorm(96, eps=1e-6)
+    norm.weight.data = near(96, 0.0)
+    x, residual = torch.randn(7, 96, dtype=dtype), torch.randn(7, 96, dtype=dtype)
+    weight = norm.weight.data.to(dtype)
+    expected = norm.to(dtype)(x)
+    assert torch.equal(impl("eager.rms_norm")(x, weight, 1e-6, True), expected), "bit for bit, cast order included"
+    out, total = impl("eager.rms_norm_add")(x, residual, weight, 1e-6, True)
+    assert torch.equal(out, norm(x + residual)) and torch.equal(total, x + residual)
+    heads = torch.randn(3, 4, 96, dtype=dtype)
+    assert torch.equal(impl("eager.qk_norm")(heads, weight, 1e-6, True), norm(heads))
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    close(impl("torch.rms_norm")(x, weight, 1e-6, True), expected, tol)
+    close(CONTRACTS["norm.rms"].reference(x.float(), weight.float(), 1e-6, True), expected.float(), tol)
+
+
+# --- activations -------------------------------------------------------------------
+def test_gemma3_geglu_mlp():
+    gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+    config = gemma3.Gemma3TextConfig(hidden_size=64, intermediate_size=96, hidden_activation="gelu_pytorch_tanh")
+    mlp = gemma3.Gemma3MLP(config).eval()
+    x = torch.randn(5, 64)
+    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+    with torch.no_grad():
+        expected = mlp(x)
+        close(mlp.down_proj(impl("eager.geglu")(gate, up)), expected)
+        close(mlp.down_proj(CONTRACTS["act.geglu"].reference(gate, up)), expected)
+
+
+def test_gpt2_gelu_new_and_learned_positions():
+    gpt2 = pytest.importorskip("transformers.models.gpt2.modeling_gpt2")
+    config = gpt2.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    mlp = gpt2.GPT2MLP(4 * 32, config).eval()
+    x = torch.randn(2, 3, 32)
+    with torch.no_grad():  # Conv1D holds its weight as (in, out)
+        hidden = F.linear(x, mlp.c_fc.weight.T, mlp.c_fc.bias)
+        close(F.linear(impl("eager.gelu")(hidden), mlp.c_proj.weight.T, mlp.c_proj.bias), mlp(x))
+    model = gpt2.GPT2Model(config).eval()
+    seen = {}
+    model.drop.register_forward_hook(lambda module, args, out: seen.update(embeds=args[0]))
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        model(ids)
+        d = Dispatcher()
+        tokens = d.embedding(ids, model.wte.weight)
+        close(d.learned_positions(tokens, torch.arange(6)[None], model.wpe.weight), seen["embeds"])
+        close(CONTRACTS["posenc.learned"].reference(tokens, torch.arange(6)[None], model.wpe.weight), seen["embeds"])
+
+
+def test_gemma3_scaled_embedding():
+    """sqrt(hidden) rounded to bf16 first (sqrt(640) = 25.298 becomes 25.25), as Gemma does."""
+    gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+    embed = gemma3.Gemma3TextScaledWordEmbedding(100, 640, padding_idx=0, embed_scale=640 ** 0.5).bfloat16()
+    ids = torch.randint(0, 100, (2, 9))
+    expected = embed(ids)
+    for kernel_id in ("eager.embedding", "torch.embedding"):
+        assert torch.equal(impl(kernel_id)(ids, embed.weight.data, 640 ** 0.5), expected)
+
+
+# --- attention ---------------------------------------------------------------------
+def gemma_attention(q, k, v, window, softcap, kv_offset_of_queries):
+    """Gemma3's eager_attention_forward with its sliding layer's mask from transformers' masking utils."""
+    gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+    masking = pytest.importorskip("transformers.masking_utils")
+    batch, hq, seq_q, d = q.shape
+    mask = masking.eager_mask(batch, seq_q, k.shape[2], q_offset=kv_offset_of_queries,
+                              mask_function=masking.sliding_window_causal_mask_function(window))
+    module = types.SimpleNamespace(head_dim=d, num_key_value_groups=hq // k.shape[1], training=False)
+    out, _ = gemma3.eager_attention_forward(module, q, k, v, mask, scaling=d ** -0.5, softcap=softcap)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_sliding_window_attention_is_gemmas(softcap):
+    q, k, v = torch.randn(2, 4, 12, 16), torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)
+    options = (5, softcap or 0.0)
+    expected = gemma_attention(q, k, v, 5, softcap, 0)  # prefill: query i at position i
+    close(impl("eager.attention")(q, k, v, True, None, *options), expected)
+    close(CONTRACTS["attention.prefill"].reference(q, k, v, True, None, *options), expected)
+    decode = q[:, :, -1:]  # decode: the one query is the newest token, at position kv_len - 1
+    expected = gemma_attention(decode, k, v, 5, softcap, 11)
+    close(impl("eager.attention")(decode, k, v, False, None, *options), expected)
+    close(CONTRACTS["attention.decode"].reference(decode, k, v, False, None, *options), expected)
+    if softcap is None:  # SDPA takes the window as a mask, never a softcap
+        close(impl("sdpa.default")(q, k, v, True, None, 5), gemma_attention(q, k, v, 5, None, 0))
+        close(impl("sdpa.default")(decode, k, v, False, None, 5), expected)
+
+
+# --- Gated DeltaNet ----------------------------------------------------------------
+def deltanet_inputs(batch, seq, hk, hv, dk, dv, normalised: bool):
+    q, k = torch.randn(batch, seq, hk, dk), torch.randn(batch, seq, hk, dk)
+    if normalised:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    # as Qwen3.5 makes them: g = -A softplus(a + dt_bias) with A drawn as its init does, beta = sigmoid(b)
+    g = -torch.empty(hv).uniform_(0.01, 16) * F.softplus(torch.randn(batch, seq, hv) + 1)
+    return q, k, torch.randn(batch, seq, hv, dv), g, torch.randn(batch, seq, hv).sigmoid()
+
+
+@pytest.mark.parametrize("with_state,qk_l2norm", [(False, True), (True, True), (True, False)])
+def test_gated_deltanet_prefill_is_qwen35s_chunked_rule(with_state, qk_l2norm):
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    q, k, v, g, beta = deltanet_inputs(2, 37, 2, 4, 16, 8, normalised=not qk_l2norm)  # 37: not a chunk multiple
+    state = torch.randn(2, 4, 16, 8) * 0.25 if with_state else None
+    expected = qwen.torch_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=qk_l2norm)
+    close(impl("eager.gated_deltanet")(q, k, v, g, beta, state, qk_l2norm), expected, tol=1e-4)
+    close(CONTRACTS["recurrent.gated_deltanet"].reference(q, k, v, g, beta, state, qk_l2norm), expected, tol=1e-4)
+
+
+def test_gated_deltanet_decode_is_qwen35s_recurrent_rule():
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    q, k, v, g, beta = deltanet_inputs(3, 1, 2, 4, 16, 8, normalised=False)
+    state = torch.randn(3, 4, 16, 8) * 0.25
+    expected = qwen.torch_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                                     use_qk_l2norm_in_kernel=True)
+    close(Dispatcher().gated_deltanet(q, k, v, g, beta, state), expected)
+    close(CONTRACTS["recurrent.gated_deltanet"].reference(q, k, v, g, beta, state, True), expected)

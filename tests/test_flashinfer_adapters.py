@@ -260,8 +260,14 @@ def fake(monkeypatch):
     module.single_prefill_with_kv_cache = single_prefill_with_kv_cache
     module.BatchPrefillWithPagedKVCacheWrapper = FakePrefillWrapper
     module.BatchDecodeWithPagedKVCacheWrapper = FakeDecodeWrapper
+    def gemma_fused_add_rmsnorm(input, residual, weight, eps):
+        residual += input
+        input.copy_(eager.rms_norm(residual, weight, eps, True))
+
     module.rmsnorm = eager.rms_norm
+    module.gemma_rmsnorm = lambda input, weight, eps: eager.rms_norm(input, weight, eps, True)
     module.fused_add_rmsnorm = fused_add_rmsnorm
+    module.gemma_fused_add_rmsnorm = gemma_fused_add_rmsnorm
     module.layernorm = layernorm
     module.silu_and_mul = act_and_mul(eager.swiglu)
     module.gelu_tanh_and_mul = act_and_mul(eager.geglu)
@@ -352,6 +358,14 @@ def test_rms_norm_add_writes_into_x_and_residual(fake):
     torch.testing.assert_close((normed, total), expected)
     assert (normed.data_ptr(), total.data_ptr()) == (x_ptr, residual_ptr)
     assert normed.shape == total.shape == (2, 5, 64)
+
+
+def test_unit_offset_norms_use_the_gemma_kernels(fake):
+    x, residual, weight = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64) * 0.1
+    torch.testing.assert_close(fi.rms_norm(x, weight, 1e-6, True), eager.rms_norm(x, weight, 1e-6, True))
+    assert not torch.allclose(fi.rms_norm(x, weight, 1e-6, True), fi.rms_norm(x, weight, 1e-6))
+    expected = eager.rms_norm_add(x, residual, weight, 1e-6, True)
+    torch.testing.assert_close(fi.rms_norm_add(x.clone(), residual.clone(), weight, 1e-6, True), expected)
 
 
 def test_norms_take_rows_with_any_leading_dims(fake):

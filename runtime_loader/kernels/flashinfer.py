@@ -211,18 +211,21 @@ def batch_decode(kernel_id: str, use_tensor_cores: bool):
 # --- norms ---------------------------------------------------------------------------
 # Flattened to (tokens, hidden): a 3-D input would select FlashInfer's per-head QK-norm kernel.
 
-def rms_norm(x, weight, eps: float):
+def rms_norm(x, weight, eps: float, unit_offset: bool = False):
+    """unit_offset: Gemma's (1 + weight), FlashInfer's gemma_rmsnorm."""
     import flashinfer
 
-    return flashinfer.rmsnorm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
+    norm = flashinfer.gemma_rmsnorm if unit_offset else flashinfer.rmsnorm
+    return norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
 
-def rms_norm_add(x, residual, weight, eps: float):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
     """In place: FlashInfer leaves x + residual in residual and the normed rows in x."""
     import flashinfer
 
     normed, total = x.reshape(-1, x.shape[-1]), residual.reshape(-1, residual.shape[-1])
-    flashinfer.fused_add_rmsnorm(normed, total, weight, eps)
+    fused = flashinfer.gemma_fused_add_rmsnorm if unit_offset else flashinfer.fused_add_rmsnorm
+    fused(normed, total, weight, eps)
     return normed.view(x.shape), total.view(residual.shape)
 
 
@@ -305,10 +308,11 @@ SPECS = [
           setup_ms=plan_ms("flashinfer.decode_tc"), notes=
           "tensor-core decode (FA2 prefill kernels), for large GQA groups; head_dim 64/128/256; " + _DECODE_NOTES,
           head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm"})),
-    _spec("flashinfer.rms_norm", "norm.rms", rms_norm, "one CTA per row, fixed-order reduction",
-          deterministic=True),
+    _spec("flashinfer.rms_norm", "norm.rms", rms_norm, "one CTA per row, fixed-order reduction; "
+          "gemma_rmsnorm for unit_offset", deterministic=True, features=frozenset({"unit_offset"})),
     _spec("flashinfer.rms_norm_add", "norm.rms_add", rms_norm_add,
-          "in place: x + residual written to residual, the normed rows to x (both returned)", deterministic=True),
+          "in place: x + residual written to residual, the normed rows to x (both returned); "
+          "gemma_fused_add_rmsnorm for unit_offset", deterministic=True, features=frozenset({"unit_offset"})),
     _spec("flashinfer.layer_norm", "norm.layer", layer_norm,
           "bf16 only; weight and bias cast to fp32 (the kernel's gamma/beta dtype) on every call, and "
           "non-contiguous x copied (the kernel ignores row strides): both measured",

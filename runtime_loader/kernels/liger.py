@@ -16,7 +16,12 @@ from ..specs import HEAD_DIM_ANY, KernelSpec
 from .eager import ALL_DTYPES
 
 LLAMA_CASTING = "llama"  # fp32 statistics, the normalised row cast back before the weight: HF Llama's RMSNorm
-NO_OFFSET = 0.0  # y = x_hat * (offset + weight); Gemma's (1 + weight) would be offset 1
+GEMMA_CASTING = "gemma"  # everything in fp32, one rounding at the end: Gemma's (1 + weight) RMSNorm
+
+
+def _offset_casting(unit_offset: bool) -> tuple[float, str]:
+    """Liger's y = x_hat * (offset + weight): offset 1 with Gemma casting is our unit_offset."""
+    return (1.0, GEMMA_CASTING) if unit_offset else (0.0, LLAMA_CASTING)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -26,19 +31,19 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 2 and x.stride(1) == 1 else x.contiguous()
 
 
-def rms_norm(x, weight, eps: float):
+def rms_norm(x, weight, eps: float, unit_offset: bool = False):
     from liger_kernel.ops.rms_norm import rms_norm_forward
 
     # row_mode=None: Liger picks its one-row or 16-row-block kernel from the shape
-    return rms_norm_forward(_rows(x), weight.contiguous(), eps, NO_OFFSET, LLAMA_CASTING, None)[0]
+    return rms_norm_forward(_rows(x), weight.contiguous(), eps, *_offset_casting(unit_offset), None)[0]
 
 
-def rms_norm_add(x, residual, weight, eps: float):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
     from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
 
     # Writes both results to new tensors: x and residual are left as they were.
     normed, total = fused_add_rms_norm_forward(_rows(x), _rows(residual), weight.contiguous(), eps,
-                                               NO_OFFSET, LLAMA_CASTING)[:2]
+                                               *_offset_casting(unit_offset))[:2]
     return normed, total
 
 
@@ -105,9 +110,11 @@ def _spec(kernel_id: str, op: str, impl, notes: str, **capabilities) -> KernelSp
 
 ROW_LIMIT = "rows up to 65536 wide (one Triton block per row)"
 SPECS = [
-    _spec("liger.rms_norm", "norm.rms", rms_norm, f"Llama casting mode, offset 0; {ROW_LIMIT}"),
+    _spec("liger.rms_norm", "norm.rms", rms_norm, f"Llama casting, offset 0 (unit_offset: Gemma casting, offset 1); "
+          f"{ROW_LIMIT}", features=frozenset({"unit_offset"})),
     _spec("liger.rms_norm_add", "norm.rms_add", rms_norm_add,
-          f"LigerFusedAddRMSNorm forward, Llama casting; new output tensors; {ROW_LIMIT}"),
+          f"LigerFusedAddRMSNorm forward, Llama casting (unit_offset: Gemma casting, offset 1); new output tensors; "
+          f"{ROW_LIMIT}", features=frozenset({"unit_offset"})),
     _spec("liger.layer_norm", "norm.layer", layer_norm, f"fp32 statistics and affine; {ROW_LIMIT}"),
     _spec("liger.swiglu", "act.swiglu", swiglu,
           "halves of one gate_up buffer: Liger's fused gate-up kernel, zero-copy; otherwise LigerSiLUMul "

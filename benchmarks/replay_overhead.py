@@ -31,7 +31,14 @@ CASES = [
     ("posenc.rope", {"hq": 8, "hkv": 1, "d": 128, "layout": "split_half"}, (), {"tokens": 1}, "eager.rope", "rope"),
     ("attention.decode", {"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 1, "kv_len": 512}, "sdpa.default", "attention"),
 ]
-LOOKUP = {"linear": "_linear_fn", "rope": "_rope_fn", "attention": "_attention_fn"}
+# method -> (the dispatcher's lookup for the call, its arguments, the kernel's own arguments)
+LOOKUP = {
+    "rms_norm": lambda d, a: (d._rows_fn, ("norm.rms", a[0], a[3]), a[:3]),
+    "swiglu": lambda d, a: (d._rows_fn, ("act.swiglu", a[0]), a),
+    "linear": lambda d, a: (d._linear_fn, a[:3], a),
+    "rope": lambda d, a: (d._rope_fn, (a[0], a[1], a[4]), a),
+    "attention": lambda d, a: (d._attention_fn, (*a[:4], *a[5:]), a[:5]),  # no window/softcap: the plain call
+}
 
 
 def table_for(device: torch.device, dtype: str) -> dict:
@@ -75,16 +82,11 @@ def main() -> None:
         call_args = example_args(sig, dims, device)
         direct = registry.get(kernel_id).impl
         dispatched = getattr(d, method)
-        if method in d.ROW_OPS:  # norms and activations share one lookup keyed on their first input
-            lookup, lookup_args = d._rows_fn, (d.ROW_OPS[method], call_args[0])
-        else:
-            lookup = getattr(d, LOOKUP[method])
-            lookup_args = {"linear": lambda a: a[:3], "rope": lambda a: (a[0], a[1], a[4]),
-                           "attention": lambda a: a[:4]}[method](call_args)
+        lookup, lookup_args, kernel_args = LOOKUP[method](d, call_args)
         assert d.kernel_for(method, *call_args) == kernel_id
         timings = {"direct": [], "dispatcher": [], "lookup": []}
         for _ in range(args.rounds):
-            timings["direct"].append(per_call_us(lambda: direct(*call_args), args.calls, sync))
+            timings["direct"].append(per_call_us(lambda: direct(*kernel_args), args.calls, sync))
             timings["dispatcher"].append(per_call_us(lambda: dispatched(*call_args), args.calls, sync))
             timings["lookup"].append(per_call_us(lambda: lookup(*lookup_args), args.calls, lambda: None))
         overhead = [b - a for a, b in zip(timings["direct"], timings["dispatcher"])]

@@ -29,12 +29,13 @@ def active() -> Dispatcher:
 
 
 @torch.library.custom_op("lzsolve::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None) -> Tensor:
-    return _active.attention(q, k, v, causal, scale)
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None, qk_norm: bool = False) -> Tensor:
+    """qk_norm: q and k come from a per-head norm (Qwen3, Gemma 3): the table's qk_norm signatures serve it."""
+    return _active.attention(q, k, v, causal, scale, qk_norm=qk_norm)
 
 
 @attention.register_fake
-def _(q, k, v, causal, scale):
+def _(q, k, v, causal, scale, qk_norm=False):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 

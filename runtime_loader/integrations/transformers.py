@@ -38,7 +38,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal = bool(is_causal) and seq_q > 1  # transformers' rule: a single query attends to every key
-    out = library.attention(query, key, value, causal, scaling)
+    qk_norm = getattr(module, "q_norm", None) is not None  # Qwen3 / Gemma 3: tuned as qk_norm signatures
+    out = library.attention(query, key, value, causal, scaling, qk_norm)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -86,10 +86,9 @@ class Dispatcher:
     def _attention_fn(self, q, k, v, causal, window, softcap, qk_norm):
         key = (q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, qk_norm)
         # a call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA cannot softcap
-        schema = OPS["attention.prefill"]
         return self._attention.get(key) or self._resolve(
             self._attention, key, attention_call(q, k, v, causal, window, softcap, qk_norm),
-            schema.reference if softcap else schema.fallback, q.is_cuda)
+            OPS["attention.prefill"].reference if softcap else OPS["attention.prefill"].fallback, q.is_cuda)
 
     def _rows_fn(self, op: str, x, unit_offset: bool = False):
         """Norms, activations, learned positions: keyed on the shape of their first input (and the norm's flag)."""

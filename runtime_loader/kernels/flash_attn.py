@@ -15,9 +15,7 @@ FA3 declares softcap but no sliding window.
 from __future__ import annotations
 
 from ..specs import KernelSpec
-from .sdpa import ATTENTION, CAUSAL_GQA, HALF
-
-FEATURES = CAUSAL_GQA | {"qk_norm"}  # q and k taken as given: composes with a separate QK-norm op
+from .sdpa import ATTENTION, ATTENTION_FEATURES, HALF
 
 
 def fa_layout(t):
@@ -61,12 +59,12 @@ SPECS = [
     # fa3_fwd_config.py: FP16 kernels disabled (bf16 only; fp8 is outside our dtypes), head dims
     # 64/96/128/192/256 built, a smaller d runs in the 64 kernel; mha_fwd wants d % 8 == 0, d <= 256.
     KernelSpec("fa3.attention", ATTENTION, "fa3-fwd", fa3, platforms=frozenset({"cuda"}), min_sm=90, max_sm=90,
-               dtypes=frozenset({"bf16"}), head_dim_max=256, head_dim_multiple=8, features=FEATURES | {"softcap"},
+               dtypes=frozenset({"bf16"}), head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | {"softcap"},
                graph_safe=True, deterministic=True, requires=("fa3_fwd_interface",),
                notes="FlashAttention-3 forward (fa3-fwd wheel), Hopper only; split-KV chosen by FA3's heuristic"),
     KernelSpec("fa2.attention", ATTENTION, "flash-attn", fa2, platforms=frozenset({"cuda"}), min_sm=80, max_sm=90,
                dtypes=HALF, head_dim_max=256, head_dim_multiple=8,
-               features=FEATURES | {"sliding_window", "softcap"},
+               features=ATTENTION_FEATURES | {"sliding_window", "softcap"},
                graph_safe=True, deterministic=True, requires=("flash_attn",),
                notes="FlashAttention-2 (Ampere, Ada, Hopper per its README); written from the documented "
                      "flash_attn_func API, not yet run; d % 8 != 0 would be padded (a copy), so not declared"),

@@ -30,7 +30,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..specs import KernelSpec
 from .eager import ALL_DTYPES
-from .sdpa import ATTENTION, CAUSAL_GQA
+from .sdpa import ATTENTION, ATTENTION_FEATURES
 
 BLOCK_MASKS_KEPT = 64  # a causal block mask is (seq / 128)^2 block indices; creating one costs seq_q * kv_len bools
 
@@ -119,7 +119,7 @@ SPECS = [
                head_dim_max=256, head_dim_multiple=16,
                # no sliding_window: a windowed causal prefill (seq 70, window 16) failed to lower on the H100
                # (torch 2.11: Inductor "NoValidChoicesError" for flex_attention); the mask mod is kept for it
-               features=CAUSAL_GQA | {"qk_norm", "softcap"}, graph_safe=True, jit=True,
+               features=ATTENTION_FEATURES | {"softcap"}, graph_safe=True, jit=True,
                jit_caches=("inductor", "triton"),
                notes="torch.compile(flex_attention, dynamic=False), one code object per shape: a compile per "
                      "new shape, never the unfused fallback"),

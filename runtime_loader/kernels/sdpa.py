@@ -18,8 +18,9 @@ from .eager import ALL_DTYPES, BOTH, visible_keys
 HALF = frozenset({"bf16", "fp16"})
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
 CAUSAL_GQA = frozenset({"causal", "gqa"})
-# qk_norm only says q and k come from a per-head norm: every kernel here takes them as given
-SDPA_FEATURES = CAUSAL_GQA | {"qk_norm"}
+# qk_norm only says q and k come from a per-head norm: every attention kernel that takes q and k
+# as given (all of ours) composes with it
+ATTENTION_FEATURES = CAUSAL_GQA | {"qk_norm"}
 aten = torch.ops.aten
 
 
@@ -54,21 +55,21 @@ def math_backend(q, k, v, causal: bool, scale: float | None):
 
 SPECS = [
     KernelSpec("sdpa.default", ATTENTION, "torch", sdpa, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=SDPA_FEATURES | {"sliding_window"}, graph_safe=True,
+               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | {"sliding_window"}, graph_safe=True,
                notes="PyTorch's own backend choice; the attention fallback; a sliding window as a boolean mask"),
     KernelSpec("sdpa.flash", ATTENTION, "torch", flash, platforms=frozenset({"cuda"}),
-               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=SDPA_FEATURES,
+               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES,
                graph_safe=True, notes="FlashAttention-2 inside PyTorch"),
     KernelSpec("sdpa.cpu_flash", ATTENTION, "torch", cpu_flash,
                platforms=frozenset({"cpu"}), dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=SDPA_FEATURES, graph_safe=True, notes="PyTorch's blocked CPU flash attention"),
+               features=ATTENTION_FEATURES, graph_safe=True, notes="PyTorch's blocked CPU flash attention"),
     KernelSpec("sdpa.efficient", ATTENTION, "torch", efficient,
                platforms=frozenset({"cuda"}), min_sm=50, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
                head_dim_multiple=8, features=frozenset({"causal", "qk_norm"}), graph_safe=True,
                notes="memory-efficient (xformers) kernel; refuses GQA without expanded K/V"),
     KernelSpec("sdpa.cudnn", ATTENTION, "torch", cudnn, platforms=frozenset({"cuda"}),
-               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=SDPA_FEATURES,
+               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES,
                graph_safe=True),
     KernelSpec("sdpa.math", ATTENTION, "torch", math_backend, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=SDPA_FEATURES, graph_safe=True, deterministic=True),
+               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES, graph_safe=True, deterministic=True),
 ]

@@ -6,6 +6,7 @@ nothing written.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import math
 import sys
@@ -23,7 +24,9 @@ from runtime_loader.ops import DTYPES, required_features
 from . import __version__, tuner
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
+from .compare import DEFAULT_THRESHOLD, compare
 from .errors import LzError
+from .fsutil import atomic_write_text
 from .grid import GRIDS, default_grid
 from .models import CATALOGUE, from_catalogue, from_config_file, shard, walk
 from .perfdb import PerfDB
@@ -31,8 +34,14 @@ from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, searc
 from .tuner import Plan, make_plan, new_run_id
 from .worker import InProcessRunner, WorkerRunner, load_plugins
 
+# Exit codes a CI step can branch on.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the run finished but its result cannot be trusted (or lzsolve itself failed)
 EXIT_BAD_INPUT = 2
+EXIT_REGRESSED = 3  # slower than the baseline artifact beyond --max-regression
 EXIT_INTERRUPTED = 130
+STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED}
+LOG_EVERY_S = 30.0  # progress lines when stderr is not a terminal (CI logs)
 
 
 def _device(value: str | None) -> torch.device:
@@ -94,6 +103,44 @@ def _print_table(columns: list[str], rows: list[tuple]) -> None:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
+class _LogProgress:
+    """click.progressbar's interface for logs: a line every LOG_EVERY_S seconds and one at the end,
+    instead of a bar redrawn with carriage returns."""
+
+    def __init__(self, length: int, label: str):
+        self.length, self.label, self.done = length, label, 0
+        self.started = self.last = time.monotonic()
+
+    def __enter__(self):
+        return self
+
+    def update(self, n: int, item: str | None = None) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= LOG_EVERY_S:
+            self.last = now
+            self._line(f"{self._count()}, {now - self.started:.0f} s" + (f": {item}" if item else ""))
+
+    def _count(self) -> str:
+        if not self.length:
+            return f"{self.done} done"
+        return f"{self.done}/{self.length} ({100 * self.done / self.length:.0f}%)"
+
+    def _line(self, text: str) -> None:
+        click.echo(f"{self.label} {text}", err=True)
+
+    def __exit__(self, *exc):
+        self._line(f"{self._count()} in {time.monotonic() - self.started:.0f} s" + (" (stopped)" if exc[0] else ""))
+
+
+def progress(length: int, label: str):
+    """A progress bar on a terminal, periodic lines otherwise."""
+    if sys.stderr.isatty():
+        return click.progressbar(length=length, label=label, show_eta=bool(length), show_pos=True,
+                                 item_show_func=lambda s: s, file=sys.stderr)
+    return _LogProgress(length, label)
+
+
 def model_options(f):
     options = [
         click.option("--model", "model", metavar="NAME", help=f"built-in model: {', '.join(CATALOGUE)}"),
@@ -145,14 +192,27 @@ def cli():
                    "[default: each search space's own budget]")
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
               help="folder of search-space YAML files  [default: the repo's search_spaces/]")
+@click.option("--baseline", type=click.Path(file_okay=False), default=None,
+              help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
+@click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
+              help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.05 = 5%)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
-         trials, spaces):
+         trials, spaces, baseline, max_regression, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
     fp32 reference before it is timed; all records, rejections included, go to the
     PerfDB. Interrupted runs keep their records: run the same command again to continue.
+
+    \b
+    Exit codes (for CI): 0 ok; 1 failed (an op signature has no admitted kernel at any
+    grid point, so its table is blind); 2 bad input; 3 regressed vs --baseline;
+    130 interrupted.
     """
+    if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
+        raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
     plan = _plan(model, config, tp, dtype, device, grid, kernels, exclude)
     mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
@@ -172,18 +232,64 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {dtype} on {plan.hardware['name']} "
                    f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
-        with click.progressbar(length=plan.measurements, label="measuring", show_eta=True, show_pos=True,
-                               item_show_func=lambda s: s, file=sys.stderr) as bar:
+        with progress(plan.measurements, "measuring") as bar:
             records = tuner.tune(plan, db, runner, run_id, reuse=not fresh, on_step=lambda label: bar.update(1, label))
     finally:
         runner.close()
     table = build_table(plan, records, mode, run_id)
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records)))
-    click.echo(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
-               f"{runner.restarts} worker restart(s))")
+    say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
+    say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
+        f"{runner.restarts} worker restart(s))")
     for entry in table["ops"]:
-        click.echo(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
+        say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
+    summary = run_summary(plan, table, records, out_dir, wall, runner.restarts)
+    if baseline is not None:
+        summary["comparison"] = compare(out_dir, Path(baseline), max_regression)
+        _say_comparison(summary["comparison"], say)
+    summary["status"] = ("failed" if summary["blind"] else
+                         "regressed" if summary["comparison"] and summary["comparison"]["regressed"] else "ok")
+    for sig in summary["blind"]:
+        click.echo(f"error: {sig}: no kernel was admitted at any grid point (see `lzsolve explain`)", err=True)
+    if as_json:
+        click.echo(json.dumps(summary, indent=1, default=str))
+    return STATUS_EXIT[summary["status"]]
+
+
+def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wall_s: float, restarts: int) -> dict:
+    """What CI needs to know about a tune, as plain data (`tune --json`)."""
+    measured = [r for r in records if r["stage"] != "capability"]  # capability verdicts cost nothing
+    rejected: dict[str, int] = {}
+    for r in records:
+        if r["status"] == "rejected":
+            rejected[r["stage"]] = rejected.get(r["stage"], 0) + 1
+    return {
+        "status": None, "artifact": str(out_dir), "run_id": table["run_id"],
+        "model": table["model"], "hardware": table["hardware"]["name"], "hw_slug": table["hw_slug"],
+        "timing_mode": table["timing_mode"], "grid": table["grid"], "wall_s": round(wall_s, 1),
+        "records": len(records), "measured": sum(r["run_id"] == table["run_id"] for r in measured),
+        "reused": sum(r["run_id"] != table["run_id"] for r in measured),
+        "rejected_by_stage": rejected, "worker_restarts": restarts,
+        "notes": tuner.notes(plan),
+        "signatures": [{"signature": e["signature"], "kernels": sorted(set(leaf_ids(e["tree"]))),
+                        "grid_regret": e["grid_regret"], "fallback": e["fallback"]} for e in table["ops"]],
+        "blind": [e["signature"] for e in table["ops"] if e["grid_regret"] is None],
+        "comparison": None,
+    }
+
+
+def _say_comparison(result: dict, say) -> None:
+    say(f"vs baseline {result['baseline']} (run {result['baseline_run']}), time new / old, "
+        f"allowed +{result['threshold'] * 100:.0f}%:")
+    for sig, c in result["signatures"].items():
+        flag = "  REGRESSED" if c["regressed"] else ""
+        say(f"  {sig}: geomean {c['ratio_geomean']:.3f}, worst {c['ratio_worst']:.3f} at {c['worst_at']} "
+            f"({c['points']} points){flag}")
+    for sig in result["only_new"]:
+        say(f"  {sig}: new (no baseline)")
+    for sig in result["only_baseline"]:
+        say(f"  {sig}: only in the baseline")
 
 
 def _print_notes(plan: Plan) -> None:
@@ -200,8 +306,7 @@ def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: in
         return plan
     click.echo(f"searching {', '.join(sorted(spaces))} configurations: up to {total} trials "
                f"(studies in {out_dir / STORAGE_NAME})", err=True)
-    with click.progressbar(length=total, label="searching", show_eta=True, show_pos=True,
-                           item_show_func=lambda s: s, file=sys.stderr) as bar:
+    with progress(total, "searching") as bar:
         return search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
                       on_trial=lambda label: bar.update(1, label))
 
@@ -335,7 +440,8 @@ def explain(artifact, op_glob):
 def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
     """Measure the table's regret on shapes it never saw: geomean and worst of
     time(table choice) / time(best kernel), and time(table choice) / time(PyTorch default).
-    ARTIFACT defaults to the newest under ./artifacts."""
+    ARTIFACT defaults to the newest under ./artifacts. Exits 1 when the table's choice
+    fails at a shape (the runtime would hit that failure), else 0."""
     from .evaluate import evaluate as run_evaluation, parse_shapes, summarize
 
     _load_plugins(plugins)
@@ -346,7 +452,7 @@ def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
     runner = WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else InProcessRunner(dev, plugins=plugins)
     click.echo(f"evaluating {folder} ({table['timing_mode']} timing) on {dev}", err=True)
     try:
-        with click.progressbar(length=0, label="measuring", file=sys.stderr) as bar:
+        with progress(0, "measuring") as bar:
             results = run_evaluation(folder, dev, runner, wanted, on_step=lambda label: bar.update(1, label))
     finally:
         runner.close()
@@ -362,15 +468,36 @@ def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
                  rows)
     click.echo("regret = time(table choice) / time(best kernel); vs default = time(table choice) / time(fallback)")
     for problem in summary["problems"]:
-        click.echo(f"warning: {problem}", err=True)
+        click.echo(f"error: {problem}", err=True)
     if json_out:
-        Path(json_out).write_text(json.dumps({"artifact": str(folder), "timing_mode": table["timing_mode"],
-                                              **summary}, indent=1, default=str))
+        atomic_write_text(Path(json_out), json.dumps({"artifact": str(folder), "timing_mode": table["timing_mode"],
+                                                      **summary}, indent=1, default=str) + "\n")
+    return EXIT_FAILED if summary["problems"] else EXIT_OK
+
+
+@cli.command("compare")
+@click.argument("artifact", type=click.Path(file_okay=False))
+@click.argument("baseline", type=click.Path(file_okay=False))
+@click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
+              help="allowed slowdown of an op signature (geomean over its grid points; 0.05 = 5%)")
+@click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
+def compare_cmd(artifact, baseline, max_regression, as_json):
+    """Is ARTIFACT slower than BASELINE (a previous artifact of the same model, GPU and dtype)?
+
+    Per op signature: time(new table's choice) / time(old table's choice) at every grid
+    point both measured, each from its own PerfDB. Exit 3 when any signature's geomean
+    exceeds 1 + --max-regression, else 0."""
+    result = compare(find_artifact(artifact), find_artifact(baseline), max_regression)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    else:
+        _say_comparison(result, click.echo)
+    return EXIT_REGRESSED if result["regressed"] else EXIT_OK
 
 
 @cli.group()
 def db():
-    """Query the PerfDB with DuckDB SQL (views: records, admitted, rejected)."""
+    """Query the PerfDB with DuckDB SQL (views: records, admitted, rejected, ceilings)."""
 
 
 @db.command("query")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime_loader import registry
-from runtime_loader.ops import Signature
+from runtime_loader.ops import DTYPES, Signature
 from runtime_loader.specs import CRASHED
 
 from .bench import Harness, Measurement, describe, rotation_sets
@@ -42,6 +42,18 @@ class TimingTask:
     kernel_ids: tuple[str, ...]
     dims: dict
     seed: int
+
+
+@dataclass(frozen=True)
+class CeilingTask:
+    """Measure what the device achieves on a dense matmul and a large copy in `dtype`."""
+    dtype: str
+
+
+# Sizes past the plateau on an H100 (an 8192^3 bf16 matmul runs ~1.5 ms, a 1 GiB copy
+# ~0.7 ms); small on a CPU, where bf16 matmuls run at ~1 GFLOP/s and the probe should stay
+# well under a second of the tune.
+CEILING_PROBES = {"cuda": (8192, 1 << 30), "cpu": (256, 32 << 20)}
 
 
 def tensor_bytes(args: tuple) -> int:
@@ -134,7 +146,35 @@ def run_timing(task: TimingTask, device: torch.device, harness: Harness, sensor:
     return {"per_kernel": per_kernel, "restart": failed_capture}
 
 
-def run_task(task: ParityTask | TimingTask, device: torch.device, harness: Harness, sensor: Sensor) -> dict:
+def run_ceilings(task: CeilingTask, device: torch.device, harness: Harness) -> dict:
+    """{'ceilings': [{kind, mode, per_s, probe, spread}, ...]}: rates from the median times."""
+    n, copy_bytes = CEILING_PROBES[device.type]
+    dtype = DTYPES[task.dtype]
+    try:
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        src = torch.randn(copy_bytes // a.element_size(), device=device, dtype=dtype)
+        dst = torch.empty_like(src)
+        results = harness.measure({"compute": [lambda: torch.mm(a, b)], "memory": [lambda: dst.copy_(src)]})
+    except Exception as e:
+        return _failure("bench", e, device)
+    work = {"compute": (2.0 * n ** 3, f"matmul {n}x{n}x{n} {task.dtype}"),
+            "memory": (2.0 * copy_bytes, f"copy {copy_bytes >> 20} MiB {task.dtype} (read + write)")}
+    rows = []
+    for kind, m in results.items():
+        if isinstance(m, Exception):
+            continue
+        amount, probe = work[kind]
+        for mode, t in (("eager", m.eager), ("graph", m.graph)):
+            if t is not None and t.median_ms > 0:
+                rows.append({"kind": kind, "mode": mode, "per_s": amount / (t.median_ms * 1e-3), "probe": probe,
+                             "spread": t.spread})
+    return {"ceilings": rows}
+
+
+def run_task(task: ParityTask | TimingTask | CeilingTask, device: torch.device, harness: Harness,
+             sensor: Sensor) -> dict:
     if isinstance(task, ParityTask):
         return run_parity(task, device, harness)
+    if isinstance(task, CeilingTask):
+        return run_ceilings(task, device, harness)
     return run_timing(task, device, harness, sensor)

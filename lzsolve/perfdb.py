@@ -3,7 +3,8 @@
 A run appends whole files (written to a temp name, then renamed), so an
 interrupted run loses at most the signature it was measuring, and readers
 never see a partial file. Views: `records` (everything), `admitted`
-(status = 'ok'), `rejected` (with their Reasons).
+(status = 'ok'), `rejected` (with their Reasons), and `ceilings` (the
+device's measured compute and memory peaks per run, for roofline fractions).
 """
 from __future__ import annotations
 
@@ -76,6 +77,23 @@ SCHEMA = pa.schema([
 ])
 COLUMNS = SCHEMA.names
 
+# One row per (run, kind, timing mode): what a dense matmul and a large copy achieve on the
+# device, measured with the same harness as the kernels. Roofline fractions divide by these.
+CEILINGS_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("ts", pa.timestamp("us")),
+    ("hw_slug", pa.string()),
+    ("device", pa.string()),
+    ("timer", pa.string()),
+    ("dtype", pa.string()),
+    ("kind", pa.string()),  # 'compute' (FLOP/s) or 'memory' (bytes/s, read + write)
+    ("mode", pa.string()),  # 'eager' or 'graph', as the records' *_ms columns
+    ("per_s", pa.float64()),
+    ("probe", pa.string()),  # what was run, e.g. 'matmul 8192x8192x8192 bf16'
+    ("spread", pa.float64()),
+])
+RECORDS_GLOB, CEILINGS_GLOB = "part-*.parquet", "ceilings-*.parquet"
+
 
 def dims_key(dims: dict) -> str:
     return json.dumps(dims, sort_keys=True)
@@ -86,21 +104,26 @@ class PerfDB:
         self.path = Path(path)
         self._seq = itertools.count()
 
-    def files(self) -> list[Path]:
-        return sorted(self.path.glob("*.parquet")) if self.path.is_dir() else []
+    def files(self, pattern: str = RECORDS_GLOB) -> list[Path]:
+        return sorted(self.path.glob(pattern)) if self.path.is_dir() else []
 
     def append(self, records: list[dict], run_id: str) -> Path | None:
         """Write `records` as one new Parquet file; returns its path (None if nothing to write)."""
-        if not records:
+        return self._write(records, SCHEMA, f"part-{run_id}-{next(self._seq):05d}.parquet")
+
+    def append_ceilings(self, rows: list[dict], run_id: str) -> Path | None:
+        return self._write(rows, CEILINGS_SCHEMA, f"ceilings-{run_id}.parquet")
+
+    def _write(self, rows: list[dict], schema: pa.Schema, name: str) -> Path | None:
+        if not rows:
             return None
-        unknown = set().union(*records) - set(COLUMNS)
+        unknown = set().union(*rows) - set(schema.names)
         if unknown:
             raise ValueError(f"records carry unknown columns {sorted(unknown)}")
         self.path.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pylist(records, schema=SCHEMA)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="zstd")
-        target = self.path / f"part-{run_id}-{next(self._seq):05d}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), sink, compression="zstd")
+        target = self.path / name
         atomic_write_bytes(target, sink.getvalue().to_pybytes())
         return target
 
@@ -109,11 +132,19 @@ class PerfDB:
         if not self.files():
             raise LzError(f"no PerfDB records under {self.path}; run `lzsolve tune` first or pass --db")
         con = duckdb.connect()
-        glob = str(self.path / "*.parquet").replace("'", "''")
-        con.execute(f"CREATE VIEW records AS SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+        con.execute(f"CREATE VIEW records AS SELECT * FROM {self._scan(RECORDS_GLOB)}")
         con.execute("CREATE VIEW admitted AS SELECT * FROM records WHERE status = 'ok'")
         con.execute("CREATE VIEW rejected AS SELECT * FROM records WHERE status = 'rejected'")
+        if self.files(CEILINGS_GLOB):
+            con.execute(f"CREATE VIEW ceilings AS SELECT * FROM {self._scan(CEILINGS_GLOB)}")
+        else:  # older PerfDBs and runs without a probe: the view exists, empty
+            con.register("_no_ceilings", pa.Table.from_pylist([], schema=CEILINGS_SCHEMA))
+            con.execute("CREATE VIEW ceilings AS SELECT * FROM _no_ceilings")
         return con
+
+    def _scan(self, pattern: str) -> str:
+        glob = str(self.path / pattern).replace("'", "''")
+        return f"read_parquet('{glob}', union_by_name = true)"
 
     def query(self, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
         con = self.connect()

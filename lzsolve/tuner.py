@@ -27,10 +27,10 @@ from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 from . import __version__
 from .gates import capability_gate
 from .grid import workloads
-from .measure import ParityTask, TimingTask
+from .measure import CeilingTask, ParityTask, TimingTask
 from .models import ModelSpec, OpInstance, unmodelled, walk
 from .ops import CONTRACTS
-from .perfdb import DIMS, PerfDB, dims_key
+from .perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
 
 
 class Runner(Protocol):
@@ -38,7 +38,7 @@ class Runner(Protocol):
 
     timer: str
 
-    def run(self, task: ParityTask | TimingTask) -> dict: ...
+    def run(self, task: ParityTask | TimingTask | CeilingTask) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,21 @@ def measure_workload(sp: SignaturePlan, dims: dict, specs: list[KernelSpec], run
     return records
 
 
+def measure_ceilings(db: PerfDB, runner: Runner, recorder: Recorder, dtype: str, reuse: bool = True) -> None:
+    """The device's compute and memory ceilings for roofline fractions, once per machine,
+    stack and dtype (a warm PerfDB keeps its own). A failed probe leaves no row, no error."""
+    if reuse and db.files(CEILINGS_GLOB):
+        known = db.rows("SELECT count(*) AS n FROM ceilings WHERE hw_slug = ? AND timer = ? AND dtype = ?",
+                        [recorder.hw_slug, recorder.timer, dtype])
+        if known[0]["n"]:
+            return
+    result = runner.run(CeilingTask(dtype))
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    common = {k: recorder.common[k] for k in ("run_id", "hw_slug", "device", "timer")}
+    db.append_ceilings([{**common, "ts": now, "dtype": dtype, **row} for row in result.get("ceilings", [])],
+                       recorder.run_id)
+
+
 def tune(plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True,
          on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
     """Gate and measure every (workload, candidate) of the plan through `runner`; returns this
@@ -220,6 +235,7 @@ def tune(plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reus
     run_id = run_id or new_run_id()
     recorder = Recorder(plan.model.name, plan.model.tp, plan.dtype, plan.device, plan.hardware, run_id, runner.timer)
     reusable = _reusable(db, recorder) if reuse else {}
+    measure_ceilings(db, runner, recorder, plan.dtype, reuse)
     seeds = fresh_seeds()
     results: list[dict] = []
     for sp in plan.signatures:

@@ -20,7 +20,7 @@ from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 from .bench import Budget, make_harness, timer_name
 from .env import Sensor
 from .errors import LzError
-from .measure import ParityTask, TimingTask, needs_restart, rejected, run_task
+from .measure import CeilingTask, ParityTask, TimingTask, needs_restart, rejected, run_task
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -46,7 +46,7 @@ class InProcessRunner:
         self.sensor = Sensor.for_device(self.device)
         self.timer = self.harness.name
 
-    def run(self, task: ParityTask | TimingTask) -> dict:
+    def run(self, task: ParityTask | TimingTask | CeilingTask) -> dict:
         return run_task(task, self.device, self.harness, self.sensor)
 
     def close(self) -> None:
@@ -118,7 +118,7 @@ class WorkerRunner:
                 self._proc.kill()
             self._reap()
 
-    def run(self, task: ParityTask | TimingTask) -> dict:
+    def run(self, task: ParityTask | TimingTask | CeilingTask) -> dict:
         if self._proc is None:
             self._start()
         started = time.monotonic()

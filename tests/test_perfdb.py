@@ -35,3 +35,14 @@ def test_errors_are_one_line(tmp_path):
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="unknown columns"):
         db.append([{**rec("a"), "bogus": 1}], "r1")
+
+
+def test_ceilings_view_is_there_empty_or_filled(tmp_path):
+    db = PerfDB(tmp_path / "perfdb")
+    db.append([rec("a")], "r1")
+    assert db.rows("SELECT count(*) AS n FROM ceilings") == [{"n": 0}]  # a PerfDB from before the probe
+    db.append_ceilings([{"run_id": "r1", "ts": dt.datetime(2026, 11, 22, 12, 0), "hw_slug": "h", "dtype": "bf16",
+                         "kind": "memory", "mode": "graph", "per_s": 3.0e12, "probe": "copy"}], "r1")
+    assert db.files() == sorted((tmp_path / "perfdb").glob("part-*.parquet"))  # records stay records
+    assert db.rows("SELECT kind, per_s FROM ceilings") == [{"kind": "memory", "per_s": 3.0e12}]
+    assert db.rows("SELECT count(*) AS n FROM records") == [{"n": 1}]

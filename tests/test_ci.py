@@ -1,0 +1,146 @@
+"""The CI step end to end on CPU: ci/tune_artifacts.py drives `lzsolve tune --json` and
+`lzsolve evaluate`, gates on a baseline and exits 0 / 1 / 3; `lzsolve compare` and the
+tune summary on their own; logs without a terminal."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from lzsolve.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REGRESSED, cli
+from lzsolve.compare import compare
+from lzsolve.errors import LzError
+from tests.test_cli import TINY_LLAMA
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "ci" / "tune_artifacts.py"
+# Small and quick on 2 cores; a worker process per run, as in real CI.
+TUNE_ARGS = ["--grid", "tiny", "--dtype", "fp32", "--device", "cpu", "--kernels", "eager.*,torch.*,sdpa.*"]
+
+
+def run_script(*args, cwd):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ci")
+    config = root / "tiny-llama" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY_LLAMA))
+    done = run_script("--out", str(root / "out"), f"{config}:2", "no-such-model", "--", *TUNE_ARGS, cwd=root)
+    return root, config, done
+
+
+def invoke(*args):
+    """The command's return value is the exit code `lzsolve` ends with (see cli.main)."""
+    return CliRunner().invoke(cli, list(args), standalone_mode=False, catch_exceptions=False)
+
+
+def scale_times(perfdb: Path, factor: float) -> None:
+    """Pretend the baseline's kernels were `factor` times as fast."""
+    for part in perfdb.glob("part-*.parquet"):
+        table = pq.read_table(part)
+        column = table.schema.get_field_index("eager_ms")
+        table = table.set_column(column, "eager_ms", pc.multiply(table["eager_ms"], factor))
+        pq.write_table(table, part)
+
+
+def test_script_tunes_evaluates_and_reports_failures_per_model(ci_run):
+    root, _, done = ci_run
+    assert done.returncode == EXIT_FAILED, done.stderr  # one model failed, the other was still tuned
+    summary = json.loads((root / "out" / "summary.json").read_text())
+    by_model = {Path(m["model"]).parent.name or m["model"]: m for m in summary["models"]}
+    assert summary["status"] == "failed"
+    good, bad = by_model["tiny-llama"], by_model["no-such-model"]
+    assert good["status"] == "ok" and good["tune_exit"] == EXIT_OK and good["evaluate_exit"] == EXIT_OK
+    assert bad["status"] == "failed" and bad["tune_exit"] == EXIT_BAD_INPUT
+    artifact = root / "out" / "tiny-llama-tp2"
+    assert (artifact / "dispatch.json").is_file() and good["artifact"] == str(artifact)
+    tune = json.loads((root / "out" / "tiny-llama-tp2.tune.json").read_text())
+    assert tune["status"] == "ok" and tune["model"]["tp"] == 2 and tune["measured"] > 0 and not tune["blind"]
+    assert {s["signature"] for s in tune["signatures"]} == {e["signature"] for e in
+                                                           json.loads((artifact / "dispatch.json").read_text())["ops"]}
+    evaluation = json.loads((root / "out" / "tiny-llama-tp2.evaluate.json").read_text())
+    assert evaluation["overall"]["points"] > 0 and good["evaluate"] == evaluation["overall"]
+    md = (root / "out" / "summary.md").read_text()
+    assert "| no-such-model | failed" in md and "ok" in md
+
+
+def test_logs_without_a_terminal_are_lines_not_a_redrawn_bar(ci_run):
+    _, _, done = ci_run
+    assert "\r" not in done.stderr
+    assert "measuring " in done.stderr and "(100%) in" in done.stderr
+
+
+def test_script_gates_on_a_faster_baseline(ci_run):
+    root, config, _ = ci_run
+    baseline = root / "baseline"
+    shutil.copytree(root / "out", baseline)
+    scale_times(baseline / "tiny-llama-tp2" / "perfdb", 0.5)
+    # Same --out: the warm PerfDB is reused, so only the comparison changes.
+    done = run_script("--out", str(root / "out"), "--baseline", str(baseline), "--no-evaluate", f"{config}:2",
+                      "--", *TUNE_ARGS, cwd=root)
+    assert done.returncode == EXIT_REGRESSED, done.stderr
+    model = json.loads((root / "out" / "summary.json").read_text())["models"][0]
+    comparison = model["tune"]["comparison"]
+    assert model["status"] == "regressed" and model["baseline"] == str(baseline / "tiny-llama-tp2")
+    assert comparison["regressed"] and comparison["overall"]["ratio_geomean"] == pytest.approx(2.0)
+    assert model["tune"]["reused"] > 0 and model["tune"]["measured"] == 0
+    assert "REGRESSED" in done.stderr
+
+
+def test_compare_with_itself_is_exactly_even(ci_run):
+    artifact = ci_run[0] / "out" / "tiny-llama-tp2"
+    result = compare(artifact, artifact)
+    assert not result["regressed"] and result["overall"]["points"] > 0
+    assert all(s["ratio_geomean"] == pytest.approx(1.0) for s in result["signatures"].values())
+    cli_result = invoke("compare", str(artifact), str(artifact), "--json")
+    assert cli_result.return_value == EXIT_OK and json.loads(cli_result.output)["regressed"] == []
+
+
+def test_compare_threshold_and_slower_new(ci_run, tmp_path):
+    artifact = ci_run[0] / "out" / "tiny-llama-tp2"
+    slower = tmp_path / "slower"
+    shutil.copytree(artifact, slower)
+    scale_times(slower / "perfdb", 1.04)
+    assert compare(slower, artifact, 0.05)["regressed"] == []  # within the allowance
+    assert compare(slower, artifact, 0.03)["regressed"]
+    result = invoke("compare", str(slower), str(artifact), "--max-regression", "0.03")
+    assert result.return_value == EXIT_REGRESSED and "REGRESSED" in result.output
+
+
+def test_compare_refuses_unlike_artifacts(ci_run, tmp_path):
+    artifact = ci_run[0] / "out" / "tiny-llama-tp2"
+    other = tmp_path / "other"
+    shutil.copytree(artifact, other)
+    table = json.loads((other / "dispatch.json").read_text())
+    table["model"]["dtype"] = "bf16"
+    (other / "dispatch.json").write_text(json.dumps(table))
+    with pytest.raises(LzError, match="dtype is bf16"):
+        compare(artifact, other)
+
+
+def test_tune_rejects_a_missing_baseline(tmp_path):
+    result = CliRunner().invoke(cli, ["tune", "--model", "gpt2", "--baseline", str(tmp_path), "--out",
+                                      str(tmp_path / "a")])
+    assert result.exit_code != 0 and "no dispatch.json" in str(result.exception)
+    assert not (tmp_path / "a").exists()
+
+
+def test_workflow_calls_the_script_on_a_gpu_runner():
+    workflow = yaml.safe_load((REPO / "ci" / "github" / "lzsolve-artifacts.yml").read_text())
+    job = workflow["jobs"]["tune"]
+    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
+    steps = {s.get("name", s.get("uses")): s for s in job["steps"]}
+    assert any("ci/tune_artifacts.py --out ci-artifacts" in s.get("run", "") for s in steps.values())
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()" and upload["with"]["path"] == "ci-artifacts/"
+    download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact"))
+    assert download["with"]["name"] == upload["with"]["name"]

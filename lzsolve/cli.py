@@ -449,6 +449,8 @@ def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
     table = read_table_json(folder)
     dev = _device(device or ("cuda" if table["hardware"]["device"] == "cuda" else "cpu"))
     wanted = parse_shapes(shapes) if shapes else None
+    if (folder / JIT_WORK).is_dir():  # the tuning run's compiled kernels: no JIT again where it ran
+        point_caches(folder / JIT_WORK)
     runner = WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else InProcessRunner(dev, plugins=plugins)
     click.echo(f"evaluating {folder} ({table['timing_mode']} timing) on {dev}", err=True)
     try:

@@ -113,7 +113,7 @@ def test_rerun_reuses_measurements(artifact, tmp_path):
     ceilings = PerfDB(artifact / "perfdb").rows("SELECT run_id, dtype, kind, mode, per_s, probe FROM ceilings ORDER BY kind")
     assert [(c["kind"], c["mode"], c["dtype"]) for c in ceilings] == [("compute", "eager", "fp32"), ("memory", "eager", "fp32")]
     assert {c["run_id"] for c in ceilings} == {runs[0]["run_id"]} and all(c["per_s"] > 0 for c in ceilings)
-    assert ceilings[0]["probe"].startswith("matmul 256x256x256 fp32")
+    assert ceilings[0]["probe"].startswith("matmul 512x512x512 fp32")
 
 
 def test_plan_llama3_70b_tp8(tmp_path):

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# BENCHMARKS.md §9 on the lent H100, in stages that fit one device call each (STAGE=...):
+#   tune:   tuning_throughput.py (llama3-70b TP8, default grid, cold then warm) into .devrun/suite,
+#           then the artifact comes back as $OUT/suite.tgz (carry .devrun to the next stages);
+#   layer:  decoder_layer.py on that artifact;
+#   quality: decision_quality.py (lzsolve evaluate) on it, and replay_overhead.py.
+set -u
+. benchmarks/device_setup.sh > "$OUT/setup.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$OUT/setup.txt"
+case "${STAGE:?set STAGE=tune|layer|quality}" in
+  tune)
+    python3 benchmarks/tuning_throughput.py --model llama3-70b --tp 8 --out .devrun/suite --json "$OUT/tuning.json" \
+      -- --device cuda --trials "${TRIALS:-0}" 2> "$OUT/tune.err"
+    echo "tune rc=$?"; tail -2 "$OUT/tune.err"
+    # with the run's JIT caches when they fit what a call brings back (16 MiB a file)
+    tar czf "$OUT/suite.tgz" .devrun/suite
+    [ "$(stat -c %s "$OUT/suite.tgz")" -gt 16000000 ] && tar czf "$OUT/suite.tgz" --exclude=.jit-work .devrun/suite
+    ls -la "$OUT/suite.tgz" ;;
+  layer)
+    python3 benchmarks/decoder_layer.py .devrun/suite ${RESTORE_JIT:+--restore-jit} --json "$OUT/layer.json" 2>&1 \
+      | tee "$OUT/layer.txt" ;;
+  quality)
+    python3 benchmarks/replay_overhead.py --device cuda --json "$OUT/replay.json" | tee "$OUT/replay.txt"
+    python3 benchmarks/decision_quality.py .devrun/suite --json "$OUT/quality.json" 2> "$OUT/quality.err" \
+      | tee "$OUT/quality.txt"
+    tail -3 "$OUT/quality.err" ;;
+esac

@@ -3,7 +3,8 @@
 #   tune:   tuning_throughput.py (llama3-70b TP8, default grid, cold then warm) into .devrun/suite,
 #           then the artifact comes back as $OUT/suite.tgz (carry .devrun to the next stages);
 #   layer:  decoder_layer.py on that artifact;
-#   quality: decision_quality.py (lzsolve evaluate) on it, and replay_overhead.py.
+#   quality: decision_quality.py (lzsolve evaluate) on it, and replay_overhead.py;
+#   ci:     ci/tune_artifacts.py twice on llama3-8b (tiny grid), the second run gated on the first.
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$OUT/setup.txt"
@@ -24,4 +25,11 @@ case "${STAGE:?set STAGE=tune|layer|quality}" in
     python3 benchmarks/decision_quality.py .devrun/suite --json "$OUT/quality.json" 2> "$OUT/quality.err" \
       | tee "$OUT/quality.txt"
     tail -3 "$OUT/quality.err" ;;
+  ci)
+    python3 ci/tune_artifacts.py --out .devrun/ci1 llama3-8b -- --grid tiny ${CI_TUNE_ARGS:-} 2> "$OUT/ci1.err"
+    echo "first run rc=$?"; cp .devrun/ci1/summary.md "$OUT/ci1.md"
+    python3 ci/tune_artifacts.py --out .devrun/ci2 --baseline .devrun/ci1 llama3-8b -- --grid tiny ${CI_TUNE_ARGS:-} \
+      2> "$OUT/ci2.err"
+    echo "gated run rc=$?"; cp .devrun/ci2/summary.md "$OUT/ci2.md"; cp .devrun/ci2/summary.json "$OUT/ci2.json"
+    cat "$OUT/ci1.md" "$OUT/ci2.md"; grep -A20 "vs baseline" "$OUT/ci2.err" ;;
 esac

@@ -144,3 +144,27 @@ def test_workflow_calls_the_script_on_a_gpu_runner():
     assert upload["if"] == "always()" and upload["with"]["path"] == "ci-artifacts/"
     download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact"))
     assert download["with"]["name"] == upload["with"]["name"]
+
+
+def test_tune_exits_failed_when_a_signature_has_no_admitted_kernel(tmp_path, monkeypatch):
+    """A signature whose every candidate, its fallback included, was rejected leaves the table
+    blind there: the artifact is still written (to be inspected) but the exit code says failed."""
+    import lzsolve.cli as cli_module
+    real_tune = cli_module.tuner.tune
+
+    def parity_fails_for_swiglu(*args, **kwargs):
+        records = real_tune(*args, **kwargs)
+        return [dict(r, status="rejected", stage="parity", reason_code="PARITY_FAILED", reason_message="rel_l2 1")
+                if r["op"] == "act.swiglu" else r for r in records]
+
+    monkeypatch.setattr(cli_module.tuner, "tune", parity_fails_for_swiglu)
+    config = tmp_path / "tiny-llama" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY_LLAMA))
+    result = invoke("tune", "--config", str(config), "--tp", "2", "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
+                    "--kernels", "eager.*", "--no-isolate", "--out", str(tmp_path / "a"), "--json")
+    summary = json.loads(result.stdout)
+    assert result.return_value == EXIT_FAILED and summary["status"] == "failed"
+    assert summary["blind"] == ["act.swiglu[width=256,fp32]"]
+    assert "error: act.swiglu[width=256,fp32]: no kernel was admitted" in result.stderr
+    assert (tmp_path / "a" / "dispatch.json").is_file()

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # BENCHMARKS.md §9 on the lent H100, in stages that fit one device call each (STAGE=...):
 #   tune:   tuning_throughput.py (llama3-70b TP8, default grid, cold then warm) into .devrun/suite,
-#           then the artifact comes back as $OUT/suite.tgz (carry .devrun to the next stages);
+#           then the artifact comes back as $OUT/suite.tgz.* (carry those parts to the next stages,
+#           which unpack them: .devrun/suite holds ~66 MB of JIT caches, over what a call carries);
 #   layer:  decoder_layer.py on that artifact;
 #   quality: decision_quality.py (lzsolve evaluate) on it, and replay_overhead.py;
 #   ci:     ci/tune_artifacts.py twice on llama3-8b (tiny grid), the second run gated on the first.
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
+if [ "${STAGE:?set STAGE=tune|layer|quality|ci}" != tune ] && ls .devrun/parts/suite.tgz.* > /dev/null 2>&1; then cat .devrun/parts/suite.tgz.* | tar xz; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$OUT/setup.txt"
 case "${STAGE:?set STAGE=tune|layer|quality}" in
   tune)
     python3 benchmarks/tuning_throughput.py --model llama3-70b --tp 8 --out .devrun/suite --json "$OUT/tuning.json" \
       -- --device cuda --trials "${TRIALS:-0}" 2> "$OUT/tune.err"
     echo "tune rc=$?"; tail -2 "$OUT/tune.err"
-    # with the run's JIT caches when they fit what a call brings back (16 MiB a file)
-    tar czf "$OUT/suite.tgz" .devrun/suite
-    [ "$(stat -c %s "$OUT/suite.tgz")" -gt 16000000 ] && tar czf "$OUT/suite.tgz" --exclude=.jit-work .devrun/suite
-    ls -la "$OUT/suite.tgz" ;;
+    # the artifact with its JIT caches, in parts under the 16 MiB a returned file may have
+    # (cat suite.tgz.* | tar xz; the next stages carry the parts, not the ~80 MB folder)
+    tar cz --exclude=.jit-work .devrun/suite | split -b 15M - "$OUT/suite.tgz."
+    ls -la "$OUT"/suite.tgz.* ;;
   layer)
     python3 benchmarks/decoder_layer.py .devrun/suite ${RESTORE_JIT:+--restore-jit} --json "$OUT/layer.json" 2>&1 \
       | tee "$OUT/layer.txt" ;;

@@ -21,9 +21,12 @@ GRIDS: dict[str, dict[str, dict[str, list[int]]]] = {
         "recurrent.gated_deltanet": {"batch": [1, 8], "seq": [1, 64]},  # seq 1: a decode step on the state
         "*": {"tokens": [1, 8, 64]},
     },
-    # the default on a GPU: decode and prefill sizes a server sees
+    # the default on a GPU: decode and prefill sizes a server sees. Prefill measures batch 1
+    # and 2 both: adapters switch paths there (FlashInfer: single prefill vs paged batch
+    # prefill), and a tree fed batch 1 and 4 alone sent batch 2 to the batch-1 winner (1.9x
+    # regret on the H100, BENCHMARKS.md §9).
     "full": {
-        "attention.prefill": {"batch": [1, 4], "seq": [128, 512, 2048, 8192]},
+        "attention.prefill": {"batch": [1, 2, 8], "seq": [128, 512, 2048, 8192]},
         "attention.decode": {"batch": [1, 8, 32, 128], "kv_len": [512, 2048, 8192]},
         "recurrent.gated_deltanet": {"batch": [1, 8, 32], "seq": [1, 512, 2048]},
         "*": {"tokens": [1, 4, 16, 64, 256, 1024, 4096, 16384]},

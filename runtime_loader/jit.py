@@ -92,6 +92,9 @@ def restore(archive: Path, digest: str, root: Path | None = None) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     kinds = sorted({PurePosixPath(m.name).parts[0] for m in members if PurePosixPath(m.name).parts})
     point_caches(target, kinds)
+    if "flashinfer" in kinds:  # load its ops as prebuilt (see kernels/flashinfer._flashinfer)
+        from .kernels.flashinfer import PREBUILT_ENV
+        os.environ[PREBUILT_ENV] = "1"
     return target
 
 

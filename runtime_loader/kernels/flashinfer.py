@@ -25,6 +25,7 @@ from rope_theta themselves instead of taking the ones a model hands over.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -34,6 +35,27 @@ import torch
 
 from ..ops import DTYPE_NAMES
 from ..specs import KernelSpec
+
+# Set by runtime_loader.jit.restore when the artifact brought FlashInfer's compiled ops.
+PREBUILT_ENV = "LZSOLVE_FLASHINFER_PREBUILT"
+_prebuilt_checked = False
+
+
+def _flashinfer():
+    """The flashinfer module. After a restore, the restored cached_ops folder is made FlashInfer's
+    AOT folder: FlashInfer runs ninja before loading any JIT op, and ninja wants the generated
+    sources at the absolute paths of the machine that compiled them, which an artifact does not
+    carry; an op found in the AOT folder loads without ninja (and without nvcc)."""
+    global _prebuilt_checked
+    import flashinfer
+
+    if not _prebuilt_checked:
+        _prebuilt_checked = True
+        if os.environ.get(PREBUILT_ENV):
+            from flashinfer.jit import env as jit_env
+            jit_env.FLASHINFER_AOT_DIR = jit_env.FLASHINFER_JIT_DIR
+    return flashinfer
+
 
 # Tokens per KV page, as vLLM pages its cache; a kv_len it does not divide gets gcd(kv_len, PAGE_SIZE).
 PAGE_SIZE = 16
@@ -156,7 +178,7 @@ def token_rows(x: torch.Tensor) -> torch.Tensor:
 # --- attention ---------------------------------------------------------------------
 
 def prefill(q, k, v, causal: bool, scale: float | None):
-    import flashinfer
+    flashinfer = _flashinfer()
 
     batch, hq, seq, d = q.shape
     _check_head_dim(d)
@@ -181,7 +203,7 @@ def prefill(q, k, v, causal: bool, scale: float | None):
 
 def batch_decode(kernel_id: str, use_tensor_cores: bool):
     def decode(q, k, v, causal: bool = False, scale: float | None = None):
-        import flashinfer
+        flashinfer = _flashinfer()
 
         if causal:  # SDPA's top-left causal mask would leave a single query only key 0
             raise ValueError("attention.decode is not causal")
@@ -213,7 +235,7 @@ def batch_decode(kernel_id: str, use_tensor_cores: bool):
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):
     """unit_offset: Gemma's (1 + weight), FlashInfer's gemma_rmsnorm."""
-    import flashinfer
+    flashinfer = _flashinfer()
 
     norm = flashinfer.gemma_rmsnorm if unit_offset else flashinfer.rmsnorm
     return norm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
@@ -221,7 +243,7 @@ def rms_norm(x, weight, eps: float, unit_offset: bool = False):
 
 def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
     """In place: FlashInfer leaves x + residual in residual and the normed rows in x."""
-    import flashinfer
+    flashinfer = _flashinfer()
 
     normed, total = x.reshape(-1, x.shape[-1]), residual.reshape(-1, residual.shape[-1])
     fused = flashinfer.gemma_fused_add_rmsnorm if unit_offset else flashinfer.fused_add_rmsnorm
@@ -231,7 +253,7 @@ def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
 
 def layer_norm(x, weight, bias, eps: float):
     """The kernel takes bf16 rows with fp32 gamma and beta only, and reads rows `hidden` apart."""
-    import flashinfer
+    flashinfer = _flashinfer()
 
     rows = x.contiguous().view(-1, x.shape[-1])
     return flashinfer.layernorm(rows, weight.float(), bias.float(), eps).view(x.shape)
@@ -264,13 +286,13 @@ def _gate_up(gate, up) -> torch.Tensor:
 
 
 def swiglu(gate, up):
-    import flashinfer
+    flashinfer = _flashinfer()
 
     return flashinfer.silu_and_mul(_gate_up(gate, up))
 
 
 def geglu(gate, up):
-    import flashinfer
+    flashinfer = _flashinfer()
 
     return flashinfer.gelu_tanh_and_mul(_gate_up(gate, up))
 

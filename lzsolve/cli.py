@@ -195,7 +195,7 @@ def cli():
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
 @click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
-              help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.05 = 5%)")
+              help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.1 = 10%)")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
@@ -481,7 +481,7 @@ def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
 @click.argument("artifact", type=click.Path(file_okay=False))
 @click.argument("baseline", type=click.Path(file_okay=False))
 @click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
-              help="allowed slowdown of an op signature (geomean over its grid points; 0.05 = 5%)")
+              help="allowed slowdown of an op signature (geomean over its grid points; 0.1 = 10%)")
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
 def compare_cmd(artifact, baseline, max_regression, as_json):
     """Is ARTIFACT slower than BASELINE (a previous artifact of the same model, GPU and dtype)?

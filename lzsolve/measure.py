@@ -52,8 +52,8 @@ class CeilingTask:
 
 
 # Sizes past the plateau on an H100 (an 8192^3 bf16 matmul runs ~1.5 ms, a 1 GiB copy
-# ~0.7 ms); on a CPU big enough to leave the per-call overhead behind in fp32, small enough that
-# bf16 (~1 GFLOP/s there) keeps the probe near a second.
+# ~0.7 ms); on a CPU past the per-call overhead (2 cores: ~120 GFLOP/s fp32, ~15 bf16) while
+# the probe stays around a second.
 CEILING_PROBES = {"cuda": (8192, 1 << 30), "cpu": (512, 32 << 20)}
 
 

@@ -24,7 +24,7 @@ from runtime_loader.ops import DTYPES, required_features
 from . import __version__, tuner
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
-from .compare import DEFAULT_THRESHOLD, compare
+from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
 from .errors import LzError
 from .fsutil import atomic_write_text
 from .grid import GRIDS, default_grid
@@ -196,10 +196,13 @@ def cli():
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
 @click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
               help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.1 = 10%)")
+@click.option("--min-ms", type=click.FloatRange(min=0), default=DEFAULT_MIN_MS, show_default=True,
+              help="grid points where both tables' times are under this are reported, not gated (run-to-run "
+                   "noise of microsecond kernels)")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
-         trials, spaces, baseline, max_regression, as_json):
+         trials, spaces, baseline, max_regression, min_ms, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -246,7 +249,7 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
     summary = run_summary(plan, table, records, out_dir, wall, runner.restarts)
     if baseline is not None:
-        summary["comparison"] = compare(out_dir, Path(baseline), max_regression)
+        summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)
     summary["status"] = ("failed" if summary["blind"] else
                          "regressed" if summary["comparison"] and summary["comparison"]["regressed"] else "ok")
@@ -281,11 +284,12 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
 
 def _say_comparison(result: dict, say) -> None:
     say(f"vs baseline {result['baseline']} (run {result['baseline_run']}), time new / old, "
-        f"allowed +{result['threshold'] * 100:.0f}%:")
+        f"allowed +{result['threshold'] * 100:.0f}% over points of {result['min_ms'] * 1e3:g} µs or more:")
     for sig, c in result["signatures"].items():
-        flag = "  REGRESSED" if c["regressed"] else ""
+        gate = (f"gated {c['gated_geomean']:.3f} over {c['gated_points']}" if c["gated_points"]
+                else "under the floor: not gated")
         say(f"  {sig}: geomean {c['ratio_geomean']:.3f}, worst {c['ratio_worst']:.3f} at {c['worst_at']} "
-            f"({c['points']} points){flag}")
+            f"({c['points']} points; {gate}){'  REGRESSED' if c['regressed'] else ''}")
     for sig in result["only_new"]:
         say(f"  {sig}: new (no baseline)")
     for sig in result["only_baseline"]:
@@ -482,14 +486,16 @@ def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
 @click.argument("baseline", type=click.Path(file_okay=False))
 @click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
               help="allowed slowdown of an op signature (geomean over its grid points; 0.1 = 10%)")
+@click.option("--min-ms", type=click.FloatRange(min=0), default=DEFAULT_MIN_MS, show_default=True,
+              help="grid points where both times are under this are reported, not gated")
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
-def compare_cmd(artifact, baseline, max_regression, as_json):
+def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
     """Is ARTIFACT slower than BASELINE (a previous artifact of the same model, GPU and dtype)?
 
     Per op signature: time(new table's choice) / time(old table's choice) at every grid
     point both measured, each from its own PerfDB. Exit 3 when any signature's geomean
     exceeds 1 + --max-regression, else 0."""
-    result = compare(find_artifact(artifact), find_artifact(baseline), max_regression)
+    result = compare(find_artifact(artifact), find_artifact(baseline), max_regression, min_ms)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     else:

@@ -110,9 +110,13 @@ def test_compare_threshold_and_slower_new(ci_run, tmp_path):
     slower = tmp_path / "slower"
     shutil.copytree(artifact, slower)
     scale_times(slower / "perfdb", 1.04)
-    assert compare(slower, artifact, 0.05)["regressed"] == []  # within the allowance
-    assert compare(slower, artifact, 0.03)["regressed"]
-    result = invoke("compare", str(slower), str(artifact), "--max-regression", "0.03")
+    assert compare(slower, artifact, 0.05, min_ms=0)["regressed"] == []  # within the allowance
+    assert compare(slower, artifact, 0.03, min_ms=0)["regressed"]
+    # Points where both times are under the floor are reported, never gated.
+    floor = compare(slower, artifact, 0.03, min_ms=1e9)
+    assert floor["regressed"] == [] and all(s["gated_points"] == 0 for s in floor["signatures"].values())
+    assert floor["overall"]["ratio_geomean"] == pytest.approx(1.04)
+    result = invoke("compare", str(slower), str(artifact), "--max-regression", "0.03", "--min-ms", "0")
     assert result.return_value == EXIT_REGRESSED and "REGRESSED" in result.output
 
 

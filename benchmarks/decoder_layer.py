@@ -56,9 +56,8 @@ class Defaults:
     """PyTorch's own path for each op: the runtime's fallback kernels, called directly."""
 
     def __init__(self):
-        impl = {op: registry.get(OPS[op].fallback).impl for op in
-                ("attention.prefill", "attention.decode", "norm.rms_add", "posenc.rope", "act.swiglu", "linear")}
-        self._impl = impl
+        self._impl = {op: registry.get(OPS[op].fallback).impl for op in
+                      ("attention.prefill", "attention.decode", "norm.rms_add", "posenc.rope", "act.swiglu", "linear")}
 
     def attention(self, q, k, v, causal=True):
         return self._impl["attention.prefill" if causal else "attention.decode"](q, k, v, causal, None)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 from pathlib import Path
 
 from runtime_loader.table import TableError, choose, read_table
 
 from .errors import LzError
+from .evaluate import geomean
 from .perfdb import PerfDB
 
 # Three pairs of H100 tunes of one stack on the tiny grid (BENCHMARKS.md §9.5): norms, SwiGLU and
@@ -26,10 +26,6 @@ from .perfdb import PerfDB
 # embedding (a 7 µs gather) by 61% once; linears (19 µs and more) by at most 3.2%.
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_MIN_MS = 0.010
-
-
-def geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, tuple[str, float]]]]:
@@ -49,11 +45,11 @@ def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, tuple[str, flo
         f"AND run_id NOT LIKE 'eval-%' AND {mode}_ms IS NOT NULL ORDER BY ts",
         [raw["hw_slug"], created + dt.timedelta(seconds=1)])  # created_at is truncated to seconds
     latest = {(r["signature"], r["kernel_id"], r["dims"]): r["ms"] for r in rows}
+    trees = {str(sig): tree for sig, tree in table.trees.items()}
     times: dict[str, dict[str, tuple[str, float]]] = {}
-    for sig, tree in table.trees.items():
-        for (signature, kernel_id, dims), ms in latest.items():
-            if signature == str(sig) and kernel_id == choose(tree, json.loads(dims)):
-                times.setdefault(signature, {})[dims] = (kernel_id, ms)
+    for (signature, kernel_id, dims), ms in latest.items():
+        if signature in trees and kernel_id == choose(trees[signature], json.loads(dims)):
+            times.setdefault(signature, {})[dims] = (kernel_id, ms)
     return raw, times
 
 

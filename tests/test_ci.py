@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from lzsolve.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REGRESSED, cli
 from lzsolve.compare import compare
 from lzsolve.errors import LzError
-from tests.test_cli import TINY_LLAMA
+from tests.test_cli import tiny_llama_config
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "ci" / "tune_artifacts.py"
@@ -31,9 +31,7 @@ def run_script(*args, cwd):
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("ci")
-    config = root / "tiny-llama" / "config.json"
-    config.parent.mkdir()
-    config.write_text(json.dumps(TINY_LLAMA))
+    config = tiny_llama_config(root)
     done = run_script("--out", str(root / "out"), f"{config}:2", "no-such-model", "--", *TUNE_ARGS, cwd=root)
     return root, config, done
 
@@ -162,9 +160,7 @@ def test_tune_exits_failed_when_a_signature_has_no_admitted_kernel(tmp_path, mon
                 if r["op"] == "act.swiglu" else r for r in records]
 
     monkeypatch.setattr(cli_module.tuner, "tune", parity_fails_for_swiglu)
-    config = tmp_path / "tiny-llama" / "config.json"
-    config.parent.mkdir()
-    config.write_text(json.dumps(TINY_LLAMA))
+    config = tiny_llama_config(tmp_path)
     result = invoke("tune", "--config", str(config), "--tp", "2", "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
                     "--kernels", "eager.*", "--no-isolate", "--out", str(tmp_path / "a"), "--json")
     summary = json.loads(result.stdout)

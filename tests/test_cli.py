@@ -25,12 +25,18 @@ METHOD = Dispatcher.METHODS
 OFF_GRID = {"tokens": [3, 100], "batch": [3], "seq": [40], "kv_len": [50, 200]}
 
 
+def tiny_llama_config(root: Path) -> Path:
+    """TINY_LLAMA as root/tiny-llama/config.json (the folder names the model)."""
+    config = root / "tiny-llama" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps(TINY_LLAMA))
+    return config
+
+
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    config = root / "tiny-llama" / "config.json"
-    config.parent.mkdir()
-    config.write_text(json.dumps(TINY_LLAMA))
+    config = tiny_llama_config(root)
     out = root / "artifact"
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--tp", "2", "--grid", "tiny",
                                       "--dtype", "fp32", "--device", "cpu", "--exclude", "compile.*",

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from lzsolve.cli import cli
 from lzsolve.perfdb import PerfDB
-from tests.test_cli import TINY_LLAMA
+from tests.test_cli import tiny_llama_config
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -23,9 +23,7 @@ NOTEBOOK = ROOT / "notebooks" / "perfdb_analysis.ipynb"
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("nb")
-    config = root / "tiny-llama" / "config.json"
-    config.parent.mkdir()
-    config.write_text(json.dumps(TINY_LLAMA))
+    config = tiny_llama_config(root)
     out = root / "artifact"
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
                                       "--device", "cpu", "--exclude", "compile.*", "--out", str(out)])

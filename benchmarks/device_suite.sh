@@ -2,7 +2,7 @@
 # BENCHMARKS.md §9 on the lent H100, in stages that fit one device call each (STAGE=...):
 #   tune:   tuning_throughput.py (llama3-70b TP8, default grid, cold then warm) into .devrun/suite,
 #           then the artifact comes back as $OUT/suite.tgz.* (carry those parts to the next stages,
-#           which unpack them: .devrun/suite holds ~66 MB of JIT caches, over what a call carries);
+#           which unpack them: .devrun/suite holds ~72 MB of JIT caches, over what a call carries);
 #   layer:  decoder_layer.py on that artifact;
 #   quality: decision_quality.py (lzsolve evaluate) on it, and replay_overhead.py;
 #   ci:     ci/tune_artifacts.py twice on llama3-8b (tiny grid), the second run gated on the first.

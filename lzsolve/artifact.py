@@ -17,7 +17,7 @@ from .errors import LzError
 from .fsutil import atomic_write_text
 from .grid import buckets
 from .solve import candidates_summary, solve_signature
-from .tuner import Plan
+from .tuner import Plan, by_signature
 
 ARTIFACTS_ROOT = Path("artifacts")
 
@@ -61,10 +61,10 @@ def leaf_ids(node: dict):
         yield from leaf_ids(node["gt"])
 
 
-def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict:
-    by_sig: dict[str, list[dict]] = {}
-    for r in records:
-        by_sig.setdefault(r["signature"], []).append(r)
+def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validation: dict | None = None) -> dict:
+    """The dispatch table solved from every record (grid, probes, validation shapes); `validation`
+    holds each signature's validation figures (validate.validate), carried into the table."""
+    by_sig = by_signature(records)
     ops = []
     for sp in plan.signatures:
         sig = sp.instance.signature
@@ -77,6 +77,7 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str) -> dict
             "calls_per_forward": sp.instance.calls_per_forward,
             "fallback": sp.fallback,
             **solved,
+            "validation": (validation or {}).get(str(sig)),
             "candidates": candidates_summary(recs, mode),
         })
     chosen = {k for entry in ops for k in leaf_ids(entry["tree"])}
@@ -115,7 +116,7 @@ def format_tree(node: dict, indent: str = "  ") -> list[str]:
         if node.get("runner_up"):
             parts.append(f"margin {node['margin'] * 100:+.1f}% over {node['runner_up']}")
         if node.get("points") is not None:
-            parts.append(f"{node['points']} grid point{'s' if node['points'] != 1 else ''}")
+            parts.append(f"{node['points']} point{'s' if node['points'] != 1 else ''}")
         return [indent + parts[0] + (f"  ({', '.join(parts[1:])})" if len(parts) > 1 else "")]
     lines = [f"{indent}if {node['dim']} <= {node['threshold']:g}:"]
     lines += format_tree(node["le"], indent + "  ")
@@ -124,9 +125,33 @@ def format_tree(node: dict, indent: str = "  ") -> list[str]:
     return lines
 
 
+def _ratio(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
+def format_validation(entry: dict) -> list[str]:
+    """How the signature's tree did on the points it was solved on and on its validation shapes."""
+    lines = []
+    counts = entry.get("points_by_phase") or {}
+    if counts:
+        measured = ", ".join(f"{n} {phase}" for phase, n in counts.items())
+        lines.append(f"  solved on {measured} point(s): regret mean {entry['grid_regret'] * 100:.1f}%, "
+                     f"worst {entry['worst_regret'] * 100:.1f}%")
+    v = entry.get("validation")
+    if v:
+        before, after = v["before"], v["after"]
+        lines.append(f"  validation, {v['shapes']} random shapes: regret geomean {_ratio(after['regret_geomean'])}, "
+                     f"worst {_ratio(after['regret_worst'])}; vs default worst {_ratio(after['vs_default_worst'])}")
+        lines.append(f"    before refinement (shapes the tree had not seen): regret geomean "
+                     f"{_ratio(before['regret_geomean'])}, worst {_ratio(before['regret_worst'])}; vs default worst "
+                     f"{_ratio(before['vs_default_worst'])}" + ("; the tree was refined" if v["refined"] else ""))
+    return lines
+
+
 def format_op(entry: dict, rejected: bool = True) -> list[str]:
     lines = [f"{entry['signature']}   roles: {', '.join(entry['roles'])}"]
     lines += format_tree(entry["tree"])
+    lines += format_validation(entry)
     if rejected:
         for kernel_id, summary in entry["candidates"].items():
             for r in summary["rejected"]:
@@ -134,18 +159,33 @@ def format_op(entry: dict, rejected: bool = True) -> list[str]:
     return lines
 
 
-def report(table: dict, wall_s: float, n_records: int) -> str:
+def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] | None = None) -> str:
     model, hw = table["model"], table["hardware"]
     lines = [
         f"# lzsolve report: {model['id']} (tp={model['tp']}, {model['dtype']})",
         "",
         f"- hardware: {hw['name']} ({table['hw_slug']})",
         f"- run: {table['run_id']}, {table['created_at']}, {wall_s:.0f} s, {n_records} records",
-        f"- grid: {table['grid']}; timing mode: {table['timing_mode']}",
-        "- gains are geometric means of time(fallback) / time(chosen) over the grid points of a leaf;",
-        "  margins compare the chosen kernel with the runner-up.",
-        "",
     ]
+    if phases:
+        lines.append("- time per phase: " + ", ".join(f"{name.removesuffix('_s')} {s:.0f} s" for name, s in phases.items()))
+    lines += [
+        f"- grid: {table['grid']}; timing mode: {table['timing_mode']}",
+        "- gains are geometric means of time(fallback) / time(chosen) over the points of a leaf;",
+        "  margins compare the chosen kernel with the runner-up.",
+        "- validation: the table's choice at random shapes inside the buckets and up to 1.5x past them;",
+        "  regret = time(choice) / time(best kernel timed there), vs default = time(choice) / time(fallback).",
+        "",
+        "| signature | points (grid/probe/validation) | validation regret geomean | worst | vs default worst |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in table["ops"]:
+        counts = entry.get("points_by_phase") or {}
+        after = (entry.get("validation") or {}).get("after") or {}
+        lines.append(f"| {entry['signature']} | {'/'.join(str(counts.get(p, 0)) for p in ('grid', 'probe', 'validation'))}"
+                     f" | {_ratio(after.get('regret_geomean'))} | {_ratio(after.get('regret_worst'))} "
+                     f"| {_ratio(after.get('vs_default_worst'))} |")
+    lines.append("")
     for entry in table["ops"]:
         lines.append(f"## {entry['signature']}")
         lines.append("")

@@ -52,10 +52,11 @@ class Timing:
 
 @dataclass(frozen=True)
 class Measurement:
-    eager: Timing
-    graph: Timing | None  # None: not measured (CPU) or not capturable (see graph_error)
+    eager: Timing | None  # None: not asked for
+    graph: Timing | None  # None: not asked for, not measured (CPU) or not capturable (see graph_error)
     graph_error: str | None = None
     sets: int = 1  # input sets rotated per sample
+    graph_tried: bool = True  # whether graph timing was asked for (graph_error then says why it is missing)
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -76,6 +77,9 @@ def rotation_sets(bytes_per_set: float, cache_bytes: int, budget: Budget) -> int
     return max(1, min(wanted, budget.max_sets, affordable))
 
 
+MODES = ("eager", "graph")
+
+
 class Harness(Protocol):
     name: str
     cache_bytes: int
@@ -83,7 +87,8 @@ class Harness(Protocol):
 
     def first_call(self, fn: Callable[[], object]) -> tuple[object, float]: ...
 
-    def measure(self, candidates: dict[str, list[Callable[[], object]]]) -> dict[str, Measurement | Exception]: ...
+    def measure(self, candidates: dict[str, list[Callable[[], object]]],
+                modes: tuple[str, ...] = MODES) -> dict[str, Measurement | Exception]: ...
 
 
 def describe(e: BaseException) -> str:
@@ -159,8 +164,8 @@ class _Base:
             active = active[1:] + active[:1]  # rotate, so no candidate always runs first
         return {k: summarize(v) for k, v in samples.items() if v and k not in errors}, errors
 
-    def measure(self, candidates):
-        """Eager (and, on CUDA, graph) timing of every candidate; an Exception for one that raised."""
+    def measure(self, candidates, modes: tuple[str, ...] = MODES):
+        """Timing of every candidate in `modes` (graph on CUDA only); an Exception for one that raised."""
         results: dict[str, Measurement | Exception] = {}
         samplers, graph_errors, keep = {}, {}, []
         sets = {}
@@ -172,8 +177,9 @@ class _Base:
                 results[name] = e
                 continue
             sets[name] = len(calls)
-            samplers[(name, "eager")] = self._eager_sampler(calls)
-            graph, graph_errors[name] = self._graph_sampler(calls, keep)
+            if "eager" in modes:
+                samplers[(name, "eager")] = self._eager_sampler(calls)
+            graph, graph_errors[name] = self._graph_sampler(calls, keep) if "graph" in modes else (None, None)
             if graph is not None:
                 samplers[(name, "graph")] = graph
         try:
@@ -181,12 +187,13 @@ class _Base:
         finally:
             keep.clear()  # release the captured graphs
         for name in graph_errors:
-            if (name, "eager") in errors:
-                results[name] = errors[(name, "eager")]
+            eager_failed, graph_failed = errors.get((name, "eager")), errors.get((name, "graph"))
+            if eager_failed is not None or (graph_failed is not None and "eager" not in modes):
+                results[name] = eager_failed or graph_failed  # no timing left to report
                 continue
             graph_error = graph_errors[name] or (describe(errors[(name, "graph")]) if (name, "graph") in errors else None)
-            results[name] = Measurement(timings[(name, "eager")], timings.get((name, "graph")), graph_error,
-                                        sets[name])
+            results[name] = Measurement(timings.get((name, "eager")), timings.get((name, "graph")), graph_error,
+                                        sets[name], "graph" in modes)
         return results
 
 

@@ -32,6 +32,8 @@ from .models import CATALOGUE, from_catalogue, from_config_file, shard, walk
 from .perfdb import PerfDB
 from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, search
 from .tuner import Plan, make_plan, new_run_id
+from .validate import VALIDATION_SHAPES, plan_validation
+from .validate import validate as run_validation
 from .worker import InProcessRunner, WorkerRunner, load_plugins
 
 # Exit codes a CI step can branch on.
@@ -199,15 +201,26 @@ def cli():
 @click.option("--min-ms", type=click.FloatRange(min=0), default=DEFAULT_MIN_MS, show_default=True,
               help="grid points where both tables' times are under this are reported, not gated (run-to-run "
                    "noise of microsecond kernels)")
+@click.option("--probe/--no-probe", default=True, show_default=True,
+              help="also time the leading kernels and the fallback at unaligned values inside each bucket and "
+                   "past the last (odd lengths, where tile-aligned kernels lose what the grid shows them winning)")
+@click.option("--validate", "validate_shapes", type=click.IntRange(min=0), default=VALIDATION_SHAPES,
+              show_default=True,
+              help="random shapes per op signature (inside the buckets and up to 1.5x past them) at which the "
+                   "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
-         trials, spaces, baseline, max_regression, min_ms, as_json):
+         trials, spaces, baseline, max_regression, min_ms, probe, validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
     fp32 reference before it is timed; all records, rejections included, go to the
-    PerfDB. Interrupted runs keep their records: run the same command again to continue.
+    PerfDB. Phases: the optuna search of tunable kernels, the grid buckets (every
+    candidate), probes (unaligned in-bucket points, the leading kernels and the
+    fallback), then validation: the solved table at random shapes, refined where it
+    loses; report.md gives the validation figures and each phase's time. Interrupted
+    runs keep their records: run the same command again to continue.
 
     \b
     Exit codes (for CI): 0 ok; 1 failed (an op signature has no admitted kernel at any
@@ -228,26 +241,44 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
     runner = WorkerRunner(plan.device, plugins=plugins, timeout_s=timeout) if isolate else \
         InProcessRunner(plan.device, plugins=plugins)
     _print_notes(plan)
-    run_id = new_run_id()
+    session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh)
+    phases: dict[str, float] = {}
     started = time.perf_counter()
+
+    def lap(name: str) -> None:
+        phases[name] = round(time.perf_counter() - started - sum(phases.values()), 1)
+
     try:
         plan = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials)
+        lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {dtype} on {plan.hardware['name']} "
                    f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
         with progress(plan.measurements, "measuring") as bar:
-            records = tuner.tune(plan, db, runner, run_id, reuse=not fresh, on_step=lambda label: bar.update(1, label))
+            records = tuner.tune(plan, session, on_step=lambda label: bar.update(1, label))
+        lap("grid_s")
+        if probe:
+            probes = tuner.plan_probes(plan, records, mode)
+            with progress(sum(len(c) for _, work in probes for _, c in work), "probing") as bar:
+                records += tuner.probe(session, probes, mode, on_step=lambda label: bar.update(1, label))
+        lap("probe_s")
+        planned = plan_validation(plan, records, mode, validate_shapes)
+        with progress(sum(len(c) for p in planned for _, c in p.work), "validating") as bar:
+            checked, validation = run_validation(session, planned, records, mode,
+                                                 on_step=lambda label: bar.update(1, label))
+        records += checked
+        lap("validation_s")
     finally:
         runner.close()
-    table = build_table(plan, records, mode, run_id)
+    table = build_table(plan, records, mode, session.run_id, validation)
     wall = time.perf_counter() - started
-    write_artifact(out_dir, table, report(table, wall, len(records)))
+    write_artifact(out_dir, table, report(table, wall, len(records), phases))
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
     say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
         f"{runner.restarts} worker restart(s))")
     for entry in table["ops"]:
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
-    summary = run_summary(plan, table, records, out_dir, wall, runner.restarts)
+    summary = run_summary(plan, table, records, out_dir, wall, runner.restarts, phases)
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)
@@ -260,7 +291,8 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
     return STATUS_EXIT[summary["status"]]
 
 
-def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wall_s: float, restarts: int) -> dict:
+def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wall_s: float, restarts: int,
+                phases: dict[str, float]) -> dict:
     """What CI needs to know about a tune, as plain data (`tune --json`)."""
     measured = [r for r in records if r["stage"] != "capability"]  # capability verdicts cost nothing
     rejected: dict[str, int] = {}
@@ -270,13 +302,15 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
     return {
         "status": None, "artifact": str(out_dir), "run_id": table["run_id"],
         "model": table["model"], "hardware": table["hardware"]["name"], "hw_slug": table["hw_slug"],
-        "timing_mode": table["timing_mode"], "grid": table["grid"], "wall_s": round(wall_s, 1),
+        "timing_mode": table["timing_mode"], "grid": table["grid"], "wall_s": round(wall_s, 1), "phases": phases,
         "records": len(records), "measured": sum(r["run_id"] == table["run_id"] for r in measured),
         "reused": sum(r["run_id"] != table["run_id"] for r in measured),
         "rejected_by_stage": rejected, "worker_restarts": restarts,
         "notes": tuner.notes(plan),
         "signatures": [{"signature": e["signature"], "kernels": sorted(set(leaf_ids(e["tree"]))),
-                        "grid_regret": e["grid_regret"], "fallback": e["fallback"]} for e in table["ops"]],
+                        "grid_regret": e["grid_regret"], "worst_regret": e["worst_regret"],
+                        "points_by_phase": e["points_by_phase"], "validation": e["validation"],
+                        "fallback": e["fallback"]} for e in table["ops"]],
         "blind": [e["signature"] for e in table["ops"] if e["grid_regret"] is None],
         "comparison": None,
     }
@@ -433,21 +467,31 @@ def explain(artifact, op_glob):
 
 @cli.command()
 @click.argument("artifact", required=False, type=click.Path())
+@click.option("--random", "random_n", type=click.IntRange(min=1), default=None, metavar="N",
+              help="evaluate N random shapes per op signature, drawn inside the buckets and up to 1.5x past the "
+                   "largest (mostly no power of two)")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the --random shapes")
 @click.option("--shapes", multiple=True, metavar="DIM=N[,DIM=N]",
               help="evaluate these shapes (e.g. tokens=24, batch=2,seq=700) instead of the midpoints between buckets")
+@click.option("--op", "op_glob", default="*", metavar="GLOB", help="only signatures matching this, e.g. 'attention*'")
 @click.option("--device", default=None, metavar="cpu|cuda[:i]", help="[default: the artifact's device]")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="seconds one measurement may take before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True, help="measure in a worker process")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="also write the results here")
-def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
+def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate, plugins, json_out):
     """Measure the table's regret on shapes it never saw: geomean and worst of
-    time(table choice) / time(best kernel), and time(table choice) / time(PyTorch default).
-    ARTIFACT defaults to the newest under ./artifacts. Exits 1 when the table's choice
-    fails at a shape (the runtime would hit that failure), else 0."""
-    from .evaluate import evaluate as run_evaluation, parse_shapes, summarize
+    time(table choice) / time(best kernel), and time(table choice) / time(PyTorch default),
+    every admitted kernel timed at each shape in the table's timing mode. Shapes: --random N
+    per op signature, --shapes, or by default the midpoints between buckets. ARTIFACT
+    defaults to the newest under ./artifacts. Exits 1 when the table's choice fails at a
+    shape (the runtime would hit that failure), else 0."""
+    from .evaluate import evaluate as run_evaluation, parse_shapes
+    from .validate import summarize
 
+    if random_n and shapes:
+        raise LzError("pass --random or --shapes, not both")
     _load_plugins(plugins)
     folder = find_artifact(artifact)
     table = read_table_json(folder)
@@ -459,11 +503,12 @@ def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
     click.echo(f"evaluating {folder} ({table['timing_mode']} timing) on {dev}", err=True)
     try:
         with progress(0, "measuring") as bar:
-            results = run_evaluation(folder, dev, runner, wanted, on_step=lambda label: bar.update(1, label))
+            results = run_evaluation(folder, dev, runner, wanted, on_step=lambda label: bar.update(1, label),
+                                     random_n=random_n or 0, seed=seed, op_glob=op_glob)
     finally:
         runner.close()
     if not results:
-        raise LzError("no evaluation shape fits any op signature of the table; check --shapes")
+        raise LzError("no evaluation shape fits any op signature of the table; check --shapes and --op")
     summary = summarize(results)
     rows = [(sig, s["points"], s["regret_geomean"], s["regret_worst"], s["vs_default_geomean"], s["vs_default_worst"])
             for sig, s in summary["signatures"].items()]
@@ -473,10 +518,13 @@ def evaluate(artifact, shapes, device, timeout, isolate, plugins, json_out):
     _print_table(["signature", "shapes", "regret geomean", "regret worst", "vs default geomean", "vs default worst"],
                  rows)
     click.echo("regret = time(table choice) / time(best kernel); vs default = time(table choice) / time(fallback)")
+    for problem in summary["fallback_problems"]:
+        click.echo(f"note: no vs-default figure at {problem}", err=True)
     for problem in summary["problems"]:
         click.echo(f"error: {problem}", err=True)
     if json_out:
         atomic_write_text(Path(json_out), json.dumps({"artifact": str(folder), "timing_mode": table["timing_mode"],
+                                                      "random": random_n, "seed": seed if random_n else None,
                                                       **summary}, indent=1, default=str) + "\n")
     return EXIT_FAILED if summary["problems"] else EXIT_OK
 

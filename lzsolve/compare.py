@@ -18,7 +18,7 @@ from pathlib import Path
 from runtime_loader.table import TableError, choose, read_table
 
 from .errors import LzError
-from .evaluate import geomean
+from .validate import geomean
 from .perfdb import PerfDB
 
 # Three pairs of H100 tunes of one stack on the tiny grid (BENCHMARKS.md §9.5): norms, SwiGLU and

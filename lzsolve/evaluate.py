@@ -1,17 +1,20 @@
 """Evaluate an artifact where it was never measured: the table's choice against the
-best kernel and against PyTorch's default, on shapes between the grid buckets.
+best kernel and against PyTorch's default, on random shapes (`--random N`: inside the
+buckets and up to 1.5x past the largest, mostly no power of two), on given shapes, or
+on the geometric midpoints between buckets.
 
 For each op signature of the table and each evaluation shape, every kernel the
 tuning admitted for that signature (and the fallback) is gated and timed again,
-interleaved, exactly as `tune` does; the table's choice comes from replaying its
-tree. Regret is time(table choice) / time(best kernel at that shape); the gain
-over the default is time(fallback) / time(table choice).
+interleaved, exactly as `tune` does, in the table's timing mode; the table's choice
+comes from replaying its tree. Regret is time(table choice) / time(best kernel at that
+shape); vs default is time(table choice) / time(fallback).
 """
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import math
-from dataclasses import dataclass
+import random
 from pathlib import Path
 from typing import Callable
 
@@ -24,29 +27,11 @@ from runtime_loader.table import TableError, choose, read_table
 
 from .artifact import refresh_manifest
 from .errors import LzError
+from .grid import random_points
 from .models import OpInstance
 from .perfdb import PerfDB
 from .tuner import Candidate, Recorder, Runner, SignaturePlan, fresh_seeds, measure_workload, new_run_id
-
-
-@dataclass(frozen=True)
-class PointResult:
-    signature: str
-    dims: dict
-    chosen: str
-    best: str | None
-    chosen_ms: float | None
-    best_ms: float | None
-    fallback_ms: float | None
-    problem: str | None = None  # the chosen kernel failed here: the table would be wrong at this shape
-
-    @property
-    def regret(self) -> float | None:
-        return self.chosen_ms / self.best_ms if self.chosen_ms and self.best_ms else None
-
-    @property
-    def vs_default(self) -> float | None:
-        return self.chosen_ms / self.fallback_ms if self.chosen_ms and self.fallback_ms else None
+from .validate import PointResult, judge
 
 
 def between(values: list[int]) -> list[int]:
@@ -81,15 +66,20 @@ def parse_shapes(specs: tuple[str, ...]) -> list[dict]:
     return shapes
 
 
-def _points_for(op: str, buckets: dict, shapes: list[dict] | None) -> list[dict]:
-    dims = set(OPS[op].dynamic)
+def _points_for(sig: Signature, buckets: dict, shapes: list[dict] | None, random_n: int, seed: int) -> list[dict]:
     if shapes is not None:
-        return [s for s in shapes if set(s) == dims]
+        return [s for s in shapes if set(s) == set(sig.schema.dynamic)]
+    if random_n:
+        return random_points(buckets, random_n, random.Random(f"{seed}:{sig}"))
     return off_grid_points(buckets)
 
 
 def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[dict] | None = None,
-             on_step: Callable[[str], None] = lambda label: None) -> list[PointResult]:
+             on_step: Callable[[str], None] = lambda label: None, random_n: int = 0, seed: int = 0,
+             op_glob: str = "*") -> list[PointResult]:
+    """`random_n` > 0: that many random shapes per op signature, drawn from `seed` and the
+    signature; else `shapes`, else the midpoints between buckets. `op_glob` picks signatures
+    (by signature or op name)."""
     try:
         table = read_table(folder / "dispatch.json")
     except TableError as e:
@@ -104,54 +94,34 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
                         run_id, runner.timer)
     seeds = fresh_seeds()
     entries = {str(Signature.make(e["op"], e["static"], e["flags"], e["dtype"])): e for e in raw["ops"]}
-    results, records = [], []
-    for sig, tree in table.trees.items():
-        entry = entries[str(sig)]
-        fallback = registry.fallback_for(sig).kernel_id
-        considered = sorted({k for k, c in entry.get("candidates", {}).items() if c["admitted"]} | {fallback})
-        specs = [registry.get(k) for k in considered if registry.known(k)]
-        specs = [s for s in specs if not s.check(sig, here)]
-        sp = SignaturePlan(OpInstance(sig, tuple(entry.get("roles", ())), entry.get("calls_per_forward", 1)), (),
-                           tuple(Candidate(s, ()) for s in specs))
-        for dims in _points_for(sig.op, raw["buckets"].get(sig.op, {}), shapes):
-            recs = measure_workload(sp, dims, specs, runner, recorder, next(seeds), on_step)
-            records += recs
-            results.append(_judge(str(sig), dims, choose(tree, dims), fallback, recs, mode))
-    if records:  # kept beside the tuning records, for the notebook; the manifest follows
-        PerfDB(folder / "perfdb").append(records, run_id)
-        refresh_manifest(folder)
+    results, written = [], False
+    db = PerfDB(folder / "perfdb")
+    try:
+        for sig, tree in table.trees.items():
+            if not (fnmatch.fnmatchcase(str(sig), op_glob) or fnmatch.fnmatchcase(sig.op, op_glob)):
+                continue
+            sp = _evaluation_plan(sig, entries[str(sig)], here)
+            specs = [c.spec for c in sp.candidates]
+            records: list[dict] = []
+            try:
+                for dims in _points_for(sig, raw["buckets"].get(sig.op, {}), shapes, random_n, seed):
+                    recs = measure_workload(sp, dims, specs, runner, recorder, next(seeds), on_step, "evaluate",
+                                            (mode,))
+                    records += recs
+                    results.append(judge(str(sig), dims, choose(tree, dims), sp.fallback, recs, mode))
+            finally:  # kept beside the tuning records (for the notebook), one signature at a time
+                written = db.append(records, run_id) is not None or written
+    finally:
+        if written:
+            refresh_manifest(folder)
     return results
 
 
-def _judge(signature: str, dims: dict, chosen: str, fallback: str, recs: list[dict], mode: str) -> PointResult:
-    times = {r["kernel_id"]: r.get(f"{mode}_ms") for r in recs if r["status"] == "ok" and r.get(f"{mode}_ms")}
-    best = min(times, key=times.get) if times else None
-    problem = None
-    if chosen not in times:
-        rec = next((r for r in recs if r["kernel_id"] == chosen), None)
-        problem = (f"{chosen} failed here: {rec['reason_code']}: {rec['reason_message']}" if rec and rec["reason_code"]
-                   else f"{chosen} has no {mode} timing here")
-    return PointResult(signature, dims, chosen, best, times.get(chosen), times.get(best) if best else None,
-                       times.get(fallback), problem)
-
-
-def geomean(values: list[float]) -> float | None:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def summarize(results: list[PointResult]) -> dict:
-    def stats(rs: list[PointResult]) -> dict:
-        regrets = [r.regret for r in rs if r.regret]
-        vs_default = [r.vs_default for r in rs if r.vs_default]
-        return {"points": len(rs), "problems": sum(r.problem is not None for r in rs),
-                "regret_geomean": geomean(regrets), "regret_worst": max(regrets) if regrets else None,
-                "vs_default_geomean": geomean(vs_default), "vs_default_worst": max(vs_default) if vs_default else None}
-
-    by_sig: dict[str, list[PointResult]] = {}
-    for r in results:
-        by_sig.setdefault(r.signature, []).append(r)
-    return {"overall": stats(results), "signatures": {s: stats(rs) for s, rs in by_sig.items()},
-            "problems": [f"{r.signature} at {r.dims}: {r.problem}" for r in results if r.problem],
-            "points": [{"signature": r.signature, "dims": r.dims, "chosen": r.chosen, "best": r.best,
-                        "chosen_ms": r.chosen_ms, "best_ms": r.best_ms, "fallback_ms": r.fallback_ms,
-                        "regret": r.regret, "vs_default": r.vs_default} for r in results]}
+def _evaluation_plan(sig: Signature, entry: dict, here) -> SignaturePlan:
+    """Every kernel the tuning admitted for the signature, and its fallback, that still passes
+    the capability gate here."""
+    fallback = registry.fallback_for(sig).kernel_id
+    considered = sorted({k for k, c in entry.get("candidates", {}).items() if c["admitted"]} | {fallback})
+    specs = [registry.get(k) for k in considered if registry.known(k)]
+    return SignaturePlan(OpInstance(sig, tuple(entry.get("roles", ())), entry.get("calls_per_forward", 1)), (),
+                         tuple(Candidate(s, ()) for s in specs if not s.check(sig, here)))

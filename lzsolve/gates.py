@@ -36,10 +36,13 @@ def reason_for(e: BaseException) -> Reason:
     return Reason(OOM if out_of_memory else RAISED, describe(e))
 
 
-def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tuple, harness: Harness) -> Parity:
+def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tuple, harness: Harness,
+                reference: torch.Tensor | tuple | None = None) -> Parity:
     """Run `spec` once on `args` (fresh random inputs from the contract) and compare with
-    the fp32 reference. That first call is also the workload's first-call (JIT) time."""
-    reference = contract.reference(*to_fp32(args))
+    the fp32 reference (computed here unless given). That first call is also the workload's
+    first-call (JIT) time."""
+    if reference is None:
+        reference = contract.reference(*to_fp32(args))
     try:
         out, first_ms = harness.first_call(lambda: spec.impl(*args))
     except Exception as e:  # any failure of a candidate is its Reason, never the tuner's crash

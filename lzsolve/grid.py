@@ -1,7 +1,16 @@
-"""Shape grids: the bucketed values of each op's dynamic dims that tuning measures."""
+"""Shape grids: the bucketed values of each op's dynamic dims that tuning measures, the
+unaligned probe points between them, and random shapes for validation and evaluation.
+
+Every bucket is a power of two, and kernels with tile-alignment cliffs look better there
+than on the lengths real requests have (FA3 at batch 1 ran 1.36x slower than SDPA at
+lengths between 512 and 2048 that are not multiples of 128, where the grid saw it win).
+So tuning also measures odd values inside each bucket and one past the last.
+"""
 from __future__ import annotations
 
 import itertools
+import math
+import random
 
 from runtime_loader.ops import OPS
 
@@ -48,3 +57,48 @@ def workloads(grid: str, op: str) -> list[dict[str, int]]:
     """Every point of the grid for `op`, as {dim: value}."""
     dims = buckets(grid, op)
     return [dict(zip(dims, point)) for point in itertools.product(*dims.values())]
+
+
+PAST_GRID = 1.5  # requests run past the largest bucket: probes and random shapes go this far beyond it
+
+
+def _odd(value: float) -> int:
+    """The odd integer at or just above `value`: aligned to no tile size."""
+    n = max(1, round(value))
+    return n if n % 2 else n + 1
+
+
+def probe_values(values: list[int]) -> list[int]:
+    """Per interval between neighbouring buckets, the odd value at its geometric middle (where a
+    tree would put its threshold), and one odd value past the largest bucket."""
+    values = sorted(values)
+    inside = [_odd(math.sqrt(lo * hi)) for lo, hi in zip(values, values[1:])]
+    probes = {p for (lo, hi), p in zip(zip(values, values[1:]), inside) if lo < p < hi}
+    probes.add(_odd(values[-1] * PAST_GRID))
+    return sorted(probes - set(values))
+
+
+def probe_points(grid: str, op: str) -> list[dict[str, int]]:
+    """Off-grid points for `op`: one dim at a probe value, the others at their buckets."""
+    dims = buckets(grid, op)
+    points = []
+    for dim, values in dims.items():
+        others = {d: v for d, v in dims.items() if d != dim}
+        for probe in probe_values(values):
+            for combo in itertools.product(*others.values()):
+                points.append({**dict(zip(others, combo)), dim: probe})
+    return [{d: p[d] for d in dims} for p in points]
+
+
+def random_points(dims: dict[str, list[int]], n: int, rng: random.Random) -> list[dict[str, int]]:
+    """Up to `n` distinct shapes, each dim drawn log-uniformly between its smallest bucket and
+    PAST_GRID times its largest: mostly values that are no bucket and no power of two."""
+    points: list[dict[str, int]] = []
+    for _ in range(20 * n):
+        if len(points) == n:
+            break
+        point = {d: max(1, round(math.exp(rng.uniform(math.log(min(v)), math.log(max(v) * PAST_GRID)))))
+                 for d, v in dims.items()}
+        if point not in points:
+            points.append(point)
+    return points

@@ -21,10 +21,10 @@ from runtime_loader import registry
 from runtime_loader.ops import DTYPES, Signature
 from runtime_loader.specs import CRASHED
 
-from .bench import Harness, Measurement, describe, rotation_sets
+from .bench import MODES, Harness, Measurement, describe, rotation_sets
 from .env import Sensor, combine
 from .gates import parity_gate, reason_for
-from .ops import CONTRACTS
+from .ops import CONTRACTS, to_fp32
 
 MAX_THROTTLED_RETRIES = 1
 
@@ -43,6 +43,7 @@ class TimingTask:
     kernel_ids: tuple[str, ...]
     dims: dict
     seed: int
+    modes: tuple[str, ...] = MODES  # probes and validation time the table's mode alone
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,29 @@ def _failure(stage: str, e: BaseException, device: torch.device, **fields) -> di
     return rejected(stage, reason.code, reason.message, **fields)
 
 
+# The last workload's fp32 reference: the kernels of one workload are gated on the same inputs
+# (one seed), so the reference is computed once per workload, not once per kernel.
+_last_reference: dict[tuple, object] = {}
+
+
+def _reference(task: ParityTask, contract, args: tuple):
+    key = (task.signature, tuple(sorted(task.dims.items())), task.seed)
+    if key not in _last_reference:
+        _last_reference.clear()  # first: never hold two references at once
+        _last_reference[key] = contract.reference(*to_fp32(args))
+    return _last_reference[key]
+
+
 def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict:
     sig = task.signature
     contract = CONTRACTS[sig.op]
-    gen = torch.Generator(device=device).manual_seed(task.seed)
-    args = contract.make_inputs(sig, task.dims, device, gen)
     spec = registry.get(task.kernel_id)
-    parity = parity_gate(contract, spec, sig, args, harness)
+    try:
+        args = contract.make_inputs(sig, task.dims, device, torch.Generator(device=device).manual_seed(task.seed))
+        reference = _reference(task, contract, args)
+    except Exception as e:  # the inputs or the reference do not fit at this shape: no kernel can be judged
+        return _failure("parity", e, device)
+    parity = parity_gate(contract, spec, sig, args, harness, reference)
     result = {"jit_ms": parity.first_call_ms, **parity.errors}
     if spec.setup_ms is not None and parity.first_call_ms is not None:
         result["setup_ms"] = spec.setup_ms(*args)
@@ -113,7 +130,7 @@ def timing_fields(m: Measurement, device: torch.device) -> dict:
         if t is not None:
             fields |= {f"{prefix}_ms": t.median_ms, f"{prefix}_p95_ms": t.p95_ms, f"{prefix}_min_ms": t.min_ms,
                        f"{prefix}_samples": t.samples, f"{prefix}_spread": t.spread}
-    if device.type == "cuda":
+    if device.type == "cuda" and m.graph_tried:
         fields |= {"graph_safe": m.graph is not None, "graph_error": m.graph_error}
     return fields
 
@@ -130,7 +147,7 @@ def run_timing(task: TimingTask, device: torch.device, harness: Harness, sensor:
         candidates = {k: [functools.partial(registry.get(k).impl, *a) for a in inputs] for k in task.kernel_ids}
         for _ in range(1 + MAX_THROTTLED_RETRIES):  # re-measure (bounded) when clocks were held down
             before = sensor.read()
-            results = harness.measure(candidates)
+            results = harness.measure(candidates, task.modes)
             env = combine(before, sensor.read())
             if not env["throttled"]:
                 break

@@ -36,6 +36,8 @@ SCHEMA = pa.schema([
     ("is_fallback", pa.bool_()),
     ("status", pa.string()),  # 'ok' or 'rejected'
     ("stage", pa.string()),  # where it was decided: 'capability', 'parity', 'bench'
+    ("phase", pa.string()),  # which points: 'grid' (buckets), 'probe' (unaligned, in-bucket),
+    # 'validation' (random shapes after solving), 'evaluate' (lzsolve evaluate); null in older PerfDBs
     ("reason_code", pa.string()),
     ("reason_message", pa.string()),
     *[(d, pa.int64()) for d in DIMS],

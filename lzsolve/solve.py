@@ -1,11 +1,18 @@
-"""The solver: per op signature, a small decision tree over the dynamic dims.
+"""The solver: per op signature, the decision tree over the dynamic dims that is optimal for
+the points measured there (grid buckets, unaligned probes, validation shapes).
 
-The tree minimises regret, not misclassification: a point's regret under a
-choice is time(choice) / time(best admitted kernel) - 1, and a node costs the
-sum of its points' regrets. A split is kept only when it removes more regret
-than the measurement noise could explain; a leaf keeps the op's fallback when
-the best kernel's gain over it is within noise. Splits sit at the geometric
-midpoint between neighbouring buckets (the grid is log-spaced).
+Every point counts on its own. At a point, a kernel's *excess* is how much slower than the
+best kernel it is beyond that point's noise (the measured spreads of the two kernels there,
+clamped to [MIN_NOISE, MAX_NOISE]); a kernel that is slower than the fallback beyond noise
+at a point, or was not measured there, is barred from any leaf holding that point. A leaf
+costs the sum of its points' excesses, with the part of a point's excess above WORST_BOUND
+weighted WORST_WEIGHT times (the worst point is bounded, not averaged away), plus LEAF_COST
+(a split must buy a real gain at some point, however few points that is). The cheapest tree
+is found exactly, by dynamic programming over the sets of points that axis-aligned splits
+can separate, up to MAX_DEPTH: the grids are small, so there is no need for a greedy
+look-ahead that cannot see a second split coming. A leaf keeps the fallback when no kernel
+beats it beyond noise anywhere in the leaf. Thresholds sit at the geometric midpoint of the
+neighbouring measured values (the grids are log-spaced).
 """
 from __future__ import annotations
 
@@ -13,94 +20,182 @@ import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 
 from runtime_loader.specs import CUDA_GRAPH_UNSAFE
 
-MAX_DEPTH = 6
-MIN_NOISE = 0.02  # regret per point below this is never worth a split or a non-default kernel
+MAX_DEPTH = 4
+MIN_NOISE = 0.02  # no measured difference below this counts as real
+MAX_NOISE = 0.05  # a noisy point still may not hide a loss larger than this
+WORST_BOUND = 0.05  # excess regret at one point above this...
+WORST_WEIGHT = 10.0  # ...costs this many times more
+LEAF_COST = 0.01  # what a split must remove, in summed excess regret
+TIE_BREAK = 1e-3  # weight of raw regret (noise included): picks among trees of equal excess
+BARRED = 1e9  # cost of a kernel at a point where it was not measured, or loses to the fallback: above any excess
 
 
 @dataclass
 class Points:
-    """The measured grid of one signature: dims of each point, times per kernel."""
+    """The measured points of one signature: their dims, and per kernel its time and spread
+    at each point (inf / 0 where it was not measured or not admitted)."""
 
     dims: list[dict]
-    times: dict[str, list[float]]  # kernel_id -> time per point (inf where not admitted)
-    noise: float
+    times: dict[str, list[float]]
+    spreads: dict[str, list[float]]
+    fallback: str
+
+    @property
+    def has_choice(self) -> bool:
+        """Whether any kernel but the fallback was measured: else there is nothing to decide."""
+        return any(k != self.fallback and any(map(math.isfinite, t)) for k, t in self.times.items())
 
     def best(self, i: int) -> float:
         return min(t[i] for t in self.times.values())
 
+    def best_kernel(self, i: int) -> str:
+        return min(self.times, key=lambda k: self.times[k][i])
 
-def _leaf(pts: Points, idx: list[int], fallback: str) -> tuple[float, dict]:
-    """(regret cost, leaf) for choosing one kernel over the points `idx`."""
-    best = {i: pts.best(i) for i in idx}
-    costs = {k: sum(t[i] / best[i] - 1 for i in idx) for k, t in pts.times.items()
-             if all(math.isfinite(t[i]) for i in idx)}
-    if not costs:  # no kernel measured on every point: the fallback, whose semantics always hold
-        return float("inf"), {"kernel_id": fallback, "points": len(idx)}
-    ranked = sorted(costs, key=costs.get)
-    chosen = ranked[0]
-    if fallback in costs and (costs[fallback] - costs[chosen]) / len(idx) <= pts.noise:
-        chosen = fallback  # the win is within noise: keep the simpler default
-    t = pts.times[chosen]
+    def noise(self, i: int, *kernels: str) -> float:
+        """How much of a difference between these kernels at point i the measurements can explain."""
+        spread = max(self.spreads[k][i] for k in kernels if k in self.spreads)
+        return min(MAX_NOISE, max(MIN_NOISE, spread))
 
-    def geomean_ratio(other: str) -> float:
-        o = pts.times[other]
-        return math.exp(sum(math.log(o[i] / t[i]) for i in idx) / len(idx))
+    def loses_to_fallback(self, kernel: str, i: int) -> bool:
+        t, fb = self.times[kernel][i], self.times.get(self.fallback, [math.inf] * len(self.dims))[i]
+        return kernel != self.fallback and math.isfinite(fb) and t > fb * (1 + self.noise(i, kernel, self.fallback))
 
-    runner_up = next((k for k in ranked if k != chosen), None)
-    leaf = {
-        "kernel_id": chosen,
-        "gain": round(geomean_ratio(fallback), 4) if fallback in costs else None,
-        "runner_up": runner_up,
-        "margin": round(geomean_ratio(runner_up) - 1, 4) if runner_up else None,
-        "regret": round(costs[chosen] / len(idx), 4),
-        "points": len(idx),
-    }
-    return costs[chosen], leaf
+    def leading(self, dims: dict, margin: float) -> set[str]:
+        """The kernels within `margin` of the best at any measured point around `dims`: per dim
+        the nearest measured values at or below and at or above it (the nearest one past the
+        ends), and every point inside that box; the nearest point if none is."""
+        box = {}
+        for d, v in dims.items():
+            values = sorted({p[d] for p in self.dims})
+            below, above = [x for x in values if x <= v], [x for x in values if x >= v]
+            box[d] = (below[-1] if below else above[0], above[0] if above else below[-1])
+        around = [i for i, p in enumerate(self.dims) if all(lo <= p[d] <= hi for d, (lo, hi) in box.items())]
+        if not around:
+            around = [min(range(len(self.dims)), key=lambda i: sum(abs(math.log(self.dims[i][d] / v))
+                                                                    for d, v in dims.items()))]
+        return {k for i in around for k, t in self.times.items() if t[i] <= self.best(i) * (1 + margin)}
 
-
-def _build(pts: Points, idx: list[int], dynamic: tuple[str, ...], fallback: str, depth: int) -> tuple[float, dict]:
-    cost, leaf = _leaf(pts, idx, fallback)
-    if depth >= MAX_DEPTH or len(idx) < 2 or cost == 0:
-        return cost, leaf
-    best = None
-    for dim in dynamic:
-        values = sorted({pts.dims[i][dim] for i in idx})
-        for lo, hi in zip(values, values[1:]):
-            threshold = math.sqrt(lo * hi)
-            left = [i for i in idx if pts.dims[i][dim] <= threshold]
-            right = [i for i in idx if pts.dims[i][dim] > threshold]
-            split_cost = _leaf(pts, left, fallback)[0] + _leaf(pts, right, fallback)[0]
-            if best is None or split_cost < best[0]:
-                best = (split_cost, dim, threshold, left, right)
-    if best is None or cost - best[0] <= pts.noise * len(idx):
-        return cost, leaf
-    _, dim, threshold, left, right = best
-    left_cost, le = _build(pts, left, dynamic, fallback, depth + 1)
-    right_cost, gt = _build(pts, right, dynamic, fallback, depth + 1)
-    return left_cost + right_cost, {"dim": dim, "threshold": round(threshold, 3), "le": le, "gt": gt}
+    def cost(self, kernel: str, i: int) -> tuple[float, float]:
+        """(penalised excess, raw regret) of choosing `kernel` at point i."""
+        t = self.times[kernel][i]
+        if not math.isfinite(t) or self.loses_to_fallback(kernel, i):
+            return BARRED, BARRED
+        ratio = t / self.best(i)
+        excess = max(0.0, ratio - 1 - self.noise(i, kernel, self.best_kernel(i)))
+        return excess + WORST_WEIGHT * max(0.0, excess - WORST_BOUND), ratio - 1
 
 
-def _points(records: list[dict], mode: str) -> Points:
+def points_from(records: list[dict], mode: str, fallback: str) -> Points:
+    """The points of one signature's records: those where at least one kernel has a `mode` time."""
     keys = sorted({r["dims"] for r in records})
     index = {k: i for i, k in enumerate(keys)}
     times: dict[str, list[float]] = defaultdict(lambda: [math.inf] * len(keys))
-    spreads = []
+    spreads: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(keys))
     for r in records:
         if r["status"] == "ok" and r.get(f"{mode}_ms") is not None:
             times[r["kernel_id"]][index[r["dims"]]] = r[f"{mode}_ms"]
-            spreads.append(r.get(f"{mode}_spread") or 0.0)
-    spreads.sort()
-    noise = max(MIN_NOISE, spreads[len(spreads) // 2] if spreads else 0.0)
-    dims = [json.loads(k) for k in keys]
+            spreads[r["kernel_id"]][index[r["dims"]]] = r.get(f"{mode}_spread") or 0.0
     measured = [i for i in range(len(keys)) if any(math.isfinite(t[i]) for t in times.values())]
-    return Points([dims[i] for i in measured], {k: [t[i] for i in measured] for k, t in times.items()}, noise)
+    return Points([json.loads(keys[i]) for i in measured], {k: [t[i] for i in measured] for k, t in times.items()},
+                  {k: [s[i] for i in measured] for k, s in spreads.items()}, fallback)
+
+
+class _Solver:
+    """Exact search over trees; a node is the bitmask of the points it holds."""
+
+    def __init__(self, pts: Points, dynamic: tuple[str, ...]):
+        self.pts, self.n = pts, len(pts.dims)
+        self.kernels = sorted(pts.times)
+        self.costs = {k: [pts.cost(k, i) for i in range(self.n)] for k in self.kernels}
+        self.dims = [d for d in dynamic if all(d in p for p in pts.dims)]
+        # per dim and measured value: the mask of the points at or below it
+        self.at_or_below = {d: {v: sum(1 << i for i, p in enumerate(pts.dims) if p[d] <= v)
+                                for v in {p[d] for p in pts.dims}} for d in self.dims}
+        self.solve = lru_cache(maxsize=None)(self._solve)
+        self.leaf = lru_cache(maxsize=None)(self._leaf)
+
+    def members(self, mask: int) -> list[int]:
+        return [i for i in range(self.n) if mask >> i & 1]
+
+    def _leaf(self, mask: int) -> tuple[float, str]:
+        """(cost, kernel) of the best single kernel for these points; the fallback when no
+        kernel has less excess than it."""
+        idx = self.members(mask)
+        totals = {k: (sum(self.costs[k][i][0] for i in idx), sum(self.costs[k][i][1] for i in idx))
+                  for k in self.kernels}
+        chosen = min(totals, key=lambda k: totals[k][0] + TIE_BREAK * totals[k][1])
+        fallback = self.pts.fallback
+        if fallback in totals and totals[fallback][0] <= totals[chosen][0] + 1e-12:
+            chosen = fallback
+        penalty, raw = totals[chosen]
+        return penalty + TIE_BREAK * raw + LEAF_COST, chosen
+
+    def _solve(self, mask: int, depth: int) -> tuple[float, tuple]:
+        """(cost, node) of the cheapest tree of at most MAX_DEPTH - depth levels over `mask`;
+        a node is ('leaf', kernel) or ('split', dim, threshold, le, gt)."""
+        cost, kernel = self.leaf(mask)
+        best = (cost, ("leaf", kernel))
+        if depth >= MAX_DEPTH or cost <= 2 * LEAF_COST:  # a split costs two leaves at least
+            return best
+        idx = self.members(mask)
+        for dim in self.dims:
+            present = sorted({self.pts.dims[i][dim] for i in idx})
+            for lo, hi in zip(present, present[1:]):
+                le = mask & self.at_or_below[dim][lo]
+                left, right = self.solve(le, depth + 1), self.solve(mask & ~le, depth + 1)
+                if left[0] + right[0] < best[0] - 1e-12:
+                    best = (left[0] + right[0], ("split", dim, math.sqrt(lo * hi), left[1], right[1]))
+        return best
+
+
+def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
+    """What a leaf records: its kernel, the gain over the fallback, the runner-up and its margin,
+    the mean and worst regret over its points."""
+    t = pts.times[kernel]
+
+    def geomean_ratio(other: str) -> float | None:
+        logs = [math.log(pts.times[other][i] / t[i]) for i in idx
+                if math.isfinite(pts.times[other][i]) and math.isfinite(t[i])]
+        return math.exp(sum(logs) / len(logs)) if logs else None
+
+    regrets = [t[i] / pts.best(i) - 1 for i in idx if math.isfinite(t[i])]
+    covering = [k for k in pts.times if k != kernel and all(math.isfinite(pts.times[k][i]) for i in idx)]
+    runner_up = min(covering, key=lambda k: sum(pts.times[k][i] / pts.best(i) for i in idx), default=None)
+    gain = geomean_ratio(pts.fallback) if pts.fallback in pts.times else None
+    margin = geomean_ratio(runner_up) if runner_up else None
+    return {
+        "kernel_id": kernel,
+        "gain": round(gain, 4) if gain is not None else None,
+        "runner_up": runner_up,
+        "margin": round(margin - 1, 4) if margin is not None else None,
+        "regret": round(sum(regrets) / len(regrets), 4) if regrets else None,
+        "worst": round(max(regrets), 4) if regrets else None,
+        "points": len(idx),
+    }
+
+
+def _to_json(pts: Points, solver: _Solver, node: tuple, mask: int) -> dict:
+    if node[0] == "leaf":
+        return _leaf_entry(pts, solver.members(mask), node[1])
+    _, dim, threshold, le, gt = node
+    below = mask & sum(1 << i for i in solver.members(mask) if pts.dims[i][dim] <= threshold)
+    return {"dim": dim, "threshold": round(threshold, 3),
+            "le": _to_json(pts, solver, le, below), "gt": _to_json(pts, solver, gt, mask & ~below)}
+
+
+def pick(node: dict, dims: dict) -> str:
+    """The kernel a tree (in its dispatch.json form) chooses for these dims."""
+    while "kernel_id" not in node:
+        node = node["le"] if dims[node["dim"]] <= node["threshold"] else node["gt"]
+    return node["kernel_id"]
 
 
 def candidates_summary(records: list[dict], mode: str) -> dict[str, dict]:
-    """Per kernel: on how many grid points it was admitted, and why it was rejected elsewhere.
+    """Per kernel: on how many points it was admitted, and why it was rejected elsewhere.
     In graph mode a kernel that could not be captured in a CUDA graph is rejected there."""
     summary: dict[str, dict] = {}
     for r in records:
@@ -119,9 +214,29 @@ def candidates_summary(records: list[dict], mode: str) -> dict[str, dict]:
 
 
 def solve_signature(records: list[dict], dynamic: tuple[str, ...], fallback: str, mode: str) -> dict:
-    """The tree for one signature's records, plus how well it does on the grid."""
-    pts = _points(records, mode)
+    """The tree for one signature's records, and how well it does on the points it was solved on:
+    mean and worst regret (time(choice) / time(best) - 1), the median measured spread, and how
+    many points each phase (grid, probe, validation) contributed."""
+    pts = points_from(records, mode, fallback)
+    by_phase = Counter(phase_of(records).get(json.dumps(p, sort_keys=True), "grid") for p in pts.dims)
+    spreads = sorted(s[i] for k, s in pts.spreads.items() for i in range(len(pts.dims)) if math.isfinite(pts.times[k][i]))
+    noise = round(max(MIN_NOISE, spreads[len(spreads) // 2] if spreads else 0.0), 4)
     if not pts.dims:
-        return {"tree": {"kernel_id": fallback, "points": 0}, "grid_regret": None, "noise": pts.noise}
-    cost, tree = _build(pts, list(range(len(pts.dims))), dynamic, fallback, 0)
-    return {"tree": tree, "grid_regret": round(cost / len(pts.dims), 4), "noise": round(pts.noise, 4)}
+        return {"tree": {"kernel_id": fallback, "points": 0}, "grid_regret": None, "worst_regret": None,
+                "noise": noise, "points_by_phase": {}}
+    solver = _Solver(pts, dynamic)
+    everything = (1 << len(pts.dims)) - 1
+    tree = _to_json(pts, solver, solver.solve(everything, 0)[1], everything)
+    chosen = [pts.times[pick(tree, p)][i] for i, p in enumerate(pts.dims)]
+    regrets = [t / pts.best(i) - 1 for i, t in enumerate(chosen) if math.isfinite(t)]
+    return {"tree": tree, "grid_regret": round(sum(regrets) / len(regrets), 4) if regrets else None,
+            "worst_regret": round(max(regrets), 4) if regrets else None, "noise": noise,
+            "points_by_phase": dict(sorted(by_phase.items()))}
+
+
+def phase_of(records: list[dict]) -> dict[str, str]:
+    """dims key -> the phase that first measured it (records of older PerfDBs have none: grid)."""
+    out: dict[str, str] = {}
+    for r in records:
+        out.setdefault(r["dims"], r.get("phase") or "grid")
+    return out

@@ -5,7 +5,9 @@
 process), appends records to the PerfDB one signature at a time, and reuses
 matching records a previous run already measured (same workload, kernel
 version, hardware and timer), so an interrupted run continues instead of
-restarting.
+restarting. `probe` then times, at unaligned points inside the buckets, the
+contenders the buckets left: kernels with alignment cliffs look better on the
+grid's powers of two than on the lengths real requests have.
 """
 from __future__ import annotations
 
@@ -25,12 +27,14 @@ from runtime_loader.hardware import device_info, hardware_signature, slug
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
+from .bench import MODES
 from .gates import capability_gate
-from .grid import workloads
+from .grid import probe_points, workloads
 from .measure import CeilingTask, ParityTask, TimingTask
 from .models import ModelSpec, OpInstance, unmodelled, walk
 from .ops import CONTRACTS
 from .perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
+from .solve import Points, points_from
 
 
 class Runner(Protocol):
@@ -175,17 +179,26 @@ class Recorder:
 
 
 def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
-    """Records of earlier runs that measured the same thing on this machine and stack."""
+    """Records of earlier runs that measured the same thing on this machine and stack; never those
+    of `lzsolve evaluate`, whose shapes must stay unseen by the tables they judge."""
     if not db.files():
         return {}
     rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? AND stage <> 'capability' "
-                   "AND coalesce(reason_code, '') <> 'TIMEOUT' ORDER BY ts",  # a longer --timeout may pass
-                   [recorder.hw_slug, recorder.timer])
+                   "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
+                   "AND run_id NOT LIKE 'eval-%' ORDER BY ts", [recorder.hw_slug, recorder.timer])
     return {(r["signature"], r["kernel_id"], r["kernel_version"], r["dims"]): r for r in rows}
 
 
+def _answers(record: dict, modes: tuple[str, ...]) -> bool:
+    """Whether an earlier record holds what a measurement in `modes` asks for: a time in one of
+    them, or the reason there is none (a rejection, a failed graph capture)."""
+    return (record["status"] != "ok" or any(record.get(f"{m}_ms") is not None for m in modes)
+            or bool(record.get("graph_error")))
+
+
 def measure_workload(sp: SignaturePlan, dims: dict, specs: list[KernelSpec], runner: Runner,
-                     recorder: Recorder, seed: int, on_step: Callable[[str], None]) -> list[dict]:
+                     recorder: Recorder, seed: int, on_step: Callable[[str], None], phase: str = "grid",
+                     modes: tuple[str, ...] = MODES) -> list[dict]:
     """Parity for each kernel (its own task: a crash costs one record), then one timing task
     for all the admitted ones, interleaved. If that task dies, each kernel is timed alone so
     the failure lands on the kernel that caused it."""
@@ -194,21 +207,21 @@ def measure_workload(sp: SignaturePlan, dims: dict, specs: list[KernelSpec], run
     for spec in specs:
         outcome = runner.run(ParityTask(sig, spec.kernel_id, dims, seed))
         if outcome.get("reason_code"):
-            records.append(recorder.record(sp, spec, dims, seed=seed, **outcome))
+            records.append(recorder.record(sp, spec, dims, seed=seed, phase=phase, **outcome))
             on_step(f"{sig.op} {spec.kernel_id}")
         else:
             admitted[spec.kernel_id] = (spec, outcome)
     groups = [tuple(admitted)] if admitted else []
     while groups:
         group = groups.pop()
-        timing = runner.run(TimingTask(sig, group, dims, seed))
+        timing = runner.run(TimingTask(sig, group, dims, seed, modes))
         if "per_kernel" not in timing and len(group) > 1:
             groups.extend((k,) for k in group)
             continue
         for kernel_id in group:
             spec, parity = admitted[kernel_id]
             fields = timing["per_kernel"][kernel_id] if "per_kernel" in timing else timing
-            records.append(recorder.record(sp, spec, dims, seed=seed, **{**parity, **fields}))
+            records.append(recorder.record(sp, spec, dims, seed=seed, phase=phase, **{**parity, **fields}))
             on_step(f"{sig.op} {kernel_id}")
     return records
 
@@ -228,35 +241,96 @@ def measure_ceilings(db: PerfDB, runner: Runner, recorder: Recorder, dtype: str,
                        recorder.run_id)
 
 
-def tune(plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True,
-         on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
-    """Gate and measure every (workload, candidate) of the plan through `runner`; returns this
-    run's view of the records (new ones and reused ones). `on_step` follows each candidate."""
-    run_id = run_id or new_run_id()
-    recorder = Recorder(plan.model.name, plan.model.tp, plan.dtype, plan.device, plan.hardware, run_id, runner.timer)
-    reusable = _reusable(db, recorder) if reuse else {}
-    measure_ceilings(db, runner, recorder, plan.dtype, reuse)
-    seeds = fresh_seeds()
-    results: list[dict] = []
-    for sp in plan.signatures:
+Work = list[tuple[dict, tuple[Candidate, ...]]]  # (dims, candidates) of one signature
+
+
+class Session:
+    """One run's measuring: its runner and recorder, the records earlier runs measured on this
+    machine and stack (reused, never measured again), and the PerfDB new records go to."""
+
+    def __init__(self, plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True):
+        self.db, self.runner = db, runner
+        self.recorder = Recorder(plan.model.name, plan.model.tp, plan.dtype, plan.device, plan.hardware,
+                                 run_id or new_run_id(), runner.timer)
+        self.reusable = _reusable(db, self.recorder) if reuse else {}
+        self.reuse = reuse
+        self.seeds = fresh_seeds()
+
+    @property
+    def run_id(self) -> str:
+        return self.recorder.run_id
+
+    def measure(self, sp: SignaturePlan, work: Work, phase: str, modes: tuple[str, ...] = MODES,
+                on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
+        """Gate and time every (dims, candidates) of one signature; returns the records, reused ones
+        included. New records reach the PerfDB when the signature is done, or interrupted."""
+        results: list[dict] = []
         fresh: list[dict] = []
         try:
-            for dims in sp.workloads:
+            for dims, candidates in work:
                 to_measure = []
-                for cand in sp.candidates:
+                for cand in candidates:
                     key = (str(sp.instance.signature), cand.spec.kernel_id, cand.spec.version(), dims_key(dims))
+                    earlier = self.reusable.get(key)
                     if not cand.admitted:
                         first, *rest = cand.reasons
-                        fresh.append(recorder.record(sp, cand.spec, dims, stage="capability", reason_code=first.code,
-                                                     reason_message="; ".join([first.message, *map(str, rest)])))
-                    elif key in reusable:
-                        results.append(reusable[key])
+                        fresh.append(self.recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
+                                                          reason_code=first.code,
+                                                          reason_message="; ".join([first.message, *map(str, rest)])))
+                    elif earlier is not None and _answers(earlier, modes):
+                        results.append(earlier)
                         on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")
                     else:
                         to_measure.append(cand.spec)
                 if to_measure:
-                    fresh.extend(measure_workload(sp, dims, to_measure, runner, recorder, next(seeds), on_step))
+                    fresh.extend(measure_workload(sp, dims, to_measure, self.runner, self.recorder, next(self.seeds),
+                                                  on_step, phase, modes))
         finally:  # keep what was measured even when interrupted
-            db.append(fresh, run_id)
-            results.extend(fresh)
+            self.db.append(fresh, self.run_id)
+        return results + fresh
+
+
+def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
+    """Gate and measure every candidate of the plan at every grid bucket; returns this run's view
+    of the records (new ones and reused ones). `on_step` follows each candidate."""
+    measure_ceilings(session.db, session.runner, session.recorder, plan.dtype, session.reuse)
+    results: list[dict] = []
+    for sp in plan.signatures:
+        results += session.measure(sp, [(dims, sp.candidates) for dims in sp.workloads], "grid", on_step=on_step)
     return results
+
+
+LEAD_MARGIN = 0.10  # off the buckets, time the kernels within this of the best at the neighbouring points
+
+
+def by_signature(records: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in records:
+        out.setdefault(r["signature"], []).append(r)
+    return out
+
+
+def contenders(sp: SignaturePlan, pts: Points, dims: dict, also: tuple[str, ...] = ()) -> tuple[Candidate, ...]:
+    """The admitted candidates worth timing at `dims`, off the measured points `pts`: the fallback,
+    the kernels within LEAD_MARGIN of the best at the measured points around `dims`, and `also`."""
+    wanted = pts.leading(dims, LEAD_MARGIN) | {sp.fallback, *also}
+    return tuple(c for c in sp.candidates if c.admitted and c.spec.kernel_id in wanted)
+
+
+def plan_probes(plan: Plan, records: list[dict], mode: str) -> list[tuple[SignaturePlan, Work]]:
+    """Per signature, the unaligned points inside (and just past) its buckets and the contenders to
+    time there, judged from the bucket records. A signature where nothing but the fallback was
+    admitted gets none: there is nothing to decide."""
+    recs = by_signature(records)
+    out = []
+    for sp in plan.signatures:
+        pts = points_from(recs.get(str(sp.instance.signature), []), mode, sp.fallback)
+        if pts.has_choice:
+            out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in probe_points(plan.grid, sp.instance.signature.op)]))
+    return out
+
+
+def probe(session: Session, work: list[tuple[SignaturePlan, Work]], mode: str,
+          on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
+    """Time the contenders at the probe points (the table's timing mode alone)."""
+    return [r for sp, points in work for r in session.measure(sp, points, "probe", (mode,), on_step)]

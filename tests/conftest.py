@@ -19,3 +19,20 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_artifact(tmp_path_factory):
+    """One CPU tune of a tiny Llama (tiny grid, fp32, torch.compile left out, default probes and
+    validation), shared by the tests that read an artifact (they may add evaluation records)."""
+    from click.testing import CliRunner
+
+    from lzsolve.cli import cli
+    from tests.test_cli import tiny_llama_config
+
+    root = tmp_path_factory.mktemp("tiny-artifact")
+    out = root / "artifact"
+    result = CliRunner().invoke(cli, ["tune", "--config", str(tiny_llama_config(root)), "--grid", "tiny", "--dtype",
+                                      "fp32", "--device", "cpu", "--exclude", "compile.*", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out

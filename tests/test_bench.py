@@ -97,3 +97,23 @@ def test_slow_calls_rotate_fewer_sets():
     sets = [lambda: time.sleep(0.004) for _ in range(8)]
     m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3, max_sample_s=0.01)).measure({"k": sets})["k"]
     assert m.sets == 2, "a 4 ms call refills any cache; 8 sets would only slow tuning down"
+
+
+def test_one_mode_alone():
+    """Probes and validation time the table's mode alone: the other is neither sampled nor reported."""
+    m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure({"k": [lambda: None]}, ("eager",))["k"]
+    assert m.eager.samples == 3 and m.graph is None and m.graph_error is None
+
+
+@pytest.mark.gpu
+def test_cuda_graph_mode_alone():
+    harness = CudaHarness(Budget(time_cap_s=0.2))
+    # A generator of its own: a failed capture (as in the test above) can leave the default one unusable.
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = [torch.randn(2048, 2048, device="cuda", generator=gen) for _ in range(2)]
+    out = harness.measure({"mm": [lambda a=a: a @ a for a in x]}, ("eager",))
+    assert out["mm"].graph is None and not out["mm"].graph_tried and out["mm"].eager.median_ms > 0
+    out = harness.measure({"mm": [lambda a=a: a @ a for a in x], "sync": [lambda: x[0].sum().item()]}, ("graph",))
+    assert out["mm"].eager is None and out["mm"].graph.median_ms > 0 and out["mm"].graph_tried
+    assert out["sync"].graph is None and out["sync"].graph_error, "not capturable: the reason stays"
+    torch.cuda.synchronize()

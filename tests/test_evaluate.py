@@ -6,7 +6,8 @@ from click.testing import CliRunner
 
 from lzsolve.cli import cli
 from lzsolve.errors import LzError
-from lzsolve.evaluate import PointResult, between, off_grid_points, parse_shapes, summarize
+from lzsolve.evaluate import between, off_grid_points, parse_shapes
+from lzsolve.validate import PointResult, summarize
 from runtime_loader.manifest import read_manifest, verify
 
 
@@ -35,15 +36,9 @@ def test_summary_geomean_and_worst():
     assert o["problems"] == 1 and o["points"] == 3
 
 
-def test_evaluate_cli_on_the_spine_artifact(tmp_path):
-    from .test_cli import TINY_LLAMA
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(TINY_LLAMA))
-    out = tmp_path / "artifact"
+def test_evaluate_cli_on_the_spine_artifact(tmp_path, tiny_llama_artifact):
+    out = tiny_llama_artifact
     runner = CliRunner()
-    result = runner.invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
-                                 "--exclude", "compile.*", "--out", str(out), "--no-isolate"])
-    assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["evaluate", str(out), "--json", str(tmp_path / "eval.json"), "--no-isolate",
                                  "--shapes", "tokens=3", "--shapes", "batch=1,seq=32", "--shapes", "batch=2,kv_len=40"])
     assert result.exit_code == 0, result.output

@@ -16,10 +16,10 @@ class CountingHarness(CpuHarness):
         self.measured = 0
         self.sets = None
 
-    def measure(self, candidates):
+    def measure(self, candidates, modes=("eager", "graph")):
         self.measured += 1
         self.sets = {len(calls) for calls in candidates.values()}
-        return super().measure(candidates)
+        return super().measure(candidates, modes)
 
 
 class ScriptedSensor(Sensor):
@@ -88,3 +88,20 @@ def test_a_kernel_failing_during_timing_gets_its_own_reason():
     import tests.faulty_kernels  # noqa: F401
     out = timing(["torch.rms_norm", "fault.raise"])
     assert out["fault.raise"]["reason_code"] == "RAISED" and out["torch.rms_norm"]["eager_ms"] > 0
+
+
+def test_the_reference_is_computed_once_per_workload(monkeypatch):
+    """The kernels of one workload share its inputs (one seed), so they share one fp32 reference."""
+    import dataclasses
+
+    import lzsolve.measure as measure
+    contract = measure.CONTRACTS["norm.rms"]
+    calls = []
+    counted = dataclasses.replace(contract, reference=lambda *a: calls.append(1) or contract.reference(*a))
+    monkeypatch.setitem(measure.CONTRACTS, "norm.rms", counted)
+    harness = CountingHarness()
+    for kernel in ("torch.rms_norm", "eager.rms_norm"):
+        assert "reason_code" not in run_task(ParityTask(SIG, kernel, {"tokens": 4}, seed=7), CPU, harness, Sensor())
+    assert len(calls) == 1
+    run_task(ParityTask(SIG, "torch.rms_norm", {"tokens": 4}, seed=8), CPU, harness, Sensor())
+    assert len(calls) == 2, "new inputs, new reference"

@@ -1,6 +1,8 @@
 """The tree solver: regret-minimising splits, noise-aware leaves, admissibility."""
+import itertools
 import json
 import math
+import random
 
 from lzsolve.solve import candidates_summary, solve_signature
 from runtime_loader.table import Leaf, Split, choose
@@ -76,3 +78,136 @@ def test_graph_mode_skips_kernels_without_graph_timing():
     summary = candidates_summary(recs, "graph")
     assert summary["fast"]["rejected"][0]["code"] == "CUDA_GRAPH_UNSAFE"
     assert "capturing" in summary["fast"]["rejected"][0]["message"]
+
+
+def grid_records(times: dict[str, dict[tuple, float | None]], spread=0.01, mode="graph"):
+    """Records over (batch, seq) points: kernel -> {(batch, seq): ms}."""
+    out = []
+    for kernel, per_point in times.items():
+        for (batch, seq), ms in per_point.items():
+            out.append({"kernel_id": kernel, "dims": json.dumps({"batch": batch, "seq": seq}),
+                        "status": "ok" if ms is not None else "rejected", f"{mode}_ms": ms, f"{mode}_spread": spread,
+                        "reason_code": None if ms is not None else "PARITY_FAILED", "reason_message": None})
+    return out
+
+
+def pick_2d(tree, batch, seq):
+    from lzsolve.solve import pick
+    return pick(tree, {"batch": batch, "seq": seq})
+
+
+def test_h100_prefill_gains_at_batch_one_are_kept():
+    """The H100 grid of issue 12: FlashInfer beats FA3 at batch 1 by 37% (seq 128), 17% (512)
+    and 2% (2048); FA3 wins at 8192 and at batch 2 and 8; SDPA's default is slower than both.
+    The old rule (a split must remove noise x all points of the node) kept one leaf, FA3."""
+    fa3, fi, sdpa = {}, {}, {}
+    for batch in (1, 2, 8):
+        for seq in (128, 512, 2048, 8192):
+            t = batch * seq * seq / 4e6 + 0.02
+            fa3[batch, seq] = t
+            sdpa[batch, seq] = t * 1.25
+            fi[batch, seq] = t * (1.15 if batch > 1 else {128: 1 / 1.37, 512: 1 / 1.17, 2048: 1 / 1.02, 8192: 1.08}[seq])
+    solved = solve_signature(grid_records({"flashinfer.prefill": fi, "fa3.attention": fa3, "sdpa.default": sdpa}),
+                             ("batch", "seq"), "sdpa.default", "graph")
+    tree = solved["tree"]
+    for seq in (128, 512, 2048):
+        assert pick_2d(tree, 1, seq) == "flashinfer.prefill"
+    assert pick_2d(tree, 1, 8192) == "fa3.attention"
+    for batch in (2, 8):
+        for seq in (128, 512, 2048, 8192):
+            assert pick_2d(tree, batch, seq) == "fa3.attention"
+    assert solved["grid_regret"] == 0
+
+
+def test_one_large_loss_at_one_point_is_worth_a_split():
+    """A kernel best at seven of eight points but 30% behind at one: the tree serves that
+    point from the kernel that wins there."""
+    tokens = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+    s = solve({"fb": {t: 2.0 for t in tokens}, "a": {t: 1.0 if t != 256 else 1.3 for t in tokens},
+               "b": {t: 1.1 if t != 256 else 1.0 for t in tokens}})
+    assert [chosen(s["tree"], t) for t in tokens] == ["a"] * 4 + ["b"] + ["a"] * 3
+    assert s["worst_regret"] == 0
+
+
+def test_never_slower_than_the_fallback_beyond_noise_even_for_a_large_average_gain():
+    """A kernel 3x faster on most points but 20% slower than the fallback at one unaligned
+    point is not chosen there."""
+    tokens = (1, 8, 64, 65, 512)
+    s = solve({"fb": {t: 1.0 for t in tokens}, "fast": {t: 0.33 if t != 65 else 1.2 for t in tokens}})
+    assert chosen(s["tree"], 65) == "fb"
+    assert all(chosen(s["tree"], t) == "fast" for t in tokens if t != 65)
+
+
+def _random_instance(rng, two_dims: bool):
+    dims = ("batch", "seq") if two_dims else ("tokens",)
+    values = {d: sorted(rng.sample(range(1, 5000), rng.randint(2, 5 if two_dims else 9))) for d in dims}
+    points = [dict(zip(dims, combo)) for combo in itertools.product(*values.values())]
+    kernels = ["fb"] + [f"k{i}" for i in range(rng.randint(1, 4))]
+    out = []
+    for k in kernels:
+        for p in points:
+            ms = None if (k != "fb" and rng.random() < 0.1) else rng.uniform(0.5, 2.0)
+            spread = rng.choice([0.0, 0.01, 0.03, 0.08])
+            out.append({"kernel_id": k, "dims": json.dumps(p, sort_keys=True), "status": "ok" if ms else "rejected",
+                        "graph_ms": ms, "graph_spread": spread, "reason_code": None if ms else "PARITY_FAILED",
+                        "reason_message": None})
+    return dims, out
+
+
+def _tree_cost(pts, tree):
+    from lzsolve.solve import pick
+    return sum(pts.cost(pick(tree, p), i)[0] for i, p in enumerate(pts.dims))
+
+
+def test_properties_on_random_instances():
+    """On random instances: never slower than the fallback beyond noise at a measured point;
+    never more excess regret than the best single kernel; never deeper than MAX_DEPTH."""
+    from lzsolve.solve import MAX_DEPTH, points_from, pick
+
+    rng = random.Random(12)
+    for case in range(120):
+        dims, recs = _random_instance(rng, two_dims=case % 2 == 1)
+        tree = solve_signature(recs, dims, "fb", "graph")["tree"]
+        pts = points_from(recs, "graph", "fb")
+        for i, p in enumerate(pts.dims):
+            assert not pts.loses_to_fallback(pick(tree, p), i), (case, p)
+        singles = [sum(pts.cost(k, i)[0] for i in range(len(pts.dims))) for k in pts.times]
+        assert _tree_cost(pts, tree) <= min(singles) + 1e-9, case
+        assert _depth(tree) <= MAX_DEPTH
+
+
+def _depth(node):
+    return 0 if "kernel_id" in node else 1 + max(_depth(node["le"]), _depth(node["gt"]))
+
+
+def _brute_force(pts, solver, mask, depth):
+    """Every tree of at most `depth` levels over the points of `mask`: the cheapest cost."""
+    from lzsolve.solve import LEAF_COST, TIE_BREAK
+
+    idx = solver.members(mask)
+    best = min(sum(pts.cost(k, i)[0] + TIE_BREAK * pts.cost(k, i)[1] for i in idx) for k in pts.times) + LEAF_COST
+    if depth == 0:
+        return best
+    for dim in solver.dims:
+        present = sorted({pts.dims[i][dim] for i in idx})
+        for lo in present[:-1]:
+            le = sum(1 << i for i in idx if pts.dims[i][dim] <= lo)
+            best = min(best, _brute_force(pts, solver, le, depth - 1) + _brute_force(pts, solver, mask & ~le, depth - 1))
+    return best
+
+
+def test_dynamic_programme_finds_the_cheapest_tree(monkeypatch):
+    """Against a brute-force enumeration of all trees of depth <= 2 (the fallback preference
+    aside, which only changes leaves whose excess ties)."""
+    import lzsolve.solve as solve_module
+
+    monkeypatch.setattr(solve_module, "MAX_DEPTH", 2)
+    rng = random.Random(5)
+    for case in range(40):
+        dims, recs = _random_instance(rng, two_dims=case % 2 == 1)
+        pts = solve_module.points_from(recs, "graph", "fb")
+        solver = solve_module._Solver(pts, dims)
+        everything = (1 << len(pts.dims)) - 1
+        found = solver.solve(everything, 0)[0]
+        brute = _brute_force(pts, solver, everything, 2)
+        assert brute - 1e-9 <= found <= brute + 1e-9 + 4 * solve_module.TIE_BREAK * len(pts.dims), case

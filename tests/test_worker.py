@@ -6,7 +6,7 @@ import torch
 
 from lzsolve.models import from_hf_config
 from lzsolve.perfdb import PerfDB
-from lzsolve.tuner import make_plan, tune
+from lzsolve.tuner import Session, make_plan, tune
 from lzsolve.worker import WorkerRunner
 
 from .test_cli import TINY_LLAMA
@@ -34,7 +34,7 @@ def run_faults(device: str, tmp_path, expected: dict):
     db = PerfDB(tmp_path / "perfdb")
     runner = WorkerRunner(torch.device(device), plugins=("tests.faulty_kernels",), timeout_s=6)
     try:
-        records = tune(plan, db, runner)
+        records = tune(plan, Session(plan, db, runner))
     finally:
         runner.close()
     by_kernel = {r["kernel_id"]: r for r in records if r["op"] == "norm.rms"}

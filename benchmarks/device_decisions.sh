@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# BENCHMARKS.md §10 on the lent H100 (issue 12: decisions that hold off the grid), in stages that
+# fit one device call each (STAGE=...):
+#   smoke:    the GPU tests of one-mode timing, then a tiny tune with probes and validation;
+#             then falls through to `tune` with the rest of the call;
+#   tune:     `lzsolve tune --model llama3-70b --tp 8` with default settings into .devrun/d,
+#             stopped (SIGINT, records kept) after TUNE_LIMIT s and continued by the next call
+#             (the PerfDB and optuna studies travel as $OUT/d.tgz.* parts; carry them back as
+#             .devrun/parts); each call's log is $OUT/tune.err;
+#   evaluate: `lzsolve evaluate --random ${RANDOM_N:-40} --seed 1` on the finished artifact, for
+#             the signatures matching EVAL_OPS (default all), into $OUT/eval.json.
+set -u
+. benchmarks/device_setup.sh > "$OUT/setup.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$OUT/setup.txt"
+if [ ! -d .devrun/d ] && ls .devrun/parts/d.tgz.* > /dev/null 2>&1; then cat .devrun/parts/d.tgz.* | tar xz; fi
+lz=(python3 -m lzsolve)
+pack() {  # the artifact without the JIT work folder (too large to travel), in parts under 16 MiB
+  tar cz --exclude=.jit-work .devrun/d | split -b 15M - "$OUT/d.tgz."
+  du -sh .devrun/d .devrun/d/.jit-work 2> /dev/null; ls -la "$OUT"/d.tgz.*
+}
+start=$(date +%s)
+case "${STAGE:?set STAGE=smoke|tune|evaluate}" in
+  smoke)
+    python3 -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_measure.py -k "mode or reference" 2>&1 | tail -3
+    timeout 240 "${lz[@]}" tune --model llama3-8b --grid tiny --trials 0 --kernels 'sdpa.*,fa3.*,triton.rms_norm,torch.*' \
+      --out .devrun/smoke --json > "$OUT/smoke.json" 2> "$OUT/smoke.err"
+    echo "smoke tune rc=$? after $(( $(date +%s) - start )) s"; tail -3 "$OUT/smoke.err"
+    python3 - "$OUT/smoke.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print("phases", s["phases"])
+for e in s["signatures"]:
+    v = e["validation"] or {}
+    print(f"  {e['signature'][:60]:60} {e['points_by_phase']} {','.join(e['kernels'])}",
+          {k: round(v[k]["vs_default_worst"] or 0, 3) for k in ("before", "after") if k in v})
+PY
+    ;;&
+  smoke|tune)
+    left=$(( ${TUNE_LIMIT:-560} - ($(date +%s) - start) ))
+    timeout -s INT "$left" "${lz[@]}" tune --model llama3-70b --tp 8 --out .devrun/d --json > "$OUT/tune.json" 2> "$OUT/tune.err"
+    echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "in [0-9]+ s|interrupted|wrote|error" "$OUT/tune.err" | tail -8
+    pack ;;
+  evaluate)
+    timeout -s INT "${EVAL_LIMIT:-560}" "${lz[@]}" evaluate .devrun/d --random "${RANDOM_N:-40}" --seed 1 --op "${EVAL_OPS:-*}" \
+      --json "$OUT/eval.json" > "$OUT/eval.txt" 2> "$OUT/eval.err"
+    echo "evaluate rc=$? after $(( $(date +%s) - start )) s"; cat "$OUT/eval.txt"; grep -E "^(error|note)" "$OUT/eval.err" | head -20
+    pack ;;
+esac

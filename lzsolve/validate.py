@@ -1,0 +1,147 @@
+"""Validation: every tune judges its table on random shapes it was not solved on.
+
+After solving, each signature's tree meets `shapes` seeded random shapes, drawn inside its
+buckets and up to 1.5x past the largest (grid.random_points), mostly lengths that are no
+power of two. At each one the table's choice, the fallback and the contenders around it are
+timed (in the table's mode), and the shapes join the points the tree is solved on: where the
+tree lost (beyond noise to the best kernel, or at all to the fallback) the solve refines it
+there or falls back for that region. The artifact carries both figures per signature: before
+refinement (shapes the tree never saw) and after. `lzsolve evaluate` judges with the same
+code on shapes of the user's choosing.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from runtime_loader.ops import OPS
+
+from .grid import buckets, random_points
+from .perfdb import dims_key
+from .solve import pick, points_from, solve_signature
+from .tuner import Plan, Session, SignaturePlan, Work, by_signature, contenders
+
+VALIDATION_SHAPES = 8  # random shapes per op signature in every tune
+
+
+@dataclass(frozen=True)
+class PointResult:
+    signature: str
+    dims: dict
+    chosen: str
+    best: str | None
+    chosen_ms: float | None
+    best_ms: float | None
+    fallback_ms: float | None
+    problem: str | None = None  # the chosen kernel failed here: the table would be wrong at this shape
+    fallback_problem: str | None = None  # why the fallback has no time here
+
+    @property
+    def regret(self) -> float | None:
+        return self.chosen_ms / self.best_ms if self.chosen_ms and self.best_ms else None
+
+    @property
+    def vs_default(self) -> float | None:
+        return self.chosen_ms / self.fallback_ms if self.chosen_ms and self.fallback_ms else None
+
+
+def _missing(kernel: str, recs: list[dict], mode: str) -> str:
+    rec = next((r for r in recs if r["kernel_id"] == kernel), None)
+    if rec is None:
+        return f"{kernel} was not measured here"
+    if rec.get("reason_code"):
+        return f"{kernel} failed here: {rec['reason_code']}: {rec['reason_message']}"
+    return f"{kernel} has no {mode} timing here" + (f" ({rec['graph_error']})" if rec.get("graph_error") else "")
+
+
+def judge(signature: str, dims: dict, chosen: str, fallback: str, recs: list[dict], mode: str) -> PointResult:
+    """The table's choice at one shape against the best kernel and the fallback timed there."""
+    times = {r["kernel_id"]: r.get(f"{mode}_ms") for r in recs if r["status"] == "ok" and r.get(f"{mode}_ms")}
+    best = min(times, key=times.get) if times else None
+    return PointResult(signature, dims, chosen, best, times.get(chosen), times.get(best) if best else None,
+                       times.get(fallback), None if chosen in times else _missing(chosen, recs, mode),
+                       None if fallback in times else _missing(fallback, recs, mode))
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def stats(results: list[PointResult]) -> dict:
+    regrets = [r.regret for r in results if r.regret]
+    vs_default = [r.vs_default for r in results if r.vs_default]
+    return {"points": len(results), "problems": sum(r.problem is not None for r in results),
+            "regret_geomean": geomean(regrets), "regret_worst": max(regrets) if regrets else None,
+            "vs_default_geomean": geomean(vs_default), "vs_default_worst": max(vs_default) if vs_default else None}
+
+
+def summarize(results: list[PointResult]) -> dict:
+    by_sig: dict[str, list[PointResult]] = {}
+    for r in results:
+        by_sig.setdefault(r.signature, []).append(r)
+    return {"overall": stats(results), "signatures": {s: stats(rs) for s, rs in by_sig.items()},
+            "problems": [f"{r.signature} at {r.dims}: {r.problem}" for r in results if r.problem],
+            "fallback_problems": [f"{r.signature} at {r.dims}: {r.fallback_problem}"
+                                  for r in results if r.fallback_problem],
+            "points": [{"signature": r.signature, "dims": r.dims, "chosen": r.chosen, "best": r.best,
+                        "chosen_ms": r.chosen_ms, "best_ms": r.best_ms, "fallback_ms": r.fallback_ms,
+                        "regret": r.regret, "vs_default": r.vs_default, "problem": r.problem,
+                        "fallback_problem": r.fallback_problem} for r in results]}
+
+
+@dataclass(frozen=True)
+class Planned:
+    signature: SignaturePlan
+    tree: dict  # the tree solved before validation
+    work: Work
+
+
+def plan_validation(plan: Plan, records: list[dict], mode: str, shapes: int = VALIDATION_SHAPES) -> list[Planned]:
+    """Per signature with a choice to make: its tree, its random shapes (seeded by the signature,
+    so a re-run draws the same ones and reuses their records) and the kernels to time at each."""
+    recs = by_signature(records)
+    out = []
+    for sp in plan.signatures:
+        sig, op = str(sp.instance.signature), sp.instance.signature.op
+        pts = points_from(recs.get(sig, []), mode, sp.fallback)
+        if not pts.has_choice or shapes <= 0:
+            continue
+        tree = solve_signature(recs[sig], OPS[op].dynamic, sp.fallback, mode)["tree"]
+        drawn = random_points(buckets(plan.grid, op), shapes, random.Random(f"validation:{sig}"))
+        out.append(Planned(sp, tree, [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in drawn]))
+    return out
+
+
+def _structure(node: dict):
+    if "kernel_id" in node:
+        return node["kernel_id"]
+    return node["dim"], node["threshold"], _structure(node["le"]), _structure(node["gt"])
+
+
+def validate(session: Session, planned: list[Planned], records: list[dict], mode: str,
+             on_step: Callable[[str], None] = lambda label: None) -> tuple[list[dict], dict[str, dict]]:
+    """Time the planned shapes; returns their records and, per signature, the validation summary:
+    figures before refinement (the tree as solved without these shapes), after (solved with
+    them), and whether the tree changed."""
+    recs = by_signature(records)
+    new, summaries = [], {}
+    for p in planned:
+        sp = p.signature
+        sig = str(sp.instance.signature)
+        measured = session.measure(sp, p.work, "validation", (mode,), on_step)
+        after = solve_signature(recs[sig] + measured, OPS[sp.instance.signature.op].dynamic, sp.fallback, mode)["tree"]
+        at: dict[str, list[dict]] = {}
+        for r in measured:
+            at.setdefault(r["dims"], []).append(r)
+
+        def figures(tree: dict) -> dict:
+            return stats([judge(sig, dims, pick(tree, dims), sp.fallback, at.get(dims_key(dims), []), mode)
+                          for dims, _ in p.work])
+
+        summaries[sig] = {"shapes": len(p.work), "before": figures(p.tree), "after": figures(after),
+                          "refined": _structure(after) != _structure(p.tree)}
+        new += measured
+    return new, summaries
+

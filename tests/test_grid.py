@@ -1,0 +1,47 @@
+"""Shape grids: buckets, unaligned probes between them, random shapes past them."""
+import random
+
+from lzsolve.grid import GRIDS, PAST_GRID, buckets, probe_points, probe_values, random_points, workloads
+from runtime_loader.ops import OPS
+
+
+def power_of_two(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def test_probe_values_are_odd_inside_each_bucket_interval_and_one_past_the_last():
+    assert probe_values([1, 4, 16, 64]) == [3, 9, 33, 97]
+    assert probe_values([1, 2, 8]) == [5, 13]  # no integer strictly inside (1, 2)
+    for values in ([128, 512, 2048, 8192], [1, 8, 32, 128], [1, 4, 16, 64, 256, 1024, 4096, 16384]):
+        probes = probe_values(values)
+        assert all(p % 2 == 1 and not power_of_two(p) for p in probes)
+        inside = [p for p in probes if p < max(values)]
+        assert len(inside) == len(values) - 1
+        assert all(lo < p < hi for p, lo, hi in zip(inside, values, values[1:]))
+        assert max(values) < probes[-1] <= max(values) * PAST_GRID + 2
+
+
+def test_probe_points_move_one_dim_off_the_grid():
+    for grid in GRIDS:
+        for op in OPS:
+            dims = buckets(grid, op)
+            grid_points = workloads(grid, op)
+            points = probe_points(grid, op)
+            assert points and not [p for p in points if p in grid_points]
+            for p in points:
+                assert list(p) == list(dims)
+                assert sum(p[d] not in dims[d] for d in dims) == 1
+
+
+def test_random_points_are_seeded_distinct_and_mostly_unaligned():
+    dims = buckets("full", "attention.prefill")
+    a = random_points(dims, 40, random.Random("s"))
+    assert a == random_points(dims, 40, random.Random("s")) and a != random_points(dims, 40, random.Random("t"))
+    assert len({tuple(p.values()) for p in a}) == 40
+    for p in a:
+        for d, values in dims.items():
+            assert min(values) <= p[d] <= max(values) * PAST_GRID
+    assert sum(power_of_two(p["seq"]) for p in a) <= 2
+    assert any(p["seq"] > max(dims["seq"]) for p in a), "some go past the largest bucket"
+    # a dim with no room to vary gives fewer distinct shapes, never an endless draw
+    assert len(random_points({"batch": [1], "seq": [2]}, 10, random.Random(0))) <= 2

@@ -1,0 +1,99 @@
+"""Probes and validation in every tune: a kernel with an alignment cliff wins every bucket (all
+powers of two) and loses elsewhere; the table must not send unaligned shapes to it."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from lzsolve.cli import cli
+from lzsolve.perfdb import PerfDB
+from lzsolve.validate import judge, summarize
+from runtime_loader.table import read_table
+
+from .cliff_kernels import aligned
+from .test_cli import tiny_llama_config
+
+CLIFF = "cliff.rms_norm"
+
+
+def tune(config, out, *extra):
+    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
+                                      "--device", "cpu", "--plugin", "tests.cliff_kernels", "--kernels", "cliff.*",
+                                      "--no-isolate", "--out", str(out), "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def norm_tree(out):
+    table = read_table(out / "dispatch.json")
+    (sig, tree), = [(s, t) for s, t in table.trees.items() if s.op == "norm.rms"]
+    return sig, tree
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cliff")
+    config = tiny_llama_config(root)
+    return config, tune(config, root / "naive", "--no-probe", "--validate", "0"), tune(config, root / "checked"), root
+
+
+def test_grid_alone_is_fooled_by_the_cliff(tuned):
+    """The precondition: on the buckets alone the cliff kernel wins and takes unaligned shapes too."""
+    from runtime_loader.table import choose
+    _, naive, _, root = tuned
+    sig, tree = norm_tree(root / "naive")
+    assert {choose(tree, {"tokens": t}) for t in (1, 8)} == {CLIFF}
+    assert choose(tree, {"tokens": 5}) == CLIFF
+    assert naive["phases"]["probe_s"] == 0 and naive["phases"]["validation_s"] == 0
+
+
+def test_probes_and_validation_keep_unaligned_shapes_off_the_cliff(tuned):
+    from runtime_loader.table import choose
+    _, _, checked, root = tuned
+    sig, tree = norm_tree(root / "checked")
+    rows = PerfDB(root / "checked" / "perfdb").rows(
+        "SELECT DISTINCT phase, tokens FROM records WHERE op = 'norm.rms' AND stage = 'bench'")
+    phases = {r["phase"] for r in rows}
+    assert phases == {"grid", "probe", "validation"}
+    measured = {r["tokens"] for r in rows}
+    assert {3, 13} <= measured, "the probes: odd values inside the bucket and past the last"
+    for tokens in measured:
+        assert (choose(tree, {"tokens": tokens}) == CLIFF) <= aligned(tokens), tokens
+    assert choose(tree, {"tokens": 8}) == CLIFF, "the gain where it is real is kept"
+    entry, = [s for s in checked["signatures"] if s["signature"] == str(sig)]
+    before, after = entry["validation"]["before"], entry["validation"]["after"]
+    assert before["vs_default_worst"] > 2, "after the probes, validation still caught the cliff between them"
+    assert after["vs_default_worst"] < 1.1 and entry["validation"]["refined"]
+    assert entry["points_by_phase"]["probe"] >= 2 and entry["points_by_phase"]["validation"] >= 4
+    report = (root / "checked" / "report.md").read_text()
+    assert "validation, 8 random shapes" in report and "the tree was refined" in report
+    # signatures with nothing to choose (their fallback alone) are neither probed nor validated
+    assert all(s["validation"] is None for s in checked["signatures"] if s["signature"] != str(sig))
+
+
+def test_evaluate_random_shapes_on_the_checked_table(tuned):
+    """Held-out random shapes (another seed): the refined table stays off the cliff."""
+    _, _, _, root = tuned
+    out = root / "checked"
+    result = CliRunner().invoke(cli, ["evaluate", str(out), "--random", "6", "--seed", "3", "--op", "norm.rms",
+                                      "--plugin", "tests.cliff_kernels", "--no-isolate",
+                                      "--json", str(root / "eval.json")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((root / "eval.json").read_text())
+    assert summary["random"] == 6 and summary["overall"]["points"] == 6
+    assert {p["signature"].split("[")[0] for p in summary["points"]} == {"norm.rms"}
+    assert summary["overall"]["vs_default_worst"] < 2
+    assert any(not aligned(p["dims"]["tokens"]) for p in summary["points"])
+
+
+def test_evaluate_says_why_the_fallback_has_no_time():
+    sig = "attention.prefill[hq=8,hkv=1,d=128,causal,bf16]"
+    recs = [{"kernel_id": "fa3.attention", "status": "ok", "graph_ms": 1.0, "reason_code": None},
+            {"kernel_id": "sdpa.default", "status": "rejected", "graph_ms": None, "reason_code": "OOM",
+             "reason_message": "CUDA out of memory"}]
+    r = judge(sig, {"batch": 13, "seq": 12289}, "fa3.attention", "sdpa.default", recs, "graph")
+    assert r.regret == 1.0 and r.vs_default is None
+    assert r.fallback_problem == "sdpa.default failed here: OOM: CUDA out of memory"
+    summary = summarize([r])
+    assert summary["fallback_problems"] == [f"{sig} at {{'batch': 13, 'seq': 12289}}: {r.fallback_problem}"]
+    assert summary["points"][0]["fallback_problem"] == r.fallback_problem

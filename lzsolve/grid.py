@@ -79,15 +79,13 @@ def probe_values(values: list[int]) -> list[int]:
 
 
 def probe_points(grid: str, op: str) -> list[dict[str, int]]:
-    """Off-grid points for `op`: one dim at a probe value, the others at their buckets."""
+    """Off-grid points for `op`: every combination of bucket and probe values with at least one
+    dim at a probe value (one dim off the grid, and all of them: cliffs that depend on several
+    dims at once, such as tiles x heads x batch against the SM count, show only there)."""
     dims = buckets(grid, op)
-    points = []
-    for dim, values in dims.items():
-        others = {d: v for d, v in dims.items() if d != dim}
-        for probe in probe_values(values):
-            for combo in itertools.product(*others.values()):
-                points.append({**dict(zip(others, combo)), dim: probe})
-    return [{d: p[d] for d in dims} for p in points]
+    values = {d: sorted(set(v) | set(probe_values(v))) for d, v in dims.items()}
+    return [dict(zip(values, point)) for point in itertools.product(*values.values())
+            if any(point[i] not in dims[d] for i, d in enumerate(dims))]
 
 
 def random_points(dims: dict[str, list[int]], n: int, rng: random.Random) -> list[dict[str, int]]:

@@ -21,16 +21,17 @@ def test_probe_values_are_odd_inside_each_bucket_interval_and_one_past_the_last(
         assert max(values) < probes[-1] <= max(values) * PAST_GRID + 2
 
 
-def test_probe_points_move_one_dim_off_the_grid():
+def test_probe_points_move_one_or_every_dim_off_the_grid():
     for grid in GRIDS:
         for op in OPS:
             dims = buckets(grid, op)
             grid_points = workloads(grid, op)
             points = probe_points(grid, op)
             assert points and not [p for p in points if p in grid_points]
-            for p in points:
-                assert list(p) == list(dims)
-                assert sum(p[d] not in dims[d] for d in dims) == 1
+            off = [sum(p[d] not in dims[d] for d in dims) for p in points]
+            assert all(list(p) == list(dims) for p in points) and min(off) == 1 and max(off) == len(dims)
+    prefill = probe_points("full", "attention.prefill")
+    assert len(prefill) == 5 * 8 - 12 and {"batch": 5, "seq": 257} in prefill
 
 
 def test_random_points_are_seeded_distinct_and_mostly_unaligned():

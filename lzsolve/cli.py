@@ -28,7 +28,8 @@ from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
 from .errors import LzError
 from .fsutil import atomic_write_text
 from .grid import GRIDS, default_grid
-from .models import CATALOGUE, from_catalogue, from_config_file, shard, walk
+from .models import CATALOGUE, capture, from_catalogue
+from .models.capture import Captured
 from .perfdb import PerfDB
 from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, search
 from .tuner import Plan, make_plan, new_run_id
@@ -66,12 +67,8 @@ def _device(value: str | None) -> torch.device:
     return device
 
 
-def _model(model: str | None, config: str | None, tp: int):
-    if (model is None) == (config is None):
-        raise LzError("pass exactly one of --model NAME or --config PATH "
-                      f"(built-in models: {', '.join(CATALOGUE)})")
-    spec = from_catalogue(model) if model else from_config_file(config)
-    return shard(spec, tp)
+def _model(model: str | None, config: str | None, tp: int, dtype: str) -> Captured:
+    return capture.load(model, config, tp, dtype)
 
 
 def _load_plugins(modules: tuple[str, ...]) -> None:
@@ -87,7 +84,7 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _plan(model, config, tp, dtype, device, grid, kernels, exclude) -> Plan:
-    spec = _model(model, config, tp)
+    spec = _model(model, config, tp, dtype)
     dev = _device(device)
     only, skip = _patterns(kernels), _patterns(exclude)
     for pattern in only + skip:
@@ -385,12 +382,11 @@ def matrix(names, configs, tp, dtype, as_json):
     every feature the signature needs (GQA, causal, sliding window, softcap, QK-norm, RoPE
     layout, bias, (1 + weight) norms...); whether it is installed or runs on this machine is
     `lzsolve kernels`' business. An op only a reference fallback supports is marked."""
-    specs = [from_catalogue(n) for n in names] + [from_config_file(c) for c in configs]
-    if not specs:
-        specs = [from_catalogue(n) for n in CATALOGUE]
+    names = names if names or configs else tuple(CATALOGUE)
+    captured = [_model(n, None, tp, dtype) for n in names] + [_model(None, c, tp, dtype) for c in configs]
     rows = []
-    for spec in specs:
-        for instance in walk(shard(spec, tp), dtype):
+    for spec in captured:
+        for instance in spec.instances:
             sig = instance.signature
             fallback = registry.fallback_for(sig).kernel_id
             supporting = [k.kernel_id for k in registry.candidates(sig.op) if not k.semantic_reasons(sig)]

@@ -31,7 +31,8 @@ from .bench import MODES
 from .gates import capability_gate
 from .grid import probe_points, workloads
 from .measure import CeilingTask, ParityTask, TimingTask
-from .models import ModelSpec, OpInstance, unmodelled, walk
+from .models import OpInstance
+from .models.capture import Captured
 from .ops import CONTRACTS
 from .perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
 from .solve import Points, points_from
@@ -79,7 +80,7 @@ class SignaturePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    model: ModelSpec
+    model: Captured
     dtype: str
     device: torch.device
     grid: str
@@ -98,14 +99,14 @@ def _selected(kernel_id: str, only: tuple[str, ...], exclude: tuple[str, ...]) -
     return not any(fnmatch.fnmatchcase(kernel_id, p) for p in exclude)
 
 
-def make_plan(model: ModelSpec, dtype: str, device: torch.device, grid: str,
+def make_plan(model: Captured, dtype: str, device: torch.device, grid: str,
               only: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Plan:
     """The dry run: every op signature, its grid points and each candidate's capability verdict.
     `only` / `exclude` are glob patterns on kernel ids; the op's fallback is always kept,
     since every gain is measured against it."""
     here = device_info(device)
     plans = []
-    for instance in walk(model, dtype):
+    for instance in model.instances:
         sig = instance.signature
         candidates = []
         for spec in registry.candidates(sig.op):
@@ -121,7 +122,7 @@ def make_plan(model: ModelSpec, dtype: str, device: torch.device, grid: str,
 def notes(plan: Plan) -> list[str]:
     """Lines a user must read before trusting the plan: what the model computes that no op models
     (so nothing tunes it), and ops only a reference fallback computes."""
-    return ([f"{plan.model.name}: not tuned: {part}" for part in unmodelled(plan.model)]
+    return ([f"{plan.model.name}: not tuned: {part}" for part in plan.model.notes]
             + [line for sp in plan.signatures if (line := sp.diagnostic())])
 
 

@@ -29,13 +29,15 @@ def active() -> Dispatcher:
 
 
 @torch.library.custom_op("lzsolve::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None, qk_norm: bool = False) -> Tensor:
-    """qk_norm: q and k come from a per-head norm (Qwen3, Gemma 3): the table's qk_norm signatures serve it."""
-    return _active.attention(q, k, v, causal, scale, qk_norm=qk_norm)
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None, qk_norm: bool = False,
+              window: int = 0, softcap: float = 0.0) -> Tensor:
+    """qk_norm: q and k come from a per-head norm (Qwen3, Gemma 3): the table's qk_norm signatures serve it.
+    window, softcap: as Dispatcher.attention (sliding layers, Gemma 2's score softcap)."""
+    return _active.attention(q, k, v, causal, scale, window, softcap, qk_norm)
 
 
 @attention.register_fake
-def _(q, k, v, causal, scale, qk_norm=False):
+def _(q, k, v, causal, scale, qk_norm=False, window=0, softcap=0.0):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 

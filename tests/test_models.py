@@ -317,8 +317,8 @@ def test_walker_qwen3_5_hybrid():
         "embedding[vocab=248320,hidden=1024,bf16]": 1,
         "norm.rms[hidden=1024,unit_offset,bf16]": 1,
         "norm.rms_add[hidden=1024,unit_offset,bf16]": 48,
-        "linear[k=1024,n=8192,bf16]": 18,  # in_proj_qkv + in_proj_z: 2*16*128 + 2*16*128
-        "linear[k=1024,n=32,bf16]": 18,  # in_proj_b + in_proj_a: one per value head each
+        # in_proj_qkv + in_proj_z (2*16*128 + 2*16*128) + in_proj_b + in_proj_a (one per value head each)
+        "linear[k=1024,n=8224,bf16]": 18,
         "recurrent.gated_deltanet[hk=16,hv=16,dk=128,dv=128,qk_l2norm,bf16]": 18,
         "norm.rms[hidden=128,bf16]": 18,  # the gated output norm, per value head...
         "act.swiglu[width=2048,bf16]": 18,  # ...times silu(z)
@@ -339,8 +339,7 @@ def test_walker_qwen3_5_hybrid():
         "embedding[vocab=124160,hidden=1024,bf16]": 1,
         "norm.rms[hidden=1024,unit_offset,bf16]": 1,
         "norm.rms_add[hidden=1024,unit_offset,bf16]": 48,
-        "linear[k=1024,n=4096,bf16]": 18,
-        "linear[k=1024,n=16,bf16]": 18,
+        "linear[k=1024,n=4112,bf16]": 18,  # the four GDN input projections, sharded
         "recurrent.gated_deltanet[hk=8,hv=8,dk=128,dv=128,qk_l2norm,bf16]": 18,
         "norm.rms[hidden=128,bf16]": 18,
         "act.swiglu[width=1024,bf16]": 18,

@@ -322,16 +322,34 @@ def from_catalogue(name: str) -> ModelSpec:
     return from_hf_config(CATALOGUE[name], name)
 
 
-def from_config_file(path: str | Path) -> ModelSpec:
+def read_config(path: str | Path) -> tuple[dict, str]:
+    """A config.json (or a folder holding one) and the model name it implies."""
     path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
     try:
         cfg = json.loads(path.read_text())
     except OSError as e:
         raise LzError(f"cannot read config {path}: {e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LzError(f"{path} is not valid JSON ({e}); pass a Hugging Face config.json") from None
+    if not isinstance(cfg, dict):
+        raise LzError(f"{path}: expected a JSON object with Hugging Face config keys")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return cfg, name
+
+
+def from_config_file(path: str | Path) -> ModelSpec:
+    cfg, name = read_config(path)
     return from_hf_config(cfg, name, where=str(path))
+
+
+def refuse_unsupported(cfg: dict, where: str) -> None:
+    """Parts no op computes, named from the config's keys (the text model's, for a multimodal one)."""
+    text = _text_config(cfg, where)
+    found = [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items() if text.get(key)]
+    if found:
+        raise LzError(f"{where}: not supported yet: {'; '.join(found)}")
 
 
 def shard(spec: ModelSpec, tp: int) -> ModelSpec:

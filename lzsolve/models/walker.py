@@ -72,14 +72,15 @@ def _attention_rows(spec: ModelSpec, kind: str, calls: int) -> list[Row]:
 
 
 def _gated_deltanet_rows(spec: ModelSpec, calls: int) -> list[Row]:
-    """Qwen3.5's linear attention; in_proj_qkv/z and in_proj_b/a walked fused, as servers run them.
+    """Qwen3.5's linear attention; its four input projections (qkv, z, b, a) walked as one GEMM,
+    since all four read the layer's normed input.
     Its output norm, weight * rms_norm(o) * silu(z), is walked as a norm over each value head
     (so called on tokens * value heads rows) and a SwiGLU with z as the gate."""
     g, role = spec.linear_attn, MIXER_ROLES[LINEAR]
     key_width, value_width = g.key_heads * g.key_dim, g.value_heads * g.value_dim
     return [
-        ("linear", {"k": spec.hidden, "n": 2 * key_width + 2 * value_width}, (), f"{role}.in_proj_qkvz", calls),
-        ("linear", {"k": spec.hidden, "n": 2 * g.value_heads}, (), f"{role}.in_proj_ba", calls),
+        ("linear", {"k": spec.hidden, "n": 2 * key_width + 2 * value_width + 2 * g.value_heads}, (),
+         f"{role}.in_proj", calls),
         ("recurrent.gated_deltanet", {"hk": g.key_heads, "hv": g.value_heads, "dk": g.key_dim, "dv": g.value_dim},
          ("qk_l2norm",), f"{role}.recurrence", calls),
         ("norm.rms", {"hidden": g.value_dim}, (), f"{role}.norm", calls),

@@ -18,40 +18,67 @@ calls take the SDPA path (same results, not the table).
 """
 from __future__ import annotations
 
+import torch
+
 from ..dispatcher import Dispatcher
 from .. import library
 
 NAME = "lzsolve"
 
 
-def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                      is_causal=None, **kwargs):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+def table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs):
+    """(causal, window, softcap, qk_norm) for a call the table serves, None for one it hands to
+    SDPA: a padding mask, dropout, attention weights asked for, or a query that is neither a
+    whole prefill nor one decode token."""
     seq_q, kv_len = query.shape[2], key.shape[2]
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     simple = (attention_mask is None and dropout == 0.0 and not kwargs.get("output_attentions")
-              and kwargs.get("softcap") is None and kwargs.get("position_bias") is None
-              and kwargs.get("cache") is None and kwargs.get("sliding_window") is None
+              and kwargs.get("position_bias") is None and kwargs.get("cache") is None
               and query.shape[1] % key.shape[1] == 0 and (seq_q == kv_len or seq_q == 1))
     if not simple:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return None
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(is_causal) and seq_q > 1  # transformers' rule: a single query attends to every key
     qk_norm = getattr(module, "q_norm", None) is not None  # Qwen3 / Gemma 3: tuned as qk_norm signatures
-    out = library.attention(query, key, value, causal, scaling, qk_norm)
+    return causal, int(kwargs.get("sliding_window") or 0), float(kwargs.get("softcap") or 0.0), qk_norm
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                      is_causal=None, **kwargs):
+    call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
+    if call is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    causal, window, softcap, qk_norm = call
+    out = library.attention(query, key, value, causal, scaling, qk_norm, window, softcap)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _is_causal_window(mask_function, window: int) -> bool:
+    """Whether mask_function is the causal mask, cut to `window` keys back when window > 0: tried
+    on a grid of positions, since models build it from composed closures."""
+    n = window + 3 if window else 8
+    q_idx, kv_idx = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    expected = (kv_idx <= q_idx) & ((kv_idx > q_idx - window) if window else True)
+    try:
+        got = mask_function(torch.tensor(0), torch.tensor(0), q_idx, kv_idx)
+        return isinstance(got, torch.Tensor) and bool((got.expand(n, n) == expected).all())
+    except Exception:  # noqa: BLE001 - a mask function of another form: leave it to SDPA
+        return False
 
 
 def causal_or_sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                         attention_mask=None, local_size=None, allow_is_causal_skip=True, **kwargs):
-    """None (is_causal) for a pure causal mask with no padding; sdpa's mask otherwise."""
+    """None for a causal mask (sliding or not) with no padding, whose last query is the last key:
+    the attention call then says causal and window itself; sdpa's mask otherwise."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     mask_function = mask_function or causal_mask_function
-    plain = (allow_is_causal_skip and attention_mask is None and local_size is None
-             and mask_function is causal_mask_function and isinstance(q_offset, int) and isinstance(kv_offset, int)
-             and isinstance(q_length, int) and isinstance(kv_length, int) and (q_length == 1 or q_length == kv_length))
+    ints = all(isinstance(v, int) for v in (q_length, kv_length, q_offset, kv_offset))
+    plain = (allow_is_causal_skip and attention_mask is None and ints and (q_length == 1 or q_length == kv_length)
+             and q_offset + q_length == kv_offset + kv_length
+             and (mask_function is causal_mask_function and local_size is None
+                  or _is_causal_window(mask_function, int(local_size or 0))))
     if plain:
         return None
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,

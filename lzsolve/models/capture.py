@@ -1,0 +1,685 @@
+"""Capture: the ops a Hugging Face decoder runs, derived from the model itself.
+
+The model is built by transformers from its config on the `meta` device (no weights, no
+download) and run for a prefill and one decode step. What it computes is observed, not
+described per family:
+
+- modules are classified once per class by what they compute: linears (nn.Linear, Conv1D),
+  embeddings, and norms and activations told apart by running a CPU copy on random inputs
+  against each op's definition (so (1 + weight) norms, LayerNorm without a bias, tanh-GELU
+  written out by hand are recognised whatever the class is called);
+- attention is observed through the same attention function the serving integration
+  installs (`runtime_loader.integrations.transformers`), so capture and runtime derive the
+  same signatures; RoPE through the modelling module's `apply_rotary_pos_emb`;
+- a TorchDispatchMode sees the tensors flow between them, which gives the fusions servers
+  run: sibling linears reading one tensor are one GEMM (q/k/v, gate/up), an activation
+  whose output is multiplied by another tensor is a gated activation (SwiGLU, GeGLU), a
+  norm whose input is a residual sum is the fused add + norm.
+
+TP sharding is applied to the recorded signatures: a linear right after attention or an
+activation is row-parallel (o_proj, down_proj), every other linear column-parallel; heads,
+MLP widths and the vocab are divided. What no op covers is listed by module class with its
+share of the parameters, never dropped silently.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import sys
+import warnings
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
+                                qk_norm_call, rope_call, rows_call)
+
+from ..errors import LzError
+from .catalogue import CATALOGUE
+from .spec import read_config, refuse_unsupported
+from .walker import OpInstance
+
+# meta shapes: any sizes give the same signatures; odd ones, so a token count is never mistaken for a head count
+BATCH, PREFILL_SEQ = 3, 7
+NAME = "lzsolve_capture"
+
+# what a norm or activation module computes, tried on random inputs (fp32, CPU)
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+GATED_OPS = {"silu": "act.swiglu", "gelu_tanh": "act.geglu"}  # act(gate) * up
+PLAIN_OPS = {"gelu_tanh": "act.gelu"}
+ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
+
+
+@dataclass
+class Captured:
+    """A model as capture saw it: its op instances (per rank) and what no op covers."""
+    name: str
+    family: str  # the text model's model_type
+    tp: int
+    instances: list[OpInstance]
+    notes: list[str]
+    config_hash: str
+    summary_line: str
+
+    def summary(self) -> str:
+        return self.summary_line
+
+
+# --- building the model ---------------------------------------------------------------------------
+
+def _transformers():
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise LzError("capturing a model needs transformers: pip install 'lzsolve[hf]'") from None
+    return sys.modules["transformers"]
+
+
+def text_config(cfg: dict, where: str):
+    """The transformers config of the language model a config.json describes."""
+    tf = _transformers()
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise LzError(f"{where}: model_type {model_type!r} is not known to transformers {tf.__version__}; "
+                      f"pass a Hugging Face config.json of a causal language model")
+    try:
+        with warnings.catch_warnings(), _quiet_transformers():
+            warnings.simplefilter("ignore")
+            config = CONFIG_MAPPING[model_type].from_dict(cfg)
+            text = config.get_text_config(decoder=True)
+    except Exception as e:  # noqa: BLE001 - transformers' own validation, in whatever form it takes
+        raise LzError(f"{where}: transformers cannot read this config ({type(e).__name__}: {e}); fix the config") \
+            from None
+    if text.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise LzError(f"{where}: model_type {text.model_type!r} is not a causal language model in transformers "
+                      f"{tf.__version__}; lzsolve tunes decoders")
+    return text
+
+
+@contextmanager
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def build_meta_model(text, dtype: str):
+    """On the meta device, with the capture's attention function; a model that accepts only
+    its own list of attention implementations (Falcon, GPT-J...) gets SDPA, observed at
+    F.scaled_dot_product_attention."""
+    from transformers import AutoModelForCausalLM
+    _register_attention()
+    with torch.device("meta"), warnings.catch_warnings(), _quiet_transformers():
+        warnings.simplefilter("ignore")
+        try:
+            model = AutoModelForCausalLM.from_config(text, dtype=DTYPES[dtype], attn_implementation=NAME)
+        except (KeyError, ValueError) as e:
+            if NAME not in str(e):
+                raise
+            model = AutoModelForCausalLM.from_config(text, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    return model.eval()
+
+
+# --- classifying modules by what they compute --------------------------------------------------------
+
+@dataclass(frozen=True)
+class Kind:
+    op: str  # linear, embedding, norm.rms, norm.layer, act
+    unit_offset: bool = False
+    act: str = ""  # for act: a key of ACTIVATIONS
+    scale: bool = False  # embedding times a scale (Gemma)
+
+
+def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
+    clone = copy.deepcopy(module).to_empty(device="cpu").float()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in clone.parameters(recurse=False):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return clone
+
+
+def _close(a, b) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5))
+
+
+def _eps(module) -> float:
+    return next((float(getattr(module, a)) for a in ("variance_epsilon", "eps", "epsilon")
+                 if isinstance(getattr(module, a, None), float)), 1e-6)
+
+
+def _classify_norm(module) -> Kind | None:
+    weight = getattr(module, "weight", None)
+    width = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 1 else getattr(
+        module, "normalized_shape", (0,))[0] if isinstance(getattr(module, "normalized_shape", None), tuple) else 0
+    if not width or sum(1 for _ in module.children()):
+        return None
+    gen = torch.Generator().manual_seed(1)
+    x, gate = torch.randn(3, width, generator=gen) * 2 + 0.3, torch.randn(3, width, generator=gen)
+    try:
+        clone = _cpu_copy(module)
+        y = clone(x)
+    except TypeError:  # forward(x, gate): a norm gated by silu(gate) (Qwen3.5's Gated DeltaNet output)
+        try:
+            y = clone(x, gate)
+        except Exception:  # noqa: BLE001
+            return None
+        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps(module))
+        return Kind("norm.rms_gated") if _close(y, rms * clone.weight * F.silu(gate)) else None
+    except Exception:  # noqa: BLE001 - a module that cannot run on its own is not a norm we know
+        return None
+    if not isinstance(y, torch.Tensor):
+        return None
+    eps = _eps(module)
+    w = getattr(clone, "weight", None)
+    b = getattr(clone, "bias", None)
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if w is not None and _close(y, rms * w):
+        return Kind("norm.rms")
+    if w is not None and _close(y, rms * (1 + w)):
+        return Kind("norm.rms", unit_offset=True)
+    if _close(y, F.layer_norm(x, (width,), w, b, eps)):
+        return Kind("norm.layer")
+    return None
+
+
+def _classify_activation(module) -> Kind | None:
+    if any(True for _ in module.parameters()) or any(True for _ in module.children()):
+        return None
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2)) * 3
+    try:
+        y = copy.deepcopy(module).to("cpu")(x)
+    except Exception:  # noqa: BLE001
+        return None
+    for name, fn in ACTIVATIONS.items():
+        if isinstance(y, torch.Tensor) and _close(y, fn(x)):
+            return Kind("act", act=name)
+    return None
+
+
+def _is_linear(module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+    return isinstance(module, (torch.nn.Linear, Conv1D))
+
+
+def classify(model) -> dict[str, Kind]:
+    """Module name -> what it computes, for every module an op covers (one probe per class)."""
+    by_class: dict[type, Kind | None] = {}
+    kinds = {}
+    for name, module in model.named_modules():
+        if _is_linear(module):
+            kinds[name] = Kind("linear")
+        elif module is model.get_input_embeddings():
+            kinds[name] = Kind("embedding", scale=getattr(module, "embed_scale", None) is not None)
+        elif isinstance(module, torch.nn.Embedding):  # another table indexed by position (GPT-2's wpe)
+            kinds[name] = Kind("posenc.learned")
+        else:
+            cls = type(module)
+            if cls not in by_class:
+                by_class[cls] = _classify_norm(module) or _classify_activation(module)
+            if by_class[cls] is not None:
+                kinds[name] = by_class[cls]
+    return kinds
+
+
+# --- recording ----------------------------------------------------------------------------------
+
+@dataclass
+class Event:
+    op: str
+    module: str
+    sig: Signature | None
+    inputs: tuple = ()  # ids of the tensors read
+    output: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class _Recorder(TorchDispatchMode):
+    """Sees every aten op on the way: residual sums and products of activation outputs."""
+
+    def __init__(self, tokens: int):
+        super().__init__()
+        self.tokens = tokens  # of the forward recorded
+        self.events: list[Event] = []
+        self.sums: set[int] = set()  # ids of tensors that are a + b of two same-shape tensors
+        self.products: dict[int, int] = {}  # id of an activation output -> id of the tensor it multiplied
+        self.keep: list = []  # tensors whose ids are recorded stay alive, so ids are never reused
+        self.act_outputs: set[int] = set()
+        self.sigmoids: set[int] = set()
+        self.frames: list[str] = []
+        self.opaque = 0  # > 0 inside a function recorded as one op: its aten ops are not looked at
+
+    def leave(self, module, args, output) -> None:  # a forward hook: returns None, so the output stands
+        self.frames.pop()
+
+    @property
+    def frame(self) -> str:
+        return self.frames[-1] if self.frames else ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.opaque:
+            return out
+        if func is torch.ops.aten.sigmoid.default:
+            self.sigmoids.add(self.tensor(out))
+        elif func in (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor) and len(args) >= 2 and all(
+                isinstance(a, torch.Tensor) and a.dim() >= 2 for a in args[:2]) and args[0].shape == args[1].shape:
+            self.sums.add(id(out))
+            self.keep.append(out)
+        elif func in (torch.ops.aten.mul.Tensor,) and len(args) == 2 and all(isinstance(a, torch.Tensor) for a in args):
+            for a, b in ((args[0], args[1]), (args[1], args[0])):
+                if id(a) in self.act_outputs and b.shape == a.shape:
+                    self.products[id(a)] = id(b)
+                if id(a) in self.sigmoids and b.shape == a.shape:  # x * sigmoid(gate): an output gate
+                    self.events.append(Event("gate", self.frame, _sig(rows_call("act.sigmoid_gate", b))))
+        return out
+
+    def tensor(self, t) -> int:
+        self.keep.append(t)
+        return id(t)
+
+
+_current: _Recorder | None = None
+
+
+def _sig(call) -> Signature | None:
+    """The signature of a runtime_loader.ops *_call result (None: no signature describes it)."""
+    return call[0] if call else None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from runtime_loader.integrations import transformers as integration
+    AttentionInterface.register(NAME, _attention)
+    AttentionMaskInterface.register(NAME, integration.causal_or_sdpa_mask)
+
+
+def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+               **kwargs):
+    from runtime_loader.integrations.transformers import table_call
+    call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
+    if _current is not None:
+        sig = _sig(attention_call(query, key, value, *call)) if call else None
+        _current.events.append(Event("attention", _current.names.get(id(module), "?"), sig,
+                                     extra={"unserved": call is None}))
+    out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _rope_wrapper(original):
+    def apply_rotary_pos_emb(*args, **kwargs):
+        rec = _current
+        if rec is None:
+            return original(*args, **kwargs)
+        rec.opaque += 1
+        try:
+            out = original(*args, **kwargs)
+        finally:
+            rec.opaque -= 1
+        # the common form, (q, k, cos, sin) -> (q, k); partial RoPE (Phi, StableLM, Qwen3.5) rotates
+        # the first rotary_dim dims of each head. Other forms (CodeGen's per-tensor one) are noted.
+        q, k, cos = (list(args) + [None] * 3)[:3]
+        plain = (len(args) == 4 and not kwargs and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
+                 and isinstance(cos, torch.Tensor) and cos.shape[-1] <= q.shape[-1])
+        sig = _sig(rope_call(q[..., :cos.shape[-1]], k[..., :cos.shape[-1]], False)) if plain else None
+        extra = {"rotary_dim": cos.shape[-1], "head_dim": q.shape[-1]} if plain else {}
+        rec.events.append(Event("rope", rec.frame, sig, extra=extra))
+        return out
+    return apply_rotary_pos_emb
+
+
+def _deltanet_wrapper(original):
+    """Qwen3.5's Gated DeltaNet recurrence (chunked for prefill, recurrent for decode)."""
+    def gated_delta_rule(query, key, value, *args, **kwargs):
+        rec = _current
+        if rec is None:
+            return original(query, key, value, *args, **kwargs)
+        rec.opaque += 1
+        try:
+            out = original(query, key, value, *args, **kwargs)
+        finally:
+            rec.opaque -= 1
+        call = gated_deltanet_call(query, value, bool(kwargs.get("use_qk_l2norm_in_kernel", False)))
+        rec.events.append(Event("recurrent", rec.frame, _sig(call)))
+        return out
+    return gated_delta_rule
+
+
+def _sdpa_wrapper(original):
+    """F.scaled_dot_product_attention called by the model's own code (it bypasses transformers'
+    attention interface): a mask with as many queries as keys is taken as causal."""
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args,
+                                     **kwargs):
+        rec = _current
+        if rec is not None and not rec.opaque:
+            seq_q, kv_len = query.shape[-2], key.shape[-2]
+            causal = bool(is_causal or (attn_mask is not None and seq_q == kv_len)) and seq_q > 1
+            sig = _sig(attention_call(query, key, value, causal)) if query.dim() == 4 else None
+            rec.events.append(Event("attention", rec.frame, sig, extra={"bypass": True}))
+        return original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
+    return scaled_dot_product_attention
+
+
+WRAPPED = {"apply_rotary_pos_emb": _rope_wrapper, "torch_chunk_gated_delta_rule": _deltanet_wrapper,
+           "torch_recurrent_gated_delta_rule": _deltanet_wrapper}
+
+
+def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> None:
+    rec.names = {id(m): n for n, m in model.named_modules()}
+    for name, module in model.named_modules():
+        stack.callback(module.register_forward_pre_hook(lambda m, a, name=name: rec.frames.append(name)).remove)
+        stack.callback(module.register_forward_hook(rec.leave).remove)
+        if name in kinds:
+            stack.callback(module.register_forward_hook(_observer(name, kinds[name], rec)).remove)
+    stack.callback(setattr, F, "scaled_dot_product_attention", F.scaled_dot_product_attention)
+    F.scaled_dot_product_attention = _sdpa_wrapper(F.scaled_dot_product_attention)
+    # functions of the modelling modules, not modules: wrapped for the capture only
+    for mod in {sys.modules.get(type(m).__module__) for m in model.modules()}:
+        for fn_name, wrap in WRAPPED.items():
+            original = getattr(mod, fn_name, None)
+            if callable(original):
+                setattr(mod, fn_name, wrap(original))
+                stack.callback(setattr, mod, fn_name, original)
+
+
+def _observer(name: str, kind: Kind, rec: _Recorder):
+    def observe(module, args, output):
+        x = args[0] if args else None
+        if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor):
+            return
+        if kind.op == "linear":
+            weight = module.weight if isinstance(module, torch.nn.Linear) else module.weight.T  # Conv1D: (k, n)
+            sig = _sig(linear_call(x, weight, module.bias))
+            rec.events.append(Event("linear", name, sig, (rec.tensor(x),), rec.tensor(output)))
+        elif kind.op == "embedding":
+            scale = 1.0 if kind.scale else None
+            sig = _sig(embedding_call(x, module.weight, scale))
+            rec.events.append(Event("embedding", name, sig, (), rec.tensor(output)))
+        elif kind.op == "posenc.learned":
+            rec.events.append(Event(kind.op, name, _sig(rows_call(kind.op, output)), (), rec.tensor(output)))
+        elif kind.op.startswith("norm"):
+            rec.events.append(Event(kind.op, name, None, (rec.tensor(x),), rec.tensor(output),
+                                    {"x": x, "unit_offset": kind.unit_offset}))
+        elif kind.op == "act":
+            rec.act_outputs.add(rec.tensor(output))
+            rec.events.append(Event("act", name, None, (rec.tensor(x),), id(output), {"x": x, "act": kind.act}))
+    return observe
+
+
+@contextmanager
+def recording(model, kinds, tokens: int):
+    global _current
+    rec = _Recorder(tokens)
+    with ExitStack() as stack:
+        _hooks(model, kinds, rec, stack)
+        _current = rec
+        try:
+            with rec:
+                yield rec
+        finally:
+            _current = None
+
+
+def run(model, kinds: dict[str, Kind]) -> tuple[list[Event], list[Event]]:
+    """The events of a prefill (BATCH x PREFILL_SEQ) and of one decode step after it."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.zeros(BATCH, PREFILL_SEQ, dtype=torch.long, device="meta")
+    with torch.no_grad(), warnings.catch_warnings(), _quiet_transformers():
+        warnings.simplefilter("ignore")
+        with recording(model, kinds, BATCH * PREFILL_SEQ) as prefill:
+            out = model(input_ids=ids, use_cache=True)
+        assert vocab
+        step = torch.zeros(BATCH, 1, dtype=torch.long, device="meta")
+        with recording(model, kinds, BATCH) as decode:
+            model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
+    return _resolve(prefill), _resolve(decode)
+
+
+# --- from events to op instances -----------------------------------------------------------------
+
+def _resolve(rec: _Recorder) -> list[Event]:
+    """Fusions and signatures: gated activations, add + norm, sibling linears into one GEMM,
+    norms inside attention modules as per-head (q/k) norms."""
+    attention_modules = {e.module for e in rec.events if e.op == "attention"}
+    out: list[Event] = []
+    for e in rec.events:
+        if e.op == "act":
+            x, gated = e.extra["x"], e.output in rec.products
+            op = (GATED_OPS if gated else PLAIN_OPS).get(e.extra["act"])
+            e = replace(e, sig=_sig(rows_call(op, x)) if op else None, extra={**e.extra, "gated": gated})
+        elif e.op == "norm.rms_gated":  # walked as a norm per row, then a SwiGLU per token with the gate
+            x = e.extra["x"]
+            out.append(replace(e, op="norm.rms", sig=_sig(rows_call("norm.rms", x))))
+            e = replace(e, op="act", sig=_sig(rows_call("act.swiglu", x.reshape(rec.tokens, -1))))
+        elif e.op.startswith("norm"):
+            x = e.extra["x"]
+            parent = e.module.rsplit(".", 1)[0]
+            if parent in attention_modules and e.op == "norm.rms" and x.dim() >= 3:
+                # per-head rows in whatever layout the model keeps q and k: heads = elements per token / d
+                per_token = x.reshape(rec.tokens, -1, x.shape[-1])
+                e = replace(e, op="norm.qk", sig=_sig(qk_norm_call(per_token, e.extra["unit_offset"])))
+            elif e.op == "norm.rms":
+                op = "norm.rms_add" if e.inputs[0] in rec.sums else "norm.rms"
+                flags = ("unit_offset",) if e.extra["unit_offset"] else ()
+                e = replace(e, op=op, sig=_sig(rows_call(op, x, flags)))
+            else:
+                e = replace(e, sig=_sig(rows_call("norm.layer", x)), extra={**e.extra, "after_sum": e.inputs[0] in rec.sums})
+        elif e.op == "linear" and (i := _sibling(out, e)) is not None:
+            first = out[i]  # one GEMM over the concatenated weights, as servers run q/k/v and gate/up
+            fused = Signature.make("linear", {**dict(first.sig.static), "n": first.sig.dim("n") + e.sig.dim("n")},
+                                   first.sig.flags, first.sig.dtype)
+            out[i] = replace(first, sig=fused, module=first.module + "+" + e.module.rsplit(".", 1)[1])
+            continue
+        out.append(e)
+    return out
+
+
+def _sibling(events: list[Event], linear: Event) -> int | None:
+    """The index of an earlier linear of the same parent module that read the same tensor."""
+    parent = linear.module.rsplit(".", 1)[0]
+    for i in range(len(events) - 1, -1, -1):
+        e = events[i]
+        if (e.op == "linear" and e.inputs == linear.inputs and e.module.rsplit(".", 1)[0] == parent
+                and e.sig is not None and linear.sig is not None and e.sig.flags == linear.sig.flags):
+            return i
+    return None
+
+
+def _role(module: str) -> str:
+    return re.sub(r"\.\d+(?=\.|$)", ".*", module)
+
+
+def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signature:
+    if tp == 1:
+        return sig
+    s = dict(sig.static)
+    for key in ("hq", "hkv", "heads", "hk", "hv"):
+        if key in s:
+            s[key] = max(1, s[key] // tp)
+    if sig.op.startswith("act."):
+        s["width"] //= tp
+    if sig.op == "embedding":
+        s["vocab"] = -(-s["vocab"] // tp)
+    if sig.op == "linear":
+        if lm_head:
+            s["n"] = -(-s["n"] // tp)
+        elif row_parallel:
+            s["k"] //= tp
+        else:
+            s["n"] //= tp
+    return Signature.make(sig.op, s, sig.flags, sig.dtype)
+
+
+def _check_tp(events: list[Event], tp: int, where: str) -> None:
+    problems = []
+    for e in events:
+        if e.sig is None:
+            continue
+        s = dict(e.sig.static)
+        if e.op == "attention" and (s["hq"] % tp or (s["hkv"] % tp and tp % s["hkv"])):
+            problems.append(f"{s['hq']}/{s['hkv']} attention/kv heads")
+        if e.sig.op.startswith("act.") and s["width"] % tp:
+            problems.append(f"MLP width {s['width']}")
+    if problems:
+        raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {', '.join(sorted(set(problems)))}")
+
+
+def instances(prefill: list[Event], decode: list[Event], tp: int) -> list[OpInstance]:
+    """One OpInstance per distinct (sharded) signature, in the order the forward pass meets them;
+    calls per forward from the prefill, decode attention from the decode step."""
+    merged: dict[Signature, tuple[list[str], int]] = {}
+    last_linear = max((i for i, e in enumerate(prefill) if e.op == "linear"), default=-1)
+
+    def add(e: Event, row_parallel: bool, lm_head: bool):
+        sig = _shard(e.sig, tp, row_parallel, lm_head)
+        roles, count = merged.get(sig, ([], 0))
+        role = _role(e.module)
+        merged[sig] = (roles if role in roles else roles + [role], count + 1)
+
+    previous = ""
+    for i, e in enumerate(prefill):
+        if e.sig is not None:
+            add(e, previous in ROW_PARALLEL_AFTER, i == last_linear)
+        previous = e.op if e.sig is not None or e.op != "rope" else previous
+    for e in decode:
+        if e.op == "attention" and e.sig is not None:
+            add(e, False, False)
+    return [OpInstance(sig, tuple(roles), count) for sig, (roles, count) in merged.items()]
+
+
+def uncovered(model, kinds: dict[str, Kind], prefill: list[Event]) -> list[str]:
+    """What the model computes that no op covers, one line each: modules no event came from
+    (by class, with their share of the parameters), and observed calls no signature describes."""
+    total = sum(p.numel() for p in model.parameters()) or 1
+    seen = {part for e in prefill if e.sig is not None for part in _fused_names(e.module)}
+    covered_params = {id(p) for n, m in model.named_modules() if n in seen for p in m.parameters(recurse=False)}
+    by_class: Counter = Counter()
+    params: Counter = Counter()
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in covered_params]
+        if own and name not in seen:
+            by_class[type(module).__name__] += 1
+            params[type(module).__name__] += sum(p.numel() for p in own)
+    notes = [f"{cls} ({n} module(s), {100 * params[cls] / total:.1f}% of the parameters): no op covers it"
+             for cls, n in by_class.most_common()]
+    unfused = sum(1 for e in prefill if e.op == "norm.layer" and e.extra.get("after_sum"))
+    if unfused:
+        notes.append(f"the residual adds before LayerNorm ({unfused} per forward): elementwise, no norm.layer op "
+                     f"fuses them")
+    for e in prefill:
+        if e.op == "act" and e.sig is None:
+            form = "gated " if e.extra.get("gated") else ""
+            notes.append(f"{_role(e.module)}: {form}{e.extra['act']} activation: no op computes it")
+        if e.op == "rope" and e.sig is None:
+            notes.append(f"{_role(e.module)}: rotary embedding in a form no op computes")
+        if e.op == "attention" and e.sig is None:
+            notes.append(f"{_role(e.module)}: attention with options the table does not serve")
+        if e.op == "attention" and e.extra.get("bypass"):
+            notes.append(f"{_role(e.module)}: calls F.scaled_dot_product_attention itself, not transformers' "
+                         f"attention interface: tuned, but runtime_loader's transformers integration cannot serve it")
+    return list(dict.fromkeys(notes))
+
+
+def _fused_names(module: str) -> list[str]:
+    head, _, tail = module.rpartition(".")
+    parts = tail.split("+")
+    return [f"{head}.{p}" if head else p for p in parts]
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+
+
+def _outside_text_model(cfg: dict, text) -> list[str]:
+    notes = []
+    if isinstance(cfg.get("vision_config"), dict):
+        notes.append("vision_config: the vision tower (only the text model is captured)")
+    if getattr(text, "mtp_num_hidden_layers", 0):
+        notes.append(f"mtp_num_hidden_layers={text.mtp_num_hidden_layers}: multi-token-prediction layers "
+                     f"(they run only for speculative decoding)")
+    return notes
+
+
+MOE_CLASS = re.compile(r"moe|experts|router", re.IGNORECASE)
+
+
+def _expert_keys(cfg: dict, prefix: str = "") -> list[str]:
+    """Keys naming a number of experts anywhere in the config (DBRX nests them in ffn_config)."""
+    found = []
+    for key, value in cfg.items():
+        if isinstance(value, dict):
+            found += _expert_keys(value, f"{prefix}{key}.")
+        elif isinstance(key, str) and "experts" in key and isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            found.append(f"'{prefix}{key}'")
+    return found
+
+
+def capture(cfg: dict, name: str, tp: int = 1, dtype: str = "bf16", where: str | None = None) -> Captured:
+    """The op instances of the model `cfg` (a config.json's dict) describes, sharded `tp` ways."""
+    where = where or name
+    if tp < 1:
+        raise LzError(f"--tp must be >= 1, got {tp}")
+    refuse_unsupported(cfg, where)
+    nested = _expert_keys(cfg)
+    if nested:
+        raise LzError(f"{where}: not supported yet: mixture-of-experts routing ({', '.join(nested)})")
+    text = text_config(cfg, where)
+    try:
+        model = build_meta_model(text, dtype)
+    except Exception as e:  # noqa: BLE001 - transformers' own checks of the config
+        raise LzError(f"{where}: transformers cannot build {text.model_type} from this config "
+                      f"({type(e).__name__}: {_first_line(e)}); fix the config") from None
+    moe = sorted({type(m).__name__ for m in model.modules() if MOE_CLASS.search(type(m).__name__)})
+    if moe:
+        raise LzError(f"{where}: not supported yet: mixture-of-experts routing ({', '.join(moe)})")
+    kinds = classify(model)
+    try:
+        prefill, decode = run(model, kinds)
+    except LzError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the model's own code failed on meta tensors
+        raise LzError(f"{where}: cannot run {type(model).__name__} to capture its ops "
+                      f"({type(e).__name__}: {_first_line(e)})") from None
+    if not any(e.op == "attention" for e in prefill):
+        raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
+    _check_tp(prefill, tp, name)
+    blob = json.dumps(cfg, sort_keys=True, default=str).encode()
+    layers = getattr(text, "num_hidden_layers", "?")
+    summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
+              f"parameters (captured from transformers' {type(model).__name__})"
+    notes = _outside_text_model(cfg, text) + uncovered(model, kinds, prefill)
+    return Captured(name, text.model_type, tp, instances(prefill, decode, tp), notes,
+                    hashlib.sha256(blob).hexdigest()[:16], summary)
+
+
+def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16") -> Captured:
+    """--model NAME (the catalogue) or --config PATH (a config.json or its folder), captured."""
+    if (model is None) == (config is None):
+        raise LzError("pass exactly one of --model NAME or --config PATH "
+                      f"(built-in models: {', '.join(CATALOGUE)})")
+    if model is not None:
+        if model not in CATALOGUE:
+            raise LzError(f"unknown model {model!r}; known: {', '.join(CATALOGUE)} (or pass --config PATH)")
+        return capture(CATALOGUE[model], model, tp, dtype)
+    cfg, name = read_config(config)
+    return capture(cfg, name, tp, dtype, where=str(config))

@@ -575,13 +575,16 @@ def uncovered(model, kinds: dict[str, Kind], prefill: list[Event]) -> list[str]:
     covered_params = {id(p) for n, m in model.named_modules() if n in seen for p in m.parameters(recurse=False)}
     by_class: Counter = Counter()
     params: Counter = Counter()
+    where: dict[str, str] = {}
     for name, module in model.named_modules():
         own = [p for p in module.parameters(recurse=False) if id(p) not in covered_params]
         if own and name not in seen:
-            by_class[type(module).__name__] += 1
-            params[type(module).__name__] += sum(p.numel() for p in own)
-    notes = [f"{cls} ({n} module(s), {100 * params[cls] / total:.1f}% of the parameters): no op covers it"
-             for cls, n in by_class.most_common()]
+            cls = type(module).__name__
+            by_class[cls] += 1
+            params[cls] += sum(p.numel() for p in own)
+            where.setdefault(cls, _role(name))
+    notes = [f"{where[cls]}: {cls} ({n} module(s), {100 * params[cls] / total:.1f}% of the parameters): "
+             f"no op covers it" for cls, n in by_class.most_common()]
     unfused = sum(1 for e in prefill if e.op == "norm.layer" and e.extra.get("after_sum"))
     if unfused:
         notes.append(f"the residual adds before LayerNorm ({unfused} per forward): elementwise, no norm.layer op "

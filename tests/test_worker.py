@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from lzsolve.models import from_hf_config
+from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB
 from lzsolve.tuner import Session, make_plan, tune
 from lzsolve.worker import WorkerRunner
@@ -26,7 +26,7 @@ EXPECTED = {
 
 def run_faults(device: str, tmp_path, expected: dict):
     import tests.faulty_kernels  # noqa: F401  (registers fault.* here too, for the plan)
-    model = from_hf_config(TINY_LLAMA, "tiny")
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
     plan = make_plan(model, "fp32", torch.device(device), "tiny", only=("fault.*",))
     # one grid point per signature keeps this quick; every op still runs its fallback
     plan = dataclasses.replace(plan, signatures=tuple(dataclasses.replace(sp, workloads=sp.workloads[:1])

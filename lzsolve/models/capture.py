@@ -61,14 +61,14 @@ PLAIN_OPS = {"gelu_tanh": "act.gelu"}
 ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
 
 
-@dataclass
+@dataclass(frozen=True)
 class Captured:
     """A model as capture saw it: its op instances (per rank) and what no op covers."""
     name: str
     family: str  # the text model's model_type
     tp: int
-    instances: list[OpInstance]
-    notes: list[str]
+    instances: tuple[OpInstance, ...]
+    notes: tuple[str, ...]
     config_hash: str
     summary_line: str
 
@@ -637,9 +637,18 @@ def _expert_keys(cfg: dict, prefix: str = "") -> list[str]:
     return found
 
 
+_captured: dict[tuple, Captured] = {}  # one capture per config, name, tp and dtype in a process
+
+
 def capture(cfg: dict, name: str, tp: int = 1, dtype: str = "bf16", where: str | None = None) -> Captured:
     """The op instances of the model `cfg` (a config.json's dict) describes, sharded `tp` ways."""
-    where = where or name
+    key = (json.dumps(cfg, sort_keys=True, default=str), name, tp, dtype)
+    if key not in _captured:
+        _captured[key] = _capture(cfg, name, tp, dtype, where or name)
+    return _captured[key]
+
+
+def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str) -> Captured:
     if tp < 1:
         raise LzError(f"--tp must be >= 1, got {tp}")
     refuse_unsupported(cfg, where)
@@ -671,7 +680,7 @@ def capture(cfg: dict, name: str, tp: int = 1, dtype: str = "bf16", where: str |
     summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
     notes = _outside_text_model(cfg, text) + uncovered(model, kinds, prefill)
-    return Captured(name, text.model_type, tp, instances(prefill, decode, tp), notes,
+    return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp)), tuple(notes),
                     hashlib.sha256(blob).hexdigest()[:16], summary)
 
 

@@ -92,3 +92,21 @@ def test_compiled_model_fullgraph(counting):
         out = compiled(ids).logits
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert counting.calls == 2, "the compiled graph calls torch.ops.lzsolve.attention in both layers"
+
+
+def test_sliding_window_layers_go_through_the_table(counting):
+    # Mistral with a window shorter than the prompt: the window reaches the table as an argument
+    # (no mask), and prefill and decode match SDPA with transformers' own sliding mask
+    config = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+                                        max_position_embeddings=128)
+    model = transformers.MistralForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (2, 21), generator=torch.Generator().manual_seed(0))
+    reference = logits(model, "sdpa", ids)
+    assert torch.allclose(logits(model, "lzsolve", ids), reference, atol=1e-4, rtol=1e-4)
+    assert counting.calls == 2, "both layers' prefill served by the table"
+    model.set_attn_implementation("sdpa")
+    expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+    model.set_attn_implementation("lzsolve")
+    assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False), expected)
+    assert counting.calls > 2 + 2 * 11 - 1, "decode steps served by the table too"

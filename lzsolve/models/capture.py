@@ -78,17 +78,9 @@ class Captured:
 
 # --- building the model ---------------------------------------------------------------------------
 
-def _transformers():
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise LzError("capturing a model needs transformers: pip install 'lzsolve[hf]'") from None
-    return sys.modules["transformers"]
-
-
 def text_config(cfg: dict, where: str):
     """The transformers config of the language model a config.json describes."""
-    tf = _transformers()
+    import transformers as tf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -168,12 +160,13 @@ def _eps(module) -> float:
 
 def _classify_norm(module) -> Kind | None:
     weight = getattr(module, "weight", None)
-    width = weight.shape[0] if isinstance(weight, torch.Tensor) and weight.dim() == 1 else getattr(
-        module, "normalized_shape", (0,))[0] if isinstance(getattr(module, "normalized_shape", None), tuple) else 0
-    if not width or sum(1 for _ in module.children()):
+    shape = weight.shape if isinstance(weight, torch.Tensor) else getattr(module, "normalized_shape", None)
+    if not isinstance(shape, tuple) or len(shape) != 1 or any(True for _ in module.children()):
         return None
+    width, eps = shape[0], _eps(module)
     gen = torch.Generator().manual_seed(1)
     x, gate = torch.randn(3, width, generator=gen) * 2 + 0.3, torch.randn(3, width, generator=gen)
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     try:
         clone = _cpu_copy(module)
         y = clone(x)
@@ -182,16 +175,12 @@ def _classify_norm(module) -> Kind | None:
             y = clone(x, gate)
         except Exception:  # noqa: BLE001
             return None
-        rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _eps(module))
         return Kind("norm.rms_gated") if _close(y, rms * clone.weight * F.silu(gate)) else None
     except Exception:  # noqa: BLE001 - a module that cannot run on its own is not a norm we know
         return None
     if not isinstance(y, torch.Tensor):
         return None
-    eps = _eps(module)
-    w = getattr(clone, "weight", None)
-    b = getattr(clone, "bias", None)
-    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    w, b = getattr(clone, "weight", None), getattr(clone, "bias", None)
     if w is not None and _close(y, rms * w):
         return Kind("norm.rms")
     if w is not None and _close(y, rms * (1 + w)):
@@ -320,22 +309,28 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if _current is not None:
         sig = _sig(attention_call(query, key, value, *call)) if call else None
-        _current.events.append(Event("attention", _current.names.get(id(module), "?"), sig,
-                                     extra={"unserved": call is None}))
+        _current.events.append(Event("attention", _current.frame, sig))
     out = query.new_empty((*query.shape[:-1], value.shape[-1]))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _call_opaque(rec: _Recorder | None, fn, *args, **kwargs):
+    """fn's result, its aten ops hidden from the recorder (it is recorded as one op)."""
+    if rec is None:
+        return fn(*args, **kwargs)
+    rec.opaque += 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        rec.opaque -= 1
 
 
 def _rope_wrapper(original):
     def apply_rotary_pos_emb(*args, **kwargs):
         rec = _current
+        out = _call_opaque(rec, original, *args, **kwargs)
         if rec is None:
-            return original(*args, **kwargs)
-        rec.opaque += 1
-        try:
-            out = original(*args, **kwargs)
-        finally:
-            rec.opaque -= 1
+            return out
         # the common form, (q, k, cos, sin) -> (q, k); partial RoPE (Phi, StableLM, Qwen3.5) rotates
         # the first rotary_dim dims of each head. Other forms (CodeGen's per-tensor one) are noted.
         q, k, cos = (list(args) + [None] * 3)[:3]
@@ -352,13 +347,9 @@ def _deltanet_wrapper(original):
     """Qwen3.5's Gated DeltaNet recurrence (chunked for prefill, recurrent for decode)."""
     def gated_delta_rule(query, key, value, *args, **kwargs):
         rec = _current
+        out = _call_opaque(rec, original, query, key, value, *args, **kwargs)
         if rec is None:
-            return original(query, key, value, *args, **kwargs)
-        rec.opaque += 1
-        try:
-            out = original(query, key, value, *args, **kwargs)
-        finally:
-            rec.opaque -= 1
+            return out
         call = gated_deltanet_call(query, value, bool(kwargs.get("use_qk_l2norm_in_kernel", False)))
         rec.events.append(Event("recurrent", rec.frame, _sig(call)))
         return out
@@ -385,7 +376,6 @@ WRAPPED = {"apply_rotary_pos_emb": _rope_wrapper, "torch_chunk_gated_delta_rule"
 
 
 def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> None:
-    rec.names = {id(m): n for n, m in model.named_modules()}
     for name, module in model.named_modules():
         stack.callback(module.register_forward_pre_hook(lambda m, a, name=name: rec.frames.append(name)).remove)
         stack.callback(module.register_forward_hook(rec.leave).remove)
@@ -442,13 +432,11 @@ def recording(model, kinds, tokens: int):
 
 def run(model, kinds: dict[str, Kind]) -> tuple[list[Event], list[Event]]:
     """The events of a prefill (BATCH x PREFILL_SEQ) and of one decode step after it."""
-    vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.zeros(BATCH, PREFILL_SEQ, dtype=torch.long, device="meta")
     with torch.no_grad(), warnings.catch_warnings(), _quiet_transformers():
         warnings.simplefilter("ignore")
         with recording(model, kinds, BATCH * PREFILL_SEQ) as prefill:
             out = model(input_ids=ids, use_cache=True)
-        assert vocab
         step = torch.zeros(BATCH, 1, dtype=torch.long, device="meta")
         with recording(model, kinds, BATCH) as decode:
             model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
@@ -483,7 +471,8 @@ def _resolve(rec: _Recorder) -> list[Event]:
                 flags = ("unit_offset",) if e.extra["unit_offset"] else ()
                 e = replace(e, op=op, sig=_sig(rows_call(op, x, flags)))
             else:
-                e = replace(e, sig=_sig(rows_call("norm.layer", x)), extra={**e.extra, "after_sum": e.inputs[0] in rec.sums})
+                e = replace(e, sig=_sig(rows_call("norm.layer", x)),
+                            extra={**e.extra, "after_sum": e.inputs[0] in rec.sums})
         elif e.op == "linear" and (i := _sibling(out, e)) is not None:
             first = out[i]  # one GEMM over the concatenated weights, as servers run q/k/v and gate/up
             fused = Signature.make("linear", {**dict(first.sig.static), "n": first.sig.dim("n") + e.sig.dim("n")},
@@ -560,14 +549,14 @@ def instances(prefill: list[Event], decode: list[Event], tp: int) -> list[OpInst
     for i, e in enumerate(prefill):
         if e.sig is not None:
             add(e, previous in ROW_PARALLEL_AFTER, i == last_linear)
-        previous = e.op if e.sig is not None or e.op != "rope" else previous
+        previous = e.op
     for e in decode:
         if e.op == "attention" and e.sig is not None:
             add(e, False, False)
     return [OpInstance(sig, tuple(roles), count) for sig, (roles, count) in merged.items()]
 
 
-def uncovered(model, kinds: dict[str, Kind], prefill: list[Event]) -> list[str]:
+def uncovered(model, prefill: list[Event]) -> list[str]:
     """What the model computes that no op covers, one line each: modules no event came from
     (by class, with their share of the parameters), and observed calls no signature describes."""
     total = sum(p.numel() for p in model.parameters()) or 1
@@ -642,13 +631,15 @@ _captured: dict[tuple, Captured] = {}  # one capture per config, name, tp and dt
 
 def capture(cfg: dict, name: str, tp: int = 1, dtype: str = "bf16", where: str | None = None) -> Captured:
     """The op instances of the model `cfg` (a config.json's dict) describes, sharded `tp` ways."""
-    key = (json.dumps(cfg, sort_keys=True, default=str), name, tp, dtype)
+    blob = json.dumps(cfg, sort_keys=True, default=str)
+    key = (blob, name, tp, dtype)
     if key not in _captured:
-        _captured[key] = _capture(cfg, name, tp, dtype, where or name)
+        config_hash = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        _captured[key] = _capture(cfg, name, tp, dtype, where or name, config_hash)
     return _captured[key]
 
 
-def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str) -> Captured:
+def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash: str) -> Captured:
     if tp < 1:
         raise LzError(f"--tp must be >= 1, got {tp}")
     refuse_unsupported(cfg, where)
@@ -675,13 +666,12 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str) -> Captured:
     if not any(e.op == "attention" for e in prefill):
         raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
     _check_tp(prefill, tp, name)
-    blob = json.dumps(cfg, sort_keys=True, default=str).encode()
     layers = getattr(text, "num_hidden_layers", "?")
     summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
-    notes = _outside_text_model(cfg, text) + uncovered(model, kinds, prefill)
+    notes = _outside_text_model(cfg, text) + uncovered(model, prefill)
     return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp)), tuple(notes),
-                    hashlib.sha256(blob).hexdigest()[:16], summary)
+                    config_hash, summary)
 
 
 def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16") -> Captured:

@@ -178,8 +178,12 @@ def _text_config(cfg: dict, where: str) -> dict:
     return {**outer, **inner}
 
 
+def _unsupported_parts(cfg: dict) -> list[str]:
+    return [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items() if cfg.get(key)]
+
+
 def _refuse_unsupported(cfg: dict, model_type, where: str) -> None:
-    found = [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items() if cfg.get(key)]
+    found = _unsupported_parts(cfg)
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         found.insert(0, f"model_type {model_type!r}")
     if found:
@@ -346,8 +350,7 @@ def from_config_file(path: str | Path) -> ModelSpec:
 
 def refuse_unsupported(cfg: dict, where: str) -> None:
     """Parts no op computes, named from the config's keys (the text model's, for a multimodal one)."""
-    text = _text_config(cfg, where)
-    found = [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items() if text.get(key)]
+    found = _unsupported_parts(_text_config(cfg, where))
     if found:
         raise LzError(f"{where}: not supported yet: {'; '.join(found)}")
 

@@ -56,13 +56,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
 def _is_causal_window(mask_function, window: int) -> bool:
     """Whether mask_function is the causal mask, cut to `window` keys back when window > 0: tried
-    on a grid of positions, since models build it from composed closures."""
-    n = window + 3 if window else 8
-    q_idx, kv_idx = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    expected = (kv_idx <= q_idx) & ((kv_idx > q_idx - window) if window else True)
+    at query-key distances around 0 and around the window (a few dozen pairs, elementwise, as
+    transformers calls it), since models build it from composed closures; runs once per mask."""
+    distances = [-2, -1, 0, 1, 2] + ([window - 1, window, window + 1] if window else [])
+    pairs = [(q, q - d) for d in distances for q in (max(d, 0), max(d, 0) + 5)]
+    q_idx, kv_idx = torch.tensor([q for q, _ in pairs]), torch.tensor([kv for _, kv in pairs])
+    distance = q_idx - kv_idx
+    expected = (distance >= 0) & ((distance < window) if window else True)
     try:
         got = mask_function(torch.tensor(0), torch.tensor(0), q_idx, kv_idx)
-        return isinstance(got, torch.Tensor) and bool((got.expand(n, n) == expected).all())
+        return isinstance(got, torch.Tensor) and bool((got.expand_as(expected) == expected).all())
     except Exception:  # noqa: BLE001 - a mask function of another form: leave it to SDPA
         return False
 

@@ -102,6 +102,25 @@ def text_config(cfg: dict, where: str):
     return text
 
 
+# Defaults transformers' configs derive when a field is left out. A few default configs store None
+# instead (ministral's head_dim, nemotron's num_key_value_heads), and their modules fail to build.
+DERIVED_DEFAULTS = {
+    "head_dim": ("hidden_size // num_attention_heads", lambda c: c.hidden_size // c.num_attention_heads),
+    "num_key_value_heads": ("num_attention_heads", lambda c: c.num_attention_heads),
+}
+
+
+def fill_derived(text) -> list[str]:
+    """Set the DERIVED_DEFAULTS fields the config holds as None; one note per field set."""
+    notes = []
+    for name, (rule, derive) in DERIVED_DEFAULTS.items():
+        if name in text.to_dict() and getattr(text, name, 0) is None:
+            setattr(text, name, derive(text))
+            notes.append(f"{name} is null in the config: taken as {rule} = {getattr(text, name)}, "
+                         "transformers' usual default")
+    return notes
+
+
 @contextmanager
 def _quiet_transformers():
     from transformers.utils import logging as hf_logging
@@ -647,6 +666,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     if nested:
         raise LzError(f"{where}: not supported yet: mixture-of-experts routing ({', '.join(nested)})")
     text = text_config(cfg, where)
+    filled = fill_derived(text)
     try:
         model = build_meta_model(text, dtype)
     except Exception as e:  # noqa: BLE001 - transformers' own checks of the config
@@ -669,7 +689,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     layers = getattr(text, "num_hidden_layers", "?")
     summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
-    notes = _outside_text_model(cfg, text) + uncovered(model, prefill)
+    notes = filled + _outside_text_model(cfg, text) + uncovered(model, prefill)
     return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp)), tuple(notes),
                     config_hash, summary)
 

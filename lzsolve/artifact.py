@@ -93,7 +93,7 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
         "capabilities_hash": registry.capabilities_hash(),
         "kernels": kernel_provenance(chosen),
         "timing_mode": mode,
-        "grid": plan.grid,
+        "grid": str(plan.grid),
         "buckets": {sp.instance.signature.op: buckets(plan.grid, sp.instance.signature.op)
                     for sp in plan.signatures},
         "fallback_policy": {

@@ -28,7 +28,7 @@ from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
 from .errors import LzError
 from .fsutil import atomic_write_text
 from .grid import GRIDS, default_grid
-from .models import CATALOGUE, capture, from_catalogue
+from .models import CATALOGUE, capture, from_catalogue, workload
 from .models.capture import Captured
 from .perfdb import PerfDB
 from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, search
@@ -71,6 +71,24 @@ def _model(model: str | None, config: str | None, tp: int, dtype: str) -> Captur
     return capture.load(model, config, tp, dtype)
 
 
+def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: str) -> workload.Workload:
+    """--workload, checked against the other options (its dtype is recorded: --dtype may only agree)."""
+    if model is not None or config is not None:
+        raise LzError("pass one of --model, --config or --workload, not several")
+    if tp != 1:
+        raise LzError("--tp does not apply to --workload: its shapes are per rank already (the process that "
+                      "recorded them ran them); leave --tp out")
+    recorded = workload.read(path)
+    if len(recorded.dtypes) > 1:
+        raise LzError(f"{path}: the workload mixes dtypes {sorted(recorded.dtypes)}; record one dtype per file")
+    (recorded_dtype,) = recorded.dtypes
+    ctx = click.get_current_context(silent=True)
+    explicit = ctx is not None and ctx.get_parameter_source("dtype") == click.core.ParameterSource.COMMANDLINE
+    if explicit and dtype != recorded_dtype:
+        raise LzError(f"--dtype {dtype}: the workload {path} recorded {recorded_dtype} calls; leave --dtype out")
+    return recorded
+
+
 def _load_plugins(modules: tuple[str, ...]) -> None:
     try:
         load_plugins(modules)
@@ -83,14 +101,19 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
-def _plan(model, config, tp, dtype, device, grid, kernels, exclude) -> Plan:
-    spec = _model(model, config, tp, dtype)
+def _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude) -> Plan:
     dev = _device(device)
+    grid = grid or default_grid(dev.type)
+    if recorded is None:
+        spec = _model(model, config, tp, dtype)
+    else:
+        recorded = _recorded(recorded, model, config, tp, dtype)
+        spec, grid, (dtype,) = workload.captured(recorded), workload.grid(recorded, grid), recorded.dtypes
     only, skip = _patterns(kernels), _patterns(exclude)
     for pattern in only + skip:
         if not any(fnmatch.fnmatchcase(k, pattern) for k in registry.REGISTRY):
             raise LzError(f"kernel pattern {pattern!r} matches no kernel; see `lzsolve kernels`")
-    return make_plan(spec, dtype, dev, grid or default_grid(dev.type), only, skip)
+    return make_plan(spec, dtype, dev, grid, only, skip)
 
 
 def _print_table(columns: list[str], rows: list[tuple]) -> None:
@@ -143,7 +166,11 @@ def progress(length: int, label: str):
 def model_options(f):
     options = [
         click.option("--model", "model", metavar="NAME", help=f"built-in model: {', '.join(CATALOGUE)}"),
-        click.option("--config", "config", metavar="PATH", help="a Hugging Face config.json instead of --model"),
+        click.option("--config", "config", metavar="PATH",
+                     help="a Hugging Face config.json (or its folder) instead of --model"),
+        click.option("--workload", "recorded", metavar="PATH",
+                     help="a workload file runtime_loader.record wrote, instead of --model: exactly the op "
+                          "signatures it recorded, with buckets placed at its shapes (as many per dim as --grid has)"),
         click.option("--tp", default=1, show_default=True, type=int,
                      help="tensor-parallel degree: shards heads, kv heads (never below 1) and the MLP"),
         click.option("--dtype", default="bf16", show_default=True, type=click.Choice(list(DTYPES))),
@@ -207,7 +234,7 @@ def cli():
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
-def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
+def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
          trials, spaces, baseline, max_regression, min_ms, probe, validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
@@ -227,7 +254,7 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
-    plan = _plan(model, config, tp, dtype, device, grid, kernels, exclude)
+    plan = _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude)
     mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
     if mode == "graph" and plan.device.type != "cuda":
         raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
@@ -248,7 +275,7 @@ def tune(model, config, tp, dtype, device, grid, kernels, exclude, out, mode, fr
     try:
         plan = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials)
         lap("search_s")
-        click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {dtype} on {plan.hardware['name']} "
+        click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
                    f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
         with progress(plan.measurements, "measuring") as bar:
@@ -349,11 +376,11 @@ def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: in
 @cli.command()
 @model_options
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
-def plan(model, config, tp, dtype, device, grid, kernels, exclude, plugins):
+def plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
     _load_plugins(plugins)
-    p = _plan(model, config, tp, dtype, device, grid, kernels, exclude)
-    click.echo(f"{p.model.summary()}, tp={p.model.tp}, {dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
+    p = _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude)
+    click.echo(f"{p.model.summary()}, tp={p.model.tp}, {p.dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
     for sp in p.signatures:
         sig = sp.instance.signature
         dims = sorted({k for w in sp.workloads for k in w})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import dataclass
 
 from runtime_loader.ops import OPS
 
@@ -43,17 +44,34 @@ GRIDS: dict[str, dict[str, dict[str, list[int]]]] = {
 }
 
 
+@dataclass(frozen=True)
+class Grid:
+    """Buckets by op (or "*": the ops keyed by tokens alone) and dim: a named grid of GRIDS, or
+    one placed at a recorded workload's shapes (lzsolve.models.workload)."""
+    name: str
+    values: dict[str, dict[str, list[int]]]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def as_grid(grid: Grid | str) -> Grid:
+    return grid if isinstance(grid, Grid) else Grid(grid, GRIDS[grid])
+
+
 def default_grid(device_type: str) -> str:
     return "full" if device_type == "cuda" else "small"
 
 
-def buckets(grid: str, op: str) -> dict[str, list[int]]:
-    per_op = GRIDS[grid]
-    values = per_op.get(op, per_op["*"])
+def buckets(grid: Grid | str, op: str) -> dict[str, list[int]]:
+    per_op = as_grid(grid).values
+    values = per_op.get(op, per_op.get("*"))
+    if values is None:
+        raise KeyError(f"grid {grid} has no buckets for {op}")
     return {dim: values[dim] for dim in OPS[op].dynamic}
 
 
-def workloads(grid: str, op: str) -> list[dict[str, int]]:
+def workloads(grid: Grid | str, op: str) -> list[dict[str, int]]:
     """Every point of the grid for `op`, as {dim: value}."""
     dims = buckets(grid, op)
     return [dict(zip(dims, point)) for point in itertools.product(*dims.values())]
@@ -78,7 +96,7 @@ def probe_values(values: list[int]) -> list[int]:
     return sorted(probes - set(values))
 
 
-def probe_points(grid: str, op: str) -> list[dict[str, int]]:
+def probe_points(grid: Grid | str, op: str) -> list[dict[str, int]]:
     """Off-grid points for `op`: every combination of bucket and probe values with at least one
     dim at a probe value (one dim off the grid, and all of them: cliffs that depend on several
     dims at once, such as tiles x heads x batch against the SM count, show only there)."""

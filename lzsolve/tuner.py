@@ -29,7 +29,7 @@ from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 from . import __version__
 from .bench import MODES
 from .gates import capability_gate
-from .grid import probe_points, workloads
+from .grid import Grid, as_grid, probe_points, workloads
 from .measure import CeilingTask, ParityTask, TimingTask
 from .models import OpInstance
 from .models.capture import Captured
@@ -83,7 +83,7 @@ class Plan:
     model: Captured
     dtype: str
     device: torch.device
-    grid: str
+    grid: Grid
     hardware: dict
     signatures: tuple[SignaturePlan, ...]
 
@@ -99,12 +99,13 @@ def _selected(kernel_id: str, only: tuple[str, ...], exclude: tuple[str, ...]) -
     return not any(fnmatch.fnmatchcase(kernel_id, p) for p in exclude)
 
 
-def make_plan(model: Captured, dtype: str, device: torch.device, grid: str,
+def make_plan(model: Captured, dtype: str, device: torch.device, grid: Grid | str,
               only: tuple[str, ...] = (), exclude: tuple[str, ...] = ()) -> Plan:
     """The dry run: every op signature, its grid points and each candidate's capability verdict.
     `only` / `exclude` are glob patterns on kernel ids; the op's fallback is always kept,
     since every gain is measured against it."""
     here = device_info(device)
+    grid = as_grid(grid)
     plans = []
     for instance in model.instances:
         sig = instance.signature

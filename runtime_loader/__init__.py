@@ -3,6 +3,9 @@
     d = runtime_loader.load("artifacts/llama3-70b/<hw>")
     out = d.attention(q, k, v, causal=True)
 
+    with runtime_loader.record("workload.json"):   # what a real run calls, for `tune --workload`
+        serve_some_requests()
+
 Imports torch only (kernel libraries lazily, through the registry); never
 imports lzsolve, pandas, pyarrow, duckdb or optuna.
 """
@@ -17,9 +20,10 @@ from . import jit
 from .dispatcher import Dispatcher
 from .hardware import hardware_signature, mismatches
 from .manifest import read_manifest, verify
+from .record import record
 from .table import Table, TableError, read_table
 
-__all__ = ["Dispatcher", "TableError", "load"]
+__all__ = ["Dispatcher", "TableError", "load", "record"]
 
 
 def _open(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:

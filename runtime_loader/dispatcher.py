@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+import weakref
 
 import torch
 
@@ -22,6 +23,25 @@ from .table import Leaf, Split, Table, TableError, choose, leaves
 
 MAX_CACHED_KEYS = 8192  # per op; past this, new keys are resolved per call instead of cached
 UNIT_OFFSET = ("unit_offset",)
+
+# runtime_loader.record: while a recording is active, no call is cached, so every call reaches
+# _resolve and is counted there (caches are cleared when it starts)
+_recording = None
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def start_recording(recording) -> None:
+    global _recording
+    if _recording is not None:
+        raise RuntimeError("runtime_loader.record is already recording; recordings do not nest")
+    _recording = recording
+    for dispatcher in list(_live):
+        dispatcher.clear_cache()
+
+
+def stop_recording() -> None:
+    global _recording
+    _recording = None
 
 
 def _stale(kernel_id: str, measured: dict) -> str | None:
@@ -48,6 +68,7 @@ class Dispatcher:
             self._caches[op] for op in ("attention.prefill", "posenc.rope", "linear", "norm.qk", "embedding",
                                         "recurrent.gated_deltanet"))
         self._ids: dict = {}
+        _live.add(self)
         if table is None:
             return
         here = device_info("cuda" if self._on_cuda else "cpu")
@@ -66,14 +87,19 @@ class Dispatcher:
     def _resolve(self, cache: dict, key: tuple, call, outside: str, on_cuda: bool):
         """outside: the kernel id for a call that no signature describes."""
         spec = registry.get(outside) if call is None else registry.fallback_for(call[0])
+        from_table = False
         if call is not None and on_cuda == self._on_cuda:
             sig, dims = call
             tree = self._trees.get(str(sig))
             if tree is not None:
                 kernel_id = choose(tree, dims)
                 if kernel_id in self._usable:
-                    spec = registry.get(kernel_id)
+                    spec, from_table = registry.get(kernel_id), True
         self._ids[spec.impl] = spec.kernel_id
+        recording = _recording
+        if recording is not None:
+            recording.count(call, spec, from_table)
+            return spec.impl
         if len(cache) < MAX_CACHED_KEYS:
             cache[key] = spec.impl
         return spec.impl

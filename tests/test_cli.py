@@ -136,7 +136,7 @@ def test_plan_llama3_70b_tp8(tmp_path):
     (["tune", "--model", "llama3-70b", "--tp", "0"], "--tp must be >= 1"),
     (["tune", "--model", "llama3-8b", "--out", "{file}/sub"], "cannot write to --out"),
     (["tune", "--model", "llama3-8b", "--dtype", "int4"], "'int4' is not one of"),
-    (["tune"], "pass exactly one of --model NAME or --config PATH"),
+    (["tune"], "pass exactly one of --model NAME, --config PATH or --workload FILE"),
     (["tune", "--model", "llama3-8b", "--kernels", "nope.*"], "matches no kernel"),
     (["plan", "--model", "llama3-8b", "--device", "tpu"], "--device"),
     (["db", "query", "SELECT 1"], "no artifact under ./artifacts"),

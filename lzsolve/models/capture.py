@@ -697,7 +697,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
 def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16") -> Captured:
     """--model NAME (the catalogue) or --config PATH (a config.json or its folder), captured."""
     if (model is None) == (config is None):
-        raise LzError("pass exactly one of --model NAME or --config PATH "
+        raise LzError("pass exactly one of --model NAME, --config PATH or --workload FILE "
                       f"(built-in models: {', '.join(CATALOGUE)})")
     if model is not None:
         if model not in CATALOGUE:

@@ -1,0 +1,124 @@
+"""Workloads: a model as a recording saw it (`runtime_loader.record`), for `tune --workload`.
+
+The op signatures are the ones the recorded run called, exactly; the buckets of each op's
+dynamic dims are placed where its recorded shapes fall, weighted by how often each shape was
+called, with as many buckets per dim as the chosen --grid has (so --grid still sets the cost).
+The shapes are per rank already (the process that recorded ran them), so there is no --tp.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime_loader.ops import OPS, Signature
+from runtime_loader.record import FORMAT, VERSION
+
+from ..errors import LzError
+from ..grid import Grid, buckets
+from .capture import Captured
+from .walker import OpInstance
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    path: str
+    calls: dict[Signature, Counter]  # signature -> Counter of dims (tuples of (dim, value))
+    outside: tuple[str, ...]  # notes: calls no signature describes
+    digest: str
+
+    @property
+    def dtypes(self) -> set[str]:
+        return {sig.dtype for sig in self.calls}
+
+
+def read(path: str | Path) -> Workload:
+    """A workload file, checked: one-line LzError naming what is wrong."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+    except OSError as e:
+        raise LzError(f"cannot read workload {path}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LzError(f"{path} is not valid JSON ({e}); pass a file runtime_loader.record wrote") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise LzError(f"{path} is not a workload file (no \"format\": \"{FORMAT}\"); "
+                      "record one with runtime_loader.record(path)")
+    if data.get("version") != VERSION:
+        raise LzError(f"{path}: workload version {data.get('version')!r}, this lzsolve reads {VERSION}; "
+                      "record it again")
+    calls: dict[Signature, Counter] = {}
+    try:
+        for i, call in enumerate(data["calls"]):
+            s = call["signature"]
+            sig = Signature.make(s["op"], s["static"], s["flags"], s["dtype"])
+            dims = call["dims"]
+            if set(dims) != set(OPS[sig.op].dynamic) or not all(isinstance(v, int) and v > 0 for v in dims.values()):
+                raise ValueError(f"call {i}: dims {dims} are not positive ints for {OPS[sig.op].dynamic}")
+            count = call["count"]
+            if not isinstance(count, int) or count < 1:
+                raise ValueError(f"call {i}: count {count!r} is not a positive int")
+            calls.setdefault(sig, Counter())[tuple(sorted(dims.items()))] += count
+        outside = tuple(f"{o['count']} {'/'.join(o['ops'])} call(s) outside every op signature (chunked prefill, "
+                        f"padding masks...) ran {o['kernel']}: not tuned" for o in data.get("outside", []))
+    except (KeyError, TypeError, ValueError) as e:
+        raise LzError(f"{path}: malformed workload ({type(e).__name__}: {e}); record it again") from None
+    if not calls:
+        raise LzError(f"{path}: the workload recorded no call a table can serve; record a run that calls a "
+                      "Dispatcher (through runtime_loader.library or a patched model)")
+    name = data.get("name") if isinstance(data.get("name"), str) and data.get("name") else path.stem
+    return Workload(name, str(path), calls, outside, hashlib.sha256(raw).hexdigest()[:16])
+
+
+def captured(workload: Workload) -> Captured:
+    """The workload as a model: one op instance per recorded signature, called as often as recorded."""
+    instances = tuple(OpInstance(sig, ("recorded",), sum(counts.values()))
+                      for sig, counts in sorted(workload.calls.items(), key=lambda kv: str(kv[0])))
+    total = sum(i.calls_per_forward for i in instances)
+    summary = (f"{workload.name}: recorded workload {workload.path}, {len(instances)} op signatures, "
+               f"{total} calls")
+    return Captured(workload.name, "workload", 1, instances, workload.outside, workload.digest, summary)
+
+
+def placed(values: Counter, budget: int) -> list[int]:
+    """`budget` values out of the recorded ones (value -> calls): the smallest, the largest and
+    between them the values at evenly spaced shares of the calls (weighted quantiles), so
+    buckets crowd where calls crowd; every value when there are no more than `budget`."""
+    distinct = sorted(values)
+    if len(distinct) <= budget:
+        return distinct
+    if budget == 1:
+        shares = [0.5]
+    else:
+        shares = [i / (budget - 1) for i in range(budget)]
+    total = sum(values.values())
+    chosen, seen = set(), 0
+    cumulative = []
+    for v in distinct:
+        seen += values[v]
+        cumulative.append((seen / total, v))
+    for share in shares:
+        chosen.add(distinct[0] if share == 0 else next(v for c, v in cumulative if c >= share - 1e-12))
+    for v in sorted(distinct, key=lambda v: -values[v]):  # quantiles that coincide: the most called values next
+        if len(chosen) == budget:
+            break
+        chosen.add(v)
+    return sorted(chosen)
+
+
+def grid(workload: Workload, like: str) -> Grid:
+    """Buckets per op at the recorded values of each dynamic dim, as many per dim as grid `like` has."""
+    per_op: dict[str, dict[str, Counter]] = {}
+    for sig, counts in workload.calls.items():
+        dims = per_op.setdefault(sig.op, {d: Counter() for d in OPS[sig.op].dynamic})
+        for point, n in counts.items():
+            for dim, value in point:
+                dims[dim][value] += n
+    values = {op: {dim: placed(counter, len(buckets(like, op)[dim])) for dim, counter in dims.items()}
+              for op, dims in per_op.items()}
+    return Grid(f"workload/{like}", values)
+

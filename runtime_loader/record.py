@@ -1,0 +1,89 @@
+"""Record mode: the op signatures and shapes a real workload sends to the Dispatcher.
+
+    with runtime_loader.record("workload.json"):
+        model.generate(...)    # any code that calls a Dispatcher: directly, through
+                               # torch.ops.lzsolve.*, or through a patched HF model
+
+writes, for every call any Dispatcher resolved while the block ran, its op signature, its
+dynamic dims (tokens, batch x seq, batch x kv_len), how many calls had them, and the kernel that
+served them (from the table, or the fallback). `lzsolve tune --workload workload.json` tunes
+exactly those signatures, with buckets where the recorded shapes fall, and `lzsolve plan
+--workload` shows the plan. A Dispatcher(None) records too: no table is needed to record.
+
+While recording nothing is cached, so every call is counted: record a representative run,
+not a server under load. The file is written when the block ends, also when it raises (what
+ran was recorded), through a temporary file, so a reader never sees half of it.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import tempfile
+import threading
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from . import dispatcher
+from .specs import KernelSpec
+
+FORMAT, VERSION = "lzsolve-workload", 1
+
+
+class Recording:
+    """Call counts by (signature, dims, kernel, from the table); calls outside every signature by kernel."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.calls: Counter = Counter()
+        self.outside: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, call, spec: KernelSpec, from_table: bool) -> None:
+        with self._lock:
+            if call is None:
+                self.outside[(spec.kernel_id, tuple(sorted(spec.ops)))] += 1
+            else:
+                sig, dims = call
+                self.calls[(sig, tuple(dims.items()), spec.kernel_id, from_table)] += 1
+
+    def to_json(self) -> dict:
+        with self._lock:
+            calls = [{"signature": sig.to_json(), "name": str(sig), "dims": dict(dims), "count": n,
+                      "kernel": kernel_id, "served": "table" if from_table else "fallback"}
+                     for (sig, dims, kernel_id, from_table), n in self.calls.items()]
+            outside = [{"ops": list(ops), "kernel": kernel_id, "count": n}
+                       for (kernel_id, ops), n in self.outside.items()]
+        calls.sort(key=lambda c: (c["name"], sorted(c["dims"].items())))
+        return {"format": FORMAT, "version": VERSION, "name": self.name,
+                "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "torch": torch.__version__, "calls": calls, "outside": outside}
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+@contextmanager
+def record(path: str | Path, name: str | None = None):
+    """Record every Dispatcher call in the block to `path` (JSON); `name` names the workload
+    (and the artifact a tune of it writes), by default the file's stem. Yields the Recording."""
+    path = Path(path)
+    recording = Recording(name or path.stem)
+    dispatcher.start_recording(recording)
+    try:
+        yield recording
+    finally:
+        dispatcher.stop_recording()
+        _write(path, recording.to_json())

@@ -1,0 +1,75 @@
+"""Record mode: every Dispatcher call in the block is counted by signature, dims and serving kernel."""
+import json
+
+import pytest
+import torch
+
+import runtime_loader
+from runtime_loader import Dispatcher, library
+from runtime_loader.table import parse_table
+
+from .tables import RMS, table
+
+
+def calls_by_name(data: dict) -> dict:
+    return {(c["name"], tuple(sorted(c["dims"].items()))): c for c in data["calls"]}
+
+
+def test_counts_every_call_even_those_cached_before(tmp_path):
+    d = Dispatcher(parse_table(table()))
+    x, w = torch.randn(4, 64), torch.randn(64)
+    d.rms_norm(x, w)  # cached before the recording starts: must still be counted
+    assert d.cached_keys() == 1
+    path = tmp_path / "w.json"
+    with runtime_loader.record(path):
+        for _ in range(3):
+            d.rms_norm(x, w)
+        d.rms_norm(torch.randn(3, 5, 64), w)
+        q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+        d.attention(q, k, k, causal=True)
+        d.attention(q[:, :, :3], k, k, causal=True)  # chunked prefill: no signature describes it
+    data = json.loads(path.read_text())
+    assert data["format"] == "lzsolve-workload" and data["name"] == "w"
+    calls = calls_by_name(data)
+    rms_4 = calls[(str(RMS), (("tokens", 4),))]
+    assert (rms_4["count"], rms_4["kernel"], rms_4["served"]) == (3, "torch.rms_norm", "table")
+    assert calls[(str(RMS), (("tokens", 15),))]["kernel"] == "eager.rms_norm"  # the tree's other leaf
+    attn = [c for c in data["calls"] if c["signature"]["op"] == "attention.prefill"]
+    assert [(c["dims"], c["count"], c["served"]) for c in attn] == [({"batch": 1, "seq": 8}, 1, "table")]
+    assert data["outside"] == [{"ops": ["attention.decode", "attention.prefill"], "kernel": "sdpa.default",
+                                "count": 1}]
+    # after the block, caching resumes
+    d.rms_norm(x, w)
+    assert d.cached_keys() >= 1
+
+
+def test_records_without_a_table_and_through_the_custom_ops(tmp_path):
+    d = Dispatcher(None)
+    library.activate(d)
+    try:
+        with runtime_loader.record(tmp_path / "w.json", name="my-model"):
+            torch.ops.lzsolve.rms_norm(torch.randn(2, 7, 32), torch.randn(32), 1e-6)
+    finally:
+        library.activate(Dispatcher(None))
+    data = json.loads((tmp_path / "w.json").read_text())
+    assert data["name"] == "my-model"
+    (call,) = data["calls"]
+    assert (call["name"], call["dims"], call["served"]) == ("norm.rms[hidden=32,fp32]", {"tokens": 14}, "fallback")
+
+
+def test_written_when_the_block_raises_and_never_half(tmp_path):
+    d = Dispatcher(None)
+    with pytest.raises(KeyboardInterrupt):
+        with runtime_loader.record(tmp_path / "w.json"):
+            d.gelu(torch.randn(3, 8))
+            raise KeyboardInterrupt
+    assert len(json.loads((tmp_path / "w.json").read_text())["calls"]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["w.json"]  # no temporary file left
+
+
+def test_recordings_do_not_nest(tmp_path):
+    with runtime_loader.record(tmp_path / "a.json"):
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with runtime_loader.record(tmp_path / "b.json"):
+                pass
+    assert not (tmp_path / "b.json").exists()

@@ -1,10 +1,17 @@
-"""Hand-built artifacts for runtime tests (the solver's own output is tested end to end)."""
+"""Hand-built artifacts for runtime tests (the solver's own output is tested end to end), and the
+replay check every tuned artifact of the tests goes through."""
 import json
+from pathlib import Path
 
-from runtime_loader import registry
+import torch
+
+import runtime_loader
+from lzsolve.ops import CONTRACTS, compare, to_fp32
+from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import Signature
+from runtime_loader.table import choose
 
 
 def entry(sig: Signature, tree: dict) -> dict:
@@ -60,3 +67,32 @@ def write(folder, raw, manifest: bool = True) -> str:
     if manifest:
         (folder / MANIFEST).write_text(json.dumps(build_manifest(folder)))
     return str(folder)
+
+
+OFF_GRID = {"tokens": [3, 100], "batch": [3], "seq": [40], "kv_len": [50, 200]}
+
+
+def _points(entry: dict, table: dict) -> list[dict]:
+    grid = table["buckets"][entry["op"]]
+    inside = [{d: v[-1] for d, v in grid.items()}, {d: v[0] for d, v in grid.items()}]
+    outside = [{d: OFF_GRID[d][i % len(OFF_GRID[d])] for d in grid} for i in range(2)]
+    return inside + outside
+
+
+def assert_replays_references(artifact: Path) -> Dispatcher:
+    """Load `artifact` strictly and call every entry of its table at its smallest and largest
+    buckets and at two points off the grid: each call takes the tree's kernel and agrees with
+    the op's fp32 reference. Returns the dispatcher."""
+    d = runtime_loader.load(artifact, strict=True)
+    table = json.loads((Path(artifact) / "dispatch.json").read_text())
+    gen = torch.Generator().manual_seed(3)
+    for entry in table["ops"]:
+        sig = Signature.make(entry["op"], entry["static"], entry["flags"], entry["dtype"])
+        contract, method = CONTRACTS[sig.op], Dispatcher.METHODS[sig.op]
+        for dims in _points(entry, table):
+            args = contract.make_inputs(sig, dims, torch.device("cpu"), gen)
+            assert d.kernel_for(method, *args) == choose(d.table.trees[sig], dims), "replays the tree"
+            reference = contract.reference(*to_fp32(args))  # first: norm.rms_add may overwrite its inputs
+            ok, _, message = compare(getattr(d, method)(*args), reference, contract.tolerances[sig.dtype])
+            assert ok, f"{sig} at {dims}: {message}"
+    return d

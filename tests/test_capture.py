@@ -112,6 +112,10 @@ def test_plan_config_of_a_new_type_and_bad_input(tmp_path):
     path.write_text(json.dumps({**cfg, "model_type": "no_such_model"}))
     result = CliRunner().invoke(cli, ["plan", "--config", str(path), "--device", "cpu"])
     assert isinstance(result.exception, LzError) and "no_such_model" in str(result.exception)
+    # transformers' own validation errors span lines: one line of them is said
+    path.write_text(json.dumps({**default_config("gemma2"), "num_hidden_layers": 2}))  # 26 layer_types
+    result = CliRunner().invoke(cli, ["plan", "--config", str(path), "--device", "cpu"])
+    assert isinstance(result.exception, LzError) and "\n" not in str(result.exception), result.exception
     path.write_text(json.dumps({**cfg, "num_experts": 8}))
     result = CliRunner().invoke(cli, ["plan", "--config", str(path), "--device", "cpu"])
     assert isinstance(result.exception, LzError) and "mixture-of-experts" in str(result.exception)

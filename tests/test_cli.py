@@ -12,17 +12,13 @@ import torch
 from click.testing import CliRunner
 
 import runtime_loader
-from runtime_loader.dispatcher import Dispatcher
 from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE
-from lzsolve.ops import CONTRACTS, compare, to_fp32
-from runtime_loader.ops import Signature
-from runtime_loader.table import choose
+
+from .tables import assert_replays_references
 
 TINY_LLAMA = {**CATALOGUE["llama3-8b"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
-METHOD = Dispatcher.METHODS
-OFF_GRID = {"tokens": [3, 100], "batch": [3], "seq": [40], "kv_len": [50, 200]}
 
 
 def tiny_llama_config(root: Path) -> Path:
@@ -62,27 +58,8 @@ def test_artifact_layout(artifact):
     assert "# lzsolve report: tiny-llama" in (artifact / "report.md").read_text()
 
 
-def points(entry, table):
-    grid = table["buckets"][entry["op"]]
-    inside = [{d: v[-1] for d, v in grid.items()}, {d: v[0] for d, v in grid.items()}]
-    outside = [{d: OFF_GRID[d][i % len(OFF_GRID[d])] for d in grid} for i in range(2)]
-    return inside + outside
-
-
 def test_replay_reproduces_fp32_references_inside_and_outside_the_grid(artifact):
-    d = runtime_loader.load(artifact, strict=True)
-    table = json.loads((artifact / "dispatch.json").read_text())
-    gen = torch.Generator().manual_seed(3)
-    for entry in table["ops"]:
-        sig = Signature.make(entry["op"], entry["static"], entry["flags"], entry["dtype"])
-        contract = CONTRACTS[sig.op]
-        for dims in points(entry, table):
-            args = contract.make_inputs(sig, dims, torch.device("cpu"), gen)
-            method = getattr(d, METHOD[sig.op])
-            assert d.kernel_for(METHOD[sig.op], *args) == choose(d.table.trees[sig], dims), "replays the tree"
-            reference = contract.reference(*to_fp32(args))  # first: norm.rms_add may overwrite its inputs
-            ok, _, message = compare(method(*args), reference, contract.tolerances[sig.dtype])
-            assert ok, f"{sig} at {dims}: {message}"
+    assert_replays_references(artifact)
 
 
 def test_explain_and_db_query(artifact):

@@ -10,7 +10,7 @@ from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE, from_hf_config
 from lzsolve.perfdb import PerfDB
 
-from .tables import leaf_ids
+from .tables import assert_replays_references, leaf_ids
 
 # Small but structurally faithful: every family keeps its layer pattern, GQA, head layout and options.
 SMALL = {"hidden_size": 64, "n_embd": 64, "intermediate_size": 128, "num_attention_heads": 4, "n_head": 4,
@@ -86,6 +86,60 @@ def test_tune_a_small_member_of_every_family(tmp_path, family):
     if family == "qwen2":
         qkv = [e for e in table["ops"] if e["op"] == "linear" and "bias" in e["flags"]]
         assert len(qkv) == 1, "q/k/v carry a bias, o_proj does not"
+
+
+# Model types no catalogue entry or walker describes, each with what capture had to learn for it:
+# Phi (parallel attention + MLP, partial rotary, LayerNorm, tanh-GELU), Gemma 2 (softcapped
+# attention, alternating sliding windows, (1 + weight) norms, GeGLU), Cohere (parallel block,
+# LayerNorm without bias), StarCoder2 (biases everywhere, sliding window, plain GELU MLP), OLMo 2
+# (QK-norm over the whole projection, norms after the sublayers).
+NEW_TYPES = {"phi": {"norm.layer", "act.gelu", "posenc.rope"}, "gemma2": {"act.geglu", "norm.rms"},
+             "cohere": {"norm.layer", "act.swiglu"}, "starcoder2": {"norm.layer", "act.gelu"},
+             "olmo2": {"norm.qk", "norm.rms_add", "act.swiglu"}}
+
+
+@pytest.mark.parametrize("model_type", list(NEW_TYPES))
+def test_tune_and_replay_a_tiny_model_of_a_type_no_walker_knows(tmp_path, model_type):
+    import torch
+    import transformers
+
+    from runtime_loader.integrations.transformers import register
+
+    cfg = shrink(transformers.AutoConfig.for_model(model_type).to_dict())
+    if model_type == "starcoder2":
+        cfg["sliding_window"] = 8  # its default config has none; starcoder2-3b has 4096
+    config = write_config(tmp_path, f"tiny-{model_type}", cfg)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
+                                      "--device", "cpu", "--no-isolate", "--exclude", "compile.*", "--no-probe",
+                                      "--validate", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    table = json.loads((out / "dispatch.json").read_text())
+    assert NEW_TYPES[model_type] <= {e["op"] for e in table["ops"]}
+    d = assert_replays_references(out)
+    assert d.warmup(strict=True) > 0
+    if model_type in ("gemma2", "starcoder2"):
+        assert any("window=8" in e["signature"] for e in table["ops"]), "sliding layers tuned as such"
+    if model_type == "gemma2":
+        assert any("softcap=" in e["signature"] for e in table["ops"])
+
+    # the real client: the same model in transformers, attention served by the table, against fp32 eager
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg))
+    ids = torch.randint(0, cfg["vocab_size"], (2, 13))  # longer than the window: sliding masks matter
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        reference = model(ids).logits
+        register(d)
+        model.set_attn_implementation("lzsolve")
+        try:
+            with runtime_loader.record(tmp_path / "served.json"):
+                served = model(ids).logits
+        finally:
+            runtime_loader.library.activate(runtime_loader.Dispatcher(None))
+    calls = json.loads((tmp_path / "served.json").read_text())["calls"]
+    assert calls and {c["served"] for c in calls} == {"table"}, calls
+    torch.testing.assert_close(served, reference, rtol=1e-4, atol=1e-4)
 
 
 def test_a_kernel_without_qk_norm_is_never_chosen_for_qwen3_attention(tmp_path):

@@ -94,8 +94,8 @@ def text_config(cfg: dict, where: str):
             config = CONFIG_MAPPING[model_type].from_dict(cfg)
             text = config.get_text_config(decoder=True)
     except Exception as e:  # noqa: BLE001 - transformers' own validation, in whatever form it takes
-        raise LzError(f"{where}: transformers cannot read this config ({type(e).__name__}: {e}); fix the config") \
-            from None
+        raise LzError(f"{where}: transformers cannot read this config ({type(e).__name__}: {_one_line(e)}); "
+                      "fix the config") from None
     if text.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise LzError(f"{where}: model_type {text.model_type!r} is not a causal language model in transformers "
                       f"{tf.__version__}; lzsolve tunes decoders")
@@ -617,8 +617,9 @@ def _fused_names(module: str) -> list[str]:
     return [f"{head}.{p}" if head else p for p in parts]
 
 
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+def _one_line(e: Exception) -> str:
+    """An exception's message on one line (transformers' validation errors span several)."""
+    return " ".join(str(e).split())[:300]
 
 
 def _outside_text_model(cfg: dict, text) -> list[str]:
@@ -671,7 +672,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
         model = build_meta_model(text, dtype)
     except Exception as e:  # noqa: BLE001 - transformers' own checks of the config
         raise LzError(f"{where}: transformers cannot build {text.model_type} from this config "
-                      f"({type(e).__name__}: {_first_line(e)}); fix the config") from None
+                      f"({type(e).__name__}: {_one_line(e)}); fix the config") from None
     moe = sorted({type(m).__name__ for m in model.modules() if MOE_CLASS.search(type(m).__name__)})
     if moe:
         raise LzError(f"{where}: not supported yet: mixture-of-experts routing ({', '.join(moe)})")
@@ -682,7 +683,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
         raise
     except Exception as e:  # noqa: BLE001 - the model's own code failed on meta tensors
         raise LzError(f"{where}: cannot run {type(model).__name__} to capture its ops "
-                      f"({type(e).__name__}: {_first_line(e)})") from None
+                      f"({type(e).__name__}: {_one_line(e)})") from None
     if not any(e.op == "attention" for e in prefill):
         raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
     _check_tp(prefill, tp, name)

@@ -22,7 +22,7 @@ from .ops import (OPS, attention_call, embedding_call, example_args, gated_delta
 from .table import Leaf, Split, Table, TableError, choose, leaves
 
 MAX_CACHED_KEYS = 8192  # per op; past this, new keys are resolved per call instead of cached
-UNIT_OFFSET = ("unit_offset",)
+UNIT_OFFSET, NO_BIAS = ("unit_offset",), ("no_bias",)
 
 # runtime_loader.record: while a recording is active, no call is cached, so every call reaches
 # _resolve and is counted there (caches are cleared when it starts)
@@ -116,12 +116,11 @@ class Dispatcher:
             self._attention, key, attention_call(q, k, v, causal, window, softcap, qk_norm),
             OPS["attention.prefill"].reference if softcap else OPS["attention.prefill"].fallback, q.is_cuda)
 
-    def _rows_fn(self, op: str, x, unit_offset: bool = False):
+    def _rows_fn(self, op: str, x, flags: tuple[str, ...] = ()):
         """Norms, activations, learned positions: keyed on the shape of their first input (and the norm's flag)."""
         cache = self._caches[op]
-        key = (x.shape, x.dtype, x.is_cuda, unit_offset)
-        return cache.get(key) or self._resolve(
-            cache, key, rows_call(op, x, UNIT_OFFSET if unit_offset else ()), OPS[op].fallback, x.is_cuda)
+        key = (x.shape, x.dtype, x.is_cuda, flags)
+        return cache.get(key) or self._resolve(cache, key, rows_call(op, x, flags), OPS[op].fallback, x.is_cuda)
 
     def _qk_norm_fn(self, x, unit_offset):
         key = (x.shape, x.dtype, x.is_cuda, unit_offset)
@@ -167,13 +166,13 @@ class Dispatcher:
 
     def rms_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
         """x / rms(x) * weight; unit_offset: * (1 + weight) in fp32, rounded once (Gemma, Qwen3.5)."""
-        fn = self._rows_fn("norm.rms", x, unit_offset)
+        fn = self._rows_fn("norm.rms", x, UNIT_OFFSET if unit_offset else ())
         return fn(x, weight, eps, True) if unit_offset else fn(x, weight, eps)
 
     def rms_norm_add(self, x, residual, weight, eps: float = 1e-6, unit_offset: bool = False):
         """(rms_norm(x + residual) * weight, x + residual), the fused residual add of a pre-norm
         block. x and residual are consumed: a kernel may write the results into their storage."""
-        fn = self._rows_fn("norm.rms_add", x, unit_offset)
+        fn = self._rows_fn("norm.rms_add", x, UNIT_OFFSET if unit_offset else ())
         return fn(x, residual, weight, eps, True) if unit_offset else fn(x, residual, weight, eps)
 
     def qk_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
@@ -182,7 +181,8 @@ class Dispatcher:
         return fn(x, weight, eps, True) if unit_offset else fn(x, weight, eps)
 
     def layer_norm(self, x, weight, bias, eps: float = 1e-5):
-        return self._rows_fn("norm.layer", x)(x, weight, bias, eps)
+        """bias None: a LayerNorm without a bias (its own signature, flag no_bias)."""
+        return self._rows_fn("norm.layer", x, NO_BIAS if bias is None else ())(x, weight, bias, eps)
 
     def embedding(self, ids, table, scale: float | None = None):
         """table[ids] (ids int64), times scale rounded to the table's dtype when given (Gemma's sqrt(hidden))."""
@@ -236,7 +236,7 @@ class Dispatcher:
                "linear": "linear", "recurrent.gated_deltanet": "gated_deltanet"}
     # methods whose kernel their first argument alone decides
     ROW_OPS = {method: op for op, method in METHODS.items()
-               if op in ("norm.layer", "posenc.learned", "act.swiglu", "act.geglu", "act.gelu", "act.sigmoid_gate")}
+               if op in ("posenc.learned", "act.swiglu", "act.geglu", "act.gelu", "act.sigmoid_gate")}
 
     def kernel_for(self, op: str, *args, **kwargs) -> str:
         """The kernel id a call of `op` ('attention', 'rms_norm', ...) with these args would use."""
@@ -245,9 +245,11 @@ class Dispatcher:
         lookups = {  # each mirrors its method's parameters
             "attention": lambda q, k, v, causal=True, scale=None, window=0, softcap=0.0, qk_norm=False:
                 self._attention_fn(q, k, v, causal, window, softcap, qk_norm),
-            "rms_norm": lambda x, weight, eps=None, unit_offset=False: self._rows_fn("norm.rms", x, unit_offset),
+            "rms_norm": lambda x, weight, eps=None, unit_offset=False:
+                self._rows_fn("norm.rms", x, UNIT_OFFSET if unit_offset else ()),
             "rms_norm_add": lambda x, residual, weight, eps=None, unit_offset=False:
-                self._rows_fn("norm.rms_add", x, unit_offset),
+                self._rows_fn("norm.rms_add", x, UNIT_OFFSET if unit_offset else ()),
+            "layer_norm": lambda x, weight, bias, eps=None: self._rows_fn("norm.layer", x, NO_BIAS if bias is None else ()),
             "qk_norm": lambda x, weight, eps=None, unit_offset=False: self._qk_norm_fn(x, unit_offset),
             "embedding": lambda ids, table, scale=None: self._embedding_fn(ids, table, scale),
             "rope": lambda q, k, cos, sin, interleaved=False: self._rope_fn(q, k, interleaved),

@@ -52,7 +52,8 @@ OPS: dict[str, OpSchema] = {
         OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm"),
         OpSchema("norm.rms_add", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add"),
         OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm"),
-        OpSchema("norm.layer", ("hidden",), (), ("tokens",), "eager.layer_norm"),
+        # no_bias: LayerNorm without a bias (Cohere, StableLM-2 variants): bias None in the call
+        OpSchema("norm.layer", ("hidden",), ("no_bias",), ("tokens",), "eager.layer_norm"),
         OpSchema("posenc.rope", ("hq", "hkv", "d", "layout"), (), ("tokens",), "eager.rope"),
         OpSchema("posenc.learned", ("hidden",), (), ("tokens",), "eager.learned_positions"),
         OpSchema("embedding", ("vocab", "hidden"), ("scaled",), ("tokens",), "eager.embedding"),
@@ -243,7 +244,7 @@ def example_args(sig: Signature, dims: dict, device) -> tuple:
     if sig.op == "norm.qk":
         return randn(tokens, s["heads"], s["d"]), randn(s["d"]), 1e-6, unit_offset
     if sig.op == "norm.layer":
-        return randn(tokens, s["hidden"]), randn(s["hidden"]), randn(s["hidden"]), 1e-5
+        return randn(tokens, s["hidden"]), randn(s["hidden"]), None if "no_bias" in sig.flags else randn(s["hidden"]), 1e-5
     if sig.op == "posenc.rope":
         return (randn(1, s["hq"], tokens, s["d"]), randn(1, s["hkv"], tokens, s["d"]), randn(1, tokens, s["d"]),
                 randn(1, tokens, s["d"]), s["layout"] == "interleaved")

@@ -122,6 +122,8 @@ def test_tune_and_replay_a_tiny_model_of_a_type_no_walker_knows(tmp_path, model_
         assert any("window=8" in e["signature"] for e in table["ops"]), "sliding layers tuned as such"
     if model_type == "gemma2":
         assert any("softcap=" in e["signature"] for e in table["ops"])
+    if model_type == "cohere":  # its LayerNorm has no bias: a signature of its own, kernels gated for it
+        assert {e["signature"] for e in table["ops"] if e["op"] == "norm.layer"} == {"norm.layer[hidden=64,no_bias,fp32]"}
 
     # the real client: the same model in transformers, attention served by the table, against fp32 eager
     torch.manual_seed(0)

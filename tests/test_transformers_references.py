@@ -93,6 +93,45 @@ def test_gemma3_unit_offset_norms(dtype):
     close(CONTRACTS["norm.rms"].reference(x.float(), weight.float(), 1e-6, True), expected.float(), tol)
 
 
+def test_cohere_layer_norm_without_bias():
+    cohere = pytest.importorskip("transformers.models.cohere.modeling_cohere")
+    norm = cohere.CohereLayerNorm(48, eps=1e-5, bias=False)
+    norm.weight.data = near(48, 1.0)
+    x = torch.randn(2, 5, 48)
+    expected = norm(x)
+    for kernel_id in ("eager.layer_norm", "torch.layer_norm"):
+        close(impl(kernel_id)(x, norm.weight.data, None, 1e-5), expected)
+    close(CONTRACTS["norm.layer"].reference(x, norm.weight.data, None, 1e-5), expected)
+
+
+def test_olmo2_qk_norm_over_the_whole_projection():
+    """OLMo 2 norms q and k over all heads at once: capture tunes it as norm.qk with one head of
+    width heads x head_dim."""
+    olmo2 = pytest.importorskip("transformers.models.olmo2.modeling_olmo2")
+    norm = olmo2.Olmo2RMSNorm(64, eps=1e-6)
+    norm.weight.data = near(64, 1.0)
+    q = torch.randn(2, 5, 64)  # q_proj's output: 4 heads x 16
+    expected = norm(q)
+    for kernel_id in ("eager.qk_norm", "torch.qk_norm"):
+        close(impl(kernel_id)(q[..., None, :], norm.weight.data, 1e-6)[..., 0, :], expected)
+
+
+def test_partial_rotary_is_phis():
+    """Phi (and StableLM, GPT-NeoX) rotate the first rotary_dim dims of each head and pass the rest
+    through; capture sees apply_rotary_pos_emb called on the rotated part, so the rope op's d is it."""
+    phi = pytest.importorskip("transformers.models.phi.modeling_phi")
+    config = phi.PhiConfig(hidden_size=64, num_attention_heads=2, partial_rotary_factor=0.5)
+    head_dim, rotary = 32, 16
+    q, k = torch.randn(1, 2, 7, head_dim), torch.randn(1, 2, 7, head_dim)
+    position_ids = torch.arange(7)[None]
+    cos, sin = phi.PhiRotaryEmbedding(config)(q, position_ids)
+    assert cos.shape[-1] == rotary
+    q_rot, k_rot = phi.apply_rotary_pos_emb(q[..., :rotary], k[..., :rotary], cos, sin)
+    got_q, got_k = Dispatcher().rope(q[..., :rotary].contiguous(), k[..., :rotary].contiguous(), cos, sin)
+    close(got_q, q_rot)
+    close(got_k, k_rot)
+
+
 # --- activations -------------------------------------------------------------------
 def test_gemma3_geglu_mlp():
     gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")

@@ -428,7 +428,8 @@ def _observer(name: str, kind: Kind, rec: _Recorder):
             rec.events.append(Event(kind.op, name, _sig(rows_call(kind.op, output)), (), rec.tensor(output)))
         elif kind.op.startswith("norm"):
             rec.events.append(Event(kind.op, name, None, (rec.tensor(x),), rec.tensor(output),
-                                    {"x": x, "unit_offset": kind.unit_offset}))
+                                    {"x": x, "unit_offset": kind.unit_offset,
+                                     "no_bias": getattr(module, "bias", None) is None}))
         elif kind.op == "act":
             rec.act_outputs.add(rec.tensor(output))
             rec.events.append(Event("act", name, None, (rec.tensor(x),), id(output), {"x": x, "act": kind.act}))
@@ -490,7 +491,7 @@ def _resolve(rec: _Recorder) -> list[Event]:
                 flags = ("unit_offset",) if e.extra["unit_offset"] else ()
                 e = replace(e, op=op, sig=_sig(rows_call(op, x, flags)))
             else:
-                e = replace(e, sig=_sig(rows_call("norm.layer", x)),
+                e = replace(e, sig=_sig(rows_call("norm.layer", x, ("no_bias",) if e.extra["no_bias"] else ())),
                             extra={**e.extra, "after_sum": e.inputs[0] in rec.sums})
         elif e.op == "linear" and (i := _sibling(out, e)) is not None:
             first = out[i]  # one GEMM over the concatenated weights, as servers run q/k/v and gate/up

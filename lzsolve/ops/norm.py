@@ -6,7 +6,7 @@ x + residual); kernels may write both results into the storage of x and residual
 serving engines do (vLLM's fused_add_rms_norm, FlashInfer's fused_add_rmsnorm).
 norm.qk: rms over each head of x (tokens, heads, d) with one weight (d,) for every head
 (Qwen3's and Gemma 3's q_norm / k_norm).
-norm.layer: (x - mean) / sqrt(var + eps) * weight + bias.
+norm.layer: (x - mean) / sqrt(var + eps) * weight + bias (no bias under the flag no_bias).
 
 unit_offset (Gemma, Qwen3.5): the RMS norms scale by (1 + weight), whose trained weights sit
 near 0; the canonical call appends True as a last argument only when the signature sets it.
@@ -50,7 +50,7 @@ def qk_inputs(sig, dims, device, gen):
 
 
 def layer_inputs(sig, dims, device, gen):
-    bias = randn((sig.dim("hidden"),), sig, device, gen, scale=0.1)
+    bias = None if "no_bias" in sig.flags else randn((sig.dim("hidden"),), sig, device, gen, scale=0.1)
     return _x(sig, dims, device, gen), _weight(sig, sig.dim("hidden"), device, gen), bias, EPS
 
 
@@ -66,7 +66,8 @@ def rms_add(x, residual, weight, eps, unit_offset=False):
 def layer(x, weight, bias, eps):
     mean = x.mean(-1, keepdim=True)
     var = (x - mean).pow(2).mean(-1, keepdim=True)
-    return (x - mean) * torch.rsqrt(var + eps) * weight + bias
+    out = (x - mean) * torch.rsqrt(var + eps) * weight
+    return out if bias is None else out + bias
 
 
 def flops(per_element: float):

@@ -45,7 +45,7 @@ SPECS = [
                head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET, graph_safe=True, deterministic=True,
                notes="F.rms_norm over each head"),
     KernelSpec("torch.layer_norm", frozenset({"norm.layer"}), "torch", layer_norm,
-               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+               platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"no_bias"}), graph_safe=True, deterministic=True),
     KernelSpec("torch.linear", frozenset({"linear"}), "torch", linear, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"bias"}), graph_safe=True, notes="cuBLAS on CUDA, oneDNN/MKL on CPU"),
     KernelSpec("torch.embedding", frozenset({"embedding"}), "torch", embedding, platforms=BOTH, dtypes=ALL_DTYPES,

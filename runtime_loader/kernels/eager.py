@@ -59,10 +59,12 @@ def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
 
 
 def layer_norm(x, weight, bias, eps: float):
+    """bias None: LayerNorm without a bias (Cohere, OLMo)."""
     xf = x.float()
     mean = xf.mean(-1, keepdim=True)
     xf = (xf - mean) * torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + eps)
-    return xf.to(x.dtype) * weight + bias
+    out = xf.to(x.dtype) * weight
+    return out if bias is None else out + bias
 
 
 def rotate(x, interleaved: bool):
@@ -162,7 +164,7 @@ SPECS = [
     KernelSpec("eager.qk_norm", frozenset({"norm.qk"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("eager.layer_norm", frozenset({"norm.layer"}), "torch", layer_norm,
-               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+               platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"no_bias"}), graph_safe=True, deterministic=True),
     KernelSpec("eager.rope", frozenset({"posenc.rope"}), "torch", rope,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY, head_dim_multiple=2,
                features=frozenset({"gqa", "rope_split_half", "rope_interleaved"}),

@@ -23,7 +23,6 @@ share of the parameters, never dropped silently.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -40,6 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
                                 qk_norm_call, rope_call, rows_call)
 
+from runtime_loader.integrations.modules import Kind, classify
+
 from ..errors import LzError
 from .catalogue import CATALOGUE
 from .spec import read_config, refuse_unsupported
@@ -49,13 +50,6 @@ from .walker import OpInstance
 BATCH, PREFILL_SEQ = 3, 7
 NAME = "lzsolve_capture"
 
-# what a norm or activation module computes, tried on random inputs (fp32, CPU)
-ACTIVATIONS = {
-    "silu": F.silu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-    "relu": F.relu,
-}
 GATED_OPS = {"silu": "act.swiglu", "gelu_tanh": "act.geglu"}  # act(gate) * up
 PLAIN_OPS = {"gelu_tanh": "act.gelu"}
 ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
@@ -147,105 +141,6 @@ def build_meta_model(text, dtype: str):
                 raise
             model = AutoModelForCausalLM.from_config(text, dtype=DTYPES[dtype], attn_implementation="sdpa")
     return model.eval()
-
-
-# --- classifying modules by what they compute --------------------------------------------------------
-
-@dataclass(frozen=True)
-class Kind:
-    op: str  # linear, embedding, norm.rms, norm.layer, act
-    unit_offset: bool = False
-    act: str = ""  # for act: a key of ACTIVATIONS
-    scale: bool = False  # embedding times a scale (Gemma)
-
-
-def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
-    clone = copy.deepcopy(module).to_empty(device="cpu").float()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in clone.parameters(recurse=False):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-    return clone
-
-
-def _close(a, b) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5))
-
-
-def _eps(module) -> float:
-    return next((float(getattr(module, a)) for a in ("variance_epsilon", "eps", "epsilon")
-                 if isinstance(getattr(module, a, None), float)), 1e-6)
-
-
-def _classify_norm(module) -> Kind | None:
-    weight = getattr(module, "weight", None)
-    shape = weight.shape if isinstance(weight, torch.Tensor) else getattr(module, "normalized_shape", None)
-    if not isinstance(shape, tuple) or len(shape) != 1 or any(True for _ in module.children()):
-        return None
-    width, eps = shape[0], _eps(module)
-    gen = torch.Generator().manual_seed(1)
-    x, gate = torch.randn(3, width, generator=gen) * 2 + 0.3, torch.randn(3, width, generator=gen)
-    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    try:
-        clone = _cpu_copy(module)
-        y = clone(x)
-    except TypeError:  # forward(x, gate): a norm gated by silu(gate) (Qwen3.5's Gated DeltaNet output)
-        try:
-            y = clone(x, gate)
-        except Exception:  # noqa: BLE001
-            return None
-        return Kind("norm.rms_gated") if _close(y, rms * clone.weight * F.silu(gate)) else None
-    except Exception:  # noqa: BLE001 - a module that cannot run on its own is not a norm we know
-        return None
-    if not isinstance(y, torch.Tensor):
-        return None
-    w, b = getattr(clone, "weight", None), getattr(clone, "bias", None)
-    if w is not None and _close(y, rms * w):
-        return Kind("norm.rms")
-    if w is not None and _close(y, rms * (1 + w)):
-        return Kind("norm.rms", unit_offset=True)
-    if _close(y, F.layer_norm(x, (width,), w, b, eps)):
-        return Kind("norm.layer")
-    return None
-
-
-def _classify_activation(module) -> Kind | None:
-    if any(True for _ in module.parameters()) or any(True for _ in module.children()):
-        return None
-    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2)) * 3
-    try:
-        y = copy.deepcopy(module).to("cpu")(x)
-    except Exception:  # noqa: BLE001
-        return None
-    for name, fn in ACTIVATIONS.items():
-        if isinstance(y, torch.Tensor) and _close(y, fn(x)):
-            return Kind("act", act=name)
-    return None
-
-
-def _is_linear(module) -> bool:
-    from transformers.pytorch_utils import Conv1D
-    return isinstance(module, (torch.nn.Linear, Conv1D))
-
-
-def classify(model) -> dict[str, Kind]:
-    """Module name -> what it computes, for every module an op covers (one probe per class)."""
-    by_class: dict[type, Kind | None] = {}
-    kinds = {}
-    for name, module in model.named_modules():
-        if _is_linear(module):
-            kinds[name] = Kind("linear")
-        elif module is model.get_input_embeddings():
-            kinds[name] = Kind("embedding", scale=getattr(module, "embed_scale", None) is not None)
-        elif isinstance(module, torch.nn.Embedding):  # another table indexed by position (GPT-2's wpe)
-            kinds[name] = Kind("posenc.learned")
-        else:
-            cls = type(module)
-            if cls not in by_class:
-                by_class[cls] = _classify_norm(module) or _classify_activation(module)
-            if by_class[cls] is not None:
-                kinds[name] = by_class[cls]
-    return kinds
 
 
 # --- recording ----------------------------------------------------------------------------------

@@ -33,11 +33,11 @@ CASES = [
 ]
 # method -> (the dispatcher's lookup for the call, its arguments, the kernel's own arguments)
 LOOKUP = {
-    "rms_norm": lambda d, a: (d._rows_fn, ("norm.rms", a[0], a[3]), a[:3]),
-    "swiglu": lambda d, a: (d._rows_fn, ("act.swiglu", a[0]), a),
-    "linear": lambda d, a: (d._linear_fn, a[:3], a),
-    "rope": lambda d, a: (d._rope_fn, (a[0], a[1], a[4]), a),
-    "attention": lambda d, a: (d._attention_fn, (*a[:4], *a[5:]), a[:5]),  # no window/softcap: the plain call
+    "rms_norm": lambda d, a: (d._rows_entry, ("norm.rms", a[0]), a[:3]),
+    "swiglu": lambda d, a: (d._rows_entry, ("act.swiglu", a[0]), a),
+    "linear": lambda d, a: (d._linear_entry, a[:3], a),
+    "rope": lambda d, a: (d._rope_entry, (a[0], a[1], a[4]), a),
+    "attention": lambda d, a: (d._attention_entry, (*a[:4], *a[5:]), a[:5]),  # no window/softcap: the plain call
 }
 
 

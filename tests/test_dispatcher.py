@@ -175,7 +175,7 @@ def test_warm_up_calls_every_new_method(tmp_path):
     d = runtime_loader.load(write(tmp_path, raw), strict=True)
     assert d.warmup(strict=True) == 2 * len(sigs), "the smallest and largest grid point of each leaf"
     for sig, kernel_id in sigs.items():  # each warm-up call resolved its table entry, not a fallback
-        assert {d._ids[fn] for fn in d._caches[sig.op].values()} == {kernel_id}
+        assert {e.kernel_id for e in d._caches[sig.op].values()} == {kernel_id}
 
 
 def test_chunked_prefill_window_follows_the_causal_diagonal():
@@ -189,3 +189,36 @@ def test_chunked_prefill_window_follows_the_causal_diagonal():
     softcapped = d.attention(q, k, v, causal=True, window=2, softcap=30.0)  # the reference serves it
     torch.testing.assert_close(softcapped, registry.get("eager.attention").impl(q, k, v, True, None, 2, 30.0))
     assert torch.isfinite(softcapped).all()
+
+
+def test_stats_count_calls_per_op_and_kernel(d):
+    w = torch.randn(64)
+    for _ in range(3):
+        d.rms_norm(torch.randn(2, 64), w)  # 2 tokens: the tree's torch.rms_norm
+    d.rms_norm(torch.randn(9, 64), w)  # 9 tokens: eager.rms_norm
+    d.rms_norm(torch.randn(4, 32), torch.randn(32))  # no signature: the fallback
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    d.attention(q, k, k, causal=True)
+    d.kernel_for("rms_norm", torch.randn(2, 64), w)  # asking is not calling
+    assert d.stats() == {"norm.rms": {"torch.rms_norm": 3, "eager.rms_norm": 1, "eager.rms_norm (fallback)": 1},
+                         "attention.prefill": {"sdpa.math": 1}}
+    d.clear_cache()  # counts outlive the cache
+    d.rms_norm(torch.randn(2, 64), w)
+    assert d.stats()["norm.rms"]["torch.rms_norm"] == 4
+
+
+def test_stats_are_exact_under_threads(d):
+    import threading
+    w, x = torch.randn(64), torch.randn(2, 64)
+    d.rms_norm(x, w)
+
+    def work():
+        for _ in range(2000):
+            d.rms_norm(x, w)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert d.stats()["norm.rms"]["torch.rms_norm"] == 8001

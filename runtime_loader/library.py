@@ -42,12 +42,32 @@ def _(q, k, v, causal, scale, qk_norm=False, window=0, softcap=0.0):
 
 
 @torch.library.custom_op("lzsolve::rms_norm", mutates_args=())
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return _active.rms_norm(x, weight, eps)
+def rms_norm(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) -> Tensor:
+    return _active.rms_norm(x, weight, eps, unit_offset)
 
 
 @rms_norm.register_fake
-def _(x, weight, eps):
+def _(x, weight, eps, unit_offset=False):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("lzsolve::qk_norm", mutates_args=())
+def qk_norm(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) -> Tensor:
+    return _active.qk_norm(x, weight, eps, unit_offset)
+
+
+@qk_norm.register_fake
+def _(x, weight, eps, unit_offset=False):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("lzsolve::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    return _active.layer_norm(x, weight, bias, eps)
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
     return torch.empty_like(x)
 
 
@@ -69,6 +89,26 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 @swiglu.register_fake
 def _(gate, up):
     return torch.empty_like(gate)
+
+
+@torch.library.custom_op("lzsolve::geglu", mutates_args=())
+def geglu(gate: Tensor, up: Tensor) -> Tensor:
+    return _active.geglu(gate, up)
+
+
+@geglu.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op("lzsolve::gelu", mutates_args=())
+def gelu(x: Tensor) -> Tensor:
+    return _active.gelu(x)
+
+
+@gelu.register_fake
+def _(x):
+    return torch.empty_like(x)
 
 
 @torch.library.custom_op("lzsolve::linear", mutates_args=())

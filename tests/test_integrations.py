@@ -110,3 +110,75 @@ def test_sliding_window_layers_go_through_the_table(counting):
     model.set_attn_implementation("lzsolve")
     assert torch.equal(model.generate(ids, max_new_tokens=12, do_sample=False), expected)
     assert counting.calls > 2 + 2 * 11 - 1, "decode steps served by the table too"
+
+
+# --- patch: every module the table serves --------------------------------------------------------
+def llama_of(config: dict):
+    torch.manual_seed(5)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+
+
+@pytest.fixture
+def restore_active():
+    yield
+    runtime_loader.library.activate(Dispatcher(None))
+
+
+def test_patch_serves_attention_norms_rope_mlp_and_linears_from_the_table(tiny_llama_artifact, restore_active):
+    from runtime_loader.integrations.transformers import patch
+    from tests.test_cli import TINY_LLAMA
+
+    model = llama_of(TINY_LLAMA)
+    ids = torch.randint(0, 1000, (1, 13))
+    ref = logits(model, "sdpa", ids)
+    d = runtime_loader.load(tiny_llama_artifact, strict=True)
+    report = patch(model, d)
+    assert {"LlamaMLP", "LlamaRMSNorm", "Linear", "apply_rotary_pos_emb"} <= set(report.replaced)
+    assert report.replaced["LlamaRMSNorm"] == 5 and "Embedding" in report.left
+    with torch.no_grad():
+        out = model(ids).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    served = {op for op, kernels in d.stats().items() if any("(fallback)" not in k for k in kernels)}
+    assert {"attention.prefill", "norm.rms", "posenc.rope", "act.swiglu", "linear"} <= served, d.stats()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_patched_generation_with_padding_equals_unpatched(family, restore_active):
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(6)
+    model = tiny(family)
+    ids = torch.randint(1, 128, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding: attention takes SDPA, the other modules the dispatcher
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        expected = model.generate(ids, **kw)
+        d = Dispatcher(None)
+        patch(model, d)
+        got = model.generate(ids, **kw)
+    assert torch.equal(got, expected)
+    stats = d.stats()
+    assert {"norm.rms", "posenc.rope", "act.swiglu", "linear"} <= set(stats)
+    assert ("norm.qk" in stats) == (family == "qwen3")
+
+
+def test_patched_model_compiles_with_fullgraph(restore_active):
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(7)
+    model = tiny("llama")
+    ids = torch.randint(0, 128, (1, 16))
+    ref = logits(model, "sdpa", ids)
+    d = Dispatcher(None)
+    patch(model, d)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
+    before = d.stats()
+    with torch.no_grad():
+        out = compiled(ids).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    after = d.stats()
+    for op in ("norm.rms", "linear", "act.swiglu", "posenc.rope", "attention.prefill"):
+        assert sum(after[op].values()) > sum(before.get(op, {}).values()), f"{op} runs through torch.ops.lzsolve"

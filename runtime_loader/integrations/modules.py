@@ -44,7 +44,8 @@ def _close(a, b) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-4, atol=1e-5))
 
 
-def _eps(module) -> float:
+def eps_of(module) -> float:
+    """A norm module's epsilon, under the attribute names transformers uses."""
     return next((float(getattr(module, a)) for a in ("variance_epsilon", "eps", "epsilon")
                  if isinstance(getattr(module, a, None), float)), 1e-6)
 
@@ -54,7 +55,7 @@ def _classify_norm(module) -> Kind | None:
     shape = weight.shape if isinstance(weight, torch.Tensor) else getattr(module, "normalized_shape", None)
     if not isinstance(shape, tuple) or len(shape) != 1 or any(True for _ in module.children()):
         return None
-    width, eps = shape[0], _eps(module)
+    width, eps = shape[0], eps_of(module)
     gen = torch.Generator().manual_seed(1)
     x, gate = torch.randn(3, width, generator=gen) * 2 + 0.3, torch.randn(3, width, generator=gen)
     rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)

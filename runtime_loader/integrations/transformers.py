@@ -1,6 +1,11 @@
-"""Hugging Face transformers: the Dispatcher as an attention implementation.
+"""Hugging Face transformers: the Dispatcher serving a model's modules.
 
-    from runtime_loader.integrations.transformers import register
+    from runtime_loader.integrations.transformers import patch
+    report = patch(model, d)             # attention, norms, RoPE, MLP activation, linears
+    print(report)                        # what was replaced and what was left, by class
+
+or, for attention alone:
+
     register(d)                          # name "lzsolve"
     model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="lzsolve")
 
@@ -18,10 +23,16 @@ calls take the SDPA path (same results, not the table).
 """
 from __future__ import annotations
 
+import sys
+import types
+from collections import Counter
+from dataclasses import dataclass, field
+
 import torch
 
 from ..dispatcher import Dispatcher
 from .. import library
+from .modules import Kind, classify, eps_of
 
 NAME = "lzsolve"
 
@@ -50,8 +61,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal, window, softcap, qk_norm = call
-    out = library.attention(query, key, value, causal, scaling, qk_norm, window, softcap)
+    out = _ops().attention(query, key, value, causal, scaling, window=window, softcap=softcap, qk_norm=qk_norm)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _ops():
+    """torch.compile: the custom ops (one opaque graph node each); eager: the active Dispatcher's
+    methods themselves, which skip the custom-op dispatch (microseconds per call)."""
+    return torch.ops.lzsolve if torch.compiler.is_compiling() else library.active()
 
 
 def _is_causal_window(mask_function, window: int) -> bool:
@@ -98,3 +115,163 @@ def register(dispatcher: Dispatcher, name: str = NAME) -> str:
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, causal_or_sdpa_mask)
     return name
+
+
+# --- patch: every module the table serves ------------------------------------------------------------
+# Forwards bound to module instances: each computes what the module's own forward computes
+# (norms and activations were classified by running them; MLPs are checked by running both
+# forwards once on the model's own weights), through the table.
+
+def _rms_forward(self, x):
+    return _ops().rms_norm(x, self.weight, self._lzsolve_eps, self._lzsolve_unit_offset)
+
+
+def _qk_norm_forward(self, x):
+    # q_norm / k_norm: per head on (..., heads, d); over the whole projection (OLMo 2) on (..., d)
+    if x.shape[-1] == self.weight.shape[-1] and x.dim() == 4:
+        return _ops().qk_norm(x, self.weight, self._lzsolve_eps, self._lzsolve_unit_offset)
+    return _ops().qk_norm(x.unsqueeze(-2), self.weight, self._lzsolve_eps, self._lzsolve_unit_offset).squeeze(-2)
+
+
+def _layer_norm_forward(self, x):
+    return _ops().layer_norm(x, self.weight, self.bias, self._lzsolve_eps)
+
+
+def _linear_forward(self, x):
+    return _ops().linear(x, self.weight, self.bias)
+
+
+def _gelu_forward(self, x):
+    return _ops().gelu(x)
+
+
+GATED = {"silu": "swiglu", "gelu_tanh": "geglu"}  # act(gate) * up
+
+
+def _gated_mlp_forward(self, x):
+    gated = getattr(_ops(), self._lzsolve_gated)
+    return self.down_proj(gated(self.gate_proj(x), self.up_proj(x)))
+
+
+def _fused_gated_mlp_forward(self, x):  # Phi-3: one gate_up projection, halves gate and up
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    return self.down_proj(getattr(_ops(), self._lzsolve_gated)(gate, up))
+
+
+def _rope_function(original):
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        # the common form: q, k (batch, heads, seq, d), cos/sin (batch or 1, seq, d), unsqueezed at dim 1
+        plain = (not args and kwargs.get("unsqueeze_dim", 1) == 1 and set(kwargs) <= {"unsqueeze_dim"}
+                 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1])
+        if not plain:
+            return original(q, k, cos, sin, *args, **kwargs)
+        return _ops().rope(q, k, cos, sin, False)
+    apply_rotary_pos_emb.lzsolve_original = original
+    return apply_rotary_pos_emb
+
+
+@dataclass
+class PatchReport:
+    """What patch() replaced and what it left, as module class -> count (functions by name)."""
+    replaced: Counter = field(default_factory=Counter)
+    left: dict[str, str] = field(default_factory=dict)  # class -> why
+
+    def __str__(self) -> str:
+        lines = ["replaced: " + ", ".join(f"{name} x{n}" for name, n in sorted(self.replaced.items()))]
+        lines += [f"left: {name}: {why}" for name, why in sorted(self.left.items())]
+        return "\n".join(lines)
+
+
+def _bind(module, forward, report: PatchReport, **attrs) -> None:
+    for name, value in attrs.items():
+        setattr(module, f"_lzsolve_{name}", value)
+    module.forward = types.MethodType(forward, module)
+    report.replaced[type(module).__name__] += 1
+
+
+def _mlp_form(module, kinds: dict, name: str):
+    """(forward, gated op) when the module is a gated MLP of a form we serve, else None."""
+    act = kinds.get(f"{name}.act_fn") or kinds.get(f"{name}.activation_fn")
+    if act is None or act.op != "act" or act.act not in GATED:
+        return None
+    if all(isinstance(getattr(module, a, None), torch.nn.Linear) for a in ("gate_proj", "up_proj", "down_proj")):
+        return _gated_mlp_forward, GATED[act.act]
+    if all(isinstance(getattr(module, a, None), torch.nn.Linear) for a in ("gate_up_proj", "down_proj")):
+        return _fused_gated_mlp_forward, GATED[act.act]
+    return None
+
+
+def _same(module, forward, gated: str) -> bool:
+    """Whether `forward` computes what the module's own forward does, on one token through the
+    module's own weights (meta weights cannot be run: the form is trusted there)."""
+    weight = next(module.parameters())
+    if weight.is_meta:
+        return True
+    x = torch.randn(1, 1, weight.shape[-1], device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        expected = type(module).forward(module, x)
+        module._lzsolve_gated = gated
+        got = forward(module, x)
+    tol = 1e-5 if weight.dtype == torch.float32 else 2e-2
+    return expected.shape == got.shape and bool(torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol))
+
+
+def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
+    """Serve every module of `model` the table covers from `dispatcher` (made the active one):
+    attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
+    QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
+    apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
+    activations and nn.Linear layers, lm_head included. Calls outside the table take each op's
+    PyTorch fallback, which computes what the module did. Works eagerly and under
+    torch.compile(fullgraph=True) (through torch.ops.lzsolve). Returns what it replaced and what
+    it left, by class. The RoPE function is replaced in the modelling module, so other models of
+    that module in this process call the dispatcher too (with the same results)."""
+    register(dispatcher, name)
+    model.set_attn_implementation(name)
+    report = PatchReport()
+    kinds = classify(model)
+    mlp_parts: set[str] = set()
+    for module_name, module in model.named_modules():
+        form = _mlp_form(module, kinds, module_name)
+        if form is None:
+            continue
+        forward, gated = form
+        if _same(module, forward, gated):
+            _bind(module, forward, report, gated=gated)
+            mlp_parts.add(f"{module_name}.act_fn")
+            mlp_parts.add(f"{module_name}.activation_fn")
+        else:
+            report.left[type(module).__name__] = "its forward is not down(act(gate(x)) * up(x))"
+    for module_name, module in model.named_modules():
+        kind: Kind | None = kinds.get(module_name)
+        cls = type(module).__name__
+        if kind is None or module_name in mlp_parts:
+            continue
+        if kind.op == "linear":
+            if isinstance(module, torch.nn.Linear):
+                _bind(module, _linear_forward, report)
+            else:
+                report.left[cls] = "stores its weight as (in, out) (Conv1D)"
+        elif kind.op == "norm.rms":
+            qk = module_name.rsplit(".", 1)[-1] in ("q_norm", "k_norm")
+            _bind(module, _qk_norm_forward if qk else _rms_forward, report, eps=eps_of(module),
+                  unit_offset=kind.unit_offset)
+        elif kind.op == "norm.layer":
+            if getattr(module, "weight", None) is None:
+                report.left[cls] = "a LayerNorm without a weight"
+            else:
+                _bind(module, _layer_norm_forward, report, eps=eps_of(module))
+        elif kind.op == "act" and kind.act == "gelu_tanh":
+            _bind(module, _gelu_forward, report)
+        else:
+            report.left[cls] = {"embedding": "embeddings are left to torch",
+                                "posenc.learned": "learned positions are left to torch",
+                                "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(
+                                    kind.op, f"no serving forward for {kind.op}")
+    for module in {sys.modules.get(type(m).__module__) for m in model.modules()}:
+        original = getattr(module, "apply_rotary_pos_emb", None)
+        if callable(original):
+            if not hasattr(original, "lzsolve_original"):  # not patched already
+                setattr(module, "apply_rotary_pos_emb", _rope_function(original))
+            report.replaced["apply_rotary_pos_emb"] += 1
+    return report

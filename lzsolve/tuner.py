@@ -187,7 +187,10 @@ def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
         return {}
     rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? AND stage <> 'capability' "
                    "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
-                   "AND run_id NOT LIKE 'eval-%' ORDER BY ts", [recorder.hw_slug, recorder.timer])
+                   "AND run_id NOT LIKE 'eval-%' ORDER BY run_id, ts DESC", [recorder.hw_slug, recorder.timer])
+    # the latest run's record of each key (a --fresh run supersedes older ones), and within a run
+    # its first: a validation shape that lands on a bucket times it again, and a rerun must see
+    # the bucket time its first run solved from, or it plans other probes and re-measures
     return {(r["signature"], r["kernel_id"], r["kernel_version"], r["dims"]): r for r in rows}
 
 

@@ -1,0 +1,316 @@
+"""A Hugging Face causal LM end to end: SDPA, Liger, torch.compile and lzsolve's dispatch table.
+
+Random-weight models of --layers layers. Columns: sdpa; liger (apply_liger_kernel_to_<family>
+on a copy); compile (torch.compile of the sdpa model); lzsolve (runtime_loader.load of
+ARTIFACTS/<model>, register(d), attn_implementation="lzsolve", patch(model, d) where it exists).
+Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
+then decode steps over a DynamicCache, one explicit loop for every variant). Each variant is
+checked against sdpa first; a prefill row that disagrees is FAILED and not timed.
+
+    python benchmarks/hf_end_to_end.py --write-configs cfg  # then lzsolve tune --config cfg/<model> --out art/<model>
+    python benchmarks/hf_end_to_end.py --artifacts art --out e2e.json [--profile [--trace]]
+    python benchmarks/hf_end_to_end.py --tiny --device cpu --reps 2 --warmup 1   # smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import inspect
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import transformers
+from torch.profiler import ProfilerActivity, profile as torch_profile
+from transformers import AutoModelForCausalLM, DynamicCache
+
+import runtime_loader
+from runtime_loader import library
+from runtime_loader.integrations import transformers as lz_hf
+
+GQA = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+MODELS = {  # name -> (config class, shape, Liger family)
+    "llama3-8b": ("LlamaConfig", dict(GQA, hidden_size=4096, intermediate_size=14336, vocab_size=128256,
+                                      rope_theta=500000.0), "llama"),
+    "qwen3-8b": ("Qwen3Config", dict(GQA, hidden_size=4096, intermediate_size=12288, vocab_size=151936), "qwen3"),
+    "gemma3": ("Gemma3TextConfig", dict(hidden_size=2560, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                                        intermediate_size=10240, vocab_size=262144, sliding_window=1024),
+               "gemma3_text"),
+    "mistral": ("MistralConfig", dict(GQA, hidden_size=4096, intermediate_size=14336, vocab_size=32000,
+                                      sliding_window=4096), "mistral"),
+}
+# initializer_range 0.02 * sqrt(4096 / 64): attention scores as spread as the full-size models' (at 0.02
+# they are near uniform, and the check against sdpa would pass a wrong attention)
+TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+            vocab_size=256, initializer_range=0.16)
+SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000, 0), "b3s777": (3, 777, 0),
+             "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128)}  # name -> (batch, prompt tokens, decode steps)
+TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
+                  "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
+VARIANTS = ("sdpa", "liger", "compile", "lzsolve")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's
+
+
+def build(name: str, args, device, dtype):
+    cls, shape, _ = MODELS[name]
+    if args.tiny:
+        shape = dict(shape, **TINY, **({"sliding_window": 8} if "sliding_window" in shape else {}))
+    config = getattr(transformers, cls)(**shape, num_hidden_layers=args.layers, max_position_embeddings=8192)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+
+
+def prefill(model, ids, keep):
+    return model(input_ids=ids, use_cache=False, **keep).logits[:, -1].float()
+
+
+def generate(model, ids, steps, keep):
+    cache, tokens = DynamicCache(config=model.config), [ids]
+    for _ in range(steps + 1):  # the prefill's token, then one per decode step
+        logits = model(input_ids=tokens[-1], past_key_values=cache, use_cache=True, **keep).logits
+        tokens.append(logits[:, -1].argmax(-1, keepdim=True))
+    return torch.cat(tokens[1:], dim=1)
+
+
+def timed_ms(fn, warmup: int, reps: int, device) -> dict:
+    """One sample per run of the whole scenario: CUDA events on CUDA, perf_counter on CPU."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(begin.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+    p10, *_, p90 = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples * 2
+    median = statistics.median(samples)
+    return {"median_ms": median, "min_ms": min(samples), "spread": (p90 - p10) / median, "samples": samples}
+
+
+def profile(fn, device, label: str, trace: str | None) -> dict:
+    cuda = device.type == "cuda"
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(2):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    print(f"\n--- {label}: 2 reps ---\n"
+          f"{events.table(sort_by='self_device_time_total' if cuda else 'self_cpu_time_total', row_limit=15)}")
+    cpu_ms = sum(e.self_cpu_time_total for e in events) / 1e3
+    device_ms = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3
+    print(f"total self CPU {cpu_ms:.2f} ms, self device {device_ms:.2f} ms\n")
+    if trace:
+        prof.export_chrome_trace(trace)
+    return {"cpu_ms": cpu_ms, "device_ms": device_ms}
+
+
+def served(fn) -> tuple:
+    """fn's result, and the calls the active Dispatcher took meanwhile: {"op:kernel": calls}, where a kernel
+    the table did not choose is marked (fallback). None without Dispatcher.stats."""
+    d = library.active()
+    if not hasattr(d, "stats"):
+        return fn(), None
+    before, out, calls = d.stats(), fn(), {}
+    for op, kernels in d.stats().items():
+        for kernel, n in kernels.items():
+            n -= before.get(op, {}).get(kernel, 0)
+            if n:
+                calls[f"{op}:{kernel}"] = n
+    return out, calls
+
+
+def setup(variant: str, model, name: str, args):
+    """(runner, None) for a variant of the sdpa `model`, or (None, why it is skipped)."""
+    if variant == "sdpa":
+        return model, None
+    if variant == "compile":
+        return torch.compile(model, backend=args.compile_backend), None
+    if variant == "liger":
+        try:
+            import liger_kernel.transformers as liger
+        except Exception as e:  # noqa: BLE001 - a missing or broken install is a skipped column
+            return None, f"liger_kernel not importable ({type(e).__name__}: {e})"
+        apply = getattr(liger, f"apply_liger_kernel_to_{MODELS[name][2]}", None)
+        if apply is None:
+            return None, f"liger_kernel has no apply_liger_kernel_to_{MODELS[name][2]}"
+        # no loss in inference: keep the CausalLM forward (and its logits) as transformers has it
+        params = inspect.signature(apply).parameters
+        off = {k: False for k in ("cross_entropy", "fused_linear_cross_entropy") if k in params}
+        patched = copy.deepcopy(model)
+        try:
+            apply(model=patched, **off)
+        except Exception as e:  # noqa: BLE001
+            return None, f"{apply.__name__} failed ({type(e).__name__}: {e})"
+        return patched, None
+    folder = Path(args.artifacts or ".") / name
+    if not args.artifacts or not (folder / "dispatch.json").exists():
+        return None, f"no {folder / 'dispatch.json'}" if args.artifacts else "no --artifacts"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            d = runtime_loader.load(folder, strict=True)
+        except runtime_loader.TableError as e:
+            return None, f"table refused: {e}"
+    for w in caught:
+        print(f"[{name}] lzsolve warning: {w.message}")
+    tuned = d.table.raw["model"]
+    print(f"[{name}] lzsolve table {folder}: {tuned['id']} tp {tuned['tp']} {tuned['dtype']}, "
+          f"{len(d.table.trees)} op signatures")
+    if tuned["dtype"] != args.dtype:
+        print(f"[{name}] lzsolve warning: tuned in {tuned['dtype']}, run in {args.dtype}: every call falls back")
+    lz_hf.register(d)
+    patched = copy.deepcopy(model)
+    patched.set_attn_implementation(lz_hf.NAME)
+    if hasattr(lz_hf, "patch"):
+        print(f"[{name}] lzsolve patch(model, d) -> {lz_hf.patch(patched, d)}")
+    return patched, None
+
+
+def check(out, expected, steps: int, tol: float) -> dict:
+    """Prefill: the last position's logits against sdpa's; generation: the greedy tokens (reported, never failed)."""
+    if steps:
+        same = out == expected
+        return {"equal_first": int(same[:, :CHECKED_STEPS].sum()), "first": same[:, :CHECKED_STEPS].numel(),
+                "equal_tokens": int(same.sum()), "tokens": same.numel()}
+    rel = float((out - expected).abs().max() / expected.abs().max())
+    return {"rel_err": rel, "ok": rel < tol}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes and lengths (a CPU smoke test)")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--artifacts", help="folder of artifacts: ARTIFACTS/<model>/dispatch.json")
+    parser.add_argument("--write-configs", metavar="DIR", help="write DIR/<model>/config.json and exit")
+    parser.add_argument("--compile-backend", help="default inductor (aot_eager with --tiny: no codegen wait)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--tol", type=float, default=2e-2, help="max |logits - sdpa's| / max |sdpa's|")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler over 2 reps of each timed cell")
+    parser.add_argument("--trace", action="store_true", help="with --profile and --out: chrome traces next to --out")
+    parser.add_argument("--out", help="JSON file for every figure")
+    args = parser.parse_args()
+    names, variants, scenarios = (s.split(",") for s in (args.models, args.variants, args.scenarios))
+    for given, known in ((names, MODELS), (variants, VARIANTS), (scenarios, SCENARIOS)):
+        if set(given) - set(known):
+            parser.error(f"unknown {sorted(set(given) - set(known))}; known: {', '.join(known)}")
+    args.compile_backend = args.compile_backend or ("aot_eager" if args.tiny else "inductor")
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    if args.write_configs:
+        for name in names:
+            path = Path(args.write_configs) / name / "config.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            build(name, args, "meta", dtype).config.to_json_file(path, use_diff=False)
+            print(f"wrote {path}")
+        return
+
+    shapes = TINY_SCENARIOS if args.tiny else SCENARIOS
+    rows, skipped = [], {}
+    for name in names:
+        model = build(name, args, device, dtype)
+        # the last position's logits only, where the model takes logits_to_keep (so for every variant alike)
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(model).forward).parameters else {}
+        gen = torch.Generator().manual_seed(1)
+        inputs = {s: torch.randint(0, model.config.vocab_size, shapes[s][:2], generator=gen).to(device)
+                  for s in scenarios}
+
+        def scenario(m, s):
+            steps = shapes[s][2]
+            return (lambda: generate(m, inputs[s], steps, keep)) if steps else (lambda: prefill(m, inputs[s], keep))
+
+        with torch.inference_mode():
+            expected = {s: scenario(model, s)() for s in scenarios}
+            # Liger and lzsolve's patch swap functions in the modelling module (rope): restored after each variant
+            module = sys.modules[type(model).__module__]
+            saved = dict(vars(module))
+            for variant in variants:
+                runner, why = setup(variant, model, name, args)
+                if runner is None:
+                    print(f"[{name}] {variant} skipped: {why}")
+                    skipped.setdefault(name, {})[variant] = why
+                    vars(module).update(saved)
+                    continue
+                for s in scenarios:
+                    batch, seq, steps = shapes[s]
+                    fn = scenario(runner, s)
+                    row = {"model": name, "scenario": s, "variant": variant, "batch": batch, "seq": seq, "steps": steps}
+                    try:
+                        out, calls = served(fn) if variant == "lzsolve" else (fn(), None)
+                    except Exception as e:  # noqa: BLE001 - a variant that raises fails its row, not the run
+                        rows.append(row | {"ok": False, "error": f"{type(e).__name__}: {e}"})
+                        print(f"[{name} {s}] {variant}: FAILED, {rows[-1]['error']}")
+                        continue
+                    figures = check(out, expected[s], steps, args.tol)
+                    if calls is not None:  # attention calls the table served, of one per layer and forward
+                        table = sum(n for k, n in calls.items() if k.startswith("attention") and "(fallback)" not in k)
+                        figures |= {"table_attention": f"{table}/{args.layers * (1 + steps)}", "calls": calls}
+                    print(f"[{name} {s}] {variant}: " + ", ".join(
+                        f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()))
+                    row |= figures
+                    if row.get("ok", True):
+                        row |= timed_ms(fn, args.warmup, args.reps, device)
+                        if args.profile:
+                            label = f"{name}-{s}-{variant}"
+                            trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{label}.json"
+                            row["profile"] = profile(fn, device, label, trace or None)
+                    rows.append(row)
+                vars(module).update(saved)
+                torch._dynamo.reset()
+                del runner
+        del model, expected, inputs
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    print_table(rows, names, scenarios, variants, shapes, args, device)
+    if args.out:
+        meta = {"torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
+                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                **{k: getattr(args, k) for k in ("dtype", "layers", "tiny", "warmup", "reps", "artifacts",
+                                                  "compile_backend")}}
+        Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
+
+
+def print_table(rows, names, scenarios, variants, shapes, args, device) -> None:
+    cell = {(r["model"], r["scenario"], r["variant"]): r for r in rows}
+    others = [v for v in variants if v != "sdpa"]
+    print(f"\n{args.layers} layers, {args.dtype}, {device}: median ms of {args.reps} reps ((p90-p10)/median); x = sdpa "
+          f"ms / variant ms (>1: faster than sdpa); * tokens differ from sdpa's in the first {CHECKED_STEPS} steps")
+    print(f"{'model':10} {'scenario':8} {'shape':>12} " + "".join(f"{v:>15}" for v in variants)
+          + "".join(f"{'x ' + v:>11}" for v in others))
+    for name in names:
+        for s in scenarios:
+            batch, seq, steps = shapes[s]
+            found = {v: cell.get((name, s, v)) for v in variants}
+            ms = {v: r.get("median_ms") if r else None for v, r in found.items()}
+            texts = ["skip" if r is None else "FAILED" if ms[v] is None else f"{ms[v]:.2f} ({r['spread']:.0%})"
+                     + "*" * (r.get("equal_first", 0) < r.get("first", 0)) for v, r in found.items()]
+            ratios = [f"{ms['sdpa'] / ms[v]:.2f}" if ms.get("sdpa") and ms[v] else "-" for v in others]
+            shape = f"b{batch} s{seq}" + (f" +{steps}" if steps else "")
+            print(f"{name:10} {s:8} {shape:>12} " + "".join(f"{t:>15}" for t in texts)
+                  + "".join(f"{x:>11}" for x in ratios))
+
+
+if __name__ == "__main__":
+    main()

@@ -187,11 +187,12 @@ def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
         return {}
     rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? AND stage <> 'capability' "
                    "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
-                   "AND run_id NOT LIKE 'eval-%' ORDER BY run_id, ts DESC", [recorder.hw_slug, recorder.timer])
-    # the latest run's record of each key (a --fresh run supersedes older ones), and within a run
-    # its first: a validation shape that lands on a bucket times it again, and a rerun must see
-    # the bucket time its first run solved from, or it plans other probes and re-measures
-    return {(r["signature"], r["kernel_id"], r["kernel_version"], r["dims"]): r for r in rows}
+                   "AND run_id NOT LIKE 'eval-%' ORDER BY ts", [recorder.hw_slug, recorder.timer])
+    return {_key(r): r for r in rows}
+
+
+def _key(record: dict) -> tuple:
+    return record["signature"], record["kernel_id"], record["kernel_version"], record["dims"]
 
 
 def _answers(record: dict, modes: tuple[str, ...]) -> bool:
@@ -288,8 +289,12 @@ class Session:
                     else:
                         to_measure.append(cand.spec)
                 if to_measure:
-                    fresh.extend(measure_workload(sp, dims, to_measure, self.runner, self.recorder, next(self.seeds),
-                                                  on_step, phase, modes))
+                    new = measure_workload(sp, dims, to_measure, self.runner, self.recorder, next(self.seeds),
+                                           on_step, phase, modes)
+                    # later phases of this run reuse it too: a validation shape that lands on a bucket
+                    # is not timed twice (two records of one key, and a rerun could see either)
+                    self.reusable.update((_key(r), r) for r in new if r["stage"] != "capability")
+                    fresh.extend(new)
         finally:  # keep what was measured even when interrupted
             self.db.append(fresh, self.run_id)
         return results + fresh

@@ -120,8 +120,10 @@ def llama_of(config: dict):
 
 @pytest.fixture
 def restore_active():
+    from runtime_loader.integrations.transformers import restore_functions
     yield
     runtime_loader.library.activate(Dispatcher(None))
+    restore_functions()  # other tests' models must not call the dispatcher for RoPE
 
 
 def test_patch_serves_attention_norms_rope_mlp_and_linears_from_the_table(tiny_llama_artifact, restore_active):

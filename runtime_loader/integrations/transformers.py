@@ -170,6 +170,17 @@ def _rope_function(original):
     return apply_rotary_pos_emb
 
 
+_patched_functions: list[tuple] = []  # (modelling module, name, original function), for restore_functions
+
+
+def restore_functions() -> None:
+    """Put back the modelling-module functions patch() replaced (RoPE), for every model of them in
+    this process; patched module instances keep their forwards."""
+    while _patched_functions:
+        module, name, original = _patched_functions.pop()
+        setattr(module, name, original)
+
+
 @dataclass
 class PatchReport:
     """What patch() replaced and what it left, as module class -> count (functions by name)."""
@@ -274,5 +285,6 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
         if callable(original):
             if not hasattr(original, "lzsolve_original"):  # not patched already
                 setattr(module, "apply_rotary_pos_emb", _rope_function(original))
+                _patched_functions.append((module, "apply_rotary_pos_emb", original))
             report.replaced["apply_rotary_pos_emb"] += 1
     return report

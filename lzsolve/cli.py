@@ -107,8 +107,8 @@ def _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude) ->
     if recorded is None:
         spec = _model(model, config, tp, dtype)
     else:
-        recorded = _recorded(recorded, model, config, tp, dtype)
-        spec, grid, (dtype,) = workload.captured(recorded), workload.grid(recorded, grid), recorded.dtypes
+        calls = _recorded(recorded, model, config, tp, dtype)
+        spec, grid, (dtype,) = workload.captured(calls), workload.grid(calls, grid), calls.dtypes
     only, skip = _patterns(kernels), _patterns(exclude)
     for pattern in only + skip:
         if not any(fnmatch.fnmatchcase(k, pattern) for k in registry.REGISTRY):

@@ -190,30 +190,27 @@ class Dispatcher:
         softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
         qk_norm: q and k come from a per-head norm (no change to the math, only to which kernels
         may serve the call)."""
-        fn, calls = self._attention_entry(q, k, v, causal, window, softcap, qk_norm)[:2]
-        next(calls)
+        entry = self._attention_entry(q, k, v, causal, window, softcap, qk_norm)
         if window or softcap:
-            return fn(q, k, v, causal, scale, window, softcap)
-        return fn(q, k, v, causal, scale)
+            return self._run(entry, q, k, v, causal, scale, window, softcap)
+        return self._run(entry, q, k, v, causal, scale)
 
     def rms_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
         """x / rms(x) * weight; unit_offset: * (1 + weight) in fp32, rounded once (Gemma, Qwen3.5)."""
-        fn, calls = self._rows_entry("norm.rms", x, UNIT_OFFSET if unit_offset else ())[:2]
-        next(calls)
-        return fn(x, weight, eps, True) if unit_offset else fn(x, weight, eps)
+        entry = self._rows_entry("norm.rms", x, UNIT_OFFSET if unit_offset else ())
+        return self._run(entry, x, weight, eps, True) if unit_offset else self._run(entry, x, weight, eps)
 
     def rms_norm_add(self, x, residual, weight, eps: float = 1e-6, unit_offset: bool = False):
         """(rms_norm(x + residual) * weight, x + residual), the fused residual add of a pre-norm
         block. x and residual are consumed: a kernel may write the results into their storage."""
-        fn, calls = self._rows_entry("norm.rms_add", x, UNIT_OFFSET if unit_offset else ())[:2]
-        next(calls)
-        return fn(x, residual, weight, eps, True) if unit_offset else fn(x, residual, weight, eps)
+        entry = self._rows_entry("norm.rms_add", x, UNIT_OFFSET if unit_offset else ())
+        return (self._run(entry, x, residual, weight, eps, True) if unit_offset
+                else self._run(entry, x, residual, weight, eps))
 
     def qk_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
         """rms_norm of each head of x (..., heads, d) with one weight (d,) (Qwen3's q_norm, k_norm)."""
-        fn, calls = self._qk_norm_entry(x, unit_offset)[:2]
-        next(calls)
-        return fn(x, weight, eps, True) if unit_offset else fn(x, weight, eps)
+        entry = self._qk_norm_entry(x, unit_offset)
+        return self._run(entry, x, weight, eps, True) if unit_offset else self._run(entry, x, weight, eps)
 
     def layer_norm(self, x, weight, bias, eps: float = 1e-5):
         """bias None: a LayerNorm without a bias (its own signature, flag no_bias)."""
@@ -279,8 +276,7 @@ class Dispatcher:
         out: dict[str, dict[str, int]] = {}
         for (op, kernel_id, from_table), n in sorted(totals.items()):
             if n:
-                name = kernel_id if from_table else f"{kernel_id} (fallback)"
-                out.setdefault(op, {})[name] = out.get(op, {}).get(name, 0) + n
+                out.setdefault(op, {})[kernel_id if from_table else f"{kernel_id} (fallback)"] = n
         return out
 
     def cached_keys(self) -> int:

@@ -28,6 +28,11 @@ def active() -> Dispatcher:
     return _active
 
 
+def _like_first(x, *args):
+    """The fake (meta) result of the ops whose output is shaped like their first input."""
+    return torch.empty_like(x)
+
+
 @torch.library.custom_op("lzsolve::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None, qk_norm: bool = False,
               window: int = 0, softcap: float = 0.0) -> Tensor:
@@ -46,9 +51,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) -
     return _active.rms_norm(x, weight, eps, unit_offset)
 
 
-@rms_norm.register_fake
-def _(x, weight, eps, unit_offset=False):
-    return torch.empty_like(x)
+rms_norm.register_fake(_like_first)
 
 
 @torch.library.custom_op("lzsolve::qk_norm", mutates_args=())
@@ -56,9 +59,7 @@ def qk_norm(x: Tensor, weight: Tensor, eps: float, unit_offset: bool = False) ->
     return _active.qk_norm(x, weight, eps, unit_offset)
 
 
-@qk_norm.register_fake
-def _(x, weight, eps, unit_offset=False):
-    return torch.empty_like(x)
+qk_norm.register_fake(_like_first)
 
 
 @torch.library.custom_op("lzsolve::layer_norm", mutates_args=())
@@ -66,9 +67,7 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Te
     return _active.layer_norm(x, weight, bias, eps)
 
 
-@layer_norm.register_fake
-def _(x, weight, bias, eps):
-    return torch.empty_like(x)
+layer_norm.register_fake(_like_first)
 
 
 @torch.library.custom_op("lzsolve::rope", mutates_args=())
@@ -86,9 +85,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return _active.swiglu(gate, up)
 
 
-@swiglu.register_fake
-def _(gate, up):
-    return torch.empty_like(gate)
+swiglu.register_fake(_like_first)
 
 
 @torch.library.custom_op("lzsolve::geglu", mutates_args=())
@@ -96,9 +93,7 @@ def geglu(gate: Tensor, up: Tensor) -> Tensor:
     return _active.geglu(gate, up)
 
 
-@geglu.register_fake
-def _(gate, up):
-    return torch.empty_like(gate)
+geglu.register_fake(_like_first)
 
 
 @torch.library.custom_op("lzsolve::gelu", mutates_args=())
@@ -106,9 +101,7 @@ def gelu(x: Tensor) -> Tensor:
     return _active.gelu(x)
 
 
-@gelu.register_fake
-def _(x):
-    return torch.empty_like(x)
+gelu.register_fake(_like_first)
 
 
 @torch.library.custom_op("lzsolve::linear", mutates_args=())

@@ -36,10 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from runtime_loader.integrations.modules import GATED_OPS, PLAIN_OPS, Kind, classify
 from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
                                 qk_norm_call, rope_call, rows_call)
-
-from runtime_loader.integrations.modules import Kind, classify
 
 from ..errors import LzError
 from .catalogue import CATALOGUE
@@ -50,8 +49,6 @@ from .walker import OpInstance
 BATCH, PREFILL_SEQ = 3, 7
 NAME = "lzsolve_capture"
 
-GATED_OPS = {"silu": "act.swiglu", "gelu_tanh": "act.geglu"}  # act(gate) * up
-PLAIN_OPS = {"gelu_tanh": "act.gelu"}
 ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
 
 

@@ -8,6 +8,7 @@ The shapes are per rank already (the process that recorded ran them), so there i
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -91,18 +92,10 @@ def placed(values: Counter, budget: int) -> list[int]:
     distinct = sorted(values)
     if len(distinct) <= budget:
         return distinct
-    if budget == 1:
-        shares = [0.5]
-    else:
-        shares = [i / (budget - 1) for i in range(budget)]
+    shares = [0.5] if budget == 1 else [i / (budget - 1) for i in range(budget)]
     total = sum(values.values())
-    chosen, seen = set(), 0
-    cumulative = []
-    for v in distinct:
-        seen += values[v]
-        cumulative.append((seen / total, v))
-    for share in shares:
-        chosen.add(distinct[0] if share == 0 else next(v for c, v in cumulative if c >= share - 1e-12))
+    cumulative = [(calls / total, v) for calls, v in zip(itertools.accumulate(values[v] for v in distinct), distinct)]
+    chosen = {next(v for share_so_far, v in cumulative if share_so_far >= share - 1e-12) for share in shares}
     for v in sorted(distinct, key=lambda v: -values[v]):  # quantiles that coincide: the most called values next
         if len(chosen) == budget:
             break

@@ -21,6 +21,9 @@ ACTIVATIONS = {
     "gelu": F.gelu,
     "relu": F.relu,
 }
+# the ops an activation computes: gated, act(gate) * up; plain, act(x)
+GATED_OPS = {"silu": "act.swiglu", "gelu_tanh": "act.geglu"}
+PLAIN_OPS = {"gelu_tanh": "act.gelu"}
 
 
 @dataclass(frozen=True)

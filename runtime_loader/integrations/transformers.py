@@ -32,7 +32,7 @@ import torch
 
 from ..dispatcher import Dispatcher
 from .. import library
-from .modules import Kind, classify, eps_of
+from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of
 
 NAME = "lzsolve"
 
@@ -145,9 +145,6 @@ def _gelu_forward(self, x):
     return _ops().gelu(x)
 
 
-GATED = {"silu": "swiglu", "gelu_tanh": "geglu"}  # act(gate) * up
-
-
 def _gated_mlp_forward(self, x):
     gated = getattr(_ops(), self._lzsolve_gated)
     return self.down_proj(gated(self.gate_proj(x), self.up_proj(x)))
@@ -203,12 +200,13 @@ def _bind(module, forward, report: PatchReport, **attrs) -> None:
 def _mlp_form(module, kinds: dict, name: str):
     """(forward, gated op) when the module is a gated MLP of a form we serve, else None."""
     act = kinds.get(f"{name}.act_fn") or kinds.get(f"{name}.activation_fn")
-    if act is None or act.op != "act" or act.act not in GATED:
+    if act is None or act.op != "act" or act.act not in GATED_OPS:
         return None
+    gated = Dispatcher.METHODS[GATED_OPS[act.act]]  # act.swiglu -> swiglu, the method and the custom op
     if all(isinstance(getattr(module, a, None), torch.nn.Linear) for a in ("gate_proj", "up_proj", "down_proj")):
-        return _gated_mlp_forward, GATED[act.act]
+        return _gated_mlp_forward, gated
     if all(isinstance(getattr(module, a, None), torch.nn.Linear) for a in ("gate_up_proj", "down_proj")):
-        return _fused_gated_mlp_forward, GATED[act.act]
+        return _fused_gated_mlp_forward, gated
     return None
 
 
@@ -273,7 +271,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
                 report.left[cls] = "a LayerNorm without a weight"
             else:
                 _bind(module, _layer_norm_forward, report, eps=eps_of(module))
-        elif kind.op == "act" and kind.act == "gelu_tanh":
+        elif kind.op == "act" and PLAIN_OPS.get(kind.act) == "act.gelu":
             _bind(module, _gelu_forward, report)
         else:
             report.left[cls] = {"embedding": "embeddings are left to torch",

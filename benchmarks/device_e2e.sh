@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# On the H100 (device tool, carry .devsite): tune the 4-layer Llama-3-8B-shaped model for eager
-# serving, then benchmarks/hf_end_to_end.py (every variant) and a profile of sdpa vs lzsolve.
-# Figures and logs go to $OUT (e2e.json, e2e.log, profile.log, tune.log, dispatch.json).
+# On the H100 (device tool, carry .devsite): tune eager tables for the 4-layer models, then
+# benchmarks/hf_end_to_end.py (every variant). TUNE_FROM=workload (default) tunes what the
+# patched model calls in the benchmark's scenarios (record, then tune --workload); config tunes
+# the model's config (tune --config). ARTIFACTS=dir reuses tables made by an earlier call.
+# Figures and logs go to $OUT (e2e.json, e2e.log, tune-*.log, artifacts.tar).
 set -uo pipefail
 mkdir -p /tmp/site && tar -C /tmp/site -xJf .devsite/site.tar.xz
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 models=${MODELS:-llama3-8b}
-python3 benchmarks/hf_end_to_end.py --write-configs /tmp/cfg --models "$models" --layers 4
-for m in ${models//,/ }; do
-  timeout "${TUNE_S:-240}" python3 -m lzsolve tune --config /tmp/cfg/$m --grid small --trials 0 --mode eager \
-    --no-probe --validate 0 ${TUNE_ARGS:-} --out /tmp/art/$m > $OUT/tune-$m.log 2>&1; echo "tune $m rc $?"
-  cp /tmp/art/$m/dispatch.json $OUT/dispatch-$m.json 2>/dev/null
-done
-python3 benchmarks/hf_end_to_end.py --models "$models" --artifacts /tmp/art --out $OUT/e2e.json \
-  --variants "${VARIANTS:-sdpa,liger,compile,lzsolve}" > $OUT/e2e.log 2>&1; echo "e2e rc $?"
-tail -20 $OUT/e2e.log
-python3 benchmarks/hf_end_to_end.py --models "$models" --artifacts /tmp/art --variants sdpa,lzsolve \
-  --scenarios b4s512,gen_b1 --profile --reps 2 --warmup 2 > $OUT/profile.log 2>&1; echo "profile rc $?"
+art=${ARTIFACTS:-/tmp/art}
+tune_args="--grid ${GRID:-small} --trials 0 --mode eager --no-probe --validate 0 ${TUNE_ARGS:-}"
+if [ -z "${ARTIFACTS:-}" ]; then
+  if [ "${TUNE_FROM:-workload}" = workload ]; then
+    python3 benchmarks/hf_end_to_end.py --record /tmp/wl --models "$models" --layers "${LAYERS:-4}" > $OUT/record.log 2>&1
+    echo "record rc $?"
+  else
+    python3 benchmarks/hf_end_to_end.py --write-configs /tmp/cfg --models "$models" --layers "${LAYERS:-4}"
+  fi
+  for m in ${models//,/ }; do
+    source=$([ "${TUNE_FROM:-workload}" = workload ] && echo "--workload /tmp/wl/$m.json" || echo "--config /tmp/cfg/$m")
+    start=$(date +%s)
+    timeout "${TUNE_S:-240}" python3 -m lzsolve tune $source $tune_args --out $art/$m > $OUT/tune-$m.log 2>&1
+    echo "tune $m rc $? $(( $(date +%s) - start )) s"
+  done
+  tar -C "$art" -cf $OUT/artifacts.tar --exclude jit .
+fi
+python3 benchmarks/hf_end_to_end.py --models "$models" --artifacts "$art" --out $OUT/e2e.json --layers "${LAYERS:-4}" \
+  --variants "${VARIANTS:-sdpa,liger,compile,lzsolve}" --reps "${REPS:-10}" ${E2E_ARGS:-} > $OUT/e2e.log 2>&1
+echo "e2e rc $?"
+tail -${TAIL:-30} $OUT/e2e.log

@@ -19,14 +19,23 @@ class Counting(Dispatcher):
         return super().attention(*args, **kwargs)
 
 
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+FAMILIES = {  # (model class, config class, options beyond COMMON)
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16)),  # QK-norm on (batch, seq, heads, d)
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig",  # (1 + w) norms, GeGLU, QK-norm after the transpose
+               dict(head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"])),
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=8)),
+}
+
+
 def tiny(family: str):
-    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128)
-    if family == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
-    if not hasattr(transformers, "Qwen3ForCausalLM"):
-        pytest.skip("this transformers has no Qwen3")
-    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=16)).eval()
+    model_class, config_class, options = FAMILIES[family]
+    if not hasattr(transformers, model_class):
+        pytest.skip(f"this transformers has no {model_class}")
+    config = getattr(transformers, config_class)(**COMMON, **options)
+    return getattr(transformers, model_class)(config).eval()
 
 
 def logits(model, impl, ids, **kw):
@@ -184,3 +193,91 @@ def test_patched_model_compiles_with_fullgraph(restore_active):
     after = d.stats()
     for op in ("norm.rms", "linear", "act.swiglu", "posenc.rope", "attention.prefill"):
         assert sum(after[op].values()) > sum(before.get(op, {}).values()), f"{op} runs through torch.ops.lzsolve"
+
+
+# --- four families, each tuned on CPU from what its patched forward calls ------------------------
+def seeded_tiny(family: str):
+    torch.manual_seed(11)
+    return tiny(family)
+
+
+@pytest.fixture(scope="module")
+def families_artifact(tmp_path_factory):
+    """One CPU tune of what the four tiny families call once patched: generate() under record
+    (no table yet), then tune --workload on it (tiny grid, no probes or validation: the tests
+    check serving, not decisions)."""
+    from click.testing import CliRunner
+
+    from lzsolve.cli import cli
+    from runtime_loader.integrations.transformers import patch, restore_functions
+
+    root = tmp_path_factory.mktemp("families")
+    d = Dispatcher(None)
+    try:
+        with runtime_loader.record(root / "workload.json", name="tiny-families"), torch.no_grad():
+            for family in FAMILIES:
+                model = seeded_tiny(family)
+                patch(model, d)
+                model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
+    finally:
+        runtime_loader.library.activate(Dispatcher(None))
+        restore_functions()
+    result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
+                                      "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",
+                                      "--out", str(root / "artifact")])
+    assert result.exit_code == 0, result.output
+    return root / "artifact"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patched_family_is_served_from_its_table(family, families_artifact, restore_active):
+    """Logits and generate() equal to the unpatched model; every kind of module served by the
+    table's kernels; the same under torch.compile(fullgraph=True)."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = seeded_tiny(family)
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    reference = logits(model, "sdpa", ids)
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    d = runtime_loader.load(families_artifact, strict=True)
+    report = patch(model, d)
+    assert report.fused == {"q_proj+k_proj+v_proj": 2, "gate_proj+up_proj": 2}, report
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+    stats = d.stats()
+    fallbacks = {op: kernels for op, kernels in stats.items() if any("(fallback)" in k for k in kernels)}
+    assert not fallbacks, f"calls outside the table: {fallbacks}"
+    act = "act.geglu" if family == "gemma3" else "act.swiglu"
+    norms = {"norm.rms"} | ({"norm.qk"} if family in ("qwen3", "gemma3") else set())
+    assert {"attention.prefill", "attention.decode", "posenc.rope", act, "linear"} | norms <= set(stats), stats
+    forwards = 1 + 6  # the logits, then generate's prefill and 5 decode steps
+    assert sum(stats["linear"].values()) == forwards * (2 * 4 + 1), "per layer q/k/v, o, gate/up, down; lm_head"
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, reference, rtol=1e-5, atol=1e-5)
+    assert not {op for op, kernels in d.stats().items() if any("(fallback)" in k for k in kernels)}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_tune_from_the_config_covers_what_the_patched_model_calls(family, tmp_path, restore_active):
+    """`tune --config` (capture) and patch() must agree on signatures, or a table tuned from a
+    config would serve nothing of the patched model. Norms capture calls fused residual adds are
+    served by patch as plain norms (same signature but for the op)."""
+    from lzsolve.models.capture import capture
+    from runtime_loader.integrations.transformers import patch
+
+    model = seeded_tiny(family)
+    cfg = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+    captured = {str(i.signature).replace("norm.rms_add", "norm.rms")
+                for i in capture(cfg, family, dtype="fp32").instances}
+    d = Dispatcher(None)
+    patch(model, d)
+    with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
+        model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
+    import json
+    called = {call["name"] for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    assert called <= captured, sorted(called - captured)

@@ -9,6 +9,7 @@ written out by hand are recognised whatever the class is called.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -122,3 +123,40 @@ def classify(model) -> dict[str, Kind]:
             if by_class[cls] is not None:
                 kinds[name] = by_class[cls]
     return kinds
+
+
+def read_together(model) -> list[tuple[str, ...]]:
+    """Names of sibling nn.Linear modules (children of one module) that read one tensor, in
+    call order: q/k/v, gate/up, whatever a model's forward makes of them. Found by running a
+    copy of the model built on the meta device from its config (no memory, no real weights)
+    for a short prefill; [] when such a copy cannot be built or run."""
+    readers: dict[int, list[str]] = {}
+    inputs = []  # kept alive, so no two inputs share an id
+
+    def reader(name):
+        def pre_hook(module, args):
+            if args:
+                inputs.append(args[0])
+                readers.setdefault(id(args[0]), []).append(name)
+        return pre_hook
+
+    config = copy.deepcopy(model.config)  # the twin must not change the model's own config
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            twin = type(model)(config).eval()
+            twin.set_attn_implementation("sdpa")
+            for name, module in twin.named_modules():
+                if type(module) is torch.nn.Linear:
+                    module.register_forward_pre_hook(reader(name))
+            with torch.no_grad():
+                twin(input_ids=torch.zeros(1, 3, dtype=torch.long), use_cache=True)
+    except Exception:  # noqa: BLE001 - a model we cannot twin: its linears stay separate
+        return []
+    groups = []
+    for names in readers.values():
+        by_parent: dict[str, list[str]] = {}
+        for name in dict.fromkeys(names):
+            by_parent.setdefault(name.rpartition(".")[0], []).append(name)
+        groups += [tuple(group) for group in by_parent.values() if len(group) > 1]
+    return groups

@@ -32,7 +32,7 @@ import torch
 
 from ..dispatcher import Dispatcher
 from .. import library
-from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of
+from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, read_together
 
 NAME = "lzsolve"
 
@@ -71,6 +71,7 @@ def _ops():
     return torch.ops.lzsolve if torch.compiler.is_compiling() else library.active()
 
 
+@torch.compiler.assume_constant_result  # under torch.compile: run while tracing, its answer a constant
 def _is_causal_window(mask_function, window: int) -> bool:
     """Whether mask_function is the causal mask, cut to `window` keys back when window > 0: tried
     at query-key distances around 0 and around the window (a few dozen pairs, elementwise, as
@@ -127,10 +128,16 @@ def _rms_forward(self, x):
 
 
 def _qk_norm_forward(self, x):
-    # q_norm / k_norm: per head on (..., heads, d); over the whole projection (OLMo 2) on (..., d)
-    if x.shape[-1] == self.weight.shape[-1] and x.dim() == 4:
-        return _ops().qk_norm(x, self.weight, self._lzsolve_eps, self._lzsolve_unit_offset)
-    return _ops().qk_norm(x.unsqueeze(-2), self.weight, self._lzsolve_eps, self._lzsolve_unit_offset).squeeze(-2)
+    # q_norm / k_norm: per head on (batch, seq, heads, d) (Qwen3) or on its transpose
+    # (batch, heads, seq, d) (Gemma 3), the op's (..., heads, d) either way, so the signature
+    # says heads as the tuned one does; over the whole projection (OLMo 2) on (..., d)
+    eps, unit_offset = self._lzsolve_eps, self._lzsolve_unit_offset
+    if x.shape[-1] != self.weight.shape[-1] or x.dim() != 4:
+        return _ops().qk_norm(x.unsqueeze(-2), self.weight, eps, unit_offset).squeeze(-2)
+    heads = self._lzsolve_heads
+    if x.shape[1] == heads and (x.shape[2] != heads or x.stride(1) < x.stride(2)):
+        return _ops().qk_norm(x.transpose(1, 2), self.weight, eps, unit_offset).transpose(1, 2)
+    return _ops().qk_norm(x, self.weight, eps, unit_offset)
 
 
 def _layer_norm_forward(self, x):
@@ -139,6 +146,59 @@ def _layer_norm_forward(self, x):
 
 def _linear_forward(self, x):
     return _ops().linear(x, self.weight, self.bias)
+
+
+class _Siblings:
+    """Linears that read one tensor (q/k/v, gate/up) served as one GEMM over their
+    concatenated weights, the GEMM the table tuned (capture fuses them the same way). The first
+    member called computes every member's output; the others take theirs when they are called
+    with that same tensor object, and compute the GEMM again otherwise (any order, any subset).
+    The members' weights become views of the fused weight, so memory is not doubled; one whose
+    storage has changed since (.to(), a new Parameter) makes the fused weight be built again."""
+
+    def __init__(self, linears: list[torch.nn.Linear]):
+        self.linears = linears
+        self.sizes = [linear.out_features for linear in linears]
+        self.pending = None  # (input, taken per member, outputs per member)
+        self._fuse()
+
+    def _fuse(self) -> None:
+        with torch.no_grad():
+            self.weight = torch.cat([linear.weight for linear in self.linears])
+            has_bias = self.linears[0].bias is not None
+            self.bias = torch.cat([linear.bias for linear in self.linears]) if has_bias else None
+            for linear, weight, bias in zip(self.linears, self.weight.split(self.sizes),
+                                            self.bias.split(self.sizes) if has_bias else [None] * len(self.linears)):
+                linear.weight.data = weight
+                if bias is not None:
+                    linear.bias.data = bias
+        self.storage = self._pointers()
+
+    def _pointers(self) -> tuple:
+        return tuple((m.weight.data_ptr(), m.bias is not None and m.bias.data_ptr()) for m in self.linears)
+
+    def output(self, index: int, x):
+        pending = self.pending
+        if pending is not None and pending[0] is x and not pending[1][index]:
+            taken = tuple(done or i == index for i, done in enumerate(pending[1]))
+            self.pending = None if all(taken) else (x, taken, pending[2])  # the outputs are not kept alive
+            return pending[2][index]
+        if not torch.compiler.is_compiling() and self._pointers() != self.storage:
+            self._fuse()
+        outputs = _ops().linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        self.pending = (x, tuple(i == index for i in range(len(self.sizes))), outputs)
+        return outputs[index]
+
+
+def _sibling_forward(self, x):
+    return self._lzsolve_siblings.output(self._lzsolve_index, x)
+
+
+def _fusable(linears) -> bool:
+    first = linears[0]
+    return all(type(m) is torch.nn.Linear and m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
+               and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)
+               and not m.weight.is_meta for m in linears)
 
 
 def _gelu_forward(self, x):
@@ -183,9 +243,12 @@ class PatchReport:
     """What patch() replaced and what it left, as module class -> count (functions by name)."""
     replaced: Counter = field(default_factory=Counter)
     left: dict[str, str] = field(default_factory=dict)  # class -> why
+    fused: Counter = field(default_factory=Counter)  # "q_proj+k_proj+v_proj" -> groups served as one GEMM
 
     def __str__(self) -> str:
         lines = ["replaced: " + ", ".join(f"{name} x{n}" for name, n in sorted(self.replaced.items()))]
+        if self.fused:
+            lines.append("one GEMM: " + ", ".join(f"{name} x{n}" for name, n in sorted(self.fused.items())))
         lines += [f"left: {name}: {why}" for name, why in sorted(self.left.items())]
         return "\n".join(lines)
 
@@ -231,7 +294,9 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
     QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
-    activations and nn.Linear layers, lm_head included. Calls outside the table take each op's
+    activations and nn.Linear layers, lm_head included; linears that read one tensor (q/k/v,
+    gate/up) as one GEMM over their concatenated weights (their weights become views of it:
+    patch after loading and moving the model). Calls outside the table take each op's
     PyTorch fallback, which computes what the module did. Works eagerly and under
     torch.compile(fullgraph=True) (through torch.ops.lzsolve). Returns what it replaced and what
     it left, by class. The RoPE function is replaced in the modelling module, so other models of
@@ -252,20 +317,38 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
             mlp_parts.add(f"{module_name}.activation_fn")
         else:
             report.left[type(module).__name__] = "its forward is not down(act(gate(x)) * up(x))"
+    text = model.config.get_text_config()
+    heads = {"q_norm": getattr(text, "num_attention_heads", None),
+             "k_norm": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)}
+    fused: set[str] = set()
+    modules = dict(model.named_modules())
+    for names in read_together(model):
+        linears = [modules[name] for name in names]
+        if _fusable(linears):
+            siblings = _Siblings(linears)
+            for index, (name, linear) in enumerate(zip(names, linears)):
+                _bind(linear, _sibling_forward, report, siblings=siblings, index=index)
+            report.fused["+".join(name.rpartition(".")[2] for name in names)] += 1
+            fused.update(names)
     for module_name, module in model.named_modules():
         kind: Kind | None = kinds.get(module_name)
         cls = type(module).__name__
-        if kind is None or module_name in mlp_parts:
+        if kind is None or module_name in mlp_parts or module_name in fused:
             continue
         if kind.op == "linear":
-            if isinstance(module, torch.nn.Linear):
+            if type(module) is torch.nn.Linear:
                 _bind(module, _linear_forward, report)
+            elif isinstance(module, torch.nn.Linear):
+                report.left[cls] = "a subclass of nn.Linear (quantized?): its forward is its own"
             else:
                 report.left[cls] = "stores its weight as (in, out) (Conv1D)"
         elif kind.op == "norm.rms":
-            qk = module_name.rsplit(".", 1)[-1] in ("q_norm", "k_norm")
-            _bind(module, _qk_norm_forward if qk else _rms_forward, report, eps=eps_of(module),
-                  unit_offset=kind.unit_offset)
+            role = module_name.rsplit(".", 1)[-1]
+            if role in ("q_norm", "k_norm"):
+                _bind(module, _qk_norm_forward, report, eps=eps_of(module), unit_offset=kind.unit_offset,
+                      heads=heads[role])
+            else:
+                _bind(module, _rms_forward, report, eps=eps_of(module), unit_offset=kind.unit_offset)
         elif kind.op == "norm.layer":
             if getattr(module, "weight", None) is None:
                 report.left[cls] = "a LayerNorm without a weight"

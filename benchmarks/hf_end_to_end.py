@@ -324,7 +324,7 @@ def main() -> None:
                 vars(module).update(saved)
                 torch._dynamo.reset()
                 del runner
-        del model, expected, anchor, inputs
+        del model, expected, anchor
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

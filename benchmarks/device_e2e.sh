@@ -2,14 +2,14 @@
 # On the H100 (device tool, carry .devsite): tune eager tables for the 4-layer models, then
 # benchmarks/hf_end_to_end.py (every variant). TUNE_FROM=workload (default) tunes what the
 # patched model calls in the benchmark's scenarios (record, then tune --workload); config tunes
-# the model's config (tune --config). ARTIFACTS=dir reuses tables made by an earlier call.
-# Figures and logs go to $OUT (e2e.json, e2e.log, tune-*.log, artifacts.tar).
+# the model's config (tune --config). ARTIFACTS=dir reuses tables already there.
+# Figures and logs go to $OUT (e2e.json, e2e.log, record.log, tune-*.log, dispatch-*.json).
 set -uo pipefail
 mkdir -p /tmp/site && tar -C /tmp/site -xJf .devsite/site.tar.xz
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 models=${MODELS:-llama3-8b}
 art=${ARTIFACTS:-/tmp/art}
-tune_args="--grid ${GRID:-small} --trials 0 --mode eager --no-probe --validate 0 ${TUNE_ARGS:-}"
+tune_args="--grid ${GRID:-small} --trials 0 --mode eager --no-probe --validate 0 ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
 if [ -z "${ARTIFACTS:-}" ]; then
   if [ "${TUNE_FROM:-workload}" = workload ]; then
     python3 benchmarks/hf_end_to_end.py --record /tmp/wl --models "$models" --layers "${LAYERS:-4}" > $OUT/record.log 2>&1
@@ -23,7 +23,7 @@ if [ -z "${ARTIFACTS:-}" ]; then
     timeout "${TUNE_S:-240}" python3 -m lzsolve tune $source $tune_args --out $art/$m > $OUT/tune-$m.log 2>&1
     echo "tune $m rc $? $(( $(date +%s) - start )) s"
   done
-  tar -C "$art" -cf $OUT/artifacts.tar --exclude jit .
+  for m in ${models//,/ }; do cp $art/$m/dispatch.json $OUT/dispatch-$m.json; done
 fi
 python3 benchmarks/hf_end_to_end.py --models "$models" --artifacts "$art" --out $OUT/e2e.json --layers "${LAYERS:-4}" \
   --variants "${VARIANTS:-sdpa,liger,compile,lzsolve}" --reps "${REPS:-10}" ${E2E_ARGS:-} > $OUT/e2e.log 2>&1

@@ -316,11 +316,13 @@ def main() -> None:
                     row |= figures
                     if row.get("ok", True):
                         row |= timed_ms(fn, args.warmup, args.reps, device)
+                        print(f"[{name} {s}] {variant}: {row['median_ms']:.2f} ms ({row['spread']:.0%})")
                         if args.profile:
                             label = f"{name}-{s}-{variant}"
                             trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{label}.json"
                             row["profile"] = profile(fn, device, label, trace or None)
                     rows.append(row)
+                    write(args, device, rows, skipped)  # each row as it comes: a run cut short keeps its figures
                 vars(module).update(saved)
                 torch._dynamo.reset()
                 del runner
@@ -330,6 +332,10 @@ def main() -> None:
             torch.cuda.empty_cache()
 
     print_table(rows, names, scenarios, variants, shapes, args, device)
+    write(args, device, rows, skipped)
+
+
+def write(args, device, rows, skipped) -> None:
     if args.out:
         meta = {"torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
                 "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

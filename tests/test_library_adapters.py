@@ -231,6 +231,26 @@ def test_flex_masks_match_the_reference_visibility(causal, window, seq_q, kv_len
         assert torch.equal(got, expected.expand(seq_q, kv_len))
 
 
+def test_a_window_that_hides_no_key_is_dropped_and_only_then():
+    """effective_window is 0 exactly when the window changes no query's keys, by brute force
+    over small shapes (causal prefill, decode, chunks), so kernels may take their unmasked path."""
+    from runtime_loader.kernels import sdpa
+    from runtime_loader.kernels.eager import effective_window
+
+    def keeps(seq_q, kv_len, causal, window):  # the definition, query by query
+        start = 0 if causal else kv_len - seq_q
+        return [[(not causal or j <= i) and (not window or j > start + i - window) for j in range(kv_len)]
+                for i in range(seq_q)]
+
+    for seq_q, kv_len in [(1, 1), (1, 9), (5, 5), (8, 8), (9, 9), (3, 12)]:
+        for causal in (True, False) if seq_q == kv_len else (False,):
+            for window in range(1, 14):
+                hides = keeps(seq_q, kv_len, causal, window) != keeps(seq_q, kv_len, causal, 0)
+                assert (effective_window(seq_q, kv_len, causal, window) == window) == hides, (seq_q, kv_len, window)
+    q, k = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    assert torch.equal(sdpa.sdpa(q, k, k, True, None, window=9), sdpa.sdpa(q, k, k, True, None))
+
+
 def test_functions_sharing_a_code_object_share_its_recompile_limit():
     """The trap the cache avoids: a fresh function object per shape is not enough."""
     private = flex.with_own_code(flex._attend)

@@ -12,11 +12,20 @@ BOTH = frozenset({"cpu", "cuda"})
 UNIT_OFFSET = frozenset({"unit_offset"})
 
 
+def effective_window(seq_q: int, kv_len: int, causal: bool, window: int) -> int:
+    """`window`, or 0 when it hides no key: every query sits below it (a prompt or a cache shorter
+    than the window, as most requests to a Mistral or Gemma sliding layer are), so a kernel can
+    take its plain causal path instead of a mask."""
+    last_position = seq_q - 1 if causal else kv_len - 1
+    return window if window and last_position >= window else 0
+
+
 def visible_keys(seq_q: int, kv_len: int, causal: bool, window: int, device):
     """Which keys each query sees, as a (seq_q, kv_len) boolean mask; None when it sees them all.
     Query i sits at position i under a causal mask (SDPA's top-left alignment: it sees keys 0..i)
     and at kv_len - seq_q + i without one (the newest tokens: a decode query is at kv_len - 1);
     a window lets it see keys j > position - window. Every query keeps at least one key."""
+    window = effective_window(seq_q, kv_len, causal, window)
     if not causal and not window:
         return None
     query = torch.arange(seq_q, device=device)[:, None]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..specs import HEAD_DIM_ANY, KernelSpec
-from .eager import ALL_DTYPES, BOTH, visible_keys
+from .eager import ALL_DTYPES, BOTH, effective_window, visible_keys
 
 HALF = frozenset({"bf16", "fp16"})
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
@@ -27,6 +27,7 @@ aten = torch.ops.aten
 def sdpa(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
     """A sliding window goes in as an explicit boolean mask (SDPA's is_causal cannot say it);
     softcap is never passed: this kernel does not declare it, so it is never chosen for one."""
+    window = effective_window(q.shape[2], k.shape[2], causal, window)
     keep = visible_keys(q.shape[2], k.shape[2], causal, window, q.device) if window else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal and keep is None, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])

@@ -281,3 +281,16 @@ def test_a_tune_from_the_config_covers_what_the_patched_model_calls(family, tmp_
     import json
     called = {call["name"] for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
     assert called <= captured, sorted(called - captured)
+
+
+def test_patch_warns_when_the_table_ranked_kernels_by_gpu_time_alone(restore_active):
+    from runtime_loader.integrations.transformers import patch
+    from runtime_loader.table import parse_table
+    from tests.tables import table
+
+    with pytest.warns(UserWarning, match="graph mode"):
+        patch(tiny("llama"), Dispatcher(parse_table(table(timing_mode="graph"))))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        patch(tiny("llama"), Dispatcher(parse_table(table())))  # an eager table: no warning

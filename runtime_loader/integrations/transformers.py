@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -289,6 +290,16 @@ def _same(module, forward, gated: str) -> bool:
     return expected.shape == got.shape and bool(torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol))
 
 
+def _warn_on_graph_table(dispatcher: Dispatcher) -> None:
+    """A graph-mode table ranked kernels by GPU time alone; a model run eagerly also pays each
+    call's launch and host work, where the ranking can differ (small shapes, decode)."""
+    table = getattr(dispatcher, "table", None)
+    if table is not None and table.raw.get("timing_mode") == "graph":
+        warnings.warn("this table was tuned in graph mode (GPU time only); a model run eagerly also pays each "
+                      "call's host cost: tune with --mode eager for it (or record the patched model and tune "
+                      "--workload --mode eager), or keep this table for CUDA-graph serving", stacklevel=3)
+
+
 def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     """Serve every module of `model` the table covers from `dispatcher` (made the active one):
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
@@ -303,6 +314,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     that module in this process call the dispatcher too (with the same results)."""
     register(dispatcher, name)
     model.set_attn_implementation(name)
+    _warn_on_graph_table(dispatcher)
     report = PatchReport()
     kinds = classify(model)
     mlp_parts: set[str] = set()

@@ -307,7 +307,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
     activations and nn.Linear layers, lm_head included; linears that read one tensor (q/k/v,
     gate/up) as one GEMM over their concatenated weights (their weights become views of it:
-    patch after loading and moving the model). Calls outside the table take each op's
+    patch after loading and moving the model, save before patching). Calls outside the table take each op's
     PyTorch fallback, which computes what the module did. Works eagerly and under
     torch.compile(fullgraph=True) (through torch.ops.lzsolve). Returns what it replaced and what
     it left, by class. The RoPE function is replaced in the modelling module, so other models of

@@ -294,3 +294,21 @@ def test_patch_warns_when_the_table_ranked_kernels_by_gpu_time_alone(restore_act
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         patch(tiny("llama"), Dispatcher(parse_table(table())))  # an eager table: no warning
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_patched_generation_with_a_static_cache_equals_unpatched(family, restore_active):
+    """A static cache hands attention the whole preallocated cache with a mask (SDPA serves it);
+    the other modules go through the dispatcher, and the tokens are unpatched's."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = seeded_tiny(family)
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        expected = model.generate(ids, **kw)
+        d = Dispatcher(None)
+        patch(model, d)
+        assert torch.equal(model.generate(ids, **kw), expected)
+    assert {"norm.rms", "posenc.rope", "linear"} <= set(d.stats())

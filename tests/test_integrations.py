@@ -1,4 +1,7 @@
 """A real client: tiny random-initialised Hugging Face models with attn_implementation="lzsolve"."""
+import json
+import warnings
+
 import pytest
 import torch
 
@@ -278,7 +281,6 @@ def test_a_tune_from_the_config_covers_what_the_patched_model_calls(family, tmp_
     patch(model, d)
     with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
         model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
-    import json
     called = {call["name"] for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
     assert called <= captured, sorted(called - captured)
 
@@ -290,7 +292,6 @@ def test_patch_warns_when_the_table_ranked_kernels_by_gpu_time_alone(restore_act
 
     with pytest.warns(UserWarning, match="graph mode"):
         patch(tiny("llama"), Dispatcher(parse_table(table(timing_mode="graph"))))
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         patch(tiny("llama"), Dispatcher(parse_table(table())))  # an eager table: no warning
@@ -312,3 +313,47 @@ def test_patched_generation_with_a_static_cache_equals_unpatched(family, restore
         patch(model, d)
         assert torch.equal(model.generate(ids, **kw), expected)
     assert {"norm.rms", "posenc.rope", "linear"} <= set(d.stats())
+
+
+def test_a_model_that_cannot_be_twinned_keeps_its_linears_separate_and_says_so(restore_active):
+    """read_together builds a meta copy with type(model)(config); a class that needs more than its
+    config cannot be copied so: patch still serves the model, unfused, and the report says why."""
+    from runtime_loader.integrations.transformers import patch
+
+    class NeedsMore(transformers.LlamaForCausalLM):
+        def __init__(self, config, extra):
+            super().__init__(config)
+
+    torch.manual_seed(12)
+    model = NeedsMore(transformers.LlamaConfig(**COMMON), extra=1).eval()
+    ids = torch.randint(1, 128, (1, 9))
+    reference = logits(model, "sdpa", ids)
+    report = patch(model, Dispatcher(None))
+    assert not report.fused and "TypeError" in report.left["sibling linears"], report
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_sibling_linears_with_biases_are_one_gemm_over_shared_storage(restore_active):
+    """Qwen2's q/k/v carry biases: fused with them; each member's weight and bias are views of the
+    fused ones (no second copy), and a member moved to a new storage is fused again."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(13)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)).eval()
+    ids = torch.randint(1, 128, (2, 9))
+    reference = logits(model, "sdpa", ids)
+    d = Dispatcher(None)
+    report = patch(model, d)
+    assert report.fused == {"q_proj+k_proj+v_proj": 2, "gate_proj+up_proj": 2}
+    attn = model.model.layers[0].self_attn
+    siblings = attn.q_proj._lzsolve_siblings
+    assert siblings.bias is not None
+    assert attn.k_proj.bias.data_ptr() == siblings.bias.data_ptr() + attn.q_proj.out_features * siblings.bias.element_size()
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == siblings.weight.untyped_storage().data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        model.double()  # every parameter gets new storage: the fused weights are built again
+        torch.testing.assert_close(model(ids).logits.float(), reference, rtol=1e-5, atol=1e-5)
+    assert siblings.weight.dtype == torch.float64
+    assert sum(d.stats()["linear"].values()) == 2 * (2 * 4 + 1)

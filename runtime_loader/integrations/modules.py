@@ -129,7 +129,7 @@ def read_together(model) -> list[tuple[str, ...]]:
     """Names of sibling nn.Linear modules (children of one module) that read one tensor, in
     call order: q/k/v, gate/up, whatever a model's forward makes of them. Found by running a
     copy of the model built on the meta device from its config (no memory, no real weights)
-    for a short prefill; [] when such a copy cannot be built or run."""
+    for a short prefill; raises what building or running that copy raised."""
     readers: dict[int, list[str]] = {}
     inputs = []  # kept alive, so no two inputs share an id
 
@@ -141,18 +141,15 @@ def read_together(model) -> list[tuple[str, ...]]:
         return pre_hook
 
     config = copy.deepcopy(model.config)  # the twin must not change the model's own config
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            twin = type(model)(config).eval()
-            twin.set_attn_implementation("sdpa")
-            for name, module in twin.named_modules():
-                if type(module) is torch.nn.Linear:
-                    module.register_forward_pre_hook(reader(name))
-            with torch.no_grad():
-                twin(input_ids=torch.zeros(1, 3, dtype=torch.long), use_cache=True)
-    except Exception:  # noqa: BLE001 - a model we cannot twin: its linears stay separate
-        return []
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        twin = type(model)(config).eval()
+        twin.set_attn_implementation("sdpa")
+        for name, module in twin.named_modules():
+            if type(module) is torch.nn.Linear:
+                module.register_forward_pre_hook(reader(name))
+        with torch.no_grad():
+            twin(input_ids=torch.zeros(1, 3, dtype=torch.long), use_cache=True)
     groups = []
     for names in readers.values():
         by_parent: dict[str, list[str]] = {}

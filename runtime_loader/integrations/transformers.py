@@ -166,12 +166,11 @@ class _Siblings:
     def _fuse(self) -> None:
         with torch.no_grad():
             self.weight = torch.cat([linear.weight for linear in self.linears])
-            has_bias = self.linears[0].bias is not None
-            self.bias = torch.cat([linear.bias for linear in self.linears]) if has_bias else None
-            for linear, weight, bias in zip(self.linears, self.weight.split(self.sizes),
-                                            self.bias.split(self.sizes) if has_bias else [None] * len(self.linears)):
+            self.bias = torch.cat([linear.bias for linear in self.linears]) if self.linears[0].bias is not None else None
+            for linear, weight in zip(self.linears, self.weight.split(self.sizes)):
                 linear.weight.data = weight
-                if bias is not None:
+            if self.bias is not None:
+                for linear, bias in zip(self.linears, self.bias.split(self.sizes)):
                     linear.bias.data = bias
         self.storage = self._pointers()
 
@@ -182,7 +181,8 @@ class _Siblings:
         pending = self.pending
         if pending is not None and pending[0] is x and not pending[1][index]:
             taken = tuple(done or i == index for i, done in enumerate(pending[1]))
-            self.pending = None if all(taken) else (x, taken, pending[2])  # the outputs are not kept alive
+            # once every member took its output, nothing holds the input or the outputs any longer
+            self.pending = None if all(taken) else (x, taken, pending[2])
             return pending[2][index]
         if not torch.compiler.is_compiling() and self._pointers() != self.storage:
             self._fuse()
@@ -307,8 +307,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
     activations and nn.Linear layers, lm_head included; linears that read one tensor (q/k/v,
     gate/up) as one GEMM over their concatenated weights (their weights become views of it:
-    patch after loading and moving the model, save before patching). Calls outside the table take each op's
-    PyTorch fallback, which computes what the module did. Works eagerly and under
+    patch after loading and moving the model, save before patching). Calls outside the table
+    take each op's PyTorch fallback, which computes what the module did. Works eagerly and under
     torch.compile(fullgraph=True) (through torch.ops.lzsolve). Returns what it replaced and what
     it left, by class. The RoPE function is replaced in the modelling module, so other models of
     that module in this process call the dispatcher too (with the same results)."""
@@ -334,7 +334,13 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
              "k_norm": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)}
     fused: set[str] = set()
     modules = dict(model.named_modules())
-    for names in read_together(model):
+    try:
+        groups = read_together(model)
+    except Exception as e:  # noqa: BLE001 - a model we cannot twin keeps its linears separate, and says so
+        groups = []
+        report.left["sibling linears"] = (f"q/k/v and gate/up not fused: a meta copy of the model did not run "
+                                          f"({type(e).__name__}: {e})")
+    for names in groups:
         linears = [modules[name] for name in names]
         if _fusable(linears):
             siblings = _Siblings(linears)

@@ -357,3 +357,49 @@ def test_sibling_linears_with_biases_are_one_gemm_over_shared_storage(restore_ac
         torch.testing.assert_close(model(ids).logits.float(), reference, rtol=1e-5, atol=1e-5)
     assert siblings.weight.dtype == torch.float64
     assert sum(d.stats()["linear"].values()) == 2 * (2 * 4 + 1)
+
+
+HELD_OUT = {  # types the patch was not written around: interleaved RoPE (Cohere), GLM's own RoPE form,
+    # whole-projection QK-norm (OLMo 2), fused gate_up (Phi-3), LayerNorm + plain GELU MLP (Starcoder2)
+    "cohere": ("CohereForCausalLM", "CohereConfig", {}),
+    "glm": ("GlmForCausalLM", "GlmConfig", dict(pad_token_id=0)),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {}),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(pad_token_id=0)),
+    "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", {}),
+}
+
+
+@pytest.mark.parametrize("family", list(HELD_OUT))
+def test_patched_held_out_types_compute_what_they_did(family, restore_active):
+    """Whatever patch serves must compute the module's own result: logits within fp32 rounding
+    and the same greedy tokens; a RoPE form no op serves (GLM's) is left, and said so."""
+    from runtime_loader.integrations.transformers import patch
+
+    model_class, config_class, options = HELD_OUT[family]
+    if not hasattr(transformers, model_class):
+        pytest.skip(f"this transformers has no {model_class}")
+    torch.manual_seed(14)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**COMMON, **options)).eval()
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        reference = logits(model, "sdpa", ids)
+        expected = model.generate(ids, **kw)
+        d = Dispatcher(None)
+        report = patch(model, d)
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, **kw), expected)
+    rope_left = any(name.endswith("apply_rotary_pos_emb") for name in report.left)
+    assert rope_left == (family == "glm"), report
+    assert ("posenc.rope" in d.stats()) == (family != "glm")
+
+
+def test_rope_layouts_are_found_by_running_the_function():
+    from transformers.models.cohere import modeling_cohere
+    from transformers.models.llama import modeling_llama
+
+    from runtime_loader.integrations.modules import rope_layout
+    assert rope_layout(modeling_llama.apply_rotary_pos_emb) == "split_half"
+    assert rope_layout(modeling_cohere.apply_rotary_pos_emb) == "interleaved"
+    assert rope_layout(lambda q, k, cos, sin: (q, k)) is None  # computes something else
+    assert rope_layout(lambda q, k, cos, sin, position_ids: (q, k)) is None  # another signature

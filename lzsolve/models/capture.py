@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from runtime_loader.integrations.modules import GATED_OPS, PLAIN_OPS, Kind, classify
+from runtime_loader.integrations.modules import GATED_OPS, PLAIN_OPS, Kind, classify, rope_layout
 from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
                                 qk_norm_call, rope_call, rows_call)
 
@@ -237,6 +237,8 @@ def _call_opaque(rec: _Recorder | None, fn, *args, **kwargs):
 
 
 def _rope_wrapper(original):
+    layout = rope_layout(original)  # split_half, interleaved (Cohere), or a form no op serves (GLM's)
+
     def apply_rotary_pos_emb(*args, **kwargs):
         rec = _current
         out = _call_opaque(rec, original, *args, **kwargs)
@@ -246,8 +248,9 @@ def _rope_wrapper(original):
         # the first rotary_dim dims of each head. Other forms (CodeGen's per-tensor one) are noted.
         q, k, cos = (list(args) + [None] * 3)[:3]
         plain = (len(args) == 4 and not kwargs and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
-                 and isinstance(cos, torch.Tensor) and cos.shape[-1] <= q.shape[-1])
-        sig = _sig(rope_call(q[..., :cos.shape[-1]], k[..., :cos.shape[-1]], False)) if plain else None
+                 and isinstance(cos, torch.Tensor) and cos.shape[-1] <= q.shape[-1] and layout is not None)
+        sig = (_sig(rope_call(q[..., :cos.shape[-1]], k[..., :cos.shape[-1]], layout == "interleaved")) if plain
+               else None)
         extra = {"rotary_dim": cos.shape[-1], "head_dim": q.shape[-1]} if plain else {}
         rec.events.append(Event("rope", rec.frame, sig, extra=extra))
         return out

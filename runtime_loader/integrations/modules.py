@@ -125,6 +125,29 @@ def classify(model) -> dict[str, Kind]:
     return kinds
 
 
+def rope_layout(apply_rotary_pos_emb) -> str | None:
+    """The pair layout a modelling module's apply_rotary_pos_emb(q, k, cos, sin) rotates in,
+    found by running it against the eager reference with cos/sin in each layout's Hugging Face
+    form (split_half: the angles twice, concatenated; interleaved: each angle twice in a row,
+    Cohere and GLM): "split_half", "interleaved", or None for any other form."""
+    from ..kernels.eager import rope
+
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 1, 5, 8, generator=gen)
+    angles = torch.rand(1, 5, 4, generator=gen) * 6
+    layouts = {"split_half": lambda t: torch.cat([t, t], dim=-1), "interleaved": lambda t: t.repeat_interleave(2, -1)}
+    for layout, form in layouts.items():
+        cos, sin = form(angles.cos()), form(angles.sin())
+        try:
+            got = apply_rotary_pos_emb(q, k, cos, sin)
+        except Exception:  # noqa: BLE001 - another signature: not a form we serve
+            return None
+        expected = rope(q, k, cos, sin, layout == "interleaved")
+        if isinstance(got, tuple) and len(got) == 2 and all(_close(g, e) for g, e in zip(got, expected)):
+            return layout
+    return None
+
+
 def read_together(model) -> list[tuple[str, ...]]:
     """Names of sibling nn.Linear modules (children of one module) that read one tensor, in
     call order: q/k/v, gate/up, whatever a model's forward makes of them. Found by running a

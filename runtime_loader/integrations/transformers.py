@@ -33,7 +33,7 @@ import torch
 
 from ..dispatcher import Dispatcher
 from .. import library
-from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, read_together
+from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, read_together, rope_layout
 
 NAME = "lzsolve"
 
@@ -142,7 +142,8 @@ def _qk_norm_forward(self, x):
 
 
 def _layer_norm_forward(self, x):
-    return _ops().layer_norm(x, self.weight, self.bias, self._lzsolve_eps)
+    # a LayerNorm without a bias may have no bias attribute at all (Cohere's)
+    return _ops().layer_norm(x, self.weight, getattr(self, "bias", None), self._lzsolve_eps)
 
 
 def _linear_forward(self, x):
@@ -216,14 +217,14 @@ def _fused_gated_mlp_forward(self, x):  # Phi-3: one gate_up projection, halves 
     return self.down_proj(getattr(_ops(), self._lzsolve_gated)(gate, up))
 
 
-def _rope_function(original):
+def _rope_function(original, interleaved: bool):
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         # the common form: q, k (batch, heads, seq, d), cos/sin (batch or 1, seq, d), unsqueezed at dim 1
         plain = (not args and kwargs.get("unsqueeze_dim", 1) == 1 and set(kwargs) <= {"unsqueeze_dim"}
                  and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1])
         if not plain:
             return original(q, k, cos, sin, *args, **kwargs)
-        return _ops().rope(q, k, cos, sin, False)
+        return _ops().rope(q, k, cos, sin, interleaved)
     apply_rotary_pos_emb.lzsolve_original = original
     return apply_rotary_pos_emb
 
@@ -381,9 +382,14 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
                                     kind.op, f"no serving forward for {kind.op}")
     for module in {sys.modules.get(type(m).__module__) for m in model.modules()}:
         original = getattr(module, "apply_rotary_pos_emb", None)
-        if callable(original):
-            if not hasattr(original, "lzsolve_original"):  # not patched already
-                setattr(module, "apply_rotary_pos_emb", _rope_function(original))
-                _patched_functions.append((module, "apply_rotary_pos_emb", original))
-            report.replaced["apply_rotary_pos_emb"] += 1
+        if not callable(original):
+            continue
+        if not hasattr(original, "lzsolve_original"):  # not patched already
+            layout = rope_layout(original)
+            if layout is None:
+                report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
+                continue
+            setattr(module, "apply_rotary_pos_emb", _rope_function(original, layout == "interleaved"))
+            _patched_functions.append((module, "apply_rotary_pos_emb", original))
+        report.replaced["apply_rotary_pos_emb"] += 1
     return report

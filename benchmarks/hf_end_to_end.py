@@ -16,10 +16,12 @@ times sdpa's own distance is FAILED and not timed.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import copy
 import gc
 import inspect
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -92,24 +94,36 @@ def generate(model, ids, steps, keep):
     return torch.cat(tokens[1:], dim=1)
 
 
-def timed_ms(fn, warmup: int, reps: int, device) -> dict:
-    """One sample per run of the whole scenario: CUDA events on CUDA, perf_counter on CPU."""
+def timed_ms(fns: dict, warmup: int, reps: int, device, before=lambda variant: None) -> dict:
+    """Per variant, one sample per run of the whole scenario (CUDA events on CUDA, perf_counter on
+    CPU), the variants interleaved rep by rep in a rotating order: a host whose speed drifts over a
+    run (eager models are host-bound) shifts every variant alike instead of whichever ran last."""
     for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
+        for variant, fn in fns.items():
+            before(variant)
             fn()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(begin.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e3)
+    samples = {v: [] for v in fns}
+    order = list(fns)
+    for rep in range(reps):
+        for variant in order[rep % len(order):] + order[:rep % len(order)]:
+            before(variant)  # the variant's setup (module state) stays out of the timed region
+            fn = fns[variant]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                samples[variant].append(begin.elapsed_time(end))
+            else:
+                start = time.perf_counter()
+                fn()
+                samples[variant].append((time.perf_counter() - start) * 1e3)
+    return {v: summary(samples[v]) for v in fns}
+
+
+def summary(samples: list[float]) -> dict:
     p10, *_, p90 = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples * 2
     median = statistics.median(samples)
     return {"median_ms": median, "min_ms": min(samples), "spread": (p90 - p10) / median, "samples": samples}
@@ -125,6 +139,11 @@ def profile(fn, device, label: str, trace: str | None) -> dict:
     events = prof.key_averages()
     print(f"\n--- {label}: 2 reps ---\n"
           f"{events.table(sort_by='self_device_time_total' if cuda else 'self_cpu_time_total', row_limit=15)}")
+    if cuda:  # eager models are often host-bound: where the host's time goes, by op and by Python function
+        print(events.table(sort_by="self_cpu_time_total", row_limit=12))
+        host = cProfile.Profile()
+        host.runcall(lambda: [fn() for _ in range(5)])
+        pstats.Stats(host).sort_stats("tottime").print_stats(20)
     cpu_ms = sum(e.self_cpu_time_total for e in events) / 1e3
     device_ms = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3
     print(f"total self CPU {cpu_ms:.2f} ms, self device {device_ms:.2f} ms\n")
@@ -248,7 +267,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--tol", type=float, default=2.0,
                         help="a prefill row passes when max |logits - fp32's| / max |fp32's| is at most TOL times sdpa's")
-    parser.add_argument("--profile", action="store_true", help="torch.profiler over 2 reps of each timed cell")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler over 2 reps of each timed cell, cProfile over 5")
     parser.add_argument("--trace", action="store_true", help="with --profile and --out: chrome traces next to --out")
     parser.add_argument("--out", help="JSON file for every figure")
     args = parser.parse_args()
@@ -287,19 +306,28 @@ def main() -> None:
         with torch.inference_mode():
             expected = {s: scenario(model, s)() for s in scenarios}
             anchor = fp32_logits(model, inputs, scenarios, shapes, keep)
-            # Liger and lzsolve's patch swap functions in the modelling module (rope): restored after each variant
+            # Liger and lzsolve's patch swap functions in the modelling module (rope): each variant's
+            # module state is kept, and put in place before each of its calls
             module = sys.modules[type(model).__module__]
-            saved = dict(vars(module))
+            baseline, runners, states = dict(vars(module)), {}, {}
             for variant in variants:
                 runner, why = setup(variant, model, name, args)
                 if runner is None:
                     print(f"[{name}] {variant} skipped: {why}")
                     skipped.setdefault(name, {})[variant] = why
-                    vars(module).update(saved)
-                    continue
-                for s in scenarios:
-                    batch, seq, steps = shapes[s]
-                    fn = scenario(runner, s)
+                else:
+                    runners[variant], states[variant] = runner, dict(vars(module))
+                vars(module).update(baseline)
+
+            def use(variant):
+                vars(module).update(states[variant])
+                return runners[variant]
+
+            for s in scenarios:
+                batch, seq, steps = shapes[s]
+                timed = {}
+                for variant in runners:
+                    fn = scenario(use(variant), s)
                     row = {"model": name, "scenario": s, "variant": variant, "batch": batch, "seq": seq, "steps": steps}
                     try:
                         out, calls = served(fn) if variant == "lzsolve" else (fn(), None)
@@ -313,19 +341,22 @@ def main() -> None:
                         figures |= {"table_attention": f"{table}/{args.layers * (1 + steps)}", "calls": calls}
                     print(f"[{name} {s}] {variant}: " + ", ".join(
                         f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()))
-                    row |= figures
-                    if row.get("ok", True):
-                        row |= timed_ms(fn, args.warmup, args.reps, device)
-                        print(f"[{name} {s}] {variant}: {row['median_ms']:.2f} ms ({row['spread']:.0%})")
-                        if args.profile:
-                            label = f"{name}-{s}-{variant}"
-                            trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{label}.json"
-                            row["profile"] = profile(fn, device, label, trace or None)
-                    rows.append(row)
-                    write(args, device, rows, skipped)  # each row as it comes: a run cut short keeps its figures
-                vars(module).update(saved)
-                torch._dynamo.reset()
-                del runner
+                    rows.append(row | figures)
+                    if figures.get("ok", True):
+                        timed[variant] = (rows[-1], fn)
+                figures = timed_ms({v: fn for v, (_, fn) in timed.items()}, args.warmup, args.reps, device, before=use)
+                for variant, (row, fn) in timed.items():
+                    row |= figures[variant]
+                    print(f"[{name} {s}] {variant}: {row['median_ms']:.2f} ms ({row['spread']:.0%})")
+                    if args.profile:
+                        label = f"{name}-{s}-{variant}"
+                        trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{label}.json"
+                        use(variant)
+                        row["profile"] = profile(fn, device, label, trace or None)
+                write(args, device, rows, skipped)  # each scenario as it comes: a run cut short keeps its figures
+            vars(module).update(baseline)
+            torch._dynamo.reset()
+            runners.clear()  # the variants hold copies of the model
         del model, expected, anchor
         gc.collect()
         if device.type == "cuda":

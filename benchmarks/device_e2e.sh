@@ -2,14 +2,19 @@
 # On the H100 (device tool, carry .devsite): tune eager tables for the 4-layer models, then
 # benchmarks/hf_end_to_end.py (every variant). TUNE_FROM=workload (default) tunes what the
 # patched model calls in the benchmark's scenarios (record, then tune --workload); config tunes
-# the model's config (tune --config). ARTIFACTS=dir reuses tables already there.
+# the model's config (tune --config). ARTIFACTS=dir (or an
+# artifacts.tgz an earlier call wrote) reuses tables already there. GRID: the grid the
+# workload's buckets are like (full: every recorded length of these scenarios is a bucket).
 # Figures and logs go to $OUT (e2e.json, e2e.log, record.log, tune-*.log, dispatch-*.json).
 set -uo pipefail
 mkdir -p /tmp/site && tar -C /tmp/site -xJf .devsite/site.tar.xz
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 models=${MODELS:-llama3-8b}
 art=${ARTIFACTS:-/tmp/art}
-tune_args="--grid ${GRID:-small} --trials 0 --mode eager --no-probe --validate 0 ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
+if [[ "$art" == *.tgz ]]; then  # artifacts.tgz of an earlier call, carried
+  mkdir -p /tmp/art && tar -C /tmp/art -xzf "$art" && art=/tmp/art
+fi
+tune_args="--grid ${GRID:-full} --trials 0 --mode eager --no-probe --validate 0 ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
 if [ -z "${ARTIFACTS:-}" ]; then
   if [ "${TUNE_FROM:-workload}" = workload ]; then
     python3 benchmarks/hf_end_to_end.py --record /tmp/wl --models "$models" --layers "${LAYERS:-4}" > $OUT/record.log 2>&1
@@ -24,6 +29,7 @@ if [ -z "${ARTIFACTS:-}" ]; then
     echo "tune $m rc $? $(( $(date +%s) - start )) s"
   done
   for m in ${models//,/ }; do cp $art/$m/dispatch.json $OUT/dispatch-$m.json; done
+  tar -C "$art" -czf $OUT/artifacts.tgz .  # for ARTIFACTS= in a later call (carried, unpacked)
 fi
 python3 benchmarks/hf_end_to_end.py --models "$models" --artifacts "$art" --out $OUT/e2e.json --layers "${LAYERS:-4}" \
   --variants "${VARIANTS:-sdpa,liger,compile,lzsolve}" --reps "${REPS:-10}" ${E2E_ARGS:-} > $OUT/e2e.log 2>&1

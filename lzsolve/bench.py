@@ -5,9 +5,9 @@ set per sample, so that no call finds its inputs in cache from the previous
 call; on CUDA the L2 is also flushed before every sample (as
 triton.testing.do_bench does). Two numbers per record:
 
-- eager: the k calls launched back to back from Python and timed with events,
-  so host-side launch overhead counts wherever it exceeds the GPU time (what an
-  eager server pays);
+- eager: the k calls launched back to back from Python and timed with events from
+  an idle GPU, so host-side launch overhead counts wherever it exceeds the GPU time
+  (what an eager server pays);
 - graph: the k calls captured once in a CUDA graph and replayed (what a server
   with CUDA graphs pays: GPU time alone). A candidate that cannot be captured
   gets no graph time and the capture error instead.
@@ -223,9 +223,14 @@ class CudaHarness(_Base):
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def _events_ms(self, run: Callable[[], None], calls_per_run: int) -> float:
+    def _events_ms(self, run: Callable[[], None], calls_per_run: int, idle_start: bool = False) -> float:
+        """idle_start: wait for the flush before starting the clock, so the calls' host work
+        cannot hide behind it (an eager pass of a few cheap calls launched from Python while
+        the GPU still flushed looked as fast as their GPU time, whatever they cost the host)."""
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         self._flush_buffer.zero_()
+        if idle_start:
+            self.sync()
         begin.record()
         run()
         end.record()
@@ -236,7 +241,7 @@ class CudaHarness(_Base):
         def eager_pass() -> None:
             for call in calls:
                 call()
-        return lambda: self._events_ms(eager_pass, len(calls))
+        return lambda: self._events_ms(eager_pass, len(calls), idle_start=True)
 
     def _graph_sampler(self, calls, keep):
         try:

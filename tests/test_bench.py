@@ -1,4 +1,5 @@
 """The harness: statistics, rotation sets, warm-up and first-call separation, adaptive stop, graph mode."""
+import statistics
 import time
 
 import pytest
@@ -117,3 +118,25 @@ def test_cuda_graph_mode_alone():
     assert out["mm"].eager is None and out["mm"].graph.median_ms > 0 and out["mm"].graph_tried
     assert out["sync"].graph is None and out["sync"].graph_error, "not capturable: the reason stays"
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_eager_mode_counts_the_host_cost_of_launches():
+    """A call of a dozen tiny launches is host-bound: its eager time is its host time. (Started
+    while the L2 flush still ran, the launches hid behind it and looked nearly free.)"""
+    harness = CudaHarness(Budget(time_cap_s=0.2))
+    t = torch.zeros(8, device="cuda")
+
+    def launches():
+        for _ in range(12):
+            t.add_(1)
+
+    host_ms = []
+    for _ in range(30):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        launches()
+        host_ms.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    eager = harness.measure({"launches": [launches]}, ("eager",))["launches"].eager
+    assert eager.median_ms >= 0.8 * statistics.median(host_ms), (eager.median_ms, statistics.median(host_ms))

@@ -27,8 +27,12 @@ ACT_CHUNKED = {"block": 128, "warps": 2}  # rows of 300: three chunks, the last 
 
 # (base id, op, static dims, flags, dynamic dims, configurations besides the default)
 CASES = [
-    ("triton.rms_norm", "norm.rms", {"hidden": 320}, (), {"tokens": 5}, [NORM_CHUNKED]),
-    ("triton.rms_norm_add", "norm.rms_add", {"hidden": 320}, (), {"tokens": 5}, [NORM_CHUNKED]),
+    *[(base, op, {"hidden": 320}, flags, {"tokens": 5}, [NORM_CHUNKED])
+      for base, op in (("triton.rms_norm", "norm.rms"), ("triton.rms_norm_add", "norm.rms_add"))
+      for flags in ((), ("unit_offset",))],
+    # 3 heads of 48 per token: rows of one head, in one tile and in three chunks of 16
+    *[("triton.qk_norm", "norm.qk", {"heads": 3, "d": 48}, flags, {"tokens": 5}, [{"block": 16, "warps": 1}])
+      for flags in ((), ("unit_offset",))],
     ("triton.layer_norm", "norm.layer", {"hidden": 320}, (), {"tokens": 5}, [NORM_CHUNKED]),
     ("triton.swiglu", "act.swiglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     ("triton.geglu", "act.geglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import importlib
 
-from ...specs import KernelSpec, Tunable
+from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
+from ..eager import UNIT_OFFSET
 
 ALL_DTYPES = frozenset({"bf16", "fp16", "fp32"})
 
@@ -50,14 +51,21 @@ def family(base_id: str, op: str, module: str, function: str, params: dict, defa
 # Rows up to 16384 wide fit one tile; wider ones (or a smaller block) are walked in chunks.
 NORM_PARAMS = {"block": powers_of_two(256, 16384), "warps": powers_of_two(1, 32)}
 NORM_DEFAULT = {"block": 4096, "warps": 8}  # one tile for hidden <= 4096 (most LLMs), two chunks at 8192
+QK_NORM_PARAMS = {"block": powers_of_two(16, 1024), "warps": powers_of_two(1, 8)}
+QK_NORM_DEFAULT = {"block": 256, "warps": 1}  # rows of one head: head_dim <= 256 in one tile
 ACT_PARAMS = {"block": powers_of_two(128, 8192), "warps": powers_of_two(1, 16)}
 ACT_DEFAULT = {"block": 1024, "warps": 4}
 
 TUNABLES = [
     family("triton.rms_norm", "norm.rms", "norm", "rms_norm", NORM_PARAMS, NORM_DEFAULT,
-           "one row per program, fp32 statistics; rows wider than block take two passes"),
+           "one row per program, fp32 statistics; rows wider than block take two passes",
+           features=UNIT_OFFSET),
     family("triton.rms_norm_add", "norm.rms_add", "norm", "rms_norm_add", NORM_PARAMS, NORM_DEFAULT,
-           "in place: total into residual, normed into x; rows wider than block take two passes"),
+           "in place: total into residual, normed into x; rows wider than block take two passes",
+           features=UNIT_OFFSET),
+    # one launch where F.rms_norm over Gemma's (1 + weight) takes five (casts, the add, the norm)
+    family("triton.qk_norm", "norm.qk", "norm", "rms_norm", QK_NORM_PARAMS, QK_NORM_DEFAULT,
+           "the rms_norm kernel over rows of one head", head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET),
     family("triton.layer_norm", "norm.layer", "norm", "layer_norm", NORM_PARAMS, NORM_DEFAULT,
            "one row per program, two-pass fp32 variance; rows wider than block take three passes"),
     family("triton.swiglu", "act.swiglu", "act", "swiglu", ACT_PARAMS, ACT_DEFAULT,

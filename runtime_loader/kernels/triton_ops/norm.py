@@ -26,20 +26,23 @@ def _load_total(x_ptr, x_offsets, res_ptr, res_offsets, mask):
 
 
 @triton.jit
-def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, res_ptr, res_offsets):
+def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, res_ptr, res_offsets,
+               UNIT_OFFSET: tl.constexpr):
     if res_ptr is not None:  # the total replaces the residual (vLLM's fused_add_rms_norm does the same)
         tl.store(res_ptr + res_offsets, total.to(res_ptr.dtype.element_ty), mask=mask)
     weight = tl.load(w_ptr + cols * w_stride, mask=mask, other=0.0).to(tl.float32)
-    # Rounded to the output dtype before the weight multiplies, as Hugging Face's LlamaRMSNorm does.
-    normed = (total * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + out_offsets, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+    if UNIT_OFFSET:  # Gemma: scaled by (1 + weight) in fp32, rounded once at the end
+        out = total * rstd * (1.0 + weight)
+    else:  # rounded to the output dtype before the weight multiplies, as Hugging Face's LlamaRMSNorm does
+        out = (total * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * weight
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
                      x_stride_row, x_stride_col, res_stride_row, res_stride_col, w_stride,
                      out_stride_row, out_stride_col, n_cols, eps,
-                     BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):
+                     BLOCK: tl.constexpr, ONE_TILE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
     """rms_norm of one row of x, or of x + residual when res_ptr is given."""
     row = tl.program_id(0).to(tl.int64)
     if ONE_TILE:
@@ -50,7 +53,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
         total = _load_total(x_ptr, x_offsets, res_ptr, res_offsets, mask)
         rstd = tl.rsqrt(tl.sum(total * total) / n_cols + eps)
         _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
-                   row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets)
+                   row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets, UNIT_OFFSET)
     else:
         sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK):
@@ -68,7 +71,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
             res_offsets = row * res_stride_row + cols * res_stride_col
             total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col, res_ptr, res_offsets, mask)
             _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
-                       row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets)
+                       row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets, UNIT_OFFSET)
 
 
 @triton.jit
@@ -119,30 +122,32 @@ def _check_vectors(rows, *vectors) -> None:
             raise ValueError(f"rows of {rows.shape[-1]} need vectors of that length, got {tuple(vector.shape)}")
 
 
-def _rms_rows(rows, residual_rows, weight, out, eps: float, block: int, warps: int) -> None:
+def _rms_rows(rows, residual_rows, weight, out, eps: float, unit_offset: bool, block: int, warps: int) -> None:
     _check_vectors(rows, weight)
     n_rows, n_cols = rows.shape
     if n_rows == 0:
         return
     res_strides = residual_rows.stride() if residual_rows is not None else (0, 0)
     _rms_norm_kernel[(n_rows,)](rows, residual_rows, weight, out, *rows.stride(), *res_strides, weight.stride(0),
-                                *out.stride(), n_cols, eps, BLOCK=block, ONE_TILE=n_cols <= block, num_warps=warps)
+                                *out.stride(), n_cols, eps, BLOCK=block, ONE_TILE=n_cols <= block,
+                                UNIT_OFFSET=unit_offset, num_warps=warps)
 
 
-def rms_norm(x, weight, eps: float, *, block: int, warps: int):
+def rms_norm(x, weight, eps: float, unit_offset: bool = False, *, block: int, warps: int):
+    """Over the last dim; also norm.qk's per-head norm, x (..., heads, d) with weight (d,)."""
     rows = as_rows(x)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    _rms_rows(rows, None, weight, out, eps, block, warps)
+    _rms_rows(rows, None, weight, out, eps, unit_offset, block, warps)
     return out.view(x.shape)
 
 
-def rms_norm_add(x, residual, weight, eps: float, *, block: int, warps: int):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, *, block: int, warps: int):
     """In place, as serving engines do (the op's contract allows it): the total goes into
     residual's storage and the normed rows into x's; returns (normed, total)."""
     if residual.shape != x.shape:
         raise ValueError(f"rms_norm_add: residual {tuple(residual.shape)} is not the shape of x {tuple(x.shape)}")
     rows, residual_rows = as_rows(x), as_rows(residual)
-    _rms_rows(rows, residual_rows, weight, rows, eps, block, warps)
+    _rms_rows(rows, residual_rows, weight, rows, eps, unit_offset, block, warps)
     # Views of x and residual (copies only where as_rows had to copy leading dims).
     return rows.view(x.shape), residual_rows.view(residual.shape)
 

@@ -140,7 +140,8 @@ def format_validation(entry: dict) -> list[str]:
     v = entry.get("validation")
     if v:
         before, after = v["before"], v["after"]
-        lines.append(f"  validation, {v['shapes']} random shapes: regret geomean {_ratio(after['regret_geomean'])}, "
+        around = f" and {v['near_shapes']} around its losses" if v.get("near_shapes") else ""
+        lines.append(f"  validation, {v['shapes']} random shapes{around}: regret geomean {_ratio(after['regret_geomean'])}, "
                      f"worst {_ratio(after['regret_worst'])}; vs default worst {_ratio(after['vs_default_worst'])}")
         lines.append(f"    before refinement (shapes the tree had not seen): regret geomean "
                      f"{_ratio(before['regret_geomean'])}, worst {_ratio(before['regret_worst'])}; vs default worst "

@@ -118,3 +118,14 @@ def random_points(dims: dict[str, list[int]], n: int, rng: random.Random) -> lis
         if point not in points:
             points.append(point)
     return points
+
+
+NEAR = 1.5  # a shape's neighbourhood: each dim within this factor of its value
+
+
+def points_near(center: dict[str, int], n: int, rng: random.Random) -> list[dict[str, int]]:
+    """Up to `n` distinct shapes around `center` (each dim log-uniform within NEAR times its
+    value), none equal to it: where a table lost, what is around the loss."""
+    return [p for p in random_points({d: [max(1, round(v / NEAR)), max(1, round(v * NEAR / PAST_GRID))]
+                                      for d, v in center.items()}, n + 1, rng) if p != center][:n]
+

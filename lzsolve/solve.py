@@ -10,8 +10,11 @@ weighted WORST_WEIGHT times (the worst point is bounded, not averaged away), plu
 (a split must buy a real gain at some point, however few points that is). The cheapest tree
 is found exactly, by dynamic programming over the sets of points that axis-aligned splits
 can separate, up to MAX_DEPTH: the grids are small, so there is no need for a greedy
-look-ahead that cannot see a second split coming. A leaf keeps the fallback when no kernel
-beats it beyond noise anywhere in the leaf. Thresholds sit at the geometric midpoint of the
+look-ahead that cannot see a second split coming. A leaf keeps the fallback unless its kernel
+beats it by SWITCH_GAIN over the leaf's points (geomean; more where the leaf holds fewer than
+four points): two timings of one cuBLAS GEMM, minutes apart, differed by up to 10% on the H100
+(BENCHMARKS §10.4), far more than the spread of either run's samples, so a smaller measured gain
+is no evidence, and leaving the default for it risks a loss at the shapes between the points. Thresholds sit at the geometric midpoint of the
 neighbouring measured values (the grids are log-spaced).
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ MAX_NOISE = 0.05  # a noisy point still may not hide a loss larger than this
 WORST_BOUND = 0.05  # excess regret at one point above this...
 WORST_WEIGHT = 10.0  # ...costs this many times more
 LEAF_COST = 0.01  # what a split must remove, in summed excess regret
+SWITCH_GAIN = 0.05  # a leaf leaves the fallback only for a kernel this much faster over >= 4 points
 TIE_BREAK = 1e-3  # weight of raw regret (noise included): picks among trees of equal excess
 BARRED = 1e9  # cost of a kernel at a point where it was not measured, or loses to the fallback: above any excess
 
@@ -63,6 +67,25 @@ class Points:
     def loses_to_fallback(self, kernel: str, i: int) -> bool:
         t, fb = self.times[kernel][i], self.times.get(self.fallback, [math.inf] * len(self.dims))[i]
         return kernel != self.fallback and math.isfinite(fb) and t > fb * (1 + self.noise(i, kernel, self.fallback))
+
+    def ratio(self, other: str, kernel: str, idx: list[int]) -> float | None:
+        """Geomean of time(other) / time(kernel) over the points of `idx` where both were timed."""
+        if other not in self.times:
+            return None
+        a, b = self.times[other], self.times[kernel]
+        logs = [math.log(a[i] / b[i]) for i in idx if math.isfinite(a[i]) and math.isfinite(b[i])]
+        return math.exp(sum(logs) / len(logs)) if logs else None
+
+    def clearly_faster(self, kernel: str, idx: list[int]) -> bool:
+        """Whether `kernel` beats the fallback over these points by more than timing can make up:
+        SWITCH_GAIN (geomean) over four points or more, up to twice that at a single point."""
+        if kernel == self.fallback:
+            return True
+        both = [i for i in idx if math.isfinite(self.times[kernel][i])
+                and math.isfinite(self.times.get(self.fallback, [math.inf] * len(self.dims))[i])]
+        if not both:
+            return True  # nothing says the fallback is there to keep
+        return self.ratio(self.fallback, kernel, both) >= 1 + SWITCH_GAIN * math.sqrt(4 / min(len(both), 4))
 
     def leading(self, dims: dict, margin: float) -> set[str]:
         """The kernels within `margin` of the best at any measured point around `dims`: per dim
@@ -122,12 +145,13 @@ class _Solver:
         return [i for i in range(self.n) if mask >> i & 1]
 
     def _leaf(self, mask: int) -> tuple[float, str]:
-        """(cost, kernel) of the best single kernel for these points; the fallback when no
-        kernel has less excess than it."""
+        """(cost, kernel) of the best single kernel for these points among the fallback and the
+        kernels clearly faster than it there; the fallback when no kernel has less excess."""
         idx = self.members(mask)
         totals = {k: (sum(self.costs[k][i][0] for i in idx), sum(self.costs[k][i][1] for i in idx))
                   for k in self.kernels}
-        chosen = min(totals, key=lambda k: totals[k][0] + TIE_BREAK * totals[k][1])
+        allowed = [k for k in self.kernels if self.pts.clearly_faster(k, idx)]
+        chosen = min(allowed, key=lambda k: totals[k][0] + TIE_BREAK * totals[k][1])
         fallback = self.pts.fallback
         if fallback in totals and totals[fallback][0] <= totals[chosen][0] + 1e-12:
             chosen = fallback
@@ -156,17 +180,11 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
     """What a leaf records: its kernel, the gain over the fallback, the runner-up and its margin,
     the mean and worst regret over its points."""
     t = pts.times[kernel]
-
-    def geomean_ratio(other: str) -> float | None:
-        logs = [math.log(pts.times[other][i] / t[i]) for i in idx
-                if math.isfinite(pts.times[other][i]) and math.isfinite(t[i])]
-        return math.exp(sum(logs) / len(logs)) if logs else None
-
     regrets = [t[i] / pts.best(i) - 1 for i in idx if math.isfinite(t[i])]
     covering = [k for k in pts.times if k != kernel and all(math.isfinite(pts.times[k][i]) for i in idx)]
     runner_up = min(covering, key=lambda k: sum(pts.times[k][i] / pts.best(i) for i in idx), default=None)
-    gain = geomean_ratio(pts.fallback) if pts.fallback in pts.times else None
-    margin = geomean_ratio(runner_up) if runner_up else None
+    gain = pts.ratio(pts.fallback, kernel, idx)
+    margin = pts.ratio(runner_up, kernel, idx) if runner_up else None
     return {
         "kernel_id": kernel,
         "gain": round(gain, 4) if gain is not None else None,

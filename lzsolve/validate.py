@@ -8,6 +8,11 @@ tree lost (beyond noise to the best kernel, or at all to the fallback) the solve
 there or falls back for that region. The artifact carries both figures per signature: before
 refinement (shapes the tree never saw) and after. `lzsolve evaluate` judges with the same
 code on shapes of the user's choosing.
+
+Where the tree lost at a shape, kernels' times are rough there (FA3 at small prefill shapes is
+not monotone in batch and seq: its tiles x heads x batch against the SM count), so a second
+round times NEAR_SHAPES more shapes around each such loss before the final solve: the
+refinement then rests on the neighbourhood, not on one point.
 """
 from __future__ import annotations
 
@@ -18,12 +23,14 @@ from typing import Callable
 
 from runtime_loader.ops import OPS
 
-from .grid import buckets, random_points
+from .grid import buckets, points_near, random_points
 from .perfdb import dims_key
 from .solve import pick, points_from, solve_signature
 from .tuner import Plan, Session, SignaturePlan, Work, by_signature, contenders
 
 VALIDATION_SHAPES = 8  # random shapes per op signature in every tune
+NEAR_SHAPES = 3  # shapes timed around each validation shape where the table lost...
+LOSS = 0.05  # ...by this much, to the best kernel timed there or to the fallback
 
 
 @dataclass(frozen=True)
@@ -129,19 +136,33 @@ def validate(session: Session, planned: list[Planned], records: list[dict], mode
     new, summaries = [], {}
     for p in planned:
         sp = p.signature
-        sig = str(sp.instance.signature)
+        sig, dynamic = str(sp.instance.signature), OPS[sp.instance.signature.op].dynamic
         measured = session.measure(sp, p.work, "validation", (mode,), on_step)
-        after = solve_signature(recs[sig] + measured, OPS[sp.instance.signature.op].dynamic, sp.fallback, mode)["tree"]
-        at: dict[str, list[dict]] = {}
-        for r in measured:
-            at.setdefault(r["dims"], []).append(r)
-
-        def figures(tree: dict) -> dict:
-            return stats([judge(sig, dims, pick(tree, dims), sp.fallback, at.get(dims_key(dims), []), mode)
-                          for dims, _ in p.work])
-
-        summaries[sig] = {"shapes": len(p.work), "before": figures(p.tree), "after": figures(after),
+        judged = _judge_all(sig, p.tree, sp.fallback, p.work, measured, mode)
+        near = _around_losses(sp, p.tree, judged, recs[sig] + measured, mode)
+        measured += session.measure(sp, near, "validation", (mode,), on_step)
+        after = solve_signature(recs[sig] + measured, dynamic, sp.fallback, mode)["tree"]
+        summaries[sig] = {"shapes": len(p.work), "near_shapes": len(near), "before": stats(judged),
+                          "after": stats(_judge_all(sig, after, sp.fallback, p.work + near, measured, mode)),
                           "refined": _structure(after) != _structure(p.tree)}
         new += measured
     return new, summaries
+
+
+def _judge_all(sig: str, tree: dict, fallback: str, work: Work, measured: list[dict], mode: str) -> list[PointResult]:
+    at: dict[str, list[dict]] = {}
+    for r in measured:
+        at.setdefault(r["dims"], []).append(r)
+    return [judge(sig, dims, pick(tree, dims), fallback, at.get(dims_key(dims), []), mode) for dims, _ in work]
+
+
+def _around_losses(sp: SignaturePlan, tree: dict, judged: list[PointResult], records: list[dict], mode: str) -> Work:
+    """NEAR_SHAPES shapes around each judged shape where the tree lost by LOSS (seeded by the
+    signature and the shape, so a re-run draws the same ones), with the kernels to time there."""
+    sig = str(sp.instance.signature)
+    lost = [r.dims for r in judged if (r.regret or 1) > 1 + LOSS or (r.vs_default or 1) > 1 + LOSS]
+    pts = points_from(records, mode, sp.fallback)
+    shapes = [dims for center in lost
+              for dims in points_near(center, NEAR_SHAPES, random.Random(f"near:{sig}:{dims_key(center)}"))]
+    return [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in shapes]
 

@@ -1,7 +1,7 @@
 """Shape grids: buckets, unaligned probes between them, random shapes past them."""
 import random
 
-from lzsolve.grid import GRIDS, PAST_GRID, buckets, probe_points, probe_values, random_points, workloads
+from lzsolve.grid import GRIDS, NEAR, PAST_GRID, buckets, points_near, probe_points, probe_values, random_points, workloads
 from runtime_loader.ops import OPS
 
 
@@ -46,3 +46,13 @@ def test_random_points_are_seeded_distinct_and_mostly_unaligned():
     assert any(p["seq"] > max(dims["seq"]) for p in a), "some go past the largest bucket"
     # a dim with no room to vary gives fewer distinct shapes, never an endless draw
     assert len(random_points({"batch": [1], "seq": [2]}, 10, random.Random(0))) <= 2
+
+
+def test_points_near_a_shape_are_seeded_distinct_and_around_it():
+    center = {"batch": 2, "seq": 559}
+    near = points_near(center, 3, random.Random("x"))
+    assert near == points_near(center, 3, random.Random("x")) and len(near) == 3
+    assert center not in near and len({tuple(p.values()) for p in near}) == 3
+    for p in near:
+        assert all(center[d] / NEAR - 1 <= p[d] <= center[d] * NEAR + 1 for d in center), p
+    assert points_near({"tokens": 1}, 2, random.Random(0)) == []  # no room around it: none

@@ -64,6 +64,7 @@ def test_probes_and_validation_keep_unaligned_shapes_off_the_cliff(tuned):
     before, after = entry["validation"]["before"], entry["validation"]["after"]
     assert before["vs_default_worst"] > 2, "after the probes, validation still caught the cliff between them"
     assert after["vs_default_worst"] < 1.1 and entry["validation"]["refined"]
+    assert entry["validation"]["near_shapes"] > 0, "the losses got a second round of shapes around them"
     assert entry["points_by_phase"]["probe"] >= 2 and entry["points_by_phase"]["validation"] >= 4
     report = (root / "checked" / "report.md").read_text()
     assert "validation, 8 random shapes" in report and "the tree was refined" in report

@@ -8,18 +8,25 @@
 #             (the PerfDB and optuna studies travel as $OUT/d.tgz.* parts; carry them back as
 #             .devrun/parts); each call's log is $OUT/tune.err;
 #   evaluate: `lzsolve evaluate --random ${RANDOM_N:-40} --seed 1` on the finished artifact, for
-#             the signatures matching EVAL_OPS (default all), into $OUT/eval.json.
+#             the signatures matching each glob of EVAL_OPS (default all), into $OUT/eval-N.json;
+#   retune:   the tune run again on the artifact (its records reused: only what the code now
+#             plans anew is measured), then `evaluate` as above.
+# Without JIT caches the artifact travels in one part of a few MB (.devrun/parts/d-lite.tgz,
+# from $OUT): evaluation and a continued tune compile what they need again. LITE=1 sends back
+# only that part.
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader >> "$OUT/setup.txt"
 if [ ! -d .devrun/d ] && ls .devrun/parts/d.tgz.* > /dev/null 2>&1; then cat .devrun/parts/d.tgz.* | tar xz; fi
+if [ ! -d .devrun/d ] && [ -f .devrun/parts/d-lite.tgz ]; then tar xzf .devrun/parts/d-lite.tgz; fi
 lz=(python3 -m lzsolve)
 pack() {  # the artifact without the JIT work folder (too large to travel), in parts under 16 MiB
-  tar cz --exclude=.jit-work .devrun/d | split -b 15M - "$OUT/d.tgz."
-  du -sh .devrun/d .devrun/d/.jit-work 2> /dev/null; ls -la "$OUT"/d.tgz.*
+  [ -n "${LITE:-}" ] || tar cz --exclude=.jit-work .devrun/d | split -b 15M - "$OUT/d.tgz."
+  tar cz --exclude=.jit-work --exclude=jit .devrun/d > "$OUT/d-lite.tgz"
+  du -sh .devrun/d .devrun/d/.jit-work 2> /dev/null; ls -la "$OUT"/d*.tgz*
 }
 start=$(date +%s)
-case "${STAGE:?set STAGE=smoke|tune|evaluate}" in
+case "${STAGE:?set STAGE=smoke|tune|evaluate|retune}" in
   smoke)
     python3 -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_measure.py -k "mode or reference" 2>&1 | tail -3
     timeout 240 "${lz[@]}" tune --model llama3-8b --grid tiny --trials 0 --kernels 'sdpa.*,fa3.*,triton.rms_norm,torch.*' \
@@ -40,9 +47,19 @@ PY
     timeout -s INT "$left" "${lz[@]}" tune --model llama3-70b --tp 8 --out .devrun/d --json > "$OUT/tune.json" 2> "$OUT/tune.err"
     echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "in [0-9]+ s|interrupted|wrote|error" "$OUT/tune.err" | tail -8
     pack ;;
-  evaluate)
-    timeout -s INT "${EVAL_LIMIT:-560}" "${lz[@]}" evaluate .devrun/d --random "${RANDOM_N:-40}" --seed 1 --op "${EVAL_OPS:-*}" \
-      --json "$OUT/eval.json" > "$OUT/eval.txt" 2> "$OUT/eval.err"
-    echo "evaluate rc=$? after $(( $(date +%s) - start )) s"; cat "$OUT/eval.txt"; grep -E "^(error|note)" "$OUT/eval.err" | head -20
+  retune)
+    timeout -s INT "${TUNE_LIMIT:-300}" "${lz[@]}" tune --model llama3-70b --tp 8 --out .devrun/d --json > "$OUT/tune.json" 2> "$OUT/tune.err"
+    echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "in [0-9]+ s|interrupted|wrote|error" "$OUT/tune.err" | tail -8
+    ;;&
+  evaluate|retune)
+    n=0
+    for ops in ${EVAL_OPS:-*}; do
+      n=$((n + 1)); left=$(( ${EVAL_LIMIT:-560} - ($(date +%s) - start) ))
+      [ "$left" -gt 20 ] || break
+      timeout -s INT "$left" "${lz[@]}" evaluate .devrun/d --random "${RANDOM_N:-40}" --seed 1 --op "$ops" \
+        --json "$OUT/eval-$n.json" > /tmp/eval.txt 2> /tmp/eval.err
+      echo "evaluate $ops rc=$? after $(( $(date +%s) - start )) s"; cat /tmp/eval.txt
+      cat /tmp/eval.txt /tmp/eval.err >> "$OUT/eval.log"; grep -E "^(error|note)" /tmp/eval.err | head -10
+    done
     pack ;;
 esac

@@ -29,7 +29,7 @@ from .solve import pick, points_from, solve_signature
 from .tuner import Plan, Session, SignaturePlan, Work, by_signature, contenders
 
 VALIDATION_SHAPES = 8  # random shapes per op signature in every tune
-NEAR_SHAPES = 3  # shapes timed around each validation shape where the table lost...
+NEAR_SHAPES = 6  # shapes timed around each validation shape where the table lost...
 LOSS = 0.05  # ...by this much, to the best kernel timed there or to the fallback
 
 

@@ -24,12 +24,15 @@ import torch
 
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
+from runtime_loader.ops import Signature
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
 from .bench import MODES
 from .gates import capability_gate
+from .errors import LzError
 from .grid import Grid, as_grid, probe_points, workloads
+from .limits import check_fits
 from .measure import CeilingTask, ParityTask, TimingTask
 from .models import OpInstance
 from .models.capture import Captured
@@ -117,7 +120,30 @@ def make_plan(model: Captured, dtype: str, device: torch.device, grid: Grid | st
                 reasons = tuple(capability_gate(spec, sig, here))
             candidates.append(Candidate(spec, reasons))
         plans.append(SignaturePlan(instance, tuple(workloads(grid, sig.op)), tuple(candidates)))
+        check_inputs_fit(sig, plans[-1].workloads, device)
     return Plan(model, dtype, device, grid, hardware_signature(device), tuple(plans))
+
+
+def check_inputs_fit(sig: Signature, points: tuple[dict, ...], device: torch.device) -> None:
+    """Refuse a signature whose largest input (a weight or an activation) at the grid's largest
+    shape could not exist on `device`, before any worker allocates it: its inputs are made on
+    the meta device, which has shapes and no memory."""
+    if not points:
+        return
+    largest = {dim: max(p[dim] for p in points) for dim in points[0]}
+    try:
+        args = CONTRACTS[sig.op].make_inputs(sig, largest, torch.device("meta"), torch.Generator())
+    except (RuntimeError, OverflowError, ValueError, TypeError) as e:
+        raise LzError(f"{sig} at {largest}: its inputs cannot be made ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}); fix the model's sizes") from None
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors:
+        return
+    big = max(tensors, key=lambda t: t.numel() * t.element_size())
+    named = {**dict(sig.static), **largest}
+    dims = [name for name, value in named.items() if value == max(big.shape)] or ["its static dims"]
+    check_fits(f"{sig} at {', '.join(f'{k}={v}' for k, v in largest.items())}", tuple(big.shape),
+               big.element_size(), device, f"check {' / '.join(dims)} (the model's sizes) or the grid")
 
 
 def notes(plan: Plan) -> list[str]:

@@ -217,6 +217,20 @@ def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
     return {_key(r): r for r in rows}
 
 
+def _recorded_rejections(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
+    """Capability verdicts earlier runs recorded on this machine and stack, by key and Reason: a
+    verdict that has not changed is not appended again (a re-run would double them)."""
+    if not db.files():
+        return {}
+    rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND stage = 'capability' AND run_id NOT LIKE 'eval-%' "
+                   "ORDER BY ts", [recorder.hw_slug])
+    return {_rejection_key(r): r for r in rows}
+
+
+def _rejection_key(record: dict) -> tuple:
+    return (*_key(record), record["phase"], record["reason_code"], record["reason_message"])
+
+
 def _key(record: dict) -> tuple:
     return record["signature"], record["kernel_id"], record["kernel_version"], record["dims"]
 
@@ -285,6 +299,7 @@ class Session:
         self.recorder = Recorder(plan.model.name, plan.model.tp, plan.dtype, plan.device, plan.hardware,
                                  run_id or new_run_id(), runner.timer)
         self.reusable = _reusable(db, self.recorder) if reuse else {}
+        self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
         self.seeds = fresh_seeds()
 
@@ -306,9 +321,11 @@ class Session:
                     earlier = self.reusable.get(key)
                     if not cand.admitted:
                         first, *rest = cand.reasons
-                        fresh.append(self.recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
-                                                          reason_code=first.code,
-                                                          reason_message="; ".join([first.message, *map(str, rest)])))
+                        verdict = self.recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
+                                                       reason_code=first.code,
+                                                       reason_message="; ".join([first.message, *map(str, rest)]))
+                        known = self.rejections.setdefault(_rejection_key(verdict), verdict)
+                        (fresh if known is verdict else results).append(known)
                     elif earlier is not None and _answers(earlier, modes):
                         results.append(earlier)
                         on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")

@@ -93,7 +93,8 @@ def leaves(node: Leaf | Split):
 
 
 MAX_JSON_DEPTH = MAX_TREE_DEPTH + 8  # table > ops > entry > tree > 32 levels of nodes
-MAX_TABLE_BYTES = 16 << 20  # a tuned model's dispatch.json is tens to hundreds of KB
+MAX_TABLE_BYTES = 8 << 20  # a tuned model's dispatch.json is tens to hundreds of KB
+MAX_OPS = 4096  # one entry per op signature of one model: tens (checked before the schema, whose cost grows with it)
 
 
 def parse_table(raw, source: str = "<memory>") -> Table:
@@ -104,6 +105,8 @@ def parse_table(raw, source: str = "<memory>") -> Table:
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
         raise TableError(f"schema_version {version!r} is not supported (this runtime reads {SCHEMA_VERSION})")
+    if isinstance(raw.get("ops"), list) and len(raw["ops"]) > MAX_OPS:
+        raise TableError(f"{len(raw['ops'])} op entries, over the {MAX_OPS} a table may hold")
     problems = validate_dispatch(raw)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

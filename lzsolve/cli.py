@@ -518,7 +518,8 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     every admitted kernel timed at each shape in the table's timing mode. Shapes: --random N
     per op signature, --shapes, or by default the midpoints between buckets. ARTIFACT
     defaults to the newest under ./artifacts. Exits 1 when the table's choice fails at a
-    shape (the runtime would hit that failure), else 0."""
+    shape (the runtime would hit that failure), 4 when its records cannot be written (disk
+    full), else 0."""
     from .evaluate import evaluate as run_evaluation, parse_shapes
     from .validate import summarize
 

@@ -25,6 +25,6 @@ class WriteError(Exception):
     def __str__(self) -> str:
         if self.cause.errno in (errno.ENOSPC, errno.EDQUOT):
             what = "no space left on device"
-        else:
-            what = f"cannot write ({self.cause.strerror or os.strerror(self.cause.errno or 0) or self.cause})"
+        else:  # "input/output error", "read-only file system", ...
+            what = (self.cause.strerror or (os.strerror(self.cause.errno) if self.cause.errno else "I/O error")).lower()
         return f"{what} writing {self.path}; measured records are kept, re-run to continue"

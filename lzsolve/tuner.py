@@ -29,8 +29,8 @@ from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
 from .bench import MODES
-from .gates import capability_gate
 from .errors import LzError
+from .gates import capability_gate
 from .grid import Grid, as_grid, probe_points, workloads
 from .limits import check_fits
 from .measure import CeilingTask, ParityTask, TimingTask

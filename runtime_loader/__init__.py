@@ -66,7 +66,9 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
 
     Checks, in order: manifest checksums, dispatch.json against its JSON Schema, every
     kernel id against this runtime's registry, the hardware and software signature, and
-    the jit/ archive's members. A table that fails any check gives one warning and a
+    the jit/ archive's members. Files are read only when they are regular files inside the
+    folder and within their size limits (README: "load treats the artifact as hostile data").
+    A table that fails any check, or cannot be decoded at all, gives one warning and a
     dispatcher whose every call uses the fallback; with strict=True it raises TableError.
 
     restore_jit=True extracts the artifact's JIT caches (to jit_dir, default

@@ -2,9 +2,10 @@
 
 During tuning every library writes its cache under a folder owned by the run
 (point_caches); the packer tars the caches the table's kernels declare into
-jit/. At load, `restore` extracts that archive (after checking every member:
-no absolute paths, no '..', no links, regular files only) and points the
-libraries at it, so a server's first call finds its kernels compiled.
+jit/ as a plain tar. At load, `restore` extracts that archive (after checking
+it is a plain tar within its size limits, and every member: no absolute paths,
+no '..', no links, regular files only) and points the libraries at it, so a
+server's first call finds its kernels compiled.
 
 Restoring runs compiled code from the artifact (Triton binaries, Inductor's
 generated modules and cache entries, which those libraries load themselves), so

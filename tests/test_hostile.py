@@ -27,6 +27,7 @@ import runtime_loader
 from lzsolve import cli as cli_module
 from lzsolve import fsutil
 from lzsolve.bench import Budget
+from lzsolve.errors import WriteError
 from lzsolve.measure import ParityTask
 from lzsolve.perfdb import PerfDB
 from lzsolve.worker import _serve
@@ -411,6 +412,22 @@ def _disk_full_at(monkeypatch, name_part: str) -> list[str]:
 
     monkeypatch.setattr(fsutil.os, "fsync", fsync)
     return failed
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, code):
+    target = tmp_path / "dispatch.json"
+    target.write_text("old")
+
+    def fsync(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    with pytest.raises(WriteError) as e:
+        fsutil.atomic_write_text(target, "new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["dispatch.json"]
+    expected = "no space left on device" if code == errno.ENOSPC else "input/output error"
+    assert str(e.value) == f"{expected} writing {target}; measured records are kept, re-run to continue"
 
 
 def _rows(out: Path) -> int:

@@ -6,11 +6,11 @@ import json
 import os
 from pathlib import Path
 
-from runtime_loader import jit, registry
+from runtime_loader import jit, registry, safeio
 from runtime_loader.hardware import slug
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import OPS
-from runtime_loader.table import SCHEMA_VERSION, parse_table
+from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
 
 from . import __version__
 from .errors import LzError, WriteError
@@ -240,7 +240,8 @@ def find_artifact(path: str | Path | None) -> Path:
 
 
 def read_table_json(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "dispatch.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise LzError(f"cannot read {folder / 'dispatch.json'}: {e}") from None
+    """dispatch.json as data (for explain and evaluate), read with the runtime's limits."""
+    raw = safeio.read_json(folder / "dispatch.json", MAX_TABLE_BYTES, MAX_JSON_DEPTH, LzError)
+    if not isinstance(raw, dict):
+        raise LzError(f"{folder / 'dispatch.json'} is not a JSON object; pass the folder `lzsolve tune` wrote")
+    return raw

@@ -389,6 +389,16 @@ def test_hostile_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, case, c
     assert grown_mb < 1024, f"peak memory grew by {grown_mb:.0f} MB"
 
 
+@pytest.mark.parametrize("command", ["explain", "evaluate"])
+def test_commands_reading_a_hostile_table_are_one_line_exit_2(tmp_path, capsys, monkeypatch, command):
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    _sparse(artifact / "dispatch.json", 200 << 20)
+    code, err = run_main(command, str(artifact), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_BAD_INPUT, (code, err)
+    assert err.startswith("error: ") and "byte limit" in err and len(err.strip().splitlines()) == 1, err
+
+
 # --- a full disk, re-runs, orphaned workers ------------------------------------------------------
 
 def _tune_args(workload: Path, out: Path) -> list[str]:

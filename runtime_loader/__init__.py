@@ -29,7 +29,8 @@ __all__ = ["Dispatcher", "TableError", "load", "record"]
 
 def _open(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:
     manifest = read_manifest(folder)
-    table = table_from_bytes(read_verified(folder, manifest, "dispatch.json", MAX_TABLE_BYTES), "dispatch.json")
+    table = table_from_bytes(read_verified(folder, manifest, "dispatch.json", MAX_TABLE_BYTES),
+                             str(folder / "dispatch.json"))
     device = table.hardware["device"]
     if device == "cuda" and not torch.cuda.is_available():
         raise TableError("table was tuned on CUDA but no CUDA device is available here")

@@ -6,14 +6,14 @@ import json
 import os
 from pathlib import Path
 
-from runtime_loader import jit, registry
+from runtime_loader import jit, registry, safeio
 from runtime_loader.hardware import slug
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import OPS
-from runtime_loader.table import SCHEMA_VERSION, parse_table
+from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
 
 from . import __version__
-from .errors import LzError
+from .errors import LzError, WriteError
 from .fsutil import atomic_write_text
 from .grid import buckets
 from .solve import candidates_summary, solve_signature
@@ -199,17 +199,24 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
 
 def write_artifact(out: Path, table: dict, report_md: str) -> None:
     """jit/ (the caches the chosen kernels compiled into), dispatch.json, report.md, and last
-    manifest.json with every file's sha256: a reader that finds the manifest finds it all."""
+    manifest.json with every file's sha256: a reader that finds the manifest finds it all. Each
+    file is replaced whole; when a write fails (WriteError), the manifest left behind lists the
+    previous files' checksums, so `load` refuses the mix."""
     kinds = {kind for k in table["kernels"].values() for kind in k["jit_caches"]}
-    (out / "jit").mkdir(exist_ok=True)
     tmp = out / "jit" / ".caches.tar.tmp"
-    packed = jit.pack(out / JIT_WORK, kinds, tmp) if kinds else []
-    if packed:
-        tmp.replace(out / JIT_ARCHIVE)
-        table = {**table, "jit": {"archive": JIT_ARCHIVE, "caches": packed}}
-    else:
+    try:
+        tmp.parent.mkdir(exist_ok=True)
+        packed = jit.pack(out / JIT_WORK, kinds, tmp) if kinds else []
+        if packed:
+            tmp.replace(out / JIT_ARCHIVE)
+        else:
+            (out / JIT_ARCHIVE).unlink(missing_ok=True)
+    except OSError as e:
+        raise WriteError(out / JIT_ARCHIVE, e) from e
+    finally:
         tmp.unlink(missing_ok=True)
-        (out / JIT_ARCHIVE).unlink(missing_ok=True)
+    if packed:
+        table = {**table, "jit": {"archive": JIT_ARCHIVE, "caches": packed}}
     atomic_write_text(out / "dispatch.json", json.dumps(table, indent=1, sort_keys=False) + "\n")
     atomic_write_text(out / "report.md", report_md)
     refresh_manifest(out)
@@ -234,7 +241,8 @@ def find_artifact(path: str | Path | None) -> Path:
 
 
 def read_table_json(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "dispatch.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise LzError(f"cannot read {folder / 'dispatch.json'}: {e}") from None
+    """dispatch.json as data (for explain and evaluate), read with the runtime's limits."""
+    raw = safeio.read_json(folder / "dispatch.json", MAX_TABLE_BYTES, MAX_JSON_DEPTH, LzError)
+    if not isinstance(raw, dict):
+        raise LzError(f"{folder / 'dispatch.json'} is not a JSON object; pass the folder `lzsolve tune` wrote")
+    return raw

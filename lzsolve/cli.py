@@ -5,6 +5,7 @@ nothing written.
 """
 from __future__ import annotations
 
+import errno
 import fnmatch
 import functools
 import json
@@ -25,7 +26,7 @@ from . import __version__, tuner
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
 from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
-from .errors import LzError
+from .errors import STORAGE_ERRNOS, LzError, WriteError
 from .fsutil import atomic_write_text
 from .grid import GRIDS, default_grid
 from .models import CATALOGUE, capture, from_catalogue, workload
@@ -42,6 +43,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the run finished but its result cannot be trusted (or lzsolve itself failed)
 EXIT_BAD_INPUT = 2
 EXIT_REGRESSED = 3  # slower than the baseline artifact beyond --max-regression
+EXIT_WRITE_FAILED = 4  # an output could not be written (disk full, quota, I/O error); records so far are kept
 EXIT_INTERRUPTED = 130
 STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED}
 LOG_EVERY_S = 30.0  # progress lines when stderr is not a terminal (CI logs)
@@ -249,7 +251,8 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
     \b
     Exit codes (for CI): 0 ok; 1 failed (an op signature has no admitted kernel at any
     grid point, so its table is blind); 2 bad input; 3 regressed vs --baseline;
-    130 interrupted.
+    4 an output could not be written (disk full, I/O error: records so far are kept, re-run
+    to continue); 130 interrupted.
     """
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
@@ -369,8 +372,14 @@ def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: in
     click.echo(f"searching {', '.join(sorted(spaces))} configurations: up to {total} trials "
                f"(studies in {out_dir / STORAGE_NAME})", err=True)
     with progress(total, "searching") as bar:
-        return search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
-                      on_trial=lambda label: bar.update(1, label))
+        try:
+            return search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
+                          on_trial=lambda label: bar.update(1, label))
+        except Exception as e:
+            # optuna's SQLite storage reports a full disk as its own error type, with SQLite's words
+            if "database or disk is full" in str(e):
+                raise WriteError(out_dir / STORAGE_NAME, OSError(errno.ENOSPC, "disk full")) from e
+            raise
 
 
 @cli.command()
@@ -509,7 +518,8 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     every admitted kernel timed at each shape in the table's timing mode. Shapes: --random N
     per op signature, --shapes, or by default the midpoints between buckets. ARTIFACT
     defaults to the newest under ./artifacts. Exits 1 when the table's choice fails at a
-    shape (the runtime would hit that failure), else 0."""
+    shape (the runtime would hit that failure), 4 when its records cannot be written (disk
+    full), else 0."""
     from .evaluate import evaluate as run_evaluation, parse_shapes
     from .validate import summarize
 
@@ -606,6 +616,15 @@ def main() -> None:
     except LzError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    except WriteError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_WRITE_FAILED)
+    except OSError as e:
+        if e.errno not in STORAGE_ERRNOS:
+            raise
+        # a write none of our writers wrapped (a library's own file): the same line and code
+        click.echo(f"error: {WriteError(e.filename or 'an output file', e)}", err=True)
+        sys.exit(EXIT_WRITE_FAILED)
     except click.ClickException as e:
         click.echo(f"error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)

@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import LzError
+from .errors import LzError, WriteError
 from .fsutil import atomic_write_bytes
 
 DIMS = ("batch", "seq", "kv_len", "tokens")  # every dynamic dim of runtime_loader.ops.OPS gets a column
@@ -122,7 +122,10 @@ class PerfDB:
         unknown = set().union(*rows) - set(schema.names)
         if unknown:
             raise ValueError(f"records carry unknown columns {sorted(unknown)}")
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise WriteError(self.path, e) from e
         sink = pa.BufferOutputStream()
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), sink, compression="zstd")
         target = self.path / name
@@ -131,10 +134,14 @@ class PerfDB:
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with the views over this PerfDB."""
-        if not self.files():
+        if not self.files() and not self.files(CEILINGS_GLOB):
             raise LzError(f"no PerfDB records under {self.path}; run `lzsolve tune` first or pass --db")
         con = duckdb.connect()
-        con.execute(f"CREATE VIEW records AS SELECT * FROM {self._scan(RECORDS_GLOB)}")
+        if self.files():
+            con.execute(f"CREATE VIEW records AS SELECT * FROM {self._scan(RECORDS_GLOB)}")
+        else:  # a run stopped (interrupted, disk full) after the ceilings, before its first records
+            con.register("_no_records", pa.Table.from_pylist([], schema=SCHEMA))
+            con.execute("CREATE VIEW records AS SELECT * FROM _no_records")
         con.execute("CREATE VIEW admitted AS SELECT * FROM records WHERE status = 'ok'")
         con.execute("CREATE VIEW rejected AS SELECT * FROM records WHERE status = 'rejected'")
         if self.files(CEILINGS_GLOB):

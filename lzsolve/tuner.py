@@ -24,12 +24,15 @@ import torch
 
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
+from runtime_loader.ops import Signature
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
 from .bench import MODES
+from .errors import LzError
 from .gates import capability_gate
 from .grid import Grid, as_grid, probe_points, workloads
+from .limits import check_fits
 from .measure import CeilingTask, ParityTask, TimingTask
 from .models import OpInstance
 from .models.capture import Captured
@@ -117,7 +120,30 @@ def make_plan(model: Captured, dtype: str, device: torch.device, grid: Grid | st
                 reasons = tuple(capability_gate(spec, sig, here))
             candidates.append(Candidate(spec, reasons))
         plans.append(SignaturePlan(instance, tuple(workloads(grid, sig.op)), tuple(candidates)))
+        check_inputs_fit(sig, plans[-1].workloads, device)
     return Plan(model, dtype, device, grid, hardware_signature(device), tuple(plans))
+
+
+def check_inputs_fit(sig: Signature, points: tuple[dict, ...], device: torch.device) -> None:
+    """Refuse a signature whose largest input (a weight or an activation) at the grid's largest
+    shape could not exist on `device`, before any worker allocates it: its inputs are made on
+    the meta device, which has shapes and no memory."""
+    if not points:
+        return
+    largest = {dim: max(p[dim] for p in points) for dim in points[0]}
+    try:
+        args = CONTRACTS[sig.op].make_inputs(sig, largest, torch.device("meta"), torch.Generator())
+    except (RuntimeError, OverflowError, ValueError, TypeError) as e:
+        raise LzError(f"{sig} at {largest}: its inputs cannot be made ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}); fix the model's sizes") from None
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors:
+        return
+    big = max(tensors, key=lambda t: t.numel() * t.element_size())
+    named = {**dict(sig.static), **largest}
+    dims = [name for name, value in named.items() if value == max(big.shape)] or ["its static dims"]
+    check_fits(f"{sig} at {', '.join(f'{k}={v}' for k, v in largest.items())}", tuple(big.shape),
+               big.element_size(), device, f"check {' / '.join(dims)} (the model's sizes) or the grid")
 
 
 def notes(plan: Plan) -> list[str]:
@@ -191,6 +217,20 @@ def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
     return {_key(r): r for r in rows}
 
 
+def _recorded_rejections(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
+    """Capability verdicts earlier runs recorded on this machine and stack, by key and Reason: a
+    verdict that has not changed is not appended again (a re-run would double them)."""
+    if not db.files():
+        return {}
+    rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND stage = 'capability' AND run_id NOT LIKE 'eval-%' "
+                   "ORDER BY ts", [recorder.hw_slug])
+    return {_rejection_key(r): r for r in rows}
+
+
+def _rejection_key(record: dict) -> tuple:
+    return (*_key(record), record["phase"], record["reason_code"], record["reason_message"])
+
+
 def _key(record: dict) -> tuple:
     return record["signature"], record["kernel_id"], record["kernel_version"], record["dims"]
 
@@ -259,6 +299,7 @@ class Session:
         self.recorder = Recorder(plan.model.name, plan.model.tp, plan.dtype, plan.device, plan.hardware,
                                  run_id or new_run_id(), runner.timer)
         self.reusable = _reusable(db, self.recorder) if reuse else {}
+        self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
         self.seeds = fresh_seeds()
 
@@ -280,9 +321,11 @@ class Session:
                     earlier = self.reusable.get(key)
                     if not cand.admitted:
                         first, *rest = cand.reasons
-                        fresh.append(self.recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
-                                                          reason_code=first.code,
-                                                          reason_message="; ".join([first.message, *map(str, rest)])))
+                        verdict = self.recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
+                                                       reason_code=first.code,
+                                                       reason_message="; ".join([first.message, *map(str, rest)]))
+                        known = self.rejections.setdefault(_rejection_key(verdict), verdict)
+                        (fresh if known is verdict else results).append(known)
                     elif earlier is not None and _answers(earlier, modes):
                         results.append(earlier)
                         on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")

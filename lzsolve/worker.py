@@ -54,18 +54,23 @@ class InProcessRunner:
 
 
 def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...]) -> None:
-    """The worker's loop: announce readiness, then answer tasks until told to stop."""
+    """The worker's loop: announce readiness, then answer tasks until told to stop, or until the
+    parent is gone (killed, say): then there is no one to answer, so the worker leaves quietly
+    instead of printing a BrokenPipeError traceback into the run's log."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     runner = InProcessRunner(torch.device(device), budget, plugins)
-    conn.send({"ready": True})
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        result = runner.run(task)
-        conn.send(result)
-        if needs_restart(result):
-            return  # the CUDA context is gone or suspect; the parent starts a new worker
+    try:
+        conn.send({"ready": True})
+        while True:
+            task = conn.recv()
+            if task is None:
+                return
+            result = runner.run(task)
+            conn.send(result)
+            if needs_restart(result):
+                return  # the CUDA context is gone or suspect; the parent starts a new worker
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent closed its end or died
 
 
 def _death(exitcode: int | None) -> tuple[str, str]:

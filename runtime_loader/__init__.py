@@ -11,6 +11,7 @@ imports lzsolve, pandas, pyarrow, duckdb or optuna.
 """
 from __future__ import annotations
 
+import tarfile
 import warnings
 from pathlib import Path
 
@@ -19,16 +20,17 @@ import torch
 from . import jit
 from .dispatcher import Dispatcher
 from .hardware import hardware_signature, mismatches
-from .manifest import read_manifest, verify
+from .manifest import read_manifest, read_verified, verify
 from .record import record
-from .table import Table, TableError, read_table
+from .table import MAX_TABLE_BYTES, Table, TableError, table_from_bytes
 
 __all__ = ["Dispatcher", "TableError", "load", "record"]
 
 
 def _open(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:
     manifest = read_manifest(folder)
-    table = read_table(verify(folder, manifest, "dispatch.json"))
+    table = table_from_bytes(read_verified(folder, manifest, "dispatch.json", MAX_TABLE_BYTES),
+                             str(folder / "dispatch.json"))
     device = table.hardware["device"]
     if device == "cuda" and not torch.cuda.is_available():
         raise TableError("table was tuned on CUDA but no CUDA device is available here")
@@ -36,11 +38,26 @@ def _open(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:
     if wrong:
         raise TableError(f"hardware or software stack differs ({'; '.join(wrong)})")
     if table.jit:
-        archive = verify(folder, manifest, table.jit["archive"])
+        archive = verify(folder, manifest, table.jit["archive"], jit.MAX_ARCHIVE_FILE_BYTES)
         jit.check_members(archive)  # refuse a hostile archive even when not restoring it
         if restore_jit:
             jit.restore(archive, manifest["files"][table.jit["archive"]]["sha256"], jit_dir)
     return table
+
+
+# What reading hostile data can raise besides TableError (every reader maps the ones it expects;
+# this is the net under them): a server's start must see a warning, never one of these.
+DATA_ERRORS = (OSError, EOFError, ValueError, TypeError, KeyError, RecursionError, MemoryError, tarfile.TarError)
+
+
+def _read(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:
+    """_open, with any error reading the artifact raised as TableError."""
+    try:
+        return _open(folder, restore_jit, jit_dir)
+    except TableError:
+        raise
+    except DATA_ERRORS as e:
+        raise TableError(f"unreadable artifact ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, warmup: bool = False,
@@ -50,7 +67,9 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
 
     Checks, in order: manifest checksums, dispatch.json against its JSON Schema, every
     kernel id against this runtime's registry, the hardware and software signature, and
-    the jit/ archive's members. A table that fails any check gives one warning and a
+    the jit/ archive's members. Files are read only when they are regular files inside the
+    folder and within their size limits (README: "load treats the artifact as hostile data").
+    A table that fails any check, or cannot be decoded at all, gives one warning and a
     dispatcher whose every call uses the fallback; with strict=True it raises TableError.
 
     restore_jit=True extracts the artifact's JIT caches (to jit_dir, default
@@ -61,7 +80,7 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
     path = Path(path)
     folder = path.parent if path.name == "dispatch.json" else path
     try:
-        dispatcher = Dispatcher(_open(folder, restore_jit, Path(jit_dir) if jit_dir else None))
+        dispatcher = Dispatcher(_read(folder, restore_jit, Path(jit_dir) if jit_dir else None))
         if warmup:
             dispatcher.warmup(strict=strict)
         return dispatcher

@@ -2,9 +2,10 @@
 
 During tuning every library writes its cache under a folder owned by the run
 (point_caches); the packer tars the caches the table's kernels declare into
-jit/. At load, `restore` extracts that archive (after checking every member:
-no absolute paths, no '..', no links, regular files only) and points the
-libraries at it, so a server's first call finds its kernels compiled.
+jit/ as a plain tar. At load, `restore` extracts that archive (after checking
+it is a plain tar within its size limits, and every member: no absolute paths,
+no '..', no links, regular files only) and points the libraries at it, so a
+server's first call finds its kernels compiled.
 
 Restoring runs compiled code from the artifact (Triton binaries, Inductor's
 generated modules and cache entries, which those libraries load themselves), so
@@ -19,6 +20,8 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
+from . import safeio
+from .manifest import MAX_FILE_BYTES
 from .table import TableError
 
 # cache kind -> the environment variable its library reads (lazily, at first compile;
@@ -28,7 +31,9 @@ JIT_CACHES = {
     "inductor": "TORCHINDUCTOR_CACHE_DIR",
     "flashinfer": "FLASHINFER_WORKSPACE_BASE",
 }
-MAX_ARCHIVE_BYTES = 8 << 30
+MAX_ARCHIVE_FILE_BYTES = MAX_FILE_BYTES  # the tar itself (a real one: 72 MB)
+MAX_ARCHIVE_BYTES = 8 << 30  # what its members unpack to
+MAX_ARCHIVE_MEMBERS = 200_000  # past this, listing the members alone takes seconds
 DEFAULT_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lzsolve" / "jit"
 
 
@@ -40,13 +45,29 @@ def point_caches(root: Path, kinds=JIT_CACHES) -> None:
         os.environ[JIT_CACHES[kind]] = str(folder.resolve())
 
 
+def _open_tar(archive: Path) -> tarfile.TarFile:
+    """The archive as a plain (uncompressed) tar, as `pack` writes it: a compressed one could
+    unpack to terabytes before its first member is checked, so it is refused."""
+    f, _ = safeio.open_regular(archive, MAX_ARCHIVE_FILE_BYTES, TableError, what=f"jit archive {archive.name}")
+    try:
+        return tarfile.open(fileobj=f, mode="r:")
+    except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+        f.close()
+        raise TableError(f"jit archive {archive.name} is not a plain tar ({e})") from None
+
+
 def check_members(archive: Path) -> list[tarfile.TarInfo]:
     """Every member of a jit archive, or TableError for the first one that is not plain data."""
+    members = []
+    tar = _open_tar(archive)
     try:
-        with tarfile.open(archive, "r:*") as tar:
-            members = tar.getmembers()
-    except (tarfile.TarError, OSError) as e:
-        raise TableError(f"jit archive {archive.name} cannot be read ({e})") from None
+        with tar, tar.fileobj:
+            for m in tar:
+                members.append(m)
+                if len(members) > MAX_ARCHIVE_MEMBERS:
+                    raise TableError(f"jit archive {archive.name} has over {MAX_ARCHIVE_MEMBERS:,} members")
+    except (tarfile.TarError, OSError, EOFError, ValueError) as e:  # truncated or corrupt
+        raise TableError(f"jit archive {archive.name} cannot be read ({type(e).__name__}: {e})") from None
     total = 0
     for m in members:
         path = PurePosixPath(m.name)
@@ -56,7 +77,7 @@ def check_members(archive: Path) -> list[tarfile.TarInfo]:
             raise TableError(f"jit archive member {m.name!r} climbs out with '..'")
         if m.issym() or m.islnk():
             raise TableError(f"jit archive member {m.name!r} is a link ({m.linkname!r})")
-        if not (m.isfile() or m.isdir()):
+        if not (m.isfile() or m.isdir()) or m.issparse():
             raise TableError(f"jit archive member {m.name!r} is not a regular file or folder")
         if path.parts and path.parts[0] not in JIT_CACHES:
             raise TableError(f"jit archive member {m.name!r} is outside the known caches {sorted(JIT_CACHES)}")
@@ -74,7 +95,7 @@ def restore(archive: Path, digest: str, root: Path | None = None) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".extract-", dir=target.parent))
         try:
-            with tarfile.open(archive, "r:*") as tar:
+            with _open_tar(archive) as tar, tar.fileobj:
                 for m in members:  # each already checked; the data filter is a second guard
                     if hasattr(tarfile, "data_filter"):
                         tar.extract(m, staging, filter="data")

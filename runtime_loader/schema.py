@@ -82,12 +82,28 @@ def _errors(value, schema: dict, root: dict, path: str, depth: int, memo: dict) 
                 found += errors(item, properties[key], root, f"{path}.{key}", depth + 1, memo)
             elif extra is False:
                 found.append(f"{path}: unexpected '{key}'")
-            elif isinstance(extra, dict):
+            elif isinstance(extra, dict) and not (set(extra) <= _SCALAR_KEYWORDS and _scalar_ok(item, extra)):
                 found += errors(item, extra, root, f"{path}.{key}", depth + 1, memo)
     if isinstance(value, list) and "items" in schema:
+        items = schema["items"]
         for i, item in enumerate(value):
-            found += errors(item, schema["items"], root, f"{path}[{i}]", depth + 1, memo)
+            if set(items) <= _SCALAR_KEYWORDS and _scalar_ok(item, items):
+                continue  # the common case, checked without a path string or a memo entry per item
+            found += errors(item, items, root, f"{path}[{i}]", depth + 1, memo)
     return found
+
+
+_SCALAR_KEYWORDS = {"type", "minimum"}
+
+
+def _scalar_ok(value, schema: dict) -> bool:
+    """Whether `value` passes a schema of only type and minimum (flags, bucket values, static dims:
+    a hostile table may hold millions of them, and validation must stay fast)."""
+    types = schema.get("type", ())
+    types = [types] if isinstance(types, str) else types
+    if types and not any(_TYPES[t](value) for t in types):
+        return False
+    return "minimum" not in schema or not _TYPES["number"](value) or value >= schema["minimum"]
 
 
 def validate_dispatch(table) -> list[str]:

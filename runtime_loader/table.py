@@ -6,13 +6,13 @@ which `load` turns into a fallback-only dispatcher (or re-raises when strict).
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import registry
+from . import registry, safeio
 from .ops import DTYPES, OPS, Signature
+from .safeio import json_depth
 from .schema import validate_dispatch
 
 SCHEMA_VERSION = 1
@@ -93,34 +93,20 @@ def leaves(node: Leaf | Split):
 
 
 MAX_JSON_DEPTH = MAX_TREE_DEPTH + 8  # table > ops > entry > tree > 32 levels of nodes
-
-
-def json_depth(value, limit: int = MAX_JSON_DEPTH) -> int:
-    """Nesting depth of JSON-like data, stopping at `limit` (checked before any recursive walk,
-    so a hostile table cannot make validation exponential or exhaust the stack)."""
-    depth, level = 0, [value]
-    seen: set[int] = set()
-    while level and depth <= limit:
-        depth += 1
-        nxt = []
-        for item in level:
-            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-            for child in children:
-                if isinstance(child, (dict, list)) and id(child) not in seen:
-                    seen.add(id(child))
-                    nxt.append(child)
-        level = nxt
-    return depth
+MAX_TABLE_BYTES = 8 << 20  # a tuned model's dispatch.json is tens to hundreds of KB
+MAX_OPS = 4096  # one entry per op signature of one model: tens (checked before the schema, whose cost grows with it)
 
 
 def parse_table(raw, source: str = "<memory>") -> Table:
     if not isinstance(raw, dict):
         raise TableError("top level is not a JSON object")
-    if json_depth(raw) > MAX_JSON_DEPTH:
+    if json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise TableError(f"nested deeper than {MAX_JSON_DEPTH} levels (trees are at most {MAX_TREE_DEPTH} deep)")
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
         raise TableError(f"schema_version {version!r} is not supported (this runtime reads {SCHEMA_VERSION})")
+    if isinstance(raw.get("ops"), list) and len(raw["ops"]) > MAX_OPS:
+        raise TableError(f"{len(raw['ops'])} op entries, over the {MAX_OPS} a table may hold")
     problems = validate_dispatch(raw)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -143,15 +129,12 @@ def parse_table(raw, source: str = "<memory>") -> Table:
 
 
 def read_table(path: str | Path) -> Table:
+    """dispatch.json at `path` (or in the folder `path`), through the same checks as `load`: a
+    regular file of at most MAX_TABLE_BYTES, JSON at most MAX_JSON_DEPTH deep."""
     path = Path(path)
     file = path / "dispatch.json" if path.is_dir() else path
-    try:
-        text = file.read_text()
-    except OSError as e:
-        raise TableError(f"cannot read {file}: {e.strerror or e}") from None
-    try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise TableError(f"{file} is not valid JSON ({type(e).__name__}: {e})") from None
-    return parse_table(raw, str(file))
+    return parse_table(safeio.read_json(file, MAX_TABLE_BYTES, MAX_JSON_DEPTH, TableError), str(file))
 
+
+def table_from_bytes(data: bytes, source: str) -> Table:
+    return parse_table(safeio.parse_json(data, MAX_JSON_DEPTH, TableError, source), source)

@@ -82,16 +82,19 @@ def test_explain_and_db_query(artifact):
 def test_rerun_reuses_measurements(artifact, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))
-    before = len(list((artifact / "perfdb").glob("*.parquet")))
+    from lzsolve.perfdb import PerfDB
+    before = list((artifact / "perfdb").glob("*.parquet"))
+    rows = PerfDB(artifact / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"]
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--tp", "2", "--grid", "tiny", "--dtype", "fp32",
                                       "--device", "cpu", "--exclude", "compile.*", "--out", str(artifact)])
     assert result.exit_code == 0, result.output
-    from lzsolve.perfdb import PerfDB
     runs = PerfDB(artifact / "perfdb").rows(
         "SELECT run_id, count(*) FILTER (WHERE stage <> 'capability') AS measured FROM records GROUP BY run_id "
         "ORDER BY min(ts)")
-    assert len(runs) == 2 and runs[0]["measured"] > 0 and runs[1]["measured"] == 0
-    assert len(list((artifact / "perfdb").glob("*.parquet"))) > before
+    # the re-run measured nothing and recorded no rejection again (they doubled before issue 22)
+    assert len(runs) == 1 and runs[0]["measured"] > 0
+    assert PerfDB(artifact / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"] == rows
+    assert list((artifact / "perfdb").glob("*.parquet")) == before
     # The device's ceilings were probed once, by the first run, in the run's dtype.
     ceilings = PerfDB(artifact / "perfdb").rows("SELECT run_id, dtype, kind, mode, per_s, probe FROM ceilings ORDER BY kind")
     assert [(c["kind"], c["mode"], c["dtype"]) for c in ceilings] == [("compute", "eager", "fp32"), ("memory", "eager", "fp32")]

@@ -41,6 +41,7 @@ from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_cal
                                 qk_norm_call, rope_call, rows_call)
 
 from ..errors import LzError
+from ..limits import check_config_sizes
 from .catalogue import CATALOGUE
 from .spec import read_config, refuse_unsupported
 from .walker import OpInstance
@@ -564,6 +565,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
         raise LzError(f"{where}: not supported yet: mixture-of-experts routing ({', '.join(nested)})")
     text = text_config(cfg, where)
     filled = fill_derived(text)
+    check_config_sizes(text, DTYPES[dtype].itemsize, where)  # before anything is built from it
     try:
         model = build_meta_model(text, dtype)
     except Exception as e:  # noqa: BLE001 - transformers' own checks of the config

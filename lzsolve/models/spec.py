@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import LzError
+from ..limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, read_json_input
 from .catalogue import CATALOGUE
 
 FULL, SLIDING, LINEAR = "full_attention", "sliding_attention", "linear_attention"
@@ -331,12 +332,7 @@ def read_config(path: str | Path) -> tuple[dict, str]:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as e:
-        raise LzError(f"cannot read config {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LzError(f"{path} is not valid JSON ({e}); pass a Hugging Face config.json") from None
+    cfg = read_json_input(path, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, what=f"config {path}")
     if not isinstance(cfg, dict):
         raise LzError(f"{path}: expected a JSON object with Hugging Face config keys")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem

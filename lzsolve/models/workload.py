@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime_loader import safeio
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.record import FORMAT, VERSION
 
 from ..errors import LzError
 from ..grid import Grid, buckets
+from ..limits import MAX_WORKLOAD_BYTES, MAX_WORKLOAD_DEPTH, check_ints
 from .capture import Captured
 from .walker import OpInstance
 
@@ -39,13 +40,10 @@ class Workload:
 def read(path: str | Path) -> Workload:
     """A workload file, checked: one-line LzError naming what is wrong."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-        data = json.loads(raw)
-    except OSError as e:
-        raise LzError(f"cannot read workload {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise LzError(f"{path} is not valid JSON ({e}); pass a file runtime_loader.record wrote") from None
+    what = f"workload {path}"
+    raw = safeio.read_regular(path, MAX_WORKLOAD_BYTES, LzError, what=what)
+    data = safeio.parse_json(raw, MAX_WORKLOAD_DEPTH, LzError, what)
+    check_ints(data, what)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise LzError(f"{path} is not a workload file (no \"format\": \"{FORMAT}\"); "
                       "record one with runtime_loader.record(path)")

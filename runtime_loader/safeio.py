@@ -1,0 +1,119 @@
+"""Reading files that may be hostile: regular files only, size-limited, JSON depth-limited.
+
+An artifact (or a config) is data someone else may have written. Opening a FIFO
+blocks forever, a symlink to /dev/zero reads forever, a 200 MB JSON file costs
+seconds and gigabytes, and JSON nested 100,000 deep exhausts the stack. Every
+function here checks first (lstat, then fstat of what was opened, then the size)
+and raises `error` (the caller's one-line error class: TableError in the runtime,
+LzError in the CLI) with the reason, so nothing else escapes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+READ_BLOCK = 1 << 20
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _inside(path: Path, root: Path, error: type[Exception]) -> Path:
+    """`path` with every symlink resolved, refused when that leaves `root`."""
+    try:
+        resolved = path.resolve(strict=True)
+        top = root.resolve(strict=True)
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop
+        raise error(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if resolved != top and top not in resolved.parents:
+        raise error(f"{path} is a link to {resolved}, outside {root}")
+    return resolved
+
+
+def open_regular(path: str | Path, max_bytes: int, error: type[Exception], root: Path | None = None,
+                 what: str | None = None) -> tuple[BinaryIO, int]:
+    """(binary file, size) of `path`, after checking it is a regular file (inside `root` once every
+    symlink is resolved, when `root` is given) of at most `max_bytes`. The open never blocks: a
+    FIFO swapped in after the check opens non-blocking and fails the fstat check."""
+    path = Path(path)
+    what = what or str(path)
+    target = _inside(path, root, error) if root is not None else path
+    try:
+        before = os.stat(target)
+    except OSError as e:
+        raise error(f"cannot read {what}: {e.strerror or e}") from None
+    if not stat.S_ISREG(before.st_mode):
+        raise error(f"{what} is {_kind(before.st_mode)}, not a regular file")
+    if before.st_size > max_bytes:
+        raise error(f"{what} is {before.st_size:,} bytes, over the {max_bytes:,}-byte limit")
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise error(f"cannot read {what}: {e.strerror or e}") from None
+    opened = os.fstat(fd)
+    if not stat.S_ISREG(opened.st_mode) or opened.st_size > max_bytes:
+        os.close(fd)
+        raise error(f"{what} changed while it was opened; not reading it")
+    return os.fdopen(fd, "rb"), opened.st_size
+
+
+def read_regular(path: str | Path, max_bytes: int, error: type[Exception], root: Path | None = None,
+                 what: str | None = None) -> bytes:
+    """The bytes of a regular file of at most `max_bytes` (see open_regular); a file that grows
+    past the limit while it is read is refused too."""
+    what = what or str(path)
+    f, _ = open_regular(path, max_bytes, error, root, what)
+    with f:
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise error(f"cannot read {what}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise error(f"{what} grew past the {max_bytes:,}-byte limit while it was read")
+    return data
+
+
+def json_depth(value, limit: int) -> int:
+    """Nesting depth of JSON-like data, counted without recursion and stopping past `limit`
+    (so a hostile document can neither exhaust the stack nor make a recursive walk exponential)."""
+    depth, level = 0, [value]
+    seen: set[int] = set()
+    while level and depth <= limit:
+        depth += 1
+        nxt = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+            for child in children:
+                if isinstance(child, (dict, list)) and id(child) not in seen:
+                    seen.add(id(child))
+                    nxt.append(child)
+        level = nxt
+    return depth
+
+
+def parse_json(data: bytes, max_depth: int, error: type[Exception], what: str):
+    """JSON from UTF-8 bytes, nested at most `max_depth` deep; every decoding failure (bad UTF-8,
+    bad syntax, nesting past the interpreter's stack, memory) is `error`."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError, MemoryError) as e:  # ValueError: bad UTF-8 or syntax, huge ints
+        raise error(f"{what} is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if json_depth(value, max_depth) > max_depth:
+        raise error(f"{what} is nested deeper than {max_depth} levels")
+    return value
+
+
+def read_json(path: str | Path, max_bytes: int, max_depth: int, error: type[Exception], root: Path | None = None,
+              what: str | None = None):
+    """read_regular, then parse_json."""
+    what = what or str(path)
+    return parse_json(read_regular(path, max_bytes, error, root, what), max_depth, error, what)

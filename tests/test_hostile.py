@@ -1,0 +1,502 @@
+"""Fault injection: hostile artifacts, hostile configs and a full disk all fail closed.
+
+Every artifact case is made from one small hand-built artifact (a table, a jit archive and the
+manifest: no tune), and must give, within a second: one warning and a fallback-only Dispatcher,
+TableError under strict=True, and nothing written anywhere (the jit archive is never extracted).
+Hostile configs end in one `error:` line and exit 2 before anything is allocated; a full disk
+ends in one line and exit 4, with the records measured so far kept for the re-run.
+"""
+import errno
+import gzip
+import io
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import sys
+import tarfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+import runtime_loader
+from lzsolve import cli as cli_module
+from lzsolve import fsutil
+from lzsolve.bench import Budget
+from lzsolve.errors import WriteError
+from lzsolve.measure import ParityTask
+from lzsolve.perfdb import PerfDB
+from lzsolve.worker import _serve
+from runtime_loader import jit
+from runtime_loader.manifest import MANIFEST, build_manifest
+from runtime_loader.table import TableError
+
+from .tables import RMS, entry, table
+from .test_workload import RMS_CALL, write_workload
+
+LOAD_SECONDS = 1.0  # each hostile artifact fails closed well within this
+HANG_GUARD_S = 10.0  # a load still running after this is reported as a hang, not waited for
+
+
+# --- the shared artifact ----------------------------------------------------------------------
+
+def plain_tar(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def tar_with(name: str, **attrs) -> bytes:
+    """A jit archive with one good member and one member `name` with TarInfo `attrs`."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.addfile(_info("triton/ok.bin", size=2), io.BytesIO(b"ok"))
+        tar.addfile(_info(name, **attrs))
+    return buf.getvalue()
+
+
+def _info(name: str, **attrs) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    return info
+
+
+GOOD_TAR = plain_tar({"triton/ab12/kernel.bin": b"\x7fELF...", "triton/ab12/meta.json": b"{}"})
+
+
+def fix_manifest(folder: Path) -> None:
+    """Checksums fixed up after a change: the attacker who can write files can write these too."""
+    (folder / MANIFEST).write_text(json.dumps(build_manifest(folder)))
+
+
+def write_table(folder: Path, raw) -> None:
+    (folder / "dispatch.json").write_text(raw if isinstance(raw, str) else json.dumps(raw))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A valid artifact with a jit archive, checked to load strictly (else every case below would
+    pass for the wrong reason)."""
+    folder = tmp_path_factory.mktemp("hostile") / "base"
+    (folder / "jit").mkdir(parents=True)
+    (folder / "jit" / "caches.tar").write_bytes(GOOD_TAR)
+    write_table(folder, _table_with())
+    fix_manifest(folder)
+    restored = folder.parent / "restored"
+    d = runtime_loader.load(folder, strict=True, restore_jit=True, jit_dir=restored)
+    assert d.table is not None and list(restored.glob("*/triton/ab12/kernel.bin"))
+    shutil.rmtree(restored)
+    return folder
+
+
+# --- the cases: each changes a copy of the base artifact ----------------------------------------
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _symlink(path: Path, target) -> None:
+    path.unlink()
+    path.symlink_to(target)
+
+
+def _sparse(path: Path, size: int) -> None:
+    """A file of `size` bytes that costs no disk (a size check must refuse it before reading)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _table_with(**overrides):
+    """The base artifact's table, changed by `overrides`."""
+    return table(**{"ops": [entry(RMS, {"kernel_id": "eager.rms_norm"})],
+                    "jit": {"archive": "jit/caches.tar", "caches": ["triton"]}, **overrides})
+
+
+def _fixed(change):
+    """A case that changes files and then fixes up the manifest's checksums."""
+    def case(a: Path) -> None:
+        change(a)
+        fix_manifest(a)
+    return case
+
+
+def _truncated_gzip(a: Path) -> None:
+    data = gzip.compress(GOOD_TAR)
+    (a / "jit" / "caches.tar").write_bytes(data[: len(data) // 2])
+
+
+def _outside_copy(a: Path) -> None:
+    outside = a.parent / f"{a.name}-outside.json"
+    shutil.copy(a / "dispatch.json", outside)
+    _symlink(a / "dispatch.json", outside)
+
+
+def _jit_folder_outside(a: Path) -> None:
+    outside = a.parent / f"{a.name}-jit-outside"
+    shutil.move(a / "jit", outside)
+    (a / "jit").symlink_to(outside, target_is_directory=True)
+
+
+CASES = {
+    # the seven that escaped or hung before issue 22, and the 200 MB table that took 25 s
+    "archive_truncated_gzip": _fixed(_truncated_gzip),
+    "manifest_nested_100000_deep": lambda a: (a / MANIFEST).write_text(_nested(100_000)),
+    "dispatch_bad_utf8": _fixed(lambda a: (a / "dispatch.json").write_bytes(b"\xff\xfe{}")),
+    "dispatch_fifo": lambda a: _fifo(a / "dispatch.json"),
+    "manifest_fifo": lambda a: _fifo(a / MANIFEST),
+    "dispatch_symlink_dev_zero": lambda a: _symlink(a / "dispatch.json", "/dev/zero"),
+    "manifest_symlink_dev_zero": lambda a: _symlink(a / MANIFEST, "/dev/zero"),
+    "dispatch_200_mb": lambda a: _sparse(a / "dispatch.json", 200 << 20),
+    # kinds that held already, kept held
+    "dispatch_changed": lambda a: write_table(a, _table_with(timing_mode="graph")),
+    "archive_changed": lambda a: (a / "jit" / "caches.tar").write_bytes(plain_tar({"triton/x": b"y"})),
+    "manifest_missing": lambda a: (a / MANIFEST).unlink(),
+    "dispatch_missing": lambda a: (a / "dispatch.json").unlink(),
+    "archive_missing": lambda a: (a / "jit" / "caches.tar").unlink(),
+    "manifest_not_json": lambda a: (a / MANIFEST).write_text("{oops"),
+    "manifest_without_files": lambda a: (a / MANIFEST).write_text('{"schema_version": 1}'),
+    "manifest_1_gb": lambda a: _sparse(a / MANIFEST, 1 << 30),
+    "dispatch_nested_100000_deep": _fixed(lambda a: write_table(a, _nested(100_000))),
+    "dispatch_wrong_schema_version": _fixed(lambda a: write_table(a, _table_with(schema_version=99))),
+    "dispatch_unknown_kernel": _fixed(lambda a: write_table(a, table(ops=[entry(RMS, {"kernel_id": "flashy.rms"})]))),
+    "dispatch_import_path_kernel": _fixed(lambda a: write_table(a, table(ops=[entry(RMS, {"kernel_id": "os.system"})]))),
+    "dispatch_archive_outside": _fixed(lambda a: write_table(a, _table_with(
+        jit={"archive": "../../etc/passwd", "caches": ["triton"]}))),
+    "dispatch_symlink_outside": _outside_copy,
+    "dispatch_is_a_folder": _fixed(lambda a: ((a / "dispatch.json").unlink(), (a / "dispatch.json").mkdir())),
+    "jit_folder_symlink_outside": _jit_folder_outside,
+    "archive_fifo": lambda a: _fifo(a / "jit" / "caches.tar"),
+    "archive_gzip": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(gzip.compress(GOOD_TAR))),
+    "archive_absolute_member": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        tar_with("/etc/cron.d/evil", size=0))),
+    "archive_dotdot_member": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        tar_with("triton/../../evil.py", size=0))),
+    "archive_symlink_member": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        tar_with("triton/link", type=tarfile.SYMTYPE, linkname="/etc/passwd"))),
+    "archive_hardlink_member": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        tar_with("triton/hard", type=tarfile.LNKTYPE, linkname="triton/ok.bin"))),
+    "archive_device_member": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        tar_with("triton/dev", type=tarfile.CHRTYPE))),
+    "archive_member_outside_caches": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        tar_with("site-packages/evil.py", size=0))),
+    "archive_truncated_plain": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(GOOD_TAR[:700])),
+}
+
+
+# what the warning must say where the reason matters (a 200 MB table of zeros would fail as JSON
+# anyway: it must be refused by its size, before it is read)
+REASONS = {
+    "dispatch_200_mb": "byte limit", "manifest_1_gb": "byte limit", "dispatch_fifo": "FIFO",
+    "manifest_fifo": "FIFO", "archive_fifo": "FIFO", "dispatch_symlink_dev_zero": "outside",
+    "manifest_symlink_dev_zero": "outside", "dispatch_symlink_outside": "outside",
+    "jit_folder_symlink_outside": "outside", "archive_gzip": "not a plain tar",
+    "archive_truncated_gzip": "not a plain tar", "manifest_nested_100000_deep": "not valid JSON",
+    "dispatch_bad_utf8": "not valid JSON",
+}
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under `root` with its kind, size and mtime (symlinks not followed)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            out[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def guarded_load(path: Path, **kwargs):
+    """runtime_loader.load in a thread, so a hang fails the test instead of blocking it:
+    (dispatcher or exception, seconds, warning messages)."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["result"] = runtime_loader.load(path, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - reported to the test below
+            outcome["result"] = e
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        started = time.perf_counter()
+        worker = threading.Thread(target=target, daemon=True)
+        worker.start()
+        worker.join(HANG_GUARD_S)
+        seconds = time.perf_counter() - started
+    assert not worker.is_alive(), f"load({path}) still running after {HANG_GUARD_S:.0f} s"
+    return outcome["result"], seconds, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hostile_artifact_fails_closed(base, tmp_path, case):
+    sandbox = tmp_path / "sandbox"
+    artifact = sandbox / "artifact"
+    shutil.copytree(base, artifact)
+    CASES[case](artifact)
+    before = snapshot(sandbox)
+    jit_dir = tmp_path / "jit-restore"
+
+    d, seconds, warned = guarded_load(artifact, restore_jit=True, jit_dir=jit_dir)
+    assert isinstance(d, runtime_loader.Dispatcher), f"{type(d).__name__}: {d}"
+    assert d.table is None, "every call uses the fallback"
+    assert len(warned) == 1 and "every call uses the fallback" in warned[0], warned
+    assert REASONS.get(case, "") in warned[0], warned[0]
+    assert "\n" not in warned[0]
+    assert seconds < LOAD_SECONDS, f"{seconds:.2f} s to refuse"
+
+    error, seconds, _ = guarded_load(artifact, strict=True, restore_jit=True, jit_dir=jit_dir)
+    assert isinstance(error, TableError), f"{type(error).__name__}: {error}"
+    assert seconds < LOAD_SECONDS
+
+    assert snapshot(sandbox) == before, "nothing in or beside the artifact changed"
+    assert not jit_dir.exists(), "nothing was extracted"
+
+
+def test_hostile_cases_cover_the_issue():
+    assert len(CASES) >= 26
+
+
+def test_limits_leave_room_for_real_artifacts():
+    """A real Llama-3-70B artifact: a 72 MB jit archive, a dispatch.json of a few hundred KB."""
+    from runtime_loader.manifest import MAX_MANIFEST_BYTES
+    from runtime_loader.table import MAX_TABLE_BYTES
+    assert jit.MAX_ARCHIVE_FILE_BYTES >= 10 * (72 << 20)
+    assert MAX_TABLE_BYTES >= 8 << 20 and MAX_MANIFEST_BYTES >= 1 << 20
+
+
+AT_THE_LIMIT = {  # content that costs the most per byte to validate, filling MAX_TABLE_BYTES
+    "ops": lambda n: _table_with(ops=[entry(RMS, {"kernel_id": "eager.rms_norm"})] * (n // 200)),
+    "flags": lambda n: _table_with(ops=[{**entry(RMS, {"kernel_id": "eager.rms_norm"}), "flags": ["xyz"] * (n // 8)}]),
+    "static": lambda n: _table_with(ops=[{**entry(RMS, {"kernel_id": "eager.rms_norm"}),
+                                          "static": {f"k{i}": i for i in range(n // 20)}}]),
+    "kernels": lambda n: _table_with(kernels={f"k{i}": {"library": "x", "version": "1", "capabilities": "0" * 64}
+                                              for i in range(n // 130)}),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(AT_THE_LIMIT))
+def test_table_at_the_size_limit_is_refused_in_bounded_time(base, tmp_path, shape):
+    """The size limit bounds the work too: the most expensive content that fits is parsed,
+    validated and refused in bounded time (a 200 MB table took 25 s before issue 22)."""
+    from runtime_loader.table import MAX_TABLE_BYTES
+    artifact = tmp_path / "artifact"
+    shutil.copytree(base, artifact)
+    write_table(artifact, AT_THE_LIMIT[shape](MAX_TABLE_BYTES))
+    assert MAX_TABLE_BYTES / 2 < (artifact / "dispatch.json").stat().st_size <= MAX_TABLE_BYTES
+    fix_manifest(artifact)
+    d, seconds, warned = guarded_load(artifact)
+    assert d.table is None and len(warned) == 1
+    assert seconds < 2 * LOAD_SECONDS, f"{seconds:.2f} s"  # parsing 8 MB alone is a third of it here
+
+
+# --- hostile configs and workloads ---------------------------------------------------------------
+
+def run_main(*args, cwd: Path, capsys, monkeypatch) -> tuple[int, str]:
+    """`lzsolve ARGS` in this process (no interpreter start per case), in a thread guarded like
+    guarded_load: (exit code, stderr)."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["lzsolve", *args])
+    outcome = {}
+
+    def target():
+        try:
+            cli_module.main()
+        except SystemExit as e:
+            outcome["code"] = e.code
+        except BaseException as e:  # noqa: BLE001
+            outcome["code"] = e
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), f"lzsolve {' '.join(args)} still running after 60 s"
+    return outcome["code"], capsys.readouterr().err
+
+
+def _config(path: Path, **overrides) -> Path:
+    from .test_cli import TINY_LLAMA
+    path.write_text(json.dumps({**TINY_LLAMA, **overrides}))
+    return path
+
+
+def _deep_config(path: Path) -> Path:
+    path.write_text('{"model_type": "llama", "x": ' + _nested(100_000) + "}")
+    return path
+
+
+def _fifo_input(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _workload(path: Path, tokens: int) -> Path:
+    return write_workload(path, [{**RMS_CALL, "dims": {"tokens": tokens}}])
+
+
+HOSTILE_INPUTS = {
+    "hidden_size_1e9": (["--config", lambda p: _config(p / "c.json", hidden_size=10 ** 9, intermediate_size=10 ** 9)],
+                        "hidden_size"),
+    "vocab_size_1e400": (["--config", lambda p: _config(p / "c.json", vocab_size=10 ** 400)], "'vocab_size'"),
+    "layers_1e9": (["--config", lambda p: _config(p / "c.json", num_hidden_layers=10 ** 9)], "num_hidden_layers"),
+    "config_nested_100000_deep": (["--config", lambda p: _deep_config(p / "c.json")], "not valid JSON"),
+    "config_dev_zero": (["--config", lambda p: "/dev/zero"], "character device"),
+    "config_fifo": (["--config", lambda p: _fifo_input(p / "c.json")], "FIFO"),
+    "config_5_mb": (["--config", lambda p: (_sparse(p / "c.json", 5 << 20), p / "c.json")[1]], "limit"),
+    "workload_fifo": (["--workload", lambda p: _fifo_input(p / "w.json")], "FIFO"),
+    "workload_tokens_1e400": (["--workload", lambda p: _workload(p / "w.json", 10 ** 400)], "'calls[0].dims.tokens'"),
+    "workload_tokens_1e15": (["--workload", lambda p: _workload(p / "w.json", 10 ** 15)], "tokens"),
+}
+
+
+# every case under tune (the command that writes); plan shares the readers, so it gets the size checks
+RUNS = [(case, "tune") for case in sorted(HOSTILE_INPUTS)] + [("hidden_size_1e9", "plan"),
+                                                             ("workload_tokens_1e15", "plan")]
+
+
+@pytest.mark.parametrize("case,command", RUNS)
+def test_hostile_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, case, command):
+    (option, make), needle = HOSTILE_INPUTS[case]
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    source = str(make(inputs))
+    work = tmp_path / "work"
+    work.mkdir()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    extra = ["--out", str(work / "out")] if command == "tune" else []
+    code, err = run_main(command, option, source, "--device", "cpu", "--grid", "tiny", *extra,
+                         cwd=work, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_BAD_INPUT, (code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert "Traceback" not in err
+    assert not list(work.iterdir()), "nothing written"
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    assert grown_mb < 1024, f"peak memory grew by {grown_mb:.0f} MB"
+
+
+@pytest.mark.parametrize("command", ["explain", "evaluate"])
+def test_commands_reading_a_hostile_table_are_one_line_exit_2(tmp_path, capsys, monkeypatch, command):
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    _sparse(artifact / "dispatch.json", 200 << 20)
+    code, err = run_main(command, str(artifact), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_BAD_INPUT, (code, err)
+    assert err.startswith("error: ") and "byte limit" in err and len(err.strip().splitlines()) == 1, err
+
+
+# --- a full disk, re-runs, orphaned workers ------------------------------------------------------
+
+def _tune_args(workload: Path, out: Path) -> list[str]:
+    """A one-signature tune that takes seconds: eager kernels, no search, probes or validation."""
+    return ["tune", "--workload", str(workload), "--grid", "tiny", "--device", "cpu", "--kernels", "eager.*",
+            "--no-probe", "--validate", "0", "--trials", "0", "--no-isolate", "--out", str(out)]
+
+
+def _disk_full_at(monkeypatch, name_part: str) -> list[str]:
+    """Make every atomic write of a file whose name contains `name_part` fail as a full disk
+    does (at fsync, after its bytes were handed over); returns the names it failed."""
+    failed = []
+    real = fsutil.os.fsync
+
+    def fsync(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if name_part in Path(name).name:
+            failed.append(name)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    return failed
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, code):
+    target = tmp_path / "dispatch.json"
+    target.write_text("old")
+
+    def fsync(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    with pytest.raises(WriteError) as e:
+        fsutil.atomic_write_text(target, "new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["dispatch.json"]
+    expected = "no space left on device" if code == errno.ENOSPC else "input/output error"
+    assert str(e.value) == f"{expected} writing {target}; measured records are kept, re-run to continue"
+
+
+def _rows(out: Path) -> int:
+    return PerfDB(out / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the file being written through /proc")
+def test_disk_full_is_one_line_exit_4_and_a_rerun_continues(tmp_path, capsys, monkeypatch):
+    calls = [{**RMS_CALL, "dims": {"tokens": t}} for t in (1, 64)]
+    workload = write_workload(tmp_path / "w.json", calls)
+    out = tmp_path / "out"
+
+    # the disk fills at the first PerfDB file: nothing of the run is kept, nothing half-written
+    failed = _disk_full_at(monkeypatch, "part-")
+    code, err = run_main(*_tune_args(workload, out), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert failed and code == cli_module.EXIT_WRITE_FAILED, (code, err)
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: no space left on device writing ") and "/perfdb/part-" in lines[0]
+    assert lines[0].endswith("; measured records are kept, re-run to continue")
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert not (out / "dispatch.json").exists()
+
+    # then at the manifest, the artifact's last file: the records are kept, the artifact is refused
+    monkeypatch.undo()
+    failed = _disk_full_at(monkeypatch, MANIFEST)
+    code, err = run_main(*_tune_args(workload, out), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert failed and code == cli_module.EXIT_WRITE_FAILED, (code, err)
+    assert f"writing {out / MANIFEST}" in err
+    rows = _rows(out)
+    with pytest.raises(TableError):
+        runtime_loader.load(out, strict=True)
+
+    # the re-run measures nothing again and appends no row (the capability rejections included)
+    monkeypatch.undo()
+    code, err = run_main(*_tune_args(workload, out), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_OK, err
+    assert _rows(out) == rows, "a re-run of a finished tune adds no rows"
+    assert runtime_loader.load(out, strict=True).table is not None
+
+    # evaluate on a full disk: the same line and exit code
+    failed = _disk_full_at(monkeypatch, "part-eval")
+    code, err = run_main("evaluate", str(out), "--no-isolate", cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert failed and code == cli_module.EXIT_WRITE_FAILED, (code, err)
+    assert [line for line in err.splitlines() if line.startswith("error:")][0].startswith(
+        "error: no space left on device writing ")
+
+
+def test_orphaned_worker_exits_quietly(capfd):
+    """A worker whose parent is gone (its end of the pipe closed, as when the parent is killed)
+    leaves without a BrokenPipeError traceback."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(child, "cpu", Budget(), ()), daemon=True)
+    proc.start()
+    child.close()
+    assert parent.poll(120) and parent.recv() == {"ready": True}
+    parent.send(ParityTask(RMS, "eager.rms_norm", {"tokens": 4}, 0))
+    parent.close()  # gone before the answer: the worker's send meets a closed pipe
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err

@@ -52,7 +52,7 @@ def counting():
     d = Counting()
     register(d)
     yield d
-    runtime_loader.library.activate(Dispatcher(None))
+    runtime_loader.custom_ops.activate(Dispatcher(None))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -134,7 +134,7 @@ def llama_of(config: dict):
 def restore_active():
     from runtime_loader.integrations.transformers import restore_functions
     yield
-    runtime_loader.library.activate(Dispatcher(None))
+    runtime_loader.custom_ops.activate(Dispatcher(None))
     restore_functions()  # other tests' models must not call the dispatcher for RoPE
 
 
@@ -223,7 +223,7 @@ def families_artifact(tmp_path_factory):
                 patch(model, d)
                 model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
     finally:
-        runtime_loader.library.activate(Dispatcher(None))
+        runtime_loader.custom_ops.activate(Dispatcher(None))
         restore_functions()
     result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
                                       "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",

@@ -135,24 +135,9 @@ INDEPENDENT = {
     "recurrent.gated_deltanet": deltanet64,
 }
 
-# The runtime's derivation of a signature from a Dispatcher method's positional arguments
-METHOD_CALLS = {
-    "attention.prefill": lambda q, k, v, causal, scale, window=0, softcap=0.0, qk_norm=False:
-        rops.attention_call(q, k, v, causal, window, softcap, qk_norm),
-    "norm.rms": lambda x, w, eps, unit_offset=False: rops.rows_call("norm.rms", x, ("unit_offset",) * unit_offset),
-    "norm.rms_add": lambda x, r, w, eps, unit_offset=False:
-        rops.rows_call("norm.rms_add", x, ("unit_offset",) * unit_offset),
-    "norm.qk": lambda x, w, eps, unit_offset=False: rops.qk_norm_call(x, unit_offset),
-    "embedding": lambda ids, table, scale: rops.embedding_call(ids, table, scale),
-    "posenc.rope": lambda q, k, cos, sin, interleaved: rops.rope_call(q, k, interleaved),
-    "linear": lambda x, w, b: rops.linear_call(x, w, b),
-    "recurrent.gated_deltanet": lambda q, k, v, g, beta, state, qk_l2norm: rops.gated_deltanet_call(q, v, qk_l2norm),
-}
-METHOD_CALLS["attention.decode"] = METHOD_CALLS["attention.prefill"]
-
-
 def derive(op, args):
-    return METHOD_CALLS.get(op, lambda x, *rest: rops.rows_call(op, x))(*args)
+    """The runtime's derivation of a signature from a Dispatcher method's positional arguments."""
+    return rops.OPS[op].call(*args)
 
 
 @pytest.mark.parametrize("sig,dims", SIGS, ids=[str(s) for s, _ in SIGS])

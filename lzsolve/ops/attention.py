@@ -10,25 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from .base import OpContract, itemsize, randn
+from runtime_loader.inputs import attention_shapes as _shapes
+
+from .base import OpContract, itemsize
 
 MAX_SCORE_ELEMENTS = 1 << 26  # reference works on score blocks of at most 256 MiB in fp32
-
-
-def _shapes(sig, dims):
-    hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
-    batch = dims["batch"]
-    seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
-    return batch, hq, hkv, d, seq_q, kv_len
-
-
-def make_inputs(sig, dims, device, gen):
-    batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
-    q = randn((batch, hq, seq_q, d), sig, device, gen)
-    k = randn((batch, hkv, kv_len, d), sig, device, gen)
-    v = randn((batch, hkv, kv_len, d), sig, device, gen)
-    options = (sig.dim("window"), sig.dim("softcap"))
-    return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
 
 
 def reference(q, k, v, causal, scale, window=0, softcap=0.0):
@@ -79,5 +65,5 @@ def bytes_moved(sig, dims):
     return float(itemsize(sig) * batch * d * (2 * hq * seq_q + 2 * hkv * keys_read))
 
 
-PREFILL = OpContract("attention.prefill", make_inputs, reference, flops, bytes_moved)
-DECODE = OpContract("attention.decode", make_inputs, reference, flops, bytes_moved)
+PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved)
+DECODE = OpContract("attention.decode", reference, flops, bytes_moved)

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime_loader import Dispatcher, library
+from runtime_loader import Dispatcher, custom_ops
 from runtime_loader.table import parse_table
 
 from .tables import table
@@ -14,9 +14,9 @@ from .tables import table
 @pytest.fixture
 def d():
     dispatcher = Dispatcher(parse_table(table()))
-    library.activate(dispatcher)
+    custom_ops.activate(dispatcher)
     yield dispatcher
-    library.activate(Dispatcher(None))
+    custom_ops.activate(Dispatcher(None))
 
 
 def block(x, w, q, k, v, gate, up, weight):

@@ -38,8 +38,13 @@ def bytes_per_element(tensors: int):
     return lambda sig, dims: float(itemsize(sig) * tensors * dims["tokens"] * sig.dim("width"))
 
 
-SWIGLU = OpContract("act.swiglu", swiglu, flops_per_element(5.0), bytes_per_element(3))
-GEGLU = OpContract("act.geglu", geglu, flops_per_element(9.0), bytes_per_element(3))
-GELU = OpContract("act.gelu", gelu, flops_per_element(8.0), bytes_per_element(2))
-SIGMOID_GATE = OpContract("act.sigmoid_gate", sigmoid_gate, flops_per_element(5.0),
-                          bytes_per_element(3))
+def cases(wide: int) -> tuple:
+    """An odd width at a few tokens, and a model's width at decode-like token counts."""
+    return ({"width": 96}, (), {"tokens": 7}), ({"width": wide}, (), {"tokens": 2})
+
+
+SWIGLU = OpContract("act.swiglu", swiglu, flops_per_element(5.0), bytes_per_element(3), cases(3584))
+GEGLU = OpContract("act.geglu", geglu, flops_per_element(9.0), bytes_per_element(3), cases(3584))
+GELU = OpContract("act.gelu", gelu, flops_per_element(8.0), bytes_per_element(2), cases(3072))
+SIGMOID_GATE = OpContract("act.sigmoid_gate", sigmoid_gate, flops_per_element(5.0), bytes_per_element(3),
+                          cases(4096))

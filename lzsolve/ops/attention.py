@@ -65,5 +65,23 @@ def bytes_moved(sig, dims):
     return float(itemsize(sig) * batch * d * (2 * hq * seq_q + 2 * hkv * keys_read))
 
 
-PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved)
-DECODE = OpContract("attention.decode", reference, flops, bytes_moved)
+# every combination at head_dim 128 (and batch 1 and 2: some libraries take another path for a
+# batch), then head dims 64 and 256
+PREFILL_CASES = (({"hq": 8, "hkv": 1, "d": 128}, ("causal",), {"batch": 1, "seq": 257}),
+                 ({"hq": 4, "hkv": 2, "d": 128}, ("causal",), {"batch": 2, "seq": 33}),
+                 ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "seq": 70}),
+                 ({"hq": 4, "hkv": 2, "d": 128}, ("causal", "qk_norm"), {"batch": 2, "seq": 33}),
+                 ({"hq": 4, "hkv": 2, "d": 128, "window": 16}, ("causal",), {"batch": 2, "seq": 70}),
+                 ({"hq": 4, "hkv": 2, "d": 128, "softcap": 1.0}, ("causal",), {"batch": 2, "seq": 33}),
+                 ({"hq": 4, "hkv": 4, "d": 128, "window": 16, "softcap": 2.0}, ("causal",), {"batch": 1, "seq": 40}),
+                 ({"hq": 4, "hkv": 2, "d": 64}, ("causal",), {"batch": 2, "seq": 33}),
+                 ({"hq": 2, "hkv": 1, "d": 256}, ("causal",), {"batch": 2, "seq": 40}))
+DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
+                ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
+                ({"hq": 8, "hkv": 2, "d": 128}, ("qk_norm",), {"batch": 2, "kv_len": 70}),
+                ({"hq": 8, "hkv": 2, "d": 128, "window": 32}, (), {"batch": 2, "kv_len": 70}),
+                ({"hq": 8, "hkv": 2, "d": 128, "softcap": 1.0}, (), {"batch": 2, "kv_len": 70}),
+                ({"hq": 4, "hkv": 1, "d": 64}, (), {"batch": 3, "kv_len": 70}),
+                ({"hq": 4, "hkv": 4, "d": 256}, (), {"batch": 1, "kv_len": 129}))
+PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved, PREFILL_CASES)
+DECODE = OpContract("attention.decode", reference, flops, bytes_moved, DECODE_CASES)

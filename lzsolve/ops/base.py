@@ -38,6 +38,12 @@ class OpContract:
     reference: Callable
     flops: Callable[[Signature, dict], float]
     bytes_moved: Callable[[Signature, dict], float]
+    # signatures every kernel of the op is checked on (tests/test_kernels.py): shapes that exercise
+    # every feature combination a kernel can claim (causal or not, GQA or not, both RoPE layouts, bias
+    # or not, sliding window, softcap, (1 + weight) norms...) and odd sizes that do not fill a tile.
+    # Options are set so a kernel that ignored one would fail (windows shorter than the sequence,
+    # softcaps small enough to bend N(0, 1) scores). (static dims, flags, dynamic dims)
+    cases: tuple[tuple[dict, tuple[str, ...], dict], ...] = ()
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: TOLERANCES)
 
     @property

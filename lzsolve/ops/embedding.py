@@ -32,5 +32,8 @@ def learned_flops(sig, dims):
     return float(dims["tokens"] * sig.dim("hidden"))
 
 
-EMBEDDING = OpContract("embedding", embedding, embedding_flops, lookup_bytes(2))
-LEARNED = OpContract("posenc.learned", learned_positions, learned_flops, lookup_bytes(3))
+EMBEDDING = OpContract("embedding", embedding, embedding_flops, lookup_bytes(2),
+                       (({"vocab": 1000, "hidden": 256}, (), {"tokens": 9}),
+                        ({"vocab": 3000, "hidden": 640}, ("scaled",), {"tokens": 5})))
+LEARNED = OpContract("posenc.learned", learned_positions, learned_flops, lookup_bytes(3),
+                     (({"hidden": 768}, (), {"tokens": 9}), ({"hidden": 96}, (), {"tokens": 1})))

@@ -20,4 +20,6 @@ def bytes_moved(sig, dims):
     return float(itemsize(sig) * (t * k + k * n + t * n + (n if "bias" in sig.flags else 0)))
 
 
-LINEAR = OpContract("linear", reference, flops, bytes_moved)
+LINEAR = OpContract("linear", reference, flops, bytes_moved,
+                    (({"k": 64, "n": 48}, ("bias",), {"tokens": 5}), ({"k": 256, "n": 384}, (), {"tokens": 33}),
+                     ({"k": 1024, "n": 256}, (), {"tokens": 1})))

@@ -53,7 +53,11 @@ def qk_bytes(sig, dims):
     return float(itemsize(sig) * sig.dim("d") * (2 * dims["tokens"] * sig.dim("heads") + 1))
 
 
-RMS = OpContract("norm.rms", rms, flops(4.0), bytes_moved(2, 1))
-RMS_ADD = OpContract("norm.rms_add", rms_add, flops(5.0), bytes_moved(4, 1))
-QK = OpContract("norm.qk", rms, qk_flops, qk_bytes)
-LAYER = OpContract("norm.layer", layer, flops(7.0), bytes_moved(2, 2))
+RMS_CASES = (({"hidden": 256}, (), {"tokens": 9}), ({"hidden": 8192}, (), {"tokens": 3}),
+             ({"hidden": 640}, ("unit_offset",), {"tokens": 9}))
+RMS = OpContract("norm.rms", rms, flops(4.0), bytes_moved(2, 1), RMS_CASES)
+RMS_ADD = OpContract("norm.rms_add", rms_add, flops(5.0), bytes_moved(4, 1), RMS_CASES)
+QK = OpContract("norm.qk", rms, qk_flops, qk_bytes, (({"heads": 8, "d": 128}, (), {"tokens": 9}),
+                                                     ({"heads": 2, "d": 256}, ("unit_offset",), {"tokens": 5})))
+LAYER = OpContract("norm.layer", layer, flops(7.0), bytes_moved(2, 2),
+                   (({"hidden": 192}, (), {"tokens": 9}), ({"hidden": 2048}, (), {"tokens": 3})))

@@ -58,4 +58,8 @@ def bytes_moved(sig, dims):
     return float(activations + state)
 
 
-GATED_DELTANET = OpContract("recurrent.gated_deltanet", reference, flops, bytes_moved)
+# prefill from no state (GQA-like hv > hk), a decode step from a state, and q, k normalised by the caller
+CASES = (({"hk": 2, "hv": 4, "dk": 64, "dv": 32}, ("qk_l2norm",), {"batch": 2, "seq": 33}),
+         ({"hk": 2, "hv": 2, "dk": 128, "dv": 64}, ("qk_l2norm",), {"batch": 3, "seq": 1}),
+         ({"hk": 1, "hv": 2, "dk": 32, "dv": 32}, (), {"batch": 1, "seq": 20}))
+GATED_DELTANET = OpContract("recurrent.gated_deltanet", reference, flops, bytes_moved, CASES)

@@ -42,4 +42,7 @@ def bytes_moved(sig, dims):
     return float(itemsize(sig) * dims["tokens"] * sig.dim("d") * (2 * heads + 2))
 
 
-ROPE = OpContract("posenc.rope", reference, flops, bytes_moved)
+ROPE = OpContract("posenc.rope", reference, flops, bytes_moved,
+                  (({"hq": 4, "hkv": 2, "d": 64, "layout": "split_half"}, (), {"tokens": 11}),
+                   ({"hq": 4, "hkv": 2, "d": 64, "layout": "interleaved"}, (), {"tokens": 11}),
+                   ({"hq": 8, "hkv": 8, "d": 128, "layout": "split_half"}, (), {"tokens": 5})))

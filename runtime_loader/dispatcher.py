@@ -21,7 +21,7 @@ import torch
 
 from . import registry
 from .hardware import device_info
-from .ops import OPS, OpSchema, example_args
+from .ops import OPS, OpSchema, example_args, register_op
 from .table import Leaf, Split, Table, TableError, choose, leaves
 
 MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
@@ -245,6 +245,19 @@ def serve_op(op: OpSchema) -> None:
     setattr(Dispatcher, op.method, _method(op))
     for dispatcher in list(_live):  # dispatchers made before the op was added
         dispatcher._caches.setdefault(op.method, {})
+
+
+def add_op(op: OpSchema) -> OpSchema:
+    """A new op, served like the built-in ones: its record known to signatures and the registry
+    (runtime_loader.ops.register_op), its Dispatcher method and its torch.ops.lzsolve custom op.
+    A plugin adds its ops with this, its contracts with lzsolve.ops.register_contract and its
+    kernels with runtime_loader.registry.register (see CONTRIBUTING.md)."""
+    from .custom_ops import define  # custom_ops imports this module
+
+    register_op(op)
+    serve_op(op)
+    define(op)
+    return op
 
 
 Dispatcher.METHODS = {}  # op -> the method that serves it (attention.prefill -> attention)

@@ -72,6 +72,9 @@ def _stale(kernel_id: str, measured: dict) -> str | None:
 
 
 class Dispatcher:
+    """Serves every op of runtime_loader.ops.OPS through a method named by its record (attention,
+    rms_norm, ...), generated at the end of this module from the record's parameters."""
+
     def __init__(self, table: Table | None = None):
         self.table = table
         self.device_type = table.hardware["device"] if table else None
@@ -232,7 +235,7 @@ def _method(op: OpSchema):
     exec(source, namespace)  # noqa: S102 - our own records' names, never an artifact's
     method = namespace[op.method]
     method.__qualname__ = f"Dispatcher.{op.method}"
-    method.__doc__ = op.front.__doc__
+    method.__doc__, method.__annotations__ = op.front.__doc__, dict(op.front.__annotations__)
     return method
 
 
@@ -241,6 +244,8 @@ def serve_op(op: OpSchema) -> None:
     Dispatcher.METHODS[op.name] = op.method
     if op.method in METHOD_OPS:
         return
+    if hasattr(Dispatcher, op.method):
+        raise ValueError(f"op {op.name}: Dispatcher.{op.method} already exists and is not an op")
     METHOD_OPS[op.method] = op
     setattr(Dispatcher, op.method, _method(op))
     for dispatcher in list(_live):  # dispatchers made before the op was added

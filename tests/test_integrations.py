@@ -64,7 +64,7 @@ def test_same_logits_as_sdpa(family, counting):
     out = logits(model, "lzsolve", ids)
     assert counting.calls == 2, "both layers went through the dispatcher"
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    flagged = {key[-1] for key in counting._attention}  # the last key field is qk_norm
+    flagged = {key[-1] for key in counting._caches["attention"]}  # the last key field is qk_norm
     assert flagged == {family == "qwen3"}, "Qwen3's QK-norm reaches the signature, so its tuned entries serve it"
 
 

@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile as torch_profile
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import runtime_loader
-from runtime_loader import library
+from runtime_loader import custom_ops
 from runtime_loader.integrations import transformers as lz_hf
 
 GQA = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
@@ -155,7 +155,7 @@ def profile(fn, device, label: str, trace: str | None) -> dict:
 def served(fn) -> tuple:
     """fn's result, and the calls the active Dispatcher took meanwhile: {"op:kernel": calls}, where a kernel
     the table did not choose is marked (fallback). None without Dispatcher.stats."""
-    d = library.active()
+    d = custom_ops.active()
     if not hasattr(d, "stats"):
         return fn(), None
     before, out, calls = d.stats(), fn(), {}

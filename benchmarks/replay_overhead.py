@@ -20,7 +20,7 @@ import torch
 from lzsolve.artifact import kernel_provenance
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import hardware_signature
-from runtime_loader.ops import Signature, example_args
+from runtime_loader.ops import OPS, Signature, example_args
 from runtime_loader.table import parse_table
 
 # (op, static, flags, dims, kernel the tree picks, Dispatcher method)
@@ -31,16 +31,6 @@ CASES = [
     ("posenc.rope", {"hq": 8, "hkv": 1, "d": 128, "layout": "split_half"}, (), {"tokens": 1}, "eager.rope", "rope"),
     ("attention.decode", {"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 1, "kv_len": 512}, "sdpa.default", "attention"),
 ]
-# method -> (the dispatcher's lookup for the call, its arguments, the kernel's own arguments)
-LOOKUP = {
-    "rms_norm": lambda d, a: (d._rows_entry, ("norm.rms", a[0]), a[:3]),
-    "swiglu": lambda d, a: (d._rows_entry, ("act.swiglu", a[0]), a),
-    "linear": lambda d, a: (d._linear_entry, a[:3], a),
-    "rope": lambda d, a: (d._rope_entry, (a[0], a[1], a[4]), a),
-    "attention": lambda d, a: (d._attention_entry, (*a[:4], *a[5:]), a[:5]),  # no window/softcap: the plain call
-}
-
-
 def table_for(device: torch.device, dtype: str) -> dict:
     ops = []
     for op, static, flags, dims, kernel_id, _ in CASES:
@@ -82,13 +72,13 @@ def main() -> None:
         call_args = example_args(sig, dims, device)
         direct = registry.get(kernel_id).impl
         dispatched = getattr(d, method)
-        lookup, lookup_args, kernel_args = LOOKUP[method](d, call_args)
+        kernel_args = OPS[op].front(*call_args)[1]  # the plain call, without options left at their defaults
         assert d.kernel_for(method, *call_args) == kernel_id
         timings = {"direct": [], "dispatcher": [], "lookup": []}
         for _ in range(args.rounds):
             timings["direct"].append(per_call_us(lambda: direct(*kernel_args), args.calls, sync))
             timings["dispatcher"].append(per_call_us(lambda: dispatched(*call_args), args.calls, sync))
-            timings["lookup"].append(per_call_us(lambda: lookup(*lookup_args), args.calls, lambda: None))
+            timings["lookup"].append(per_call_us(lambda: d._entry(method, call_args, {}), args.calls, lambda: None))
         overhead = [b - a for a, b in zip(timings["direct"], timings["dispatcher"])]
         rows.append({"op": op, "kernel": kernel_id, **{k: statistics.median(v) for k, v in timings.items()},
                      "overhead_us": statistics.median(overhead)})

@@ -9,6 +9,7 @@ once; a race only resolves the same key twice, to the same answer.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 import warnings
@@ -20,12 +21,10 @@ import torch
 
 from . import registry
 from .hardware import device_info
-from .ops import (OPS, attention_call, embedding_call, example_args, gated_deltanet_call, linear_call, qk_norm_call,
-                  rope_call, rows_call)
+from .ops import OPS, OpSchema, example_args, register_op
 from .table import Leaf, Split, Table, TableError, choose, leaves
 
-MAX_CACHED_KEYS = 8192  # per op; past this, new keys are resolved per call instead of cached
-UNIT_OFFSET, NO_BIAS = ("unit_offset",), ("no_bias",)
+MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
 
 # runtime_loader.record: while a recording is active, no call is cached, so every call reaches
 # _resolve and is counted there (caches are cleared when it starts)
@@ -73,18 +72,17 @@ def _stale(kernel_id: str, measured: dict) -> str | None:
 
 
 class Dispatcher:
+    """Serves every op of runtime_loader.ops.OPS through a method named by its record (attention,
+    rms_norm, ...), generated at the end of this module from the record's parameters."""
+
     def __init__(self, table: Table | None = None):
         self.table = table
         self.device_type = table.hardware["device"] if table else None
         self._on_cuda = self.device_type == "cuda"
         self._trees: dict[str, Leaf | Split] = {}
         self._usable: set[str] = set()
-        # one cache per op (both attention ops share one): key -> Entry
-        self._caches: dict[str, dict] = {op: {} for op in OPS if op != "attention.decode"}
-        self._caches["attention.decode"] = self._caches["attention.prefill"]
-        self._attention, self._rope, self._linear, self._qk_norm, self._embedding, self._deltanet = (
-            self._caches[op] for op in ("attention.prefill", "posenc.rope", "linear", "norm.qk", "embedding",
-                                        "recurrent.gated_deltanet"))
+        # one cache per method (both attention ops share one): key -> Entry
+        self._caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
         # calls that are not cached (past MAX_CACHED_KEYS, or while recording) count here, by
         # (op, kernel, from table); counts of cleared cache entries are kept in _retired
         self._uncached: dict[tuple, Entry] = {}
@@ -106,9 +104,14 @@ class Dispatcher:
                 self._usable.add(kernel_id)
 
     # --- resolution (first call of a key) ------------------------------------
-    def _resolve(self, cache: dict, key: tuple, call, outside: str, on_cuda: bool, op: str) -> Entry:
-        """outside: the kernel id for a call that no signature describes; op: its op for stats()."""
-        spec = registry.get(outside) if call is None else registry.fallback_for(call[0])
+    def _resolve(self, cache: dict, key: tuple, call, op: OpSchema, kernel_args: tuple) -> Entry:
+        """call: the call's (signature, dims), None for a call no signature describes (then served
+        by op.outside, or the fallback); op: the method's first op, named in stats() for such calls."""
+        if call is None:
+            spec = registry.get(op.outside(*kernel_args) if op.outside else op.fallback)
+        else:
+            spec = registry.fallback_for(call[0])
+        on_cuda = any(getattr(a, "is_cuda", False) for a in kernel_args)
         from_table = False
         if call is not None and on_cuda == self._on_cuda:
             sig, dims = call
@@ -117,150 +120,30 @@ class Dispatcher:
                 kernel_id = choose(tree, dims)
                 if kernel_id in self._usable:
                     spec, from_table = registry.get(kernel_id), True
-        op = call[0].op if call is not None else op
+        name = call[0].op if call is not None else op.name
         recording = _recording
         if recording is not None:
             recording.count(call, spec, from_table)
         elif len(cache) < MAX_CACHED_KEYS:
-            entry = cache[key] = Entry(spec.impl, itertools.count(), op, spec.kernel_id, from_table)
+            entry = cache[key] = Entry(spec.impl, itertools.count(), name, spec.kernel_id, from_table)
             return entry
         with self._stats_lock:
-            return self._uncached.setdefault((op, spec.kernel_id, from_table),
-                                             Entry(spec.impl, itertools.count(), op, spec.kernel_id, from_table))
+            return self._uncached.setdefault((name, spec.kernel_id, from_table),
+                                             Entry(spec.impl, itertools.count(), name, spec.kernel_id, from_table))
 
-    # --- lookups: the Entry for a call ---------------------------------------------
-    # The hot path: one tuple, one dict read, one count. Keys hold every argument that changes the
-    # signature (flags, window, softcap). Keys use is_cuda, not device.type (which
-    # builds an object per call); attention keys on v.shape, not k.shape: a valid SDPA
-    # call has k.shape == v.shape but for the last dim, which must equal q's.
-    def _attention_entry(self, q, k, v, causal, window, softcap, qk_norm):
-        key = (q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, qk_norm)
-        # a call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA cannot softcap
-        return self._attention.get(key) or self._resolve(
-            self._attention, key, attention_call(q, k, v, causal, window, softcap, qk_norm),
-            OPS["attention.prefill"].reference if softcap else OPS["attention.prefill"].fallback, q.is_cuda,
-            "attention.prefill")
-
-    def _rows_entry(self, op: str, x, flags: tuple[str, ...] = ()):
-        """Norms, activations, learned positions: keyed on the shape of their first input (and the norm's flag)."""
-        cache = self._caches[op]
-        key = (x.shape, x.dtype, x.is_cuda, flags)
-        return cache.get(key) or self._resolve(cache, key, rows_call(op, x, flags), OPS[op].fallback, x.is_cuda, op)
-
-    def _qk_norm_entry(self, x, unit_offset):
-        key = (x.shape, x.dtype, x.is_cuda, unit_offset)
-        return self._qk_norm.get(key) or self._resolve(
-            self._qk_norm, key, qk_norm_call(x, unit_offset), OPS["norm.qk"].fallback, x.is_cuda, "norm.qk")
-
-    def _embedding_entry(self, ids, table, scale):
-        key = (ids.shape, ids.dtype, table.shape, table.dtype, table.is_cuda, scale is None)
-        return self._embedding.get(key) or self._resolve(
-            self._embedding, key, embedding_call(ids, table, scale), OPS["embedding"].fallback, table.is_cuda,
-            "embedding")
-
-    def _rope_entry(self, q, k, interleaved):
-        key = (q.shape, k.shape, q.dtype, q.is_cuda, interleaved)
-        return self._rope.get(key) or self._resolve(
-            self._rope, key, rope_call(q, k, interleaved), OPS["posenc.rope"].fallback, q.is_cuda, "posenc.rope")
-
-    def _linear_entry(self, x, weight, bias):
-        key = (x.shape, weight.shape, bias is None, x.dtype, x.is_cuda)
-        return self._linear.get(key) or self._resolve(
-            self._linear, key, linear_call(x, weight, bias), OPS["linear"].fallback, x.is_cuda, "linear")
-
-    def _deltanet_entry(self, q, v, qk_l2norm):
-        key = (q.shape, v.shape, q.dtype, q.is_cuda, qk_l2norm)
-        return self._deltanet.get(key) or self._resolve(
-            self._deltanet, key, gated_deltanet_call(q, v, qk_l2norm), OPS["recurrent.gated_deltanet"].fallback,
-            q.is_cuda, "recurrent.gated_deltanet")
-
-    @staticmethod
-    def _run(entry: Entry, *args):
-        next(entry.calls)
-        return entry.impl(*args)
-
-    # --- the public ops ----------------------------------------------------------
-    # Options a model seldom sets (window, softcap, unit_offset) reach a kernel only when set,
-    # so kernels that do not declare them keep their plain call.
-    def attention(self, q, k, v, causal: bool = True, scale: float | None = None, window: int = 0,
-                  softcap: float = 0.0, qk_norm: bool = False):
-        """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads.
-        window: a query at position p sees keys j > p - window, where p is i for query i under a
-        causal mask and kv_len - seq_q + i without one (a decode query is the newest token);
-        softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
-        qk_norm: q and k come from a per-head norm (no change to the math, only to which kernels
-        may serve the call)."""
-        entry = self._attention_entry(q, k, v, causal, window, softcap, qk_norm)
-        if window or softcap:
-            return self._run(entry, q, k, v, causal, scale, window, softcap)
-        return self._run(entry, q, k, v, causal, scale)
-
-    def rms_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
-        """x / rms(x) * weight; unit_offset: * (1 + weight) in fp32, rounded once (Gemma, Qwen3.5)."""
-        entry = self._rows_entry("norm.rms", x, UNIT_OFFSET if unit_offset else ())
-        return self._run(entry, x, weight, eps, True) if unit_offset else self._run(entry, x, weight, eps)
-
-    def rms_norm_add(self, x, residual, weight, eps: float = 1e-6, unit_offset: bool = False):
-        """(rms_norm(x + residual) * weight, x + residual), the fused residual add of a pre-norm
-        block. x and residual are consumed: a kernel may write the results into their storage."""
-        entry = self._rows_entry("norm.rms_add", x, UNIT_OFFSET if unit_offset else ())
-        return (self._run(entry, x, residual, weight, eps, True) if unit_offset
-                else self._run(entry, x, residual, weight, eps))
-
-    def qk_norm(self, x, weight, eps: float = 1e-6, unit_offset: bool = False):
-        """rms_norm of each head of x (..., heads, d) with one weight (d,) (Qwen3's q_norm, k_norm)."""
-        entry = self._qk_norm_entry(x, unit_offset)
-        return self._run(entry, x, weight, eps, True) if unit_offset else self._run(entry, x, weight, eps)
-
-    def layer_norm(self, x, weight, bias, eps: float = 1e-5):
-        """bias None: a LayerNorm without a bias (its own signature, flag no_bias)."""
-        return self._run(self._rows_entry("norm.layer", x, NO_BIAS if bias is None else ()), x, weight, bias, eps)
-
-    def embedding(self, ids, table, scale: float | None = None):
-        """table[ids] (ids int64), times scale rounded to the table's dtype when given (Gemma's sqrt(hidden))."""
-        return self._run(self._embedding_entry(ids, table, scale), ids, table, scale)
-
-    def rope(self, q, k, cos, sin, interleaved: bool = False):
-        """Rotary embedding of q (batch, hq, seq, d) and k (batch, hkv, seq, d) with cos/sin
-        of shape (batch or 1, seq, d) as Hugging Face builds them; returns (q, k)."""
-        return self._run(self._rope_entry(q, k, interleaved), q, k, cos, sin, interleaved)
-
-    def learned_positions(self, x, positions, table):
-        """x + table[positions] (GPT-2's wpe); positions broadcast against x's leading dims."""
-        return self._run(self._rows_entry("posenc.learned", x), x, positions, table)
-
-    def swiglu(self, gate, up):
-        """silu(gate) * up."""
-        return self._run(self._rows_entry("act.swiglu", gate), gate, up)
-
-    def geglu(self, gate, up):
-        """gelu(gate, approximate="tanh") * up (Gemma's gelu_pytorch_tanh)."""
-        return self._run(self._rows_entry("act.geglu", gate), gate, up)
-
-    def gelu(self, x):
-        """gelu(x, approximate="tanh") (GPT-2's gelu_new)."""
-        return self._run(self._rows_entry("act.gelu", x), x)
-
-    def sigmoid_gate(self, x, gate):
-        """x * sigmoid(gate) (Qwen3.5's gated attention output)."""
-        return self._run(self._rows_entry("act.sigmoid_gate", x), x, gate)
-
-    def linear(self, x, weight, bias=None):
-        return self._run(self._linear_entry(x, weight, bias), x, weight, bias)
-
-    def gated_deltanet(self, q, k, v, g, beta, state=None, qk_l2norm: bool = True):
-        """Qwen3.5's Gated DeltaNet: q, k (batch, seq, hk, dk), v (batch, seq, hv, dv), g (log
-        decay) and beta (batch, seq, hv), state (batch, hv, dk, dv) or None; returns (out, final
-        fp32 state). See lzsolve.ops.recurrent for the conventions."""
-        return self._run(self._deltanet_entry(q, v, qk_l2norm), q, k, v, g, beta, state, qk_l2norm)
+    def _entry(self, method: str, args: tuple, kwargs: dict) -> Entry:
+        """The Entry a call of `method` resolves to, without calling it."""
+        op = METHOD_OPS[method]
+        key, kernel_args = op.front(*args, **kwargs)
+        cache = self._caches[method]
+        return cache.get(key) or self._resolve(cache, key, op.call(*args, **kwargs), op, kernel_args)
 
     def clear_cache(self) -> None:
         with self._stats_lock:
-            for op, cache in self._caches.items():
-                if op != "attention.decode":
-                    for entry in list(cache.values()):
-                        self._retired[(entry.op, entry.kernel_id, entry.from_table)] += _count(entry)
-                    cache.clear()
+            for cache in self._caches.values():
+                for entry in list(cache.values()):
+                    self._retired[(entry.op, entry.kernel_id, entry.from_table)] += _count(entry)
+                cache.clear()
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Calls since this dispatcher was made, per op and per kernel that served them:
@@ -269,7 +152,7 @@ class Dispatcher:
         " (fallback)". Cheap: counts are kept per call key and summed here."""
         with self._stats_lock:
             totals = Counter(self._retired)
-            entries = [e for op, cache in self._caches.items() if op != "attention.decode" for e in list(cache.values())]
+            entries = [e for cache in self._caches.values() for e in list(cache.values())]
             entries += list(self._uncached.values())
         for e in entries:
             totals[(e.op, e.kernel_id, e.from_table)] += _count(e)
@@ -280,36 +163,11 @@ class Dispatcher:
         return out
 
     def cached_keys(self) -> int:
-        return sum(len(cache) for op, cache in self._caches.items() if op != "attention.decode")
+        return sum(len(cache) for cache in self._caches.values())
 
-    METHODS = {"attention.prefill": "attention", "attention.decode": "attention", "norm.rms": "rms_norm",
-               "norm.rms_add": "rms_norm_add", "norm.qk": "qk_norm", "norm.layer": "layer_norm",
-               "embedding": "embedding", "posenc.rope": "rope", "posenc.learned": "learned_positions",
-               "act.swiglu": "swiglu", "act.geglu": "geglu", "act.gelu": "gelu", "act.sigmoid_gate": "sigmoid_gate",
-               "linear": "linear", "recurrent.gated_deltanet": "gated_deltanet"}
-    # methods whose kernel their first argument alone decides
-    ROW_OPS = {method: op for op, method in METHODS.items()
-               if op in ("posenc.learned", "act.swiglu", "act.geglu", "act.gelu", "act.sigmoid_gate")}
-
-    def kernel_for(self, op: str, *args, **kwargs) -> str:
-        """The kernel id a call of `op` ('attention', 'rms_norm', ...) with these args would use."""
-        if op in self.ROW_OPS:
-            return self._rows_entry(self.ROW_OPS[op], args[0]).kernel_id
-        lookups = {  # each mirrors its method's parameters
-            "attention": lambda q, k, v, causal=True, scale=None, window=0, softcap=0.0, qk_norm=False:
-                self._attention_entry(q, k, v, causal, window, softcap, qk_norm),
-            "rms_norm": lambda x, weight, eps=None, unit_offset=False:
-                self._rows_entry("norm.rms", x, UNIT_OFFSET if unit_offset else ()),
-            "rms_norm_add": lambda x, residual, weight, eps=None, unit_offset=False:
-                self._rows_entry("norm.rms_add", x, UNIT_OFFSET if unit_offset else ()),
-            "layer_norm": lambda x, weight, bias, eps=None: self._rows_entry("norm.layer", x, NO_BIAS if bias is None else ()),
-            "qk_norm": lambda x, weight, eps=None, unit_offset=False: self._qk_norm_entry(x, unit_offset),
-            "embedding": lambda ids, table, scale=None: self._embedding_entry(ids, table, scale),
-            "rope": lambda q, k, cos, sin, interleaved=False: self._rope_entry(q, k, interleaved),
-            "linear": lambda x, weight, bias=None: self._linear_entry(x, weight, bias),
-            "gated_deltanet": lambda q, k, v, g, beta, state=None, qk_l2norm=True: self._deltanet_entry(q, v, qk_l2norm),
-        }
-        return lookups[op](*args, **kwargs).kernel_id
+    def kernel_for(self, method: str, *args, **kwargs) -> str:
+        """The kernel id a call of `method` ('attention', 'rms_norm', ...) with these args would use."""
+        return self._entry(method, args, kwargs).kernel_id
 
     def warmup(self, strict: bool = False) -> int:
         """Call every table entry once (the smallest and largest grid point each leaf serves),
@@ -331,7 +189,7 @@ class Dispatcher:
                     continue
                 for dims in {0: served[0], 1: served[-1]}.values() if len(served) > 1 else served:
                     try:
-                        getattr(self, self.METHODS[sig.op])(*example_args(sig, dims, device))
+                        getattr(self, OPS[sig.op].method)(*example_args(sig, dims, device))
                         calls += 1
                     except Exception as e:
                         if strict:
@@ -344,3 +202,69 @@ class Dispatcher:
         if self._on_cuda:
             torch.cuda.synchronize()
         return calls
+
+
+# --- the public methods, one per OpSchema.method --------------------------------------------------
+# The hot path: the op's front (one tuple for the key, one for the kernel's args), one dict read,
+# one count, the kernel. Generated from the records so that every op is served the same way.
+METHOD_OPS: dict[str, OpSchema] = {}  # method -> its first op (attention: attention.prefill)
+
+
+# The method is compiled from a template with the front's own parameter list, as dataclasses and
+# namedtuple build __init__: Python binds the arguments (keywords and defaults included) in C, where a
+# generic (*args, **kwargs) wrapper cost 0.1-0.5 us per call. Only the records' parameter names (checked
+# to be identifiers) enter the source; defaults are passed in as objects.
+METHOD_TEMPLATE = """
+def {name}(self, {params}):
+    key, kernel_args = front({args})
+    cache = self._caches[{name!r}]
+    entry = cache.get(key) or self._resolve(cache, key, call({args}), op, kernel_args)
+    next(entry.calls)
+    return entry.impl(*kernel_args)
+"""
+
+
+def _method(op: OpSchema):
+    parameters = op.parameters
+    if not all(p.name.isidentifier() and p.kind == p.POSITIONAL_OR_KEYWORD for p in parameters):
+        raise ValueError(f"{op.name}: a front takes named parameters only, got {inspect.signature(op.front)}")
+    defaults = {f"_default_{p.name}": p.default for p in parameters if p.default is not p.empty}
+    params = ", ".join(p.name if p.default is p.empty else f"{p.name}=_default_{p.name}" for p in parameters)
+    source = METHOD_TEMPLATE.format(name=op.method, params=params, args=", ".join(p.name for p in parameters))
+    namespace = {"front": op.front, "call": op.call, "op": op, **defaults}
+    exec(source, namespace)  # noqa: S102 - our own records' names, never an artifact's
+    method = namespace[op.method]
+    method.__qualname__ = f"Dispatcher.{op.method}"
+    method.__doc__, method.__annotations__ = op.front.__doc__, dict(op.front.__annotations__)
+    return method
+
+
+def serve_op(op: OpSchema) -> None:
+    """Give the Dispatcher a method for `op` (one per method name: ops sharing one share its cache)."""
+    Dispatcher.METHODS[op.name] = op.method
+    if op.method in METHOD_OPS:
+        return
+    if hasattr(Dispatcher, op.method):
+        raise ValueError(f"op {op.name}: Dispatcher.{op.method} already exists and is not an op")
+    METHOD_OPS[op.method] = op
+    setattr(Dispatcher, op.method, _method(op))
+    for dispatcher in list(_live):  # dispatchers made before the op was added
+        dispatcher._caches.setdefault(op.method, {})
+
+
+def add_op(op: OpSchema) -> OpSchema:
+    """A new op, served like the built-in ones: its record known to signatures and the registry
+    (runtime_loader.ops.register_op), its Dispatcher method and its torch.ops.lzsolve custom op.
+    A plugin adds its ops with this, its contracts with lzsolve.ops.register_contract and its
+    kernels with runtime_loader.registry.register (see CONTRIBUTING.md)."""
+    from .custom_ops import define  # custom_ops imports this module
+
+    register_op(op)
+    serve_op(op)
+    define(op)
+    return op
+
+
+Dispatcher.METHODS = {}  # op -> the method that serves it (attention.prefill -> attention)
+for _op in OPS.values():
+    serve_op(_op)

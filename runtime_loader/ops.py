@@ -1,24 +1,34 @@
-"""Op schemas and signatures: the part of each op's contract that the runtime needs.
+"""The ops: one record per op (OpSchema) with everything the runtime needs, and signatures.
 
 An op signature is the op plus its static dims, flags and dtype, e.g.
 ``attention.prefill[hq=8,hkv=1,d=128,causal,bf16]``. The solver builds one
 decision tree per signature over the op's dynamic dims; the runtime derives the
-same signature from the tensors of a call (``signature_of_call``) and looks the
+same signature from the tensors of a call (the record's ``call``) and looks the
 tree up. Both sides format signatures with the code here, so they agree.
+
+Each record also says how the op is served: the Dispatcher method (its parameters are
+those of the record's ``front``), the cache key and kernel arguments of a call, the
+custom op's output shapes (``fake``) and its example inputs. The Dispatcher's methods
+and the ``torch.ops.lzsolve.*`` custom ops are generated from these records; the
+tuner's half of each op (reference, tolerances, FLOPs and bytes) is lzsolve.ops.CONTRACTS,
+attached by op name. CONTRIBUTING.md lists what adding an op takes.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
+from torch import Tensor
 
-DTYPES: dict[str, torch.dtype] = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-}
-DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+from . import inputs
+from .dtypes import DTYPE_NAMES, DTYPES
+
+
+def like_first(x: Tensor, *args) -> Tensor:
+    """The custom op's fake (meta) result for ops whose output is shaped like their first input."""
+    return torch.empty_like(x)
 
 
 @dataclass(frozen=True)
@@ -32,41 +42,30 @@ class OpSchema:
     # signature only when set, so signatures of models without them read as before
     optional: tuple[tuple[str, int | float], ...] = ()
     reference: str | None = None  # the fallback for signatures `fallback` does not support (e.g. softcap)
+    # --- how the op is served (several ops may share one method: attention.prefill and .decode) ---
+    method: str = ""  # the Dispatcher method and the custom op torch.ops.lzsolve.<method>
+    # the method's parameters (annotated, with defaults; its docstring is the method's) -> (cache key,
+    # the kernel's arguments); the hot path, so plain attribute reads. The key holds everything that
+    # changes the signature: shapes, dtypes, is_cuda (not device.type, which builds an object) and options
+    front: Callable | None = None
+    # the method's parameters -> (Signature, dynamic dims), or None for a call no table can hold
+    call: Callable | None = None
+    inputs: Callable | None = None  # (sig, dims, device, gen) -> the kernel's arguments (runtime_loader.inputs)
+    fake: Callable = like_first  # the custom op's output shapes; its return annotation is the op's output type
+    consumes: tuple[str, ...] = ()  # parameters whose storage a kernel may overwrite
+    # the kernel's arguments of a call no signature describes -> the kernel id that serves it
+    # (default: the fallback)
+    outside: Callable[..., str] | None = None
 
     @property
     def all_static(self) -> tuple[str, ...]:
         return self.static + tuple(name for name, _ in self.optional)
 
+    @property
+    def parameters(self) -> list[inspect.Parameter]:
+        """The Dispatcher method's parameters, self excluded."""
+        return list(inspect.signature(self.front, eval_str=True).parameters.values())
 
-ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0))
-OPS: dict[str, OpSchema] = {
-    s.name: s
-    for s in (
-        # window: query i sees keys j with i - window < j (0: all); softcap: scores -> softcap * tanh(scores / softcap);
-        # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
-        OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm"), ("batch", "seq"), "sdpa.default",
-                 ATTENTION_OPTIONAL, "eager.attention"),
-        OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm",), ("batch", "kv_len"), "sdpa.default",
-                 ATTENTION_OPTIONAL, "eager.attention"),
-        # unit_offset: Gemma's norms scale by (1 + weight)
-        OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm"),
-        OpSchema("norm.rms_add", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add"),
-        OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm"),
-        # no_bias: LayerNorm without a bias (Cohere, StableLM-2 variants): bias None in the call
-        OpSchema("norm.layer", ("hidden",), ("no_bias",), ("tokens",), "eager.layer_norm"),
-        OpSchema("posenc.rope", ("hq", "hkv", "d", "layout"), (), ("tokens",), "eager.rope"),
-        OpSchema("posenc.learned", ("hidden",), (), ("tokens",), "eager.learned_positions"),
-        OpSchema("embedding", ("vocab", "hidden"), ("scaled",), ("tokens",), "eager.embedding"),
-        OpSchema("act.swiglu", ("width",), (), ("tokens",), "eager.swiglu"),
-        OpSchema("act.geglu", ("width",), (), ("tokens",), "eager.geglu"),
-        OpSchema("act.gelu", ("width",), (), ("tokens",), "eager.gelu"),
-        OpSchema("act.sigmoid_gate", ("width",), (), ("tokens",), "eager.sigmoid_gate"),
-        OpSchema("linear", ("k", "n"), ("bias",), ("tokens",), "torch.linear"),
-        # Gated DeltaNet (Qwen3.5's linear attention): hk key heads, hv value heads (hv % hk == 0)
-        OpSchema("recurrent.gated_deltanet", ("hk", "hv", "dk", "dv"), ("qk_l2norm",), ("batch", "seq"),
-                 "eager.gated_deltanet"),
-    )
-}
 
 ROPE_LAYOUTS = ("split_half", "interleaved")
 
@@ -132,11 +131,27 @@ def required_features(sig: Signature) -> frozenset[str]:
     return frozenset(features)
 
 
-# --- signatures of runtime calls -------------------------------------------------
-# Each returns (signature, dynamic dims) for a call, or None when the call is
-# outside what any table can hold (the dispatcher then uses the fallback).
+# --- each op's front and call -------------------------------------------------------------------
+# A front's parameters are its Dispatcher method's and custom op's; its call takes the same ones
+# (a test checks they match). Options a model seldom sets (window, softcap, unit_offset) reach a
+# kernel only when set, so kernels that do not declare them keep their plain call. A call returns
+# (signature, dynamic dims), or None when the call is outside what any table can hold (the
+# Dispatcher then uses the fallback).
 
-def attention_call(q, k, v, causal: bool, window: int = 0, softcap: float = 0.0, qk_norm: bool = False):
+def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: float | None = None, window: int = 0,
+                    softcap: float = 0.0, qk_norm: bool = False):
+    """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads.
+    window: a query at position p sees keys j > p - window, where p is i for query i under a
+    causal mask and kv_len - seq_q + i without one (a decode query is the newest token);
+    softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
+    qk_norm: q and k come from a per-head norm (no change to the math, only to which kernels
+    may serve the call)."""
+    # v.shape, not k.shape: a valid SDPA call has k.shape == v.shape but for the last dim, which must equal q's
+    key = (q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, qk_norm)
+    return key, ((q, k, v, causal, scale, window, softcap) if window or softcap else (q, k, v, causal, scale))
+
+
+def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, qk_norm=False):
     if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES:
         return None
     batch, hq, seq_q, d = q.shape
@@ -153,6 +168,15 @@ def attention_call(q, k, v, causal: bool, window: int = 0, softcap: float = 0.0,
     return None  # e.g. chunked prefill: SDPA's top-left causal alignment is kept by the fallback
 
 
+def attention_outside(q, k, v, causal, scale, window=0, softcap=0.0) -> str:
+    """A call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA cannot softcap."""
+    return "eager.attention" if softcap else "sdpa.default"
+
+
+def attention_fake(q: Tensor, k: Tensor, v: Tensor, *args) -> Tensor:
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
 def rows_call(op: str, x, flags: tuple[str, ...] = ()):
     """Ops over the last dim of x with every leading dim a token: norms, activations and learned
     positions, whose one static dim (hidden, width) is that last dim."""
@@ -163,17 +187,63 @@ def rows_call(op: str, x, flags: tuple[str, ...] = ()):
     return Signature.make(op, static, flags, DTYPE_NAMES[x.dtype]), {"tokens": x.numel() // max(last, 1)}
 
 
-def qk_norm_call(x, unit_offset: bool):
+UNIT_OFFSET = ("unit_offset",)
+
+
+def rms_norm_front(x: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
+    """x / rms(x) * weight; unit_offset: * (1 + weight) in fp32, rounded once (Gemma, Qwen3.5)."""
+    return (x.shape, x.dtype, x.is_cuda, unit_offset), ((x, weight, eps, True) if unit_offset else (x, weight, eps))
+
+
+def rms_norm_call(x, weight, eps=1e-6, unit_offset=False):
+    return rows_call("norm.rms", x, UNIT_OFFSET if unit_offset else ())
+
+
+def rms_norm_add_front(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
+    """(rms_norm(x + residual) * weight, x + residual), the fused residual add of a pre-norm
+    block. x and residual are consumed: a kernel may write the results into their storage."""
+    return (x.shape, x.dtype, x.is_cuda, unit_offset), ((x, residual, weight, eps, True) if unit_offset else (x, residual, weight, eps))
+
+
+def rms_norm_add_call(x, residual, weight, eps=1e-6, unit_offset=False):
+    return rows_call("norm.rms_add", x, UNIT_OFFSET if unit_offset else ())
+
+
+def two_like_first(x: Tensor, y: Tensor, *args) -> tuple[Tensor, Tensor]:
+    """The fake result of ops returning two tensors shaped like their first two inputs."""
+    return torch.empty_like(x), torch.empty_like(y)
+
+
+def qk_norm_front(x: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
+    """rms_norm of each head of x (..., heads, d) with one weight (d,) (Qwen3's q_norm, k_norm)."""
+    return (x.shape, x.dtype, x.is_cuda, unit_offset), ((x, weight, eps, True) if unit_offset else (x, weight, eps))
+
+
+def qk_norm_call(x, weight=None, eps=1e-6, unit_offset=False):
     """x: (..., heads, d), every leading dim a token."""
     if x.dtype not in DTYPE_NAMES or x.dim() < 2:
         return None
     heads, d = x.shape[-2], x.shape[-1]
-    flags = ("unit_offset",) if unit_offset else ()
+    flags = UNIT_OFFSET if unit_offset else ()
     return (Signature.make("norm.qk", {"heads": heads, "d": d}, flags, DTYPE_NAMES[x.dtype]),
             {"tokens": x.numel() // max(heads * d, 1)})
 
 
-def embedding_call(ids, table, scale):
+def layer_norm_front(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5):
+    """bias None: a LayerNorm without a bias (its own signature, flag no_bias)."""
+    return (x.shape, x.dtype, x.is_cuda, bias is None), (x, weight, bias, eps)
+
+
+def layer_norm_call(x, weight, bias, eps=1e-5):
+    return rows_call("norm.layer", x, ("no_bias",) if bias is None else ())
+
+
+def embedding_front(ids: Tensor, table: Tensor, scale: float | None = None):
+    """table[ids] (ids int64), times scale rounded to the table's dtype when given (Gemma's sqrt(hidden))."""
+    return (ids.shape, ids.dtype, table.shape, table.dtype, table.is_cuda, scale is None), (ids, table, scale)
+
+
+def embedding_call(ids, table, scale=None):
     if table.dim() != 2 or table.dtype not in DTYPE_NAMES or ids.dtype != torch.int64:
         return None
     vocab, hidden = table.shape
@@ -182,7 +252,71 @@ def embedding_call(ids, table, scale):
             {"tokens": ids.numel()})
 
 
-def gated_deltanet_call(q, v, qk_l2norm: bool):
+def embedding_fake(ids: Tensor, table: Tensor, *args) -> Tensor:
+    return table.new_empty((*ids.shape, table.shape[-1]))
+
+
+def rope_front(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False):
+    """Rotary embedding of q (batch, hq, seq, d) and k (batch, hkv, seq, d) with cos/sin
+    of shape (batch or 1, seq, d) as Hugging Face builds them; returns (q, k)."""
+    return (q.shape, k.shape, q.dtype, q.is_cuda, interleaved), (q, k, cos, sin, interleaved)
+
+
+def rope_call(q, k, cos=None, sin=None, interleaved=False):
+    if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES:
+        return None
+    batch, hq, seq, d = q.shape
+    static = {"hq": hq, "hkv": k.shape[1], "d": d, "layout": "interleaved" if interleaved else "split_half"}
+    return Signature.make("posenc.rope", static, (), DTYPE_NAMES[q.dtype]), {"tokens": batch * seq}
+
+
+def learned_positions_front(x: Tensor, positions: Tensor, table: Tensor):
+    """x + table[positions] (GPT-2's wpe); positions broadcast against x's leading dims."""
+    return (x.shape, x.dtype, x.is_cuda), (x, positions, table)
+
+
+def gated_front(gate: Tensor, up: Tensor):
+    """gate and up: (..., width); the kernel their first argument alone decides."""
+    return (gate.shape, gate.dtype, gate.is_cuda), (gate, up)
+
+
+def one_input_front(x: Tensor):
+    return (x.shape, x.dtype, x.is_cuda), (x,)
+
+
+def rows_op_call(op: str):
+    """The call of a rows op with no options: its signature is read from its first argument."""
+    def call(x, *args):
+        return rows_call(op, x)
+    return call
+
+
+def linear_front(x: Tensor, weight: Tensor, bias: Tensor | None = None):
+    """x @ weight.T (+ bias), weight (n, k)."""
+    return (x.shape, weight.shape, bias is None, x.dtype, x.is_cuda), (x, weight, bias)
+
+
+def linear_call(x, weight, bias=None):
+    if x.dtype not in DTYPE_NAMES or weight.dim() != 2 or x.dim() == 0:
+        return None
+    n, k = weight.shape
+    flags = ("bias",) if bias is not None else ()
+    return Signature.make("linear", {"k": k, "n": n}, flags, DTYPE_NAMES[x.dtype]), {"tokens": x.numel() // max(k, 1)}
+
+
+def linear_fake(x: Tensor, weight: Tensor, *args) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def gated_deltanet_front(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None,
+                         qk_l2norm: bool = True):
+    """Qwen3.5's Gated DeltaNet: q, k (batch, seq, hk, dk), v (batch, seq, hv, dv), g (log
+    decay) and beta (batch, seq, hv), state (batch, hv, dk, dv) or None; returns (out, final
+    fp32 state). See lzsolve.ops.recurrent for the conventions."""
+    return (q.shape, v.shape, q.dtype, q.is_cuda, qk_l2norm), (q, k, v, g, beta, state, qk_l2norm)
+
+
+def gated_deltanet_call(q, k, v, g=None, beta=None, state=None, qk_l2norm=True):
     """q: (batch, seq, hk, dk), v: (batch, seq, hv, dv); k has q's shape."""
     if q.dim() != 4 or v.dim() != 4 or q.dtype not in DTYPE_NAMES:
         return None
@@ -194,69 +328,107 @@ def gated_deltanet_call(q, v, qk_l2norm: bool):
             {"batch": batch, "seq": seq})
 
 
-def rope_call(q, k, interleaved: bool):
-    if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES:
-        return None
-    batch, hq, seq, d = q.shape
-    static = {"hq": hq, "hkv": k.shape[1], "d": d, "layout": "interleaved" if interleaved else "split_half"}
-    return Signature.make("posenc.rope", static, (), DTYPE_NAMES[q.dtype]), {"tokens": batch * seq}
+def gated_deltanet_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *args) -> tuple[Tensor, Tensor]:
+    batch, seq, hv, dv = v.shape
+    return v.new_empty(v.shape), v.new_empty((batch, hv, q.shape[-1], dv), dtype=torch.float32)
 
 
-def linear_call(x, weight, bias):
-    if x.dtype not in DTYPE_NAMES or weight.dim() != 2 or x.dim() == 0:
-        return None
-    n, k = weight.shape
-    flags = ("bias",) if bias is not None else ()
-    return Signature.make("linear", {"k": k, "n": n}, flags, DTYPE_NAMES[x.dtype]), {"tokens": x.numel() // max(k, 1)}
+# --- the records -------------------------------------------------------------------------------------
+ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0))
+ATTENTION = dict(method="attention", front=attention_front, call=attention_call, inputs=inputs.attention,
+                 fake=attention_fake, outside=attention_outside)
+
+
+def _rows_op(name: str, static: str, fallback: str, method: str, front: Callable, inputs_: Callable) -> OpSchema:
+    """An op over the last dim with no flags: activations and learned positions."""
+    return OpSchema(name, (static,), (), ("tokens",), fallback, method=method, front=front, call=rows_op_call(name),
+                    inputs=inputs_)
+
+
+OPS: dict[str, OpSchema] = {
+    s.name: s
+    for s in (
+        # window: query i sees keys j with i - window < j (0: all); softcap: scores -> softcap * tanh(scores / softcap);
+        # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
+        OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm"), ("batch", "seq"), "sdpa.default",
+                 ATTENTION_OPTIONAL, "eager.attention", **ATTENTION),
+        OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm",), ("batch", "kv_len"), "sdpa.default",
+                 ATTENTION_OPTIONAL, "eager.attention", **ATTENTION),
+        # unit_offset: Gemma's norms scale by (1 + weight)
+        OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm", method="rms_norm",
+                 front=rms_norm_front, call=rms_norm_call, inputs=inputs.rms_norm),
+        OpSchema("norm.rms_add", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add",
+                 method="rms_norm_add", front=rms_norm_add_front, call=rms_norm_add_call, inputs=inputs.rms_norm_add,
+                 fake=two_like_first, consumes=("x", "residual")),
+        OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm", method="qk_norm",
+                 front=qk_norm_front, call=qk_norm_call, inputs=inputs.qk_norm),
+        # no_bias: LayerNorm without a bias (Cohere, StableLM-2 variants): bias None in the call
+        OpSchema("norm.layer", ("hidden",), ("no_bias",), ("tokens",), "eager.layer_norm", method="layer_norm",
+                 front=layer_norm_front, call=layer_norm_call, inputs=inputs.layer_norm),
+        OpSchema("posenc.rope", ("hq", "hkv", "d", "layout"), (), ("tokens",), "eager.rope", method="rope",
+                 front=rope_front, call=rope_call, inputs=inputs.rope, fake=two_like_first),
+        _rows_op("posenc.learned", "hidden", "eager.learned_positions", "learned_positions", learned_positions_front,
+                 inputs.learned_positions),
+        OpSchema("embedding", ("vocab", "hidden"), ("scaled",), ("tokens",), "eager.embedding", method="embedding",
+                 front=embedding_front, call=embedding_call, inputs=inputs.embedding, fake=embedding_fake),
+        _rows_op("act.swiglu", "width", "eager.swiglu", "swiglu", gated_front, inputs.gated),
+        _rows_op("act.geglu", "width", "eager.geglu", "geglu", gated_front, inputs.gated),
+        _rows_op("act.gelu", "width", "eager.gelu", "gelu", one_input_front, inputs.one_row),
+        _rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, inputs.two_rows),
+        OpSchema("linear", ("k", "n"), ("bias",), ("tokens",), "torch.linear", method="linear", front=linear_front,
+                 call=linear_call, inputs=inputs.linear, fake=linear_fake),
+        # Gated DeltaNet (Qwen3.5's linear attention): hk key heads, hv value heads (hv % hk == 0)
+        OpSchema("recurrent.gated_deltanet", ("hk", "hv", "dk", "dv"), ("qk_l2norm",), ("batch", "seq"),
+                 "eager.gated_deltanet", method="gated_deltanet", front=gated_deltanet_front, call=gated_deltanet_call,
+                 inputs=inputs.gated_deltanet, fake=gated_deltanet_fake),
+    )
+}
+
+
+def check_op(op: OpSchema) -> None:
+    """ValueError unless the record can be served: a method, a front, a call that takes the front's
+    parameters, and inputs. Run on every op at import and by register_op."""
+    missing = [name for name in ("method", "front", "call", "inputs") if not getattr(op, name)]
+    if missing:
+        raise ValueError(f"op {op.name} has no {', '.join(missing)}")
+    if not op.method.isidentifier():
+        raise ValueError(f"op {op.name}: method {op.method!r} is not a Python name")
+    names = [p.name for p in op.parameters]
+    try:
+        inspect.signature(op.call).bind(*names)
+    except TypeError as e:
+        raise ValueError(f"op {op.name}: its call does not take its front's parameters {names}: {e}") from None
+    unknown = set(op.consumes) - set(names)
+    if unknown:
+        raise ValueError(f"op {op.name} consumes {sorted(unknown)}, which are not parameters of {op.method}")
+
+
+def register_op(op: OpSchema) -> OpSchema:
+    """Add an op (a plugin's, or a test's): checked, then known to signatures, the registry and the
+    Dispatcher (runtime_loader.dispatcher.serve_op makes its method and custom op)."""
+    check_op(op)
+    if op.name in OPS:
+        raise ValueError(f"op {op.name!r} is already registered")
+    OPS[op.name] = op
+    return op
+
+
+for _op in OPS.values():
+    check_op(_op)
+
+
+def method_args(sig: Signature, kernel_args: tuple) -> tuple:
+    """The Dispatcher method's arguments for a kernel's arguments: the parameters the kernel call
+    leaves out take the signature's flag where one is named after them (qk_norm, unit_offset),
+    their default otherwise."""
+    op = OPS[sig.op]
+    rest = op.parameters[len(kernel_args):]
+    return tuple(kernel_args) + tuple(p.name in sig.flags if p.name in op.flags else p.default for p in rest)
 
 
 def example_args(sig: Signature, dims: dict, device) -> tuple:
     """Random arguments of the right shapes for the Dispatcher method that serves `sig`, flags
     and options included (for warm-up calls, not for checking), drawn from a private generator
     so a server's own random stream is left alone."""
-    dtype = DTYPES[sig.dtype]
-    s = dict(sig.static)
     gen = torch.Generator(device=device).manual_seed(0)
-
-    def randn(*shape, dtype=dtype):
-        return torch.randn(shape, dtype=dtype, device=device, generator=gen)
-
-    def randint(high, *shape):
-        return torch.randint(0, high, shape, device=device, generator=gen)
-
-    unit_offset = "unit_offset" in sig.flags
-    if sig.op in ("attention.prefill", "attention.decode"):
-        seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
-        return (randn(dims["batch"], s["hq"], seq_q, s["d"]), randn(dims["batch"], s["hkv"], kv_len, s["d"]),
-                randn(dims["batch"], s["hkv"], kv_len, s["d"]), "causal" in sig.flags, None, s["window"],
-                s["softcap"], "qk_norm" in sig.flags)
-    if sig.op == "recurrent.gated_deltanet":
-        batch, seq = dims["batch"], dims["seq"]
-        return (randn(batch, seq, s["hk"], s["dk"]), randn(batch, seq, s["hk"], s["dk"]),
-                randn(batch, seq, s["hv"], s["dv"]), -randn(batch, seq, s["hv"], dtype=torch.float32).abs(),
-                randn(batch, seq, s["hv"]).sigmoid(), randn(batch, s["hv"], s["dk"], s["dv"], dtype=torch.float32),
-                "qk_l2norm" in sig.flags)
-    tokens = dims["tokens"]
-    if sig.op == "norm.rms":
-        return randn(tokens, s["hidden"]), randn(s["hidden"]), 1e-6, unit_offset
-    if sig.op == "norm.rms_add":
-        return randn(tokens, s["hidden"]), randn(tokens, s["hidden"]), randn(s["hidden"]), 1e-6, unit_offset
-    if sig.op == "norm.qk":
-        return randn(tokens, s["heads"], s["d"]), randn(s["d"]), 1e-6, unit_offset
-    if sig.op == "norm.layer":
-        return randn(tokens, s["hidden"]), randn(s["hidden"]), None if "no_bias" in sig.flags else randn(s["hidden"]), 1e-5
-    if sig.op == "posenc.rope":
-        return (randn(1, s["hq"], tokens, s["d"]), randn(1, s["hkv"], tokens, s["d"]), randn(1, tokens, s["d"]),
-                randn(1, tokens, s["d"]), s["layout"] == "interleaved")
-    if sig.op == "posenc.learned":
-        return randn(tokens, s["hidden"]), randint(tokens, tokens), randn(tokens, s["hidden"])
-    if sig.op == "embedding":
-        scale = s["hidden"] ** 0.5 if "scaled" in sig.flags else None
-        return randint(s["vocab"], tokens), randn(s["vocab"], s["hidden"]), scale
-    if sig.op in ("act.swiglu", "act.geglu", "act.sigmoid_gate"):
-        return randn(tokens, s["width"]), randn(tokens, s["width"])
-    if sig.op == "act.gelu":
-        return (randn(tokens, s["width"]),)
-    if sig.op == "linear":
-        return randn(tokens, s["k"]), randn(s["n"], s["k"]), randn(s["n"]) if "bias" in sig.flags else None
-    raise ValueError(f"no example arguments for {sig.op}")
+    return method_args(sig, OPS[sig.op].inputs(sig, dims, torch.device(device), gen))

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime_loader import Dispatcher, registry
-from runtime_loader.ops import Signature
+from runtime_loader.ops import OPS, Signature
 from runtime_loader.table import parse_table
 
 from .tables import RMS, table
@@ -175,7 +175,27 @@ def test_warm_up_calls_every_new_method(tmp_path):
     d = runtime_loader.load(write(tmp_path, raw), strict=True)
     assert d.warmup(strict=True) == 2 * len(sigs), "the smallest and largest grid point of each leaf"
     for sig, kernel_id in sigs.items():  # each warm-up call resolved its table entry, not a fallback
-        assert {e.kernel_id for e in d._caches[sig.op].values()} == {kernel_id}
+        assert {e.kernel_id for e in d._caches[Dispatcher.METHODS[sig.op]].values()} == {kernel_id}
+
+
+def test_warm_up_calls_every_op(tmp_path):
+    """Every op of the registry, at its contract's first case, is warmed up from its table entry:
+    a new op without example inputs or a method fails here, not in a warm-up warning."""
+    import runtime_loader
+    from lzsolve.ops import CONTRACTS
+
+    from .tables import entry, write
+    sigs, buckets = {}, {}
+    for op, record in OPS.items():
+        static, flags, dims = CONTRACTS[op].cases[0]
+        sig = Signature.make(op, static, flags, "fp32")
+        sigs[sig] = registry.fallback_for(sig).kernel_id
+        buckets[op] = {dim: [dims[dim]] for dim in record.dynamic}
+    raw = table(ops=[entry(sig, {"kernel_id": kernel_id}) for sig, kernel_id in sigs.items()], buckets=buckets)
+    d = runtime_loader.load(write(tmp_path, raw), strict=True)
+    assert d.warmup(strict=True) == len(OPS)
+    for sig, kernel_id in sigs.items():
+        assert kernel_id in {e.kernel_id for e in d._caches[OPS[sig.op].method].values() if e.from_table}, sig
 
 
 def test_chunked_prefill_window_follows_the_causal_diagonal():

@@ -138,7 +138,7 @@ def test_tune_and_replay_a_tiny_model_of_a_type_no_walker_knows(tmp_path, model_
             with runtime_loader.record(tmp_path / "served.json"):
                 served = model(ids).logits
         finally:
-            runtime_loader.library.activate(runtime_loader.Dispatcher(None))
+            runtime_loader.custom_ops.activate(runtime_loader.Dispatcher(None))
     calls = json.loads((tmp_path / "served.json").read_text())["calls"]
     assert calls and {c["served"] for c in calls} == {"table"}, calls
     torch.testing.assert_close(served, reference, rtol=1e-4, atol=1e-4)

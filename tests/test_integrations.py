@@ -52,7 +52,7 @@ def counting():
     d = Counting()
     register(d)
     yield d
-    runtime_loader.library.activate(Dispatcher(None))
+    runtime_loader.custom_ops.activate(Dispatcher(None))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -64,7 +64,7 @@ def test_same_logits_as_sdpa(family, counting):
     out = logits(model, "lzsolve", ids)
     assert counting.calls == 2, "both layers went through the dispatcher"
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    flagged = {key[-1] for key in counting._attention}  # the last key field is qk_norm
+    flagged = {key[-1] for key in counting._caches["attention"]}  # the last key field is qk_norm
     assert flagged == {family == "qwen3"}, "Qwen3's QK-norm reaches the signature, so its tuned entries serve it"
 
 
@@ -134,7 +134,7 @@ def llama_of(config: dict):
 def restore_active():
     from runtime_loader.integrations.transformers import restore_functions
     yield
-    runtime_loader.library.activate(Dispatcher(None))
+    runtime_loader.custom_ops.activate(Dispatcher(None))
     restore_functions()  # other tests' models must not call the dispatcher for RoPE
 
 
@@ -223,7 +223,7 @@ def families_artifact(tmp_path_factory):
                 patch(model, d)
                 model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
     finally:
-        runtime_loader.library.activate(Dispatcher(None))
+        runtime_loader.custom_ops.activate(Dispatcher(None))
         restore_functions()
     result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
                                       "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",

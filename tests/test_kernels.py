@@ -11,53 +11,9 @@ from runtime_loader import registry
 from runtime_loader.hardware import device_info
 from runtime_loader.ops import Signature
 
-# Per op, shapes that exercise every feature combination a kernel can claim (causal or not,
-# GQA or not, both RoPE layouts, bias or not, sliding window, softcap, (1 + weight) norms...)
-# and odd sizes that do not fill a tile; attention covers its combinations at head_dim 128 (and
-# batch 1 and 2: some libraries take another path for a batch), then head dims 64 and 256.
-# Windows are shorter than the sequence and softcaps small enough to bend N(0, 1) scores, so a
-# kernel that ignored either would fail. (static dims, flags, dynamic dims)
-CASES = {
-    "attention.prefill": [({"hq": 8, "hkv": 1, "d": 128}, ("causal",), {"batch": 1, "seq": 257}),
-                          ({"hq": 4, "hkv": 2, "d": 128}, ("causal",), {"batch": 2, "seq": 33}),
-                          ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "seq": 70}),
-                          ({"hq": 4, "hkv": 2, "d": 128}, ("causal", "qk_norm"), {"batch": 2, "seq": 33}),
-                          ({"hq": 4, "hkv": 2, "d": 128, "window": 16}, ("causal",), {"batch": 2, "seq": 70}),
-                          ({"hq": 4, "hkv": 2, "d": 128, "softcap": 1.0}, ("causal",), {"batch": 2, "seq": 33}),
-                          ({"hq": 4, "hkv": 4, "d": 128, "window": 16, "softcap": 2.0}, ("causal",),
-                           {"batch": 1, "seq": 40}),
-                          ({"hq": 4, "hkv": 2, "d": 64}, ("causal",), {"batch": 2, "seq": 33}),
-                          ({"hq": 2, "hkv": 1, "d": 256}, ("causal",), {"batch": 2, "seq": 40})],
-    "attention.decode": [({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
-                         ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
-                         ({"hq": 8, "hkv": 2, "d": 128}, ("qk_norm",), {"batch": 2, "kv_len": 70}),
-                         ({"hq": 8, "hkv": 2, "d": 128, "window": 32}, (), {"batch": 2, "kv_len": 70}),
-                         ({"hq": 8, "hkv": 2, "d": 128, "softcap": 1.0}, (), {"batch": 2, "kv_len": 70}),
-                         ({"hq": 4, "hkv": 1, "d": 64}, (), {"batch": 3, "kv_len": 70}),
-                         ({"hq": 4, "hkv": 4, "d": 256}, (), {"batch": 1, "kv_len": 129})],
-    "norm.rms": [({"hidden": 256}, (), {"tokens": 9}), ({"hidden": 8192}, (), {"tokens": 3}),
-                 ({"hidden": 640}, ("unit_offset",), {"tokens": 9})],
-    "norm.rms_add": [({"hidden": 256}, (), {"tokens": 9}), ({"hidden": 8192}, (), {"tokens": 3}),
-                     ({"hidden": 640}, ("unit_offset",), {"tokens": 9})],
-    "norm.qk": [({"heads": 8, "d": 128}, (), {"tokens": 9}), ({"heads": 2, "d": 256}, ("unit_offset",), {"tokens": 5})],
-    "norm.layer": [({"hidden": 192}, (), {"tokens": 9}), ({"hidden": 2048}, (), {"tokens": 3})],
-    "posenc.rope": [({"hq": 4, "hkv": 2, "d": 64, "layout": "split_half"}, (), {"tokens": 11}),
-                    ({"hq": 4, "hkv": 2, "d": 64, "layout": "interleaved"}, (), {"tokens": 11}),
-                    ({"hq": 8, "hkv": 8, "d": 128, "layout": "split_half"}, (), {"tokens": 5})],
-    "posenc.learned": [({"hidden": 768}, (), {"tokens": 9}), ({"hidden": 96}, (), {"tokens": 1})],
-    "embedding": [({"vocab": 1000, "hidden": 256}, (), {"tokens": 9}),
-                  ({"vocab": 3000, "hidden": 640}, ("scaled",), {"tokens": 5})],
-    "act.swiglu": [({"width": 96}, (), {"tokens": 7}), ({"width": 3584}, (), {"tokens": 2})],
-    "act.geglu": [({"width": 96}, (), {"tokens": 7}), ({"width": 3584}, (), {"tokens": 2})],
-    "act.gelu": [({"width": 96}, (), {"tokens": 7}), ({"width": 3072}, (), {"tokens": 2})],
-    "act.sigmoid_gate": [({"width": 96}, (), {"tokens": 7}), ({"width": 4096}, (), {"tokens": 2})],
-    "linear": [({"k": 64, "n": 48}, ("bias",), {"tokens": 5}), ({"k": 256, "n": 384}, (), {"tokens": 33}),
-               ({"k": 1024, "n": 256}, (), {"tokens": 1})],
-    # prefill from no state (GQA-like hv > hk), a decode step from a state, and q, k normalised by the caller
-    "recurrent.gated_deltanet": [({"hk": 2, "hv": 4, "dk": 64, "dv": 32}, ("qk_l2norm",), {"batch": 2, "seq": 33}),
-                                 ({"hk": 2, "hv": 2, "dk": 128, "dv": 64}, ("qk_l2norm",), {"batch": 3, "seq": 1}),
-                                 ({"hk": 1, "hv": 2, "dk": 32, "dv": 32}, (), {"batch": 1, "seq": 20})],
-}
+# Each op's cases (lzsolve/ops: OpContract.cases) exercise every feature combination a kernel can
+# claim, at odd sizes; a new op gets parity coverage through its contract.
+CASES = {op: contract.cases for op, contract in CONTRACTS.items()}
 # On a GPU, attention kernels that compile per shape family (FlashInfer's JIT takes up to a minute
 # per head dim and dtype) are checked in every feature combination at head_dim 128, not at every head dim.
 JIT_HEAD_DIMS = (128,)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import runtime_loader
-from runtime_loader import Dispatcher, library
+from runtime_loader import Dispatcher, custom_ops
 from runtime_loader.table import parse_table
 
 from .tables import RMS, table
@@ -45,12 +45,12 @@ def test_counts_every_call_even_those_cached_before(tmp_path):
 
 def test_records_without_a_table_and_through_the_custom_ops(tmp_path):
     d = Dispatcher(None)
-    library.activate(d)
+    custom_ops.activate(d)
     try:
         with runtime_loader.record(tmp_path / "w.json", name="my-model"):
             torch.ops.lzsolve.rms_norm(torch.randn(2, 7, 32), torch.randn(32), 1e-6)
     finally:
-        library.activate(Dispatcher(None))
+        custom_ops.activate(Dispatcher(None))
     data = json.loads((tmp_path / "w.json").read_text())
     assert data["name"] == "my-model"
     (call,) = data["calls"]

@@ -121,4 +121,4 @@ def test_record_a_client_tune_the_file_and_serve_every_call(tmp_path):
         model.set_attn_implementation("sdpa")
         torch.testing.assert_close(served, run_client(model, ids), rtol=1e-5, atol=1e-5)
     finally:
-        runtime_loader.library.activate(Dispatcher(None))
+        runtime_loader.custom_ops.activate(Dispatcher(None))

@@ -220,7 +220,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     from runtime_loader.integrations.transformers import table_call
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if _current is not None:
-        sig = _sig(attention_call(query, key, value, *call)) if call else None
+        sig = _sig(attention_call(query, key, value, call[0], None, *call[1:])) if call else None  # scale: no part of it
         _current.events.append(Event("attention", _current.frame, sig))
     out = query.new_empty((*query.shape[:-1], value.shape[-1]))
     return out.transpose(1, 2).contiguous(), None
@@ -250,7 +250,7 @@ def _rope_wrapper(original):
         q, k, cos = (list(args) + [None] * 3)[:3]
         plain = (len(args) == 4 and not kwargs and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
                  and isinstance(cos, torch.Tensor) and cos.shape[-1] <= q.shape[-1] and layout is not None)
-        sig = (_sig(rope_call(q[..., :cos.shape[-1]], k[..., :cos.shape[-1]], layout == "interleaved")) if plain
+        sig = (_sig(rope_call(q[..., :cos.shape[-1]], k[..., :cos.shape[-1]], interleaved=layout == "interleaved")) if plain
                else None)
         extra = {"rotary_dim": cos.shape[-1], "head_dim": q.shape[-1]} if plain else {}
         rec.events.append(Event("rope", rec.frame, sig, extra=extra))
@@ -265,7 +265,7 @@ def _deltanet_wrapper(original):
         out = _call_opaque(rec, original, query, key, value, *args, **kwargs)
         if rec is None:
             return out
-        call = gated_deltanet_call(query, value, bool(kwargs.get("use_qk_l2norm_in_kernel", False)))
+        call = gated_deltanet_call(query, key, value, qk_l2norm=bool(kwargs.get("use_qk_l2norm_in_kernel", False)))
         rec.events.append(Event("recurrent", rec.frame, _sig(call)))
         return out
     return gated_delta_rule
@@ -381,7 +381,7 @@ def _resolve(rec: _Recorder) -> list[Event]:
             if parent in attention_modules and e.op == "norm.rms" and x.dim() >= 3:
                 # per-head rows in whatever layout the model keeps q and k: heads = elements per token / d
                 per_token = x.reshape(rec.tokens, -1, x.shape[-1])
-                e = replace(e, op="norm.qk", sig=_sig(qk_norm_call(per_token, e.extra["unit_offset"])))
+                e = replace(e, op="norm.qk", sig=_sig(qk_norm_call(per_token, unit_offset=e.extra["unit_offset"])))
             elif e.op == "norm.rms":
                 op = "norm.rms_add" if e.inputs[0] in rec.sums else "norm.rms"
                 flags = ("unit_offset",) if e.extra["unit_offset"] else ()

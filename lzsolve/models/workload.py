@@ -68,7 +68,7 @@ def read(path: str | Path) -> Workload:
         raise LzError(f"{path}: malformed workload ({type(e).__name__}: {e}); record it again") from None
     if not calls:
         raise LzError(f"{path}: the workload recorded no call a table can serve; record a run that calls a "
-                      "Dispatcher (through runtime_loader.library or a patched model)")
+                      "Dispatcher (through runtime_loader.custom_ops or a patched model)")
     name = data.get("name") if isinstance(data.get("name"), str) and data.get("name") else path.stem
     return Workload(name, str(path), calls, outside, hashlib.sha256(raw).hexdigest()[:16])
 

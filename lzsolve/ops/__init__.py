@@ -1,4 +1,8 @@
-"""Op contracts, one per op of runtime_loader.ops.OPS."""
+"""Op contracts: the tuner's half of each op of runtime_loader.ops.OPS, attached by the op's name.
+
+At import every op has exactly one contract, and every contract names an op, with cases to check
+its kernels on; a plugin's op adds its contract with register_contract.
+"""
 from runtime_loader.ops import OPS
 
 from .act import GEGLU, GELU, SIGMOID_GATE, SWIGLU
@@ -13,6 +17,28 @@ from .rope import ROPE
 CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
     PREFILL, DECODE, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR,
     GATED_DELTANET)}
-assert set(CONTRACTS) == set(OPS), "every runtime op needs a contract"
 
-__all__ = ["CONTRACTS", "OpContract", "TOLERANCES", "Tolerance", "compare", "to_fp32"]
+
+def check_contracts() -> None:
+    """RuntimeError unless every op record has a contract with cases, and every contract an op record."""
+    without_contract = sorted(set(OPS) - set(CONTRACTS))
+    without_op = sorted(set(CONTRACTS) - set(OPS))
+    without_cases = sorted(op for op, c in CONTRACTS.items() if not c.cases)
+    if without_contract or without_op or without_cases:
+        raise RuntimeError(f"op records without a contract: {without_contract}; contracts without an op record "
+                           f"(runtime_loader.ops.OPS): {without_op}; contracts without cases: {without_cases}")
+
+
+def register_contract(contract: OpContract) -> OpContract:
+    """Attach a plugin op's contract to its record (register the record first)."""
+    if contract.op in CONTRACTS:
+        raise ValueError(f"op {contract.op!r} already has a contract")
+    CONTRACTS[contract.op] = contract
+    check_contracts()
+    return contract
+
+
+check_contracts()
+
+__all__ = ["CONTRACTS", "OpContract", "TOLERANCES", "Tolerance", "check_contracts", "compare", "register_contract",
+           "to_fp32"]

@@ -3,31 +3,15 @@
 act.swiglu: silu(gate) * up; act.geglu: gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh);
 act.gelu: gelu_tanh(x) (GPT-2's gelu_new); act.sigmoid_gate: x * sigmoid(gate) (Qwen3.5's
 gated attention: the attention output times the sigmoid of a gate projected along with q).
-Gate and up are made as the two halves of one (tokens, 2 * width) buffer, because that is what
-a fused gate_up projection hands them over as: kernels are checked and timed on those strided views.
+Inputs (runtime_loader.inputs): gate and up as the two halves of one (tokens, 2 * width) buffer,
+because that is what a fused gate_up projection hands them over as.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .base import OpContract, itemsize, randn
-
-
-def gated_inputs(sig, dims, device, gen):
-    width = sig.dim("width")
-    gate_up = randn((dims["tokens"], 2 * width), sig, device, gen)
-    return gate_up[:, :width], gate_up[:, width:]
-
-
-def sigmoid_gate_inputs(sig, dims, device, gen):
-    """Two separate tensors: the gate is split from q per head and reshaped, which copies it."""
-    width = sig.dim("width")
-    return randn((dims["tokens"], width), sig, device, gen), randn((dims["tokens"], width), sig, device, gen)
-
-
-def gelu_inputs(sig, dims, device, gen):
-    return (randn((dims["tokens"], sig.dim("width")), sig, device, gen),)
+from .base import OpContract, itemsize
 
 
 def swiglu(gate, up):
@@ -54,8 +38,13 @@ def bytes_per_element(tensors: int):
     return lambda sig, dims: float(itemsize(sig) * tensors * dims["tokens"] * sig.dim("width"))
 
 
-SWIGLU = OpContract("act.swiglu", gated_inputs, swiglu, flops_per_element(5.0), bytes_per_element(3))
-GEGLU = OpContract("act.geglu", gated_inputs, geglu, flops_per_element(9.0), bytes_per_element(3))
-GELU = OpContract("act.gelu", gelu_inputs, gelu, flops_per_element(8.0), bytes_per_element(2))
-SIGMOID_GATE = OpContract("act.sigmoid_gate", sigmoid_gate_inputs, sigmoid_gate, flops_per_element(5.0),
-                          bytes_per_element(3))
+def cases(wide: int) -> tuple:
+    """An odd width at a few tokens, and a model's width at decode-like token counts."""
+    return ({"width": 96}, (), {"tokens": 7}), ({"width": wide}, (), {"tokens": 2})
+
+
+SWIGLU = OpContract("act.swiglu", swiglu, flops_per_element(5.0), bytes_per_element(3), cases(3584))
+GEGLU = OpContract("act.geglu", geglu, flops_per_element(9.0), bytes_per_element(3), cases(3584))
+GELU = OpContract("act.gelu", gelu, flops_per_element(8.0), bytes_per_element(2), cases(3072))
+SIGMOID_GATE = OpContract("act.sigmoid_gate", sigmoid_gate, flops_per_element(5.0), bytes_per_element(3),
+                          cases(4096))

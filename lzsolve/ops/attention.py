@@ -10,25 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from .base import OpContract, itemsize, randn
+from runtime_loader.inputs import attention_shapes as _shapes
+
+from .base import OpContract, itemsize
 
 MAX_SCORE_ELEMENTS = 1 << 26  # reference works on score blocks of at most 256 MiB in fp32
-
-
-def _shapes(sig, dims):
-    hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
-    batch = dims["batch"]
-    seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
-    return batch, hq, hkv, d, seq_q, kv_len
-
-
-def make_inputs(sig, dims, device, gen):
-    batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
-    q = randn((batch, hq, seq_q, d), sig, device, gen)
-    k = randn((batch, hkv, kv_len, d), sig, device, gen)
-    v = randn((batch, hkv, kv_len, d), sig, device, gen)
-    options = (sig.dim("window"), sig.dim("softcap"))
-    return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
 
 
 def reference(q, k, v, causal, scale, window=0, softcap=0.0):
@@ -79,5 +65,23 @@ def bytes_moved(sig, dims):
     return float(itemsize(sig) * batch * d * (2 * hq * seq_q + 2 * hkv * keys_read))
 
 
-PREFILL = OpContract("attention.prefill", make_inputs, reference, flops, bytes_moved)
-DECODE = OpContract("attention.decode", make_inputs, reference, flops, bytes_moved)
+# every combination at head_dim 128 (and batch 1 and 2: some libraries take another path for a
+# batch), then head dims 64 and 256
+PREFILL_CASES = (({"hq": 8, "hkv": 1, "d": 128}, ("causal",), {"batch": 1, "seq": 257}),
+                 ({"hq": 4, "hkv": 2, "d": 128}, ("causal",), {"batch": 2, "seq": 33}),
+                 ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "seq": 70}),
+                 ({"hq": 4, "hkv": 2, "d": 128}, ("causal", "qk_norm"), {"batch": 2, "seq": 33}),
+                 ({"hq": 4, "hkv": 2, "d": 128, "window": 16}, ("causal",), {"batch": 2, "seq": 70}),
+                 ({"hq": 4, "hkv": 2, "d": 128, "softcap": 1.0}, ("causal",), {"batch": 2, "seq": 33}),
+                 ({"hq": 4, "hkv": 4, "d": 128, "window": 16, "softcap": 2.0}, ("causal",), {"batch": 1, "seq": 40}),
+                 ({"hq": 4, "hkv": 2, "d": 64}, ("causal",), {"batch": 2, "seq": 33}),
+                 ({"hq": 2, "hkv": 1, "d": 256}, ("causal",), {"batch": 2, "seq": 40}))
+DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
+                ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
+                ({"hq": 8, "hkv": 2, "d": 128}, ("qk_norm",), {"batch": 2, "kv_len": 70}),
+                ({"hq": 8, "hkv": 2, "d": 128, "window": 32}, (), {"batch": 2, "kv_len": 70}),
+                ({"hq": 8, "hkv": 2, "d": 128, "softcap": 1.0}, (), {"batch": 2, "kv_len": 70}),
+                ({"hq": 4, "hkv": 1, "d": 64}, (), {"batch": 3, "kv_len": 70}),
+                ({"hq": 4, "hkv": 4, "d": 256}, (), {"batch": 1, "kv_len": 129}))
+PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved, PREFILL_CASES)
+DECODE = OpContract("attention.decode", reference, flops, bytes_moved, DECODE_CASES)

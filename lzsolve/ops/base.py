@@ -1,7 +1,8 @@
-"""The op contract: inputs, fp32 reference, tolerances and roofline counts of one op.
+"""The op contract: the tuner's half of one op (fp32 reference, tolerances, roofline counts).
 
-The runtime half (signature dims, fallback kernel) is `runtime_loader.ops.OPS`;
-this half is what the solver needs to check and measure candidates.
+The runtime half (signature dims, how a call is served, fallback kernel, example inputs) is
+the op's record in `runtime_loader.ops.OPS`; a contract is attached to it by the op's name.
+This half is what the solver needs to check and measure candidates.
 """
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Callable
 
 import torch
 
+from runtime_loader.inputs import randn
 from runtime_loader.ops import DTYPES, OPS, OpSchema, Signature
+
+__all__ = ["OpContract", "Tolerance", "TOLERANCES", "compare", "itemsize", "randn", "to_fp32"]
 
 
 @dataclass(frozen=True)
@@ -30,24 +34,27 @@ TOLERANCES = {
 @dataclass(frozen=True)
 class OpContract:
     op: str
-    # (signature, dynamic dims, device, generator) -> the canonical call args
-    make_inputs: Callable[[Signature, dict, torch.device, torch.Generator], tuple]
-    # same args with float tensors in fp32 -> fp32 output (tensor or tuple of tensors)
+    # the canonical call args (make_inputs) with float tensors in fp32 -> fp32 output (tensor or tuple of tensors)
     reference: Callable
     flops: Callable[[Signature, dict], float]
     bytes_moved: Callable[[Signature, dict], float]
+    # signatures every kernel of the op is checked on (tests/test_kernels.py): shapes that exercise
+    # every feature combination a kernel can claim (causal or not, GQA or not, both RoPE layouts, bias
+    # or not, sliding window, softcap, (1 + weight) norms...) and odd sizes that do not fill a tile.
+    # Options are set so a kernel that ignored one would fail (windows shorter than the sequence,
+    # softcaps small enough to bend N(0, 1) scores). (static dims, flags, dynamic dims)
+    cases: tuple[tuple[dict, tuple[str, ...], dict], ...] = ()
     tolerances: dict[str, Tolerance] = field(default_factory=lambda: TOLERANCES)
 
     @property
     def schema(self) -> OpSchema:
         return OPS[self.op]
 
-
-def randn(shape, sig: Signature, device, gen, scale: float = 1.0) -> torch.Tensor:
-    """Fresh normal samples in the signature's dtype (drawn in it directly: half the
-    time of drawing fp32 and casting, which matters for CPU-sized lm_head weights)."""
-    x = torch.randn(shape, generator=gen, device=device, dtype=DTYPES[sig.dtype])
-    return x.mul_(scale) if scale != 1.0 else x
+    @property
+    def make_inputs(self) -> Callable[[Signature, dict, torch.device, torch.Generator], tuple]:
+        """(signature, dynamic dims, device, generator) -> the canonical call args: the op record's
+        inputs, the ones the runtime warms up with (runtime_loader.inputs)."""
+        return OPS[self.op].inputs
 
 
 def itemsize(sig: Signature) -> int:

@@ -3,15 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import OpContract, itemsize, randn
-
-
-def make_inputs(sig, dims, device, gen):
-    k, n = sig.dim("k"), sig.dim("n")
-    x = randn((dims["tokens"], k), sig, device, gen)
-    weight = randn((n, k), sig, device, gen, scale=k ** -0.5)  # keeps outputs O(1)
-    bias = randn((n,), sig, device, gen) if "bias" in sig.flags else None
-    return x, weight, bias
+from .base import OpContract, itemsize
 
 
 def reference(x, weight, bias):
@@ -28,4 +20,6 @@ def bytes_moved(sig, dims):
     return float(itemsize(sig) * (t * k + k * n + t * n + (n if "bias" in sig.flags else 0)))
 
 
-LINEAR = OpContract("linear", make_inputs, reference, flops, bytes_moved)
+LINEAR = OpContract("linear", reference, flops, bytes_moved,
+                    (({"k": 64, "n": 48}, ("bias",), {"tokens": 5}), ({"k": 256, "n": 384}, (), {"tokens": 33}),
+                     ({"k": 1024, "n": 256}, (), {"tokens": 1})))

@@ -10,48 +10,13 @@ norm.layer: (x - mean) / sqrt(var + eps) * weight + bias (no bias under the flag
 
 unit_offset (Gemma, Qwen3.5): the RMS norms scale by (1 + weight), whose trained weights sit
 near 0; the canonical call appends True as a last argument only when the signature sets it.
+Inputs: runtime_loader.inputs.
 """
 from __future__ import annotations
 
 import torch
 
-from .base import OpContract, itemsize, randn
-
-EPS = 1e-5
-
-
-def _weight(sig, size, device, gen):
-    """Trained norms scale by about 1: weight near 1, or near 0 under (1 + weight)."""
-    weight = randn((size,), sig, device, gen, scale=0.1)
-    return weight if "unit_offset" in sig.flags else weight + 1
-
-
-def _x(sig, dims, device, gen):
-    return randn((dims["tokens"], sig.dim("hidden")), sig, device, gen)
-
-
-def _unit_offset(sig) -> tuple:
-    return (True,) if "unit_offset" in sig.flags else ()
-
-
-def rms_inputs(sig, dims, device, gen):
-    return (_x(sig, dims, device, gen), _weight(sig, sig.dim("hidden"), device, gen), EPS) + _unit_offset(sig)
-
-
-def rms_add_inputs(sig, dims, device, gen):
-    return (_x(sig, dims, device, gen), _x(sig, dims, device, gen), _weight(sig, sig.dim("hidden"), device, gen),
-            EPS) + _unit_offset(sig)
-
-
-def qk_inputs(sig, dims, device, gen):
-    heads, d = sig.dim("heads"), sig.dim("d")
-    x = randn((dims["tokens"], heads, d), sig, device, gen)
-    return (x, _weight(sig, d, device, gen), EPS) + _unit_offset(sig)
-
-
-def layer_inputs(sig, dims, device, gen):
-    bias = None if "no_bias" in sig.flags else randn((sig.dim("hidden"),), sig, device, gen, scale=0.1)
-    return _x(sig, dims, device, gen), _weight(sig, sig.dim("hidden"), device, gen), bias, EPS
+from .base import OpContract, itemsize
 
 
 def rms(x, weight, eps, unit_offset=False):
@@ -88,7 +53,11 @@ def qk_bytes(sig, dims):
     return float(itemsize(sig) * sig.dim("d") * (2 * dims["tokens"] * sig.dim("heads") + 1))
 
 
-RMS = OpContract("norm.rms", rms_inputs, rms, flops(4.0), bytes_moved(2, 1))
-RMS_ADD = OpContract("norm.rms_add", rms_add_inputs, rms_add, flops(5.0), bytes_moved(4, 1))
-QK = OpContract("norm.qk", qk_inputs, rms, qk_flops, qk_bytes)
-LAYER = OpContract("norm.layer", layer_inputs, layer, flops(7.0), bytes_moved(2, 2))
+RMS_CASES = (({"hidden": 256}, (), {"tokens": 9}), ({"hidden": 8192}, (), {"tokens": 3}),
+             ({"hidden": 640}, ("unit_offset",), {"tokens": 9}))
+RMS = OpContract("norm.rms", rms, flops(4.0), bytes_moved(2, 1), RMS_CASES)
+RMS_ADD = OpContract("norm.rms_add", rms_add, flops(5.0), bytes_moved(4, 1), RMS_CASES)
+QK = OpContract("norm.qk", rms, qk_flops, qk_bytes, (({"heads": 8, "d": 128}, (), {"tokens": 9}),
+                                                     ({"heads": 2, "d": 256}, ("unit_offset",), {"tokens": 5})))
+LAYER = OpContract("norm.layer", layer, flops(7.0), bytes_moved(2, 2),
+                   (({"hidden": 192}, (), {"tokens": 9}), ({"hidden": 2048}, (), {"tokens": 3})))

@@ -13,31 +13,10 @@ Inputs: a prompt's chunk starts from no state (seq > 1), a decode step (seq == 1
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .base import OpContract, itemsize, randn
+from runtime_loader.inputs import starts_from_state as _starts_from_state
 
-
-def _starts_from_state(dims) -> bool:
-    return dims["seq"] == 1
-
-
-def make_inputs(sig, dims, device, gen):
-    hk, hv, dk, dv = (sig.dim(n) for n in ("hk", "hv", "dk", "dv"))
-    batch, seq = dims["batch"], dims["seq"]
-    q = randn((batch, seq, hk, dk), sig, device, gen)
-    k = randn((batch, seq, hk, dk), sig, device, gen)
-    if "qk_l2norm" not in sig.flags:  # the caller normalised them: unit keys keep the state bounded
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-    v = randn((batch, seq, hv, dv), sig, device, gen)
-    # g: a log decay as Qwen3.5's -A * softplus(a + dt_bias) gives, in fp32, mostly small (decays near 1,
-    # so the state carries far); beta = sigmoid(b) in the activation dtype
-    g = -F.softplus(torch.randn((batch, seq, hv), generator=gen, device=device) - 2)
-    beta = torch.sigmoid(randn((batch, seq, hv), sig, device, gen))
-    state = None
-    if _starts_from_state(dims):  # an associative memory of unit keys: entries of about 1 / sqrt(dk)
-        state = torch.randn((batch, hv, dk, dv), generator=gen, device=device) * dk ** -0.5
-    return q, k, v, g, beta, state, "qk_l2norm" in sig.flags
+from .base import OpContract, itemsize
 
 
 def reference(q, k, v, g, beta, state, qk_l2norm):
@@ -79,4 +58,8 @@ def bytes_moved(sig, dims):
     return float(activations + state)
 
 
-GATED_DELTANET = OpContract("recurrent.gated_deltanet", make_inputs, reference, flops, bytes_moved)
+# prefill from no state (GQA-like hv > hk), a decode step from a state, and q, k normalised by the caller
+CASES = (({"hk": 2, "hv": 4, "dk": 64, "dv": 32}, ("qk_l2norm",), {"batch": 2, "seq": 33}),
+         ({"hk": 2, "hv": 2, "dk": 128, "dv": 64}, ("qk_l2norm",), {"batch": 3, "seq": 1}),
+         ({"hk": 1, "hv": 2, "dk": 32, "dv": 32}, (), {"batch": 1, "seq": 20}))
+GATED_DELTANET = OpContract("recurrent.gated_deltanet", reference, flops, bytes_moved, CASES)

@@ -3,32 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from runtime_loader.ops import DTYPES
+from runtime_loader.inputs import cos_sin
 
-from .base import OpContract, itemsize, randn
+from .base import OpContract, itemsize
 
-THETA = 500000.0
-MAX_POSITION = 8192
-
-
-def cos_sin(positions: torch.Tensor, d: int, interleaved: bool, theta: float = THETA):
-    """(seq, d) cos and sin as Hugging Face lays them out for each pairing."""
-    inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
-    angles = positions.float()[:, None] * inv_freq[None, :]  # (seq, d/2)
-    emb = angles.repeat_interleave(2, dim=-1) if interleaved else torch.cat((angles, angles), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def make_inputs(sig, dims, device, gen):
-    hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
-    interleaved = sig.dim("layout") == "interleaved"
-    seq = dims["tokens"]
-    q = randn((1, hq, seq, d), sig, device, gen)
-    k = randn((1, hkv, seq, d), sig, device, gen)
-    positions = torch.randint(0, MAX_POSITION, (seq,), generator=gen, device=device)
-    cos, sin = cos_sin(positions, d, interleaved)
-    dtype = DTYPES[sig.dtype]
-    return q, k, cos[None].to(dtype), sin[None].to(dtype), interleaved
+__all__ = ["ROPE", "cos_sin", "reference"]
 
 
 def _rotate_pairs(x, cos, sin, interleaved):
@@ -63,4 +42,7 @@ def bytes_moved(sig, dims):
     return float(itemsize(sig) * dims["tokens"] * sig.dim("d") * (2 * heads + 2))
 
 
-ROPE = OpContract("posenc.rope", make_inputs, reference, flops, bytes_moved)
+ROPE = OpContract("posenc.rope", reference, flops, bytes_moved,
+                  (({"hq": 4, "hkv": 2, "d": 64, "layout": "split_half"}, (), {"tokens": 11}),
+                   ({"hq": 4, "hkv": 2, "d": 64, "layout": "interleaved"}, (), {"tokens": 11}),
+                   ({"hq": 8, "hkv": 8, "d": 128, "layout": "split_half"}, (), {"tokens": 5})))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..dispatcher import Dispatcher
-from .. import library
+from .. import custom_ops
 from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, read_together, rope_layout
 
 NAME = "lzsolve"
@@ -69,7 +69,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 def _ops():
     """torch.compile: the custom ops (one opaque graph node each); eager: the active Dispatcher's
     methods themselves, which skip the custom-op dispatch (microseconds per call)."""
-    return torch.ops.lzsolve if torch.compiler.is_compiling() else library.active()
+    return torch.ops.lzsolve if torch.compiler.is_compiling() else custom_ops.active()
 
 
 @torch.compiler.assume_constant_result  # under torch.compile: run while tracing, its answer a constant
@@ -113,7 +113,7 @@ def register(dispatcher: Dispatcher, name: str = NAME) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    library.activate(dispatcher)
+    custom_ops.activate(dispatcher)
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, causal_or_sdpa_mask)
     return name

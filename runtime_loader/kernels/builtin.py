@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from ..specs import HEAD_DIM_ANY, KernelSpec
-from .eager import ALL_DTYPES, BOTH, UNIT_OFFSET, scaled
+from ..dtypes import ALL_DTYPES
+from .eager import BOTH, UNIT_OFFSET, scaled
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..dtypes import ALL_DTYPES
 from ..specs import HEAD_DIM_ANY, KernelSpec
 
-ALL_DTYPES = frozenset({"bf16", "fp16", "fp32"})
 BOTH = frozenset({"cpu", "cuda"})
 UNIT_OFFSET = frozenset({"unit_offset"})
 

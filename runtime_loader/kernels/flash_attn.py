@@ -15,7 +15,8 @@ FA3 declares softcap but no sliding window.
 from __future__ import annotations
 
 from ..specs import KernelSpec
-from .sdpa import ATTENTION, ATTENTION_FEATURES, HALF
+from ..dtypes import HALF
+from .sdpa import ATTENTION, ATTENTION_FEATURES
 
 
 def fa_layout(t):

@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ..ops import DTYPE_NAMES
+from ..dtypes import DTYPE_NAMES, HALF  # HALF: DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16 (fp16 and bf16)
 from ..specs import KernelSpec
 
 # Set by runtime_loader.jit.restore when the artifact brought FlashInfer's compiled ops.
@@ -59,7 +59,6 @@ def _flashinfer():
 
 # Tokens per KV page, as vLLM pages its cache; a kv_len it does not divide gets gcd(kv_len, PAGE_SIZE).
 PAGE_SIZE = 16
-HALF = frozenset({"bf16", "fp16"})  # DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16: fp16 and bf16 only
 HEAD_DIMS = (64, 128, 256)  # FA3 (sm90) instantiates these alone (attention/hopper/prefill_sm90.cuh)
 DECODE_GROUP_SIZES = (1, 2, 3, 4, 8)  # DISPATCH_GQA_GROUP_SIZE of the CUDA-core decode kernel
 INDEX_PADDING = 128  # page indices past the end of a page table (see page_table)

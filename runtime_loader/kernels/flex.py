@@ -29,7 +29,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..specs import KernelSpec
-from .eager import ALL_DTYPES
+from ..dtypes import ALL_DTYPES
 from .sdpa import ATTENTION, ATTENTION_FEATURES
 
 BLOCK_MASKS_KEPT = 64  # a causal block mask is (seq / 128)^2 block indices; creating one costs seq_q * kv_len bools

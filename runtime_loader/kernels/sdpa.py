@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..dtypes import ALL_DTYPES, HALF
 from ..specs import HEAD_DIM_ANY, KernelSpec
-from .eager import ALL_DTYPES, BOTH, effective_window, visible_keys
-
-HALF = frozenset({"bf16", "fp16"})
+from .eager import BOTH, effective_window, visible_keys
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
 CAUSAL_GQA = frozenset({"causal", "gqa"})
 # qk_norm only says q and k come from a per-head norm: every attention kernel that takes q and k

@@ -14,10 +14,9 @@ from __future__ import annotations
 import functools
 import importlib
 
+from ...dtypes import ALL_DTYPES
 from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
 from ..eager import UNIT_OFFSET
-
-ALL_DTYPES = frozenset({"bf16", "fp16", "fp32"})
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:

@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime_loader import Dispatcher, library
+from runtime_loader import Dispatcher, custom_ops
+from lzsolve.ops import CONTRACTS
+from runtime_loader.ops import OPS, Signature, method_args
 from runtime_loader.table import parse_table
 
 from .tables import table
@@ -14,9 +16,9 @@ from .tables import table
 @pytest.fixture
 def d():
     dispatcher = Dispatcher(parse_table(table()))
-    library.activate(dispatcher)
+    custom_ops.activate(dispatcher)
     yield dispatcher
-    library.activate(Dispatcher(None))
+    custom_ops.activate(Dispatcher(None))
 
 
 def block(x, w, q, k, v, gate, up, weight):
@@ -101,3 +103,31 @@ def test_dispatch_inside_cuda_graph_capture():
     torch.cuda.synchronize()
     torch.testing.assert_close(y, d.rms_norm(x, w, 1e-6))
     torch.testing.assert_close(a, d.attention(q, k, k))
+
+
+def _example(op: str):
+    """The op's first contract case in fp32, as the Dispatcher method's arguments."""
+    static, flags, dims = CONTRACTS[op].cases[0]
+    sig = Signature.make(op, static, flags, "fp32")
+    return method_args(sig, OPS[op].inputs(sig, dims, torch.device("cpu"), torch.Generator().manual_seed(0)))
+
+
+def _outputs(out) -> tuple:
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_every_op_is_a_custom_op_that_compiles_whole(d, op):
+    """torch.ops.lzsolve.<method> exists for every op, with all of the method's parameters, and
+    torch.compile(fullgraph=True) traces a call of it (through its fake) to the Dispatcher's result."""
+    method = OPS[op].method
+    custom = getattr(torch.ops.lzsolve, method)
+    schema_names = [a.name for a in custom.default._schema.arguments]
+    assert schema_names == [p.name for p in OPS[op].parameters], "the custom op takes every option of the method"
+    args = _example(op)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: custom(*a), fullgraph=True, backend="aot_eager")  # raises on a graph break
+    expected = getattr(d, method)(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    got = compiled(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    for g, e in zip(_outputs(got), _outputs(expected), strict=True):
+        torch.testing.assert_close(g, e)

@@ -1,0 +1,171 @@
+"""Example inputs of each op: random arguments of the canonical kernel call for a signature at
+some dynamic dims. One definition serves the tuner (parity checks and timing, through
+lzsolve.ops) and the runtime (Dispatcher.warmup, through runtime_loader.ops.example_args).
+
+Each maker is (signature, dynamic dims, device, generator) -> the kernel's arguments. Inputs
+look like a real model's (random, never zeros; trained norm weights near 1; gate and up as
+halves of one buffer), so kernels are checked and timed on what they will serve.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .dtypes import DTYPES
+
+NORM_EPS = 1e-5
+MAX_POSITIONS = 1024  # GPT-2's n_positions
+TABLE_SCALE = 0.02  # GPT-2's init std: trained embedding rows are small
+ROPE_THETA = 500000.0
+ROPE_MAX_POSITION = 8192
+
+
+def randn(shape, sig, device, gen, scale: float = 1.0) -> torch.Tensor:
+    """Fresh normal samples in the signature's dtype (drawn in it directly: half the
+    time of drawing fp32 and casting, which matters for CPU-sized lm_head weights)."""
+    x = torch.randn(shape, generator=gen, device=device, dtype=DTYPES[sig.dtype])
+    return x.mul_(scale) if scale != 1.0 else x
+
+
+# --- attention ------------------------------------------------------------------------------------
+def attention_shapes(sig, dims):
+    """(batch, hq, hkv, d, seq_q, kv_len): a prefill has seq, a decode one query and kv_len keys."""
+    hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
+    batch = dims["batch"]
+    seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
+    return batch, hq, hkv, d, seq_q, kv_len
+
+
+def attention(sig, dims, device, gen):
+    """(q, k, v, causal, scale), with (window, softcap) appended only when the signature sets one."""
+    batch, hq, hkv, d, seq_q, kv_len = attention_shapes(sig, dims)
+    q = randn((batch, hq, seq_q, d), sig, device, gen)
+    k = randn((batch, hkv, kv_len, d), sig, device, gen)
+    v = randn((batch, hkv, kv_len, d), sig, device, gen)
+    options = (sig.dim("window"), sig.dim("softcap"))
+    return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
+
+
+# --- norms ------------------------------------------------------------------------------------------
+def _norm_weight(sig, size, device, gen):
+    """Trained norms scale by about 1: weight near 1, or near 0 under (1 + weight)."""
+    weight = randn((size,), sig, device, gen, scale=0.1)
+    return weight if "unit_offset" in sig.flags else weight + 1
+
+
+def _rows(sig, dims, device, gen):
+    return randn((dims["tokens"], sig.dim("hidden")), sig, device, gen)
+
+
+def _unit_offset(sig) -> tuple:
+    """unit_offset is appended to the call only when the signature sets it."""
+    return (True,) if "unit_offset" in sig.flags else ()
+
+
+def rms_norm(sig, dims, device, gen):
+    return (_rows(sig, dims, device, gen), _norm_weight(sig, sig.dim("hidden"), device, gen), NORM_EPS) \
+        + _unit_offset(sig)
+
+
+def rms_norm_add(sig, dims, device, gen):
+    return (_rows(sig, dims, device, gen), _rows(sig, dims, device, gen),
+            _norm_weight(sig, sig.dim("hidden"), device, gen), NORM_EPS) + _unit_offset(sig)
+
+
+def qk_norm(sig, dims, device, gen):
+    heads, d = sig.dim("heads"), sig.dim("d")
+    x = randn((dims["tokens"], heads, d), sig, device, gen)
+    return (x, _norm_weight(sig, d, device, gen), NORM_EPS) + _unit_offset(sig)
+
+
+def layer_norm(sig, dims, device, gen):
+    bias = None if "no_bias" in sig.flags else randn((sig.dim("hidden"),), sig, device, gen, scale=0.1)
+    return _rows(sig, dims, device, gen), _norm_weight(sig, sig.dim("hidden"), device, gen), bias, NORM_EPS
+
+
+# --- positions and lookups -----------------------------------------------------------------------------
+def cos_sin(positions: torch.Tensor, d: int, interleaved: bool, theta: float = ROPE_THETA):
+    """(seq, d) cos and sin as Hugging Face lays them out for each pairing."""
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (seq, d/2)
+    emb = angles.repeat_interleave(2, dim=-1) if interleaved else torch.cat((angles, angles), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rope(sig, dims, device, gen):
+    hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
+    interleaved = sig.dim("layout") == "interleaved"
+    seq = dims["tokens"]
+    q = randn((1, hq, seq, d), sig, device, gen)
+    k = randn((1, hkv, seq, d), sig, device, gen)
+    positions = torch.randint(0, ROPE_MAX_POSITION, (seq,), generator=gen, device=device)
+    cos, sin = cos_sin(positions, d, interleaved)
+    dtype = DTYPES[sig.dtype]
+    return q, k, cos[None].to(dtype), sin[None].to(dtype), interleaved
+
+
+def embedding(sig, dims, device, gen):
+    vocab, hidden = sig.dim("vocab"), sig.dim("hidden")
+    ids = torch.randint(0, vocab, (dims["tokens"],), generator=gen, device=device)
+    table = randn((vocab, hidden), sig, device, gen, scale=TABLE_SCALE)
+    scale = hidden ** 0.5 if "scaled" in sig.flags else None
+    return ids, table, scale
+
+
+def learned_positions(sig, dims, device, gen):
+    tokens, hidden = dims["tokens"], sig.dim("hidden")
+    x = randn((tokens, hidden), sig, device, gen, scale=TABLE_SCALE)
+    positions = torch.randint(0, MAX_POSITIONS, (tokens,), generator=gen, device=device)
+    return x, positions, randn((MAX_POSITIONS, hidden), sig, device, gen, scale=TABLE_SCALE)
+
+
+# --- activations ----------------------------------------------------------------------------------------
+def gated(sig, dims, device, gen):
+    """Gate and up as the two halves of one (tokens, 2 * width) buffer, as a fused gate_up
+    projection hands them over: kernels are checked and timed on those strided views."""
+    width = sig.dim("width")
+    gate_up = randn((dims["tokens"], 2 * width), sig, device, gen)
+    return gate_up[:, :width], gate_up[:, width:]
+
+
+def two_rows(sig, dims, device, gen):
+    """Two separate (tokens, width) tensors (sigmoid_gate: the gate is split from q per head and
+    reshaped, which copies it)."""
+    width = sig.dim("width")
+    return randn((dims["tokens"], width), sig, device, gen), randn((dims["tokens"], width), sig, device, gen)
+
+
+def one_row(sig, dims, device, gen):
+    return (randn((dims["tokens"], sig.dim("width")), sig, device, gen),)
+
+
+# --- linear and recurrent ------------------------------------------------------------------------------------
+def linear(sig, dims, device, gen):
+    k, n = sig.dim("k"), sig.dim("n")
+    x = randn((dims["tokens"], k), sig, device, gen)
+    weight = randn((n, k), sig, device, gen, scale=k ** -0.5)  # keeps outputs O(1)
+    bias = randn((n,), sig, device, gen) if "bias" in sig.flags else None
+    return x, weight, bias
+
+
+def starts_from_state(dims) -> bool:
+    """A prompt's chunk starts from no state (seq > 1), a decode step (seq == 1) from one."""
+    return dims["seq"] == 1
+
+
+def gated_deltanet(sig, dims, device, gen):
+    hk, hv, dk, dv = (sig.dim(n) for n in ("hk", "hv", "dk", "dv"))
+    batch, seq = dims["batch"], dims["seq"]
+    q = randn((batch, seq, hk, dk), sig, device, gen)
+    k = randn((batch, seq, hk, dk), sig, device, gen)
+    if "qk_l2norm" not in sig.flags:  # the caller normalised them: unit keys keep the state bounded
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    v = randn((batch, seq, hv, dv), sig, device, gen)
+    # g: a log decay as Qwen3.5's -A * softplus(a + dt_bias) gives, in fp32, mostly small (decays near 1,
+    # so the state carries far); beta = sigmoid(b) in the activation dtype
+    g = -F.softplus(torch.randn((batch, seq, hv), generator=gen, device=device) - 2)
+    beta = torch.sigmoid(randn((batch, seq, hv), sig, device, gen))
+    state = None
+    if starts_from_state(dims):  # an associative memory of unit keys: entries of about 1 / sqrt(dk)
+        state = torch.randn((batch, hv, dk, dv), generator=gen, device=device) * dk ** -0.5
+    return q, k, v, g, beta, state, "qk_l2norm" in sig.flags

@@ -157,12 +157,15 @@ def _judge_all(sig: str, tree: dict, fallback: str, work: Work, measured: list[d
 
 
 def _around_losses(sp: SignaturePlan, tree: dict, judged: list[PointResult], records: list[dict], mode: str) -> Work:
-    """NEAR_SHAPES shapes around each judged shape where the tree lost by LOSS (seeded by the
-    signature and the shape, so a re-run draws the same ones), with the kernels to time there."""
+    """NEAR_SHAPES shapes around each judged shape where the tree lost by LOSS, the worst losses
+    first and at most twice as many shapes as the first round (on a noisy host many shapes
+    "lose"), each seeded by the signature and the shape (a re-run draws the same ones), with the
+    kernels to time there."""
     sig = str(sp.instance.signature)
-    lost = [r.dims for r in judged if (r.regret or 1) > 1 + LOSS or (r.vs_default or 1) > 1 + LOSS]
+    loss = {id(r): max(r.regret or 1, r.vs_default or 1) for r in judged}
+    lost = sorted((r for r in judged if loss[id(r)] > 1 + LOSS), key=lambda r: -loss[id(r)])
     pts = points_from(records, mode, sp.fallback)
-    shapes = [dims for center in lost
-              for dims in points_near(center, NEAR_SHAPES, random.Random(f"near:{sig}:{dims_key(center)}"))]
-    return [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in shapes]
+    shapes = [dims for r in lost
+              for dims in points_near(r.dims, NEAR_SHAPES, random.Random(f"near:{sig}:{dims_key(r.dims)}"))]
+    return [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in shapes[:2 * len(judged)]]
 

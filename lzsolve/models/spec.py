@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from ..errors import LzError
 from ..limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, read_json_input
@@ -87,6 +88,32 @@ class ModelSpec:
                 f"mlp {self.intermediate}, vocab {self.vocab}")
 
 
+def _all_full(cfg: dict, layers: int, where: str) -> tuple[str, ...]:
+    return (FULL,) * layers
+
+
+def _every_nth_full(key: str, other: str):
+    """Layers of type `other`, every cfg[key]-th one full attention (Gemma 3's sliding pattern,
+    Qwen3.5's full_attention_interval)."""
+    def rule(cfg: dict, layers: int, where: str) -> tuple[str, ...]:
+        every = _int(cfg[key], key, where)
+        return tuple(FULL if (i + 1) % every == 0 else other for i in range(layers))
+    return rule
+
+
+def _window_from_max_window_layers(cfg: dict, layers: int, where: str) -> tuple[str, ...]:
+    """Qwen2/Qwen3: with use_sliding_window, the layers from max_window_layers on slide."""
+    if not (cfg.get("use_sliding_window") and cfg.get("sliding_window")):
+        return _all_full(cfg, layers, where)
+    first = _int(cfg["max_window_layers"], "max_window_layers", where)
+    return tuple(SLIDING if i >= first else FULL for i in range(layers))
+
+
+def _window_everywhere(cfg: dict, layers: int, where: str) -> tuple[str, ...]:
+    """Mistral: every layer slides, unless the config sets the window to null."""
+    return ((SLIDING if cfg.get("sliding_window") else FULL),) * layers
+
+
 @dataclass(frozen=True)
 class Family:
     block: Block
@@ -95,6 +122,9 @@ class Family:
     # a key's Llama-family name -> this family's name for it (GPT-2's n_embd...)
     keys: dict = field(default_factory=dict)
     layer_kinds: tuple[str, ...] = (FULL,)  # layer types its blocks can be
+    # (config, layers, where) -> each layer's type, for configs that do not list layer_types: the
+    # rule the family's transformers config class applies
+    layer_rule: Callable[[dict, int, str], tuple[str, ...]] = _all_full
     mlp_ratio: int = 0  # intermediate size = mlp_ratio * hidden when the config leaves it null (GPT-2's n_inner)
     qkv_bias: bool | None = None  # fixed by the architecture; None: the config's attention_bias
     o_bias: bool | None = None
@@ -111,13 +141,14 @@ GEMMA3 = Family(
     {"hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
      "sliding_window": 4096, "sliding_window_pattern": 6, "num_attention_heads": 8, "num_key_value_heads": 4,
      "head_dim": 256, "vocab_size": 262208, "tie_word_embeddings": True},
-    {"hidden_act": "hidden_activation"}, layer_kinds=(FULL, SLIDING))
+    {"hidden_act": "hidden_activation"}, layer_kinds=(FULL, SLIDING),
+    layer_rule=_every_nth_full("sliding_window_pattern", SLIDING))
 QWEN3_5 = Family(
     Block("norm.rms", unit_offset=True, qk_norm=True, output_gate=True),
     {"hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
      "head_dim": 256, "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
      "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32},
-    layer_kinds=(FULL, LINEAR))
+    layer_kinds=(FULL, LINEAR), layer_rule=_every_nth_full("full_attention_interval", LINEAR))
 
 FAMILIES: dict[str, tuple[str, Family]] = {  # model_type -> (family, how its config reads)
     "gpt2": ("gpt2", Family(
@@ -129,10 +160,12 @@ FAMILIES: dict[str, tuple[str, Family]] = {  # model_type -> (family, how its co
         mlp_ratio=4, qkv_bias=True, o_bias=True, mlp_bias=True)),
     "llama": ("llama", Family(RMS, LLAMA_DEFAULTS)),
     # the Llama block, with a sliding window on every layer unless the config sets it to null
-    "mistral": ("llama", Family(RMS, {**LLAMA_DEFAULTS, "sliding_window": 4096}, layer_kinds=(FULL, SLIDING))),
-    "qwen2": ("qwen2", Family(RMS, QWEN_DEFAULTS, layer_kinds=(FULL, SLIDING), qkv_bias=True, o_bias=False)),
+    "mistral": ("llama", Family(RMS, {**LLAMA_DEFAULTS, "sliding_window": 4096}, layer_kinds=(FULL, SLIDING),
+                                layer_rule=_window_everywhere)),
+    "qwen2": ("qwen2", Family(RMS, QWEN_DEFAULTS, layer_kinds=(FULL, SLIDING), qkv_bias=True, o_bias=False,
+                              layer_rule=_window_from_max_window_layers)),
     "qwen3": ("qwen3", Family(Block("norm.rms", qk_norm=True), {**QWEN_DEFAULTS, "head_dim": 128},
-                              layer_kinds=(FULL, SLIDING))),
+                              layer_kinds=(FULL, SLIDING), layer_rule=_window_from_max_window_layers)),
     "qwen3_5": ("qwen3_5", QWEN3_5),
     "qwen3_5_text": ("qwen3_5", QWEN3_5),
     "gemma3": ("gemma3", GEMMA3),
@@ -192,31 +225,19 @@ def _refuse_unsupported(cfg: dict, model_type, where: str) -> None:
                       f"model_type {', '.join(FAMILIES)}")
 
 
-def _layer_types(cfg: dict, family: str, kinds: tuple[str, ...], layers: int, where: str) -> tuple[str, ...]:
-    """Each layer's type: listed by newer config.json files, otherwise by the rule the
-    family's transformers config class applies."""
+def _layer_types(cfg: dict, family: str, fam: Family, layers: int, where: str) -> tuple[str, ...]:
+    """Each layer's type: listed by newer config.json files, otherwise by the family's rule."""
     listed = cfg.get("layer_types")
     if listed is not None:
         if not isinstance(listed, (list, tuple)) or len(listed) != layers:
             raise LzError(f"{where}: 'layer_types' must list the type of each of the {layers} layers")
         types = tuple(listed)
-    elif family == "gemma3":
-        every = _int(cfg["sliding_window_pattern"], "sliding_window_pattern", where)
-        types = tuple(FULL if (i + 1) % every == 0 else SLIDING for i in range(layers))
-    elif family == "qwen3_5":
-        every = _int(cfg["full_attention_interval"], "full_attention_interval", where)
-        types = tuple(FULL if (i + 1) % every == 0 else LINEAR for i in range(layers))
-    elif family in ("qwen2", "qwen3") and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-        first = _int(cfg["max_window_layers"], "max_window_layers", where)
-        types = tuple(SLIDING if i >= first else FULL for i in range(layers))
-    elif cfg["model_type"] == "mistral" and cfg.get("sliding_window"):
-        types = (SLIDING,) * layers
     else:
-        types = (FULL,) * layers
-    unknown = sorted(set(map(str, types)) - set(kinds))
+        types = fam.layer_rule(cfg, layers, where)
+    unknown = sorted(set(map(str, types)) - set(fam.layer_kinds))
     if unknown:
         raise LzError(f"{where}: layer type {', '.join(map(repr, unknown))} is not supported for {family}; "
-                      f"supported: {', '.join(kinds)}")
+                      f"supported: {', '.join(fam.layer_kinds)}")
     return types
 
 
@@ -271,7 +292,7 @@ def from_hf_config(cfg: dict, name: str, where: str | None = None) -> ModelSpec:
     if raw.get("head_dim") is None and hidden % heads:
         raise LzError(f"{where}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set 'head_dim'")
     head_dim = read("head_dim", default=hidden // heads)
-    layer_types = _layer_types(raw, family, fam.layer_kinds, layers, where)
+    layer_types = _layer_types(raw, family, fam, layers, where)
     acts = GATED_ACTS if fam.block.gated_mlp else PLAIN_ACTS
     act_key = fam.keys.get("hidden_act", "hidden_act")
     if not isinstance(raw.get(act_key), str) or raw[act_key] not in acts:

@@ -32,7 +32,8 @@ from .grid import GRIDS, default_grid
 from .models import CATALOGUE, capture, from_catalogue, workload
 from .models.capture import Captured
 from .perfdb import PerfDB
-from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, search
+from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces,
+                     planned_trials, search)
 from .tuner import Plan, make_plan, new_run_id
 from .validate import VALIDATION_SHAPES, plan_validation
 from .validate import validate as run_validation
@@ -220,6 +221,15 @@ def cli():
                    "[default: each search space's own budget]")
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
               help="folder of search-space YAML files  [default: the repo's search_spaces/]")
+@click.option("--patience", type=click.IntRange(min=0), default=SearchBudget.patience, show_default=True,
+              help="stop a bucket's search after this many trials in a row that beat its best by less than "
+                   f"{NOISE:.0%} (timing noise); 0: always spend the whole budget")
+@click.option("--skip-behind", type=click.FloatRange(min=0), default=SearchBudget.skip_behind, show_default=True,
+              help="skip the search at a bucket where the family's best is more than this fraction slower than the "
+                   "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
+@click.option("--full-search", is_flag=True,
+              help="spend every study's whole budget: no patience, no skipped buckets, no seeding with the "
+                   "neighbours' winners (to check the smarter budget against)")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
 @click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
@@ -237,7 +247,8 @@ def cli():
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
-         trials, spaces, baseline, max_regression, min_ms, probe, validate_shapes, as_json):
+         trials, spaces, patience, skip_behind, full_search, baseline, max_regression, min_ms, probe, validate_shapes,
+         as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -276,7 +287,8 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         phases[name] = round(time.perf_counter() - started - sum(phases.values()), 1)
 
     try:
-        plan = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials)
+        budget = FULL_BUDGET if full_search else SearchBudget(patience, skip_behind)
+        plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials, budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
                    f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
@@ -299,13 +311,14 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         runner.close()
     table = build_table(plan, records, mode, session.run_id, validation)
     wall = time.perf_counter() - started
-    write_artifact(out_dir, table, report(table, wall, len(records), phases))
+    write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None))
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
     say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
         f"{runner.restarts} worker restart(s))")
     for entry in table["ops"]:
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
     summary = run_summary(plan, table, records, out_dir, wall, runner.restarts, phases)
+    summary["search"] = searched.as_dict() if searched else None
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)
@@ -363,23 +376,27 @@ def _print_notes(plan: Plan) -> None:
         click.echo(f"note: {line}", err=True)
 
 
-def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: int | None):
-    """Search the tunable kernels' configurations (when any is a candidate); the plan gains the winners."""
+def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: int | None,
+            budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
+    """Search the tunable kernels' configurations (when any is a candidate); the plan gains the
+    winners. Returns what the search spent too (None when there was nothing to search)."""
     spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}
     total = planned_trials(plan, spaces, trials)
     if total == 0:
-        return plan
+        return plan, None
     click.echo(f"searching {', '.join(sorted(spaces))} configurations: up to {total} trials "
                f"(studies in {out_dir / STORAGE_NAME})", err=True)
     with progress(total, "searching") as bar:
         try:
-            return search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
-                          on_trial=lambda label: bar.update(1, label))
+            plan, stats = search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
+                                 on_trial=lambda label: bar.update(1, label), budget=budget)
         except Exception as e:
             # optuna's SQLite storage reports a full disk as its own error type, with SQLite's words
             if "database or disk is full" in str(e):
                 raise WriteError(out_dir / STORAGE_NAME, OSError(errno.ENOSPC, "disk full")) from e
             raise
+    click.echo(f"search: {stats.line()}", err=True)
+    return plan, stats
 
 
 @cli.command()

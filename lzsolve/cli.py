@@ -32,6 +32,7 @@ from .grid import GRIDS, default_grid
 from .models import CATALOGUE, capture, from_catalogue, workload
 from .models.capture import Captured
 from .perfdb import PerfDB
+from .devices import check_same_model, parse_devices
 from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces,
                      planned_trials, search)
 from .tuner import Plan, make_plan, new_run_id
@@ -214,6 +215,10 @@ def cli():
               help="seconds one measurement may take (first-call JIT included) before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
+@click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
+              help="measure on several devices of this host, one worker each (they must be the same model): "
+                   "each bucket's candidates go, whole, to the next free device, largest first; one table is "
+                   "solved from every record  [default: --device alone]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
 @click.option("--trials", type=click.IntRange(min=0), default=None,
@@ -246,8 +251,8 @@ def cli():
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
-def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
-         trials, spaces, patience, skip_behind, full_search, baseline, max_regression, min_ms, probe, validate_shapes,
+def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, devices,
+         plugins, trials, spaces, patience, skip_behind, full_search, baseline, max_regression, min_ms, probe, validate_shapes,
          as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
@@ -268,7 +273,9 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
-    plan = _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude)
+    lanes = parse_devices(devices) if devices else []
+    check_same_model(lanes)
+    plan = _plan(model, config, recorded, tp, dtype, str(lanes[0]) if lanes else device, grid, kernels, exclude)
     mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
     if mode == "graph" and plan.device.type != "cuda":
         raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
@@ -276,10 +283,10 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
     ensure_writable(out_dir)
     db = PerfDB(out_dir / "perfdb")
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
-    runner = WorkerRunner(plan.device, plugins=plugins, timeout_s=timeout) if isolate else \
-        InProcessRunner(plan.device, plugins=plugins)
+    runner, *more = [WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else
+                     InProcessRunner(dev, plugins=plugins) for dev in lanes or [plan.device]]
     _print_notes(plan)
-    session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh)
+    session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
     phases: dict[str, float] = {}
     started = time.perf_counter()
 
@@ -291,7 +298,7 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials, budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
-                   f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
+                   f"({', '.join(map(str, lanes)) or plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
         with progress(plan.measurements, "measuring") as bar:
             records = tuner.tune(plan, session, on_step=lambda label: bar.update(1, label))
@@ -308,16 +315,17 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         records += checked
         lap("validation_s")
     finally:
-        runner.close()
+        for lane in session.lanes:
+            lane.runner.close()
     table = build_table(plan, records, mode, session.run_id, validation)
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None))
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
     say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
-        f"{runner.restarts} worker restart(s))")
+        f"{session.restarts} worker restart(s))")
     for entry in table["ops"]:
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
-    summary = run_summary(plan, table, records, out_dir, wall, runner.restarts, phases)
+    summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
     summary["search"] = searched.as_dict() if searched else None
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)

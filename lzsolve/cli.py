@@ -287,6 +287,7 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
                      InProcessRunner(dev, plugins=plugins) for dev in lanes or [plan.device]]
     _print_notes(plan)
     session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
+    _say_incremental(session, plan)
     phases: dict[str, float] = {}
     started = time.perf_counter()
 
@@ -376,6 +377,16 @@ def _say_comparison(result: dict, say) -> None:
         say(f"  {sig}: new (no baseline)")
     for sig in result["only_baseline"]:
         say(f"  {sig}: only in the baseline")
+
+
+def _say_incremental(session: tuner.Session, plan: Plan) -> None:
+    """On a PerfDB with earlier records, which kernels this run measures again, and why."""
+    if not session.reusable:
+        return
+    changed, new = session.changes(plan)
+    parts = ([f"version changed: {', '.join(changed)}"] if changed else []) + ([f"new: {', '.join(new)}"] if new else [])
+    click.echo(f"incremental: {len(session.reusable)} earlier records reused where kernel and version match; "
+               f"measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
 
 
 def _print_notes(plan: Plan) -> None:

@@ -368,6 +368,17 @@ class Session:
         units = sorted(((sp, [item]) for sp, work in jobs for item in work), key=workload_size, reverse=True)
         return run_sharded(units, self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane))
 
+    def changes(self, plan: Plan) -> tuple[list[str], list[str]]:
+        """Against the PerfDB's reusable records: the admitted candidates whose version differs from
+        every recorded one (a library upgrade) and those never recorded (a new kernel), which are
+        what this run measures again; the other kernels' records are reused."""
+        recorded: dict[str, set] = {}
+        for _, kernel_id, version, _ in self.reusable:
+            recorded.setdefault(kernel_id, set()).add(version)
+        specs = {c.spec.kernel_id: c.spec for sp in plan.signatures for c in sp.candidates if c.admitted}
+        changed = sorted(k for k, spec in specs.items() if k in recorded and spec.version() not in recorded[k])
+        return changed, sorted(k for k in specs if k not in recorded)
+
     @property
     def restarts(self) -> int:
         return sum(lane.runner.restarts for lane in self.lanes)

@@ -151,3 +151,21 @@ def test_a_bad_device_list_is_one_line_and_exit_2(tmp_path):
     result = run_cli("tune", "--model", "llama3-8b", "--devices", "cuda", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "name each GPU with its index" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_rerun_measures_only_the_kernels_whose_version_changed(tmp_path, monkeypatch):
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
+    db = PerfDB(tmp_path / "perfdb")
+    first = tune(plan, Session(plan, db, LaneRunner("cpu")))
+    session = Session(plan, db, LaneRunner("cpu"))
+    assert session.changes(plan) == ([], [])
+    upgraded = next(c.spec for c in plan.signatures[0].candidates if c.admitted and not c.spec.kernel_id.startswith("eager."))
+    monkeypatch.setattr(type(upgraded), "version", lambda spec, real=type(upgraded).version: "99.0" if spec is upgraded
+                        else real(spec))
+    session = Session(plan, db, LaneRunner("cpu"))
+    assert session.changes(plan) == ([upgraded.kernel_id], [])
+    again = tune(plan, session)
+    fresh = [r for r in again if r["run_id"] == session.run_id and r["stage"] != "capability"]
+    assert fresh and {r["kernel_id"] for r in fresh} == {upgraded.kernel_id}
+    assert len(again) == len(first)

@@ -160,7 +160,8 @@ def format_op(entry: dict, rejected: bool = True) -> list[str]:
     return lines
 
 
-def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] | None = None) -> str:
+def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] | None = None,
+           search: str | None = None) -> str:
     model, hw = table["model"], table["hardware"]
     lines = [
         f"# lzsolve report: {model['id']} (tp={model['tp']}, {model['dtype']})",
@@ -170,6 +171,8 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
     ]
     if phases:
         lines.append("- time per phase: " + ", ".join(f"{name.removesuffix('_s')} {s:.0f} s" for name, s in phases.items()))
+    if search:
+        lines.append(f"- search: {search}")
     lines += [
         f"- grid: {table['grid']}; timing mode: {table['timing_mode']}",
         "- gains are geometric means of time(fallback) / time(chosen) over the points of a leaf;",

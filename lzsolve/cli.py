@@ -32,7 +32,9 @@ from .grid import GRIDS, default_grid
 from .models import CATALOGUE, capture, from_catalogue, workload
 from .models.capture import Captured
 from .perfdb import PerfDB
-from .search import SPACES_DIR, STORAGE_NAME, load_spaces, planned_trials, search
+from .devices import check_same_model, parse_devices
+from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces,
+                     planned_trials, search)
 from .tuner import Plan, make_plan, new_run_id
 from .validate import VALIDATION_SHAPES, plan_validation
 from .validate import validate as run_validation
@@ -213,6 +215,10 @@ def cli():
               help="seconds one measurement may take (first-call JIT included) before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
+@click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
+              help="measure on several devices of this host, one worker each (they must be the same model): "
+                   "each bucket's candidates go, whole, to the next free device, largest first; one table is "
+                   "solved from every record  [default: --device alone]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
 @click.option("--trials", type=click.IntRange(min=0), default=None,
@@ -220,6 +226,15 @@ def cli():
                    "[default: each search space's own budget]")
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
               help="folder of search-space YAML files  [default: the repo's search_spaces/]")
+@click.option("--patience", type=click.IntRange(min=0), default=SearchBudget.patience, show_default=True,
+              help="stop a bucket's search after this many trials in a row that beat its best by less than "
+                   f"{NOISE:.0%} (timing noise); 0: always spend the whole budget")
+@click.option("--skip-behind", type=click.FloatRange(min=0), default=SearchBudget.skip_behind, show_default=True,
+              help="skip the search at a bucket where the family's best is more than this fraction slower than the "
+                   "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
+@click.option("--full-search", is_flag=True,
+              help="spend every study's whole budget: no patience, no skipped buckets, no seeding with the "
+                   "neighbours' winners (to check the smarter budget against)")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
 @click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
@@ -236,8 +251,9 @@ def cli():
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
-def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, plugins,
-         trials, spaces, baseline, max_regression, min_ms, probe, validate_shapes, as_json):
+def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, devices,
+         plugins, trials, spaces, patience, skip_behind, full_search, baseline, max_regression, min_ms, probe, validate_shapes,
+         as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -257,7 +273,9 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
-    plan = _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude)
+    lanes = parse_devices(devices) if devices else []
+    check_same_model(lanes)
+    plan = _plan(model, config, recorded, tp, dtype, str(lanes[0]) if lanes else device, grid, kernels, exclude)
     mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
     if mode == "graph" and plan.device.type != "cuda":
         raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
@@ -265,10 +283,11 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
     ensure_writable(out_dir)
     db = PerfDB(out_dir / "perfdb")
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
-    runner = WorkerRunner(plan.device, plugins=plugins, timeout_s=timeout) if isolate else \
-        InProcessRunner(plan.device, plugins=plugins)
+    runner, *more = [WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else
+                     InProcessRunner(dev, plugins=plugins) for dev in lanes or [plan.device]]
     _print_notes(plan)
-    session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh)
+    session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
+    _say_incremental(session, plan)
     phases: dict[str, float] = {}
     started = time.perf_counter()
 
@@ -276,10 +295,11 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         phases[name] = round(time.perf_counter() - started - sum(phases.values()), 1)
 
     try:
-        plan = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials)
+        budget = FULL_BUDGET if full_search else SearchBudget(patience, skip_behind)
+        plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials, budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
-                   f"({plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
+                   f"({', '.join(map(str, lanes)) or plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
         with progress(plan.measurements, "measuring") as bar:
             records = tuner.tune(plan, session, on_step=lambda label: bar.update(1, label))
@@ -296,16 +316,18 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         records += checked
         lap("validation_s")
     finally:
-        runner.close()
+        for lane in session.lanes:
+            lane.runner.close()
     table = build_table(plan, records, mode, session.run_id, validation)
     wall = time.perf_counter() - started
-    write_artifact(out_dir, table, report(table, wall, len(records), phases))
+    write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None))
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
     say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
-        f"{runner.restarts} worker restart(s))")
+        f"{session.restarts} worker restart(s))")
     for entry in table["ops"]:
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
-    summary = run_summary(plan, table, records, out_dir, wall, runner.restarts, phases)
+    summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
+    summary["search"] = searched.as_dict() if searched else None
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)
@@ -357,29 +379,43 @@ def _say_comparison(result: dict, say) -> None:
         say(f"  {sig}: only in the baseline")
 
 
+def _say_incremental(session: tuner.Session, plan: Plan) -> None:
+    """On a PerfDB with earlier records, which kernels this run measures again, and why."""
+    if not session.reusable:
+        return
+    changed, new = session.changes(plan)
+    parts = ([f"version changed: {', '.join(changed)}"] if changed else []) + ([f"new: {', '.join(new)}"] if new else [])
+    click.echo(f"incremental: {len(session.reusable)} earlier records reused where kernel and version match; "
+               f"measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
+
+
 def _print_notes(plan: Plan) -> None:
     """What will run on a reference fallback, and why: one line each (stderr under tune)."""
     for line in tuner.notes(plan):
         click.echo(f"note: {line}", err=True)
 
 
-def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: int | None):
-    """Search the tunable kernels' configurations (when any is a candidate); the plan gains the winners."""
+def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: int | None,
+            budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
+    """Search the tunable kernels' configurations (when any is a candidate); the plan gains the
+    winners. Returns what the search spent too (None when there was nothing to search)."""
     spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}
     total = planned_trials(plan, spaces, trials)
     if total == 0:
-        return plan
+        return plan, None
     click.echo(f"searching {', '.join(sorted(spaces))} configurations: up to {total} trials "
                f"(studies in {out_dir / STORAGE_NAME})", err=True)
     with progress(total, "searching") as bar:
         try:
-            return search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
-                          on_trial=lambda label: bar.update(1, label))
+            plan, stats = search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
+                                 on_trial=lambda label: bar.update(1, label), budget=budget)
         except Exception as e:
             # optuna's SQLite storage reports a full disk as its own error type, with SQLite's words
             if "database or disk is full" in str(e):
                 raise WriteError(out_dir / STORAGE_NAME, OSError(errno.ENOSPC, "disk full")) from e
             raise
+    click.echo(f"search: {stats.line()}", err=True)
+    return plan, stats
 
 
 @cli.command()

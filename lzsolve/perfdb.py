@@ -70,6 +70,7 @@ SCHEMA = pa.schema([
     ("throttled", pa.bool_()),  # still throttled after a bounded re-measure
     ("timer", pa.string()),
     ("device", pa.string()),
+    ("device_index", pa.int32()),  # which of the run's devices measured it (tune --devices); null in older PerfDBs
     ("hw_slug", pa.string()),
     ("hw_json", pa.string()),
     ("torch_version", pa.string()),

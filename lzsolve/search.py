@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -100,17 +101,170 @@ class Objective:
         return time_ms
 
 
+NOISE = 0.02  # a trial faster than the study's best by less than this is no improvement
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """How a study spends its trials beyond the space's budget, the upper bound."""
+    patience: int = 4  # stop after this many finished trials without a gain beyond NOISE (0: never)
+    skip_behind: float = 0.3  # skip a bucket where the family trails the best kernel by more at every neighbour (0: never)
+    seed_neighbours: bool = True  # enqueue the winners of the buckets searched nearby first
+
+
+FULL_BUDGET = SearchBudget(patience=0, skip_behind=0.0, seed_neighbours=False)
+STOP_REASONS = ("budget", "patience", "skipped")
+
+
+@dataclass
+class SearchStats:
+    """What the search spent (`tune --json` and report.md)."""
+    budgeted: int = 0  # the spaces' budgets over every study of the plan
+    run: int = 0  # trials run by this run (a continued study counts only its new ones)
+    stopped: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(STOP_REASONS, 0))
+
+    def as_dict(self) -> dict:
+        return {"trials_budgeted": self.budgeted, "trials_run": self.run, "studies_stopped_by": dict(self.stopped)}
+
+    def line(self) -> str:
+        why = ", ".join(f"{n} by {reason}" for reason, n in self.stopped.items() if n)
+        return f"{self.run} of {self.budgeted} budgeted trials run; studies stopped: {why or 'none'}"
+
+
+def grid_index(points: list[dict]) -> list[tuple[int, ...]]:
+    """Each point's position on the grid: per dim, the index of its value among the grid's values."""
+    values = {d: sorted({p[d] for p in points}) for d in points[0]} if points else {}
+    return [tuple(values[d].index(p[d]) for d in values) for p in points]
+
+
+def bucket_order(points: list[dict]) -> list[int]:
+    """A checkerboard: the cells whose indices sum to an even number first, then the odd ones, each
+    of whose grid neighbours (one step along one dim) is then already searched."""
+    index = grid_index(points)
+    return sorted(range(len(points)), key=lambda i: (sum(index[i]) % 2, i))
+
+
+def near(points: list[dict], i: int, steps: int) -> list[int]:
+    """The points within `steps` grid steps of point i (i itself excluded)."""
+    index = grid_index(points)
+    return [j for j, at in enumerate(index) if 0 < sum(abs(a - b) for a, b in zip(at, index[i])) <= steps]
+
+
+def stale_trials(trials, noise: float = NOISE) -> int:
+    """Finished trials since the last one that beat the best before it by more than `noise`
+    (a pruned or failed trial brings nothing)."""
+    import optuna
+
+    best, since = math.inf, 0
+    for t in trials:
+        done = t.state == optuna.trial.TrialState.COMPLETE
+        since = 0 if done and t.value < best * (1 - noise) else since + 1
+        best = min(best, t.value) if done else best
+    return since
+
+
+class BucketSearch:
+    """The studies of one signature and tunable family, bucket by bucket in `bucket_order`."""
+
+    def __init__(self, sp: SignaturePlan, space: SearchSpace, runner: Runner, url: str, mode: str, hw_slug: str,
+                 budget: SearchBudget, stats: SearchStats, seeds, on_trial: Callable[[str], None]):
+        self.sp, self.space, self.runner, self.url, self.mode, self.hw_slug = sp, space, runner, url, mode, hw_slug
+        self.budget, self.stats, self.seeds, self.on_trial = budget, stats, seeds, on_trial
+        self.default = registry.TUNABLES[space.kernel].default
+        self.points = list(sp.workloads)
+        self.winners: dict[int, dict] = {}  # bucket -> its best configuration
+        self.behind: dict[int, float] = {}  # bucket -> the family's best time / the best other kernel's
+
+    def run(self, trials: int) -> list[dict]:
+        """Every bucket's winning configuration (the default ones included)."""
+        for i in bucket_order(self.points):
+            self.stats.budgeted += trials
+            if self.cannot_win(i):
+                self.stats.stopped["skipped"] += 1
+                continue
+            best = self.study(i, trials)
+            if best is not None:
+                self.winners[i] = best
+                if self.budget.skip_behind > 0:
+                    self.compare(i, best)
+        return list(self.winners.values())
+
+    def cannot_win(self, i: int) -> bool:
+        """More than skip_behind behind the best kernel at every neighbour, and it has two or more."""
+        if self.budget.skip_behind <= 0:
+            return False
+        around = near(self.points, i, 1)
+        return len(around) >= 2 and all(self.behind.get(j, 0.0) > 1 + self.budget.skip_behind for j in around)
+
+    def study(self, i: int, trials: int) -> dict | None:
+        import optuna
+
+        dims, sig = self.points[i], self.sp.instance.signature
+        study = optuna.create_study(
+            study_name=study_name(self.sp, dims, self.space.kernel, self.hw_slug, self.mode), storage=self.url,
+            load_if_exists=True, direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
+        if not study.trials:  # the default configuration is the baseline every search starts from
+            study.enqueue_trial(self.default)
+            for config in self.neighbour_winners(i):
+                study.enqueue_trial(config, skip_if_exists=True)
+        state = optuna.trial.TrialState
+        finished = study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED, state.FAIL))
+        patience = self.budget.patience
+
+        def after_trial(s, t) -> None:
+            self.stats.run += 1
+            self.on_trial(f"{sig.op} {t.user_attrs.get('kernel_id', '')}")
+            if patience and stale_trials(s.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED,
+                                                                              state.FAIL))) >= patience:
+                s.stop()
+
+        if patience and stale_trials(finished) >= patience:
+            self.stats.stopped["patience"] += 1
+        elif trials - len(finished) > 0:
+            before = self.stats.run
+            study.optimize(Objective(self.sp, dims, self.space, self.runner, self.mode, self.seeds),
+                           n_trials=trials - len(finished), callbacks=[after_trial])
+            ran = len(finished) + self.stats.run - before
+            self.stats.stopped["budget" if ran >= trials else "patience"] += 1
+        else:
+            self.stats.stopped["budget"] += 1
+        return best_config(study)
+
+    def neighbour_winners(self, i: int) -> list[dict]:
+        if not self.budget.seed_neighbours:
+            return []
+        found = [self.winners[j] for j in near(self.points, i, 2) if j in self.winners]
+        return [c for n, c in enumerate(found) if c != self.default and c not in found[:n]]
+
+    def compare(self, i: int, best: dict) -> None:
+        """Time the bucket's winner interleaved with the other admitted kernels that pass parity:
+        how far behind the best of them the family is there, for `cannot_win` at its neighbours."""
+        dims, sig, seed = self.points[i], self.sp.instance.signature, next(self.seeds)
+        family = {self.space.kernel} | {c.spec.kernel_id for c in self.sp.candidates
+                                        if c.spec.kernel_id.startswith(self.space.kernel + "[")}
+        others = [c.spec.kernel_id for c in self.sp.candidates if c.admitted and c.spec.kernel_id not in family]
+        others = [k for k in others if not self.runner.run(ParityTask(sig, k, dims, seed)).get("reason_code")]
+        if not others:
+            return
+        ours = config_id(self.space.kernel, best)
+        timing = self.runner.run(TimingTask(sig, (ours, *others), dims, seed, (self.mode,))).get("per_kernel", {})
+        times = {k: timing.get(k, {}).get(f"{self.mode}_ms") for k in (ours, *others)}
+        best_other = min((t for k, t in times.items() if k != ours and t is not None), default=None)
+        if times[ours] is not None and best_other:
+            self.behind[i] = times[ours] / best_other
+
+
 def search(plan: Plan, spaces: dict[str, SearchSpace], runner: Runner, storage: Path, mode: str, hw_slug: str,
-           trials: int | None = None, on_trial: Callable[[str], None] = lambda label: None) -> Plan:
+           trials: int | None = None, on_trial: Callable[[str], None] = lambda label: None,
+           budget: SearchBudget = SearchBudget()) -> tuple[Plan, SearchStats]:
     """Run (or continue) every study of the plan; returns the plan with each signature's searched
-    winners added as candidates. `trials` overrides the spaces' own budgets."""
+    winners added as candidates, and what the search spent. `trials` overrides the spaces' own
+    budgets; `budget` says when a study stops before them."""
     import optuna
 
     optuna.logging.set_verbosity(logging.WARNING)
-    state = optuna.trial.TrialState
-    finished_states = (state.COMPLETE, state.PRUNED, state.FAIL)  # not an enqueued trial, nor one killed mid-run
     url = f"sqlite:///{storage}"
-    seeds = fresh_seeds()
+    seeds, stats = fresh_seeds(), SearchStats()
     signatures = []
     for sp in plan.signatures:
         winners: dict[str, Candidate] = {}
@@ -118,26 +272,14 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runner: Runner, storage: 
             space = spaces.get(cand.spec.kernel_id)
             if space is None or not cand.admitted:
                 continue
-            default = registry.TUNABLES[space.kernel].default
-            for dims in sp.workloads:
-                study = optuna.create_study(
-                    study_name=study_name(sp, dims, space.kernel, hw_slug, mode), storage=url, load_if_exists=True,
-                    direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
-                if not study.trials:  # the default configuration is the baseline every search starts from
-                    study.enqueue_trial(default)
-                budget = trials if trials is not None else space.trials
-                remaining = budget - len(study.get_trials(deepcopy=False, states=finished_states))
-                if remaining > 0:
-                    study.optimize(Objective(sp, dims, space, runner, mode, seeds), n_trials=remaining,
-                                   callbacks=[lambda s, t: on_trial(f"{sp.instance.signature.op} "
-                                                                    f"{t.user_attrs.get('kernel_id', '')}")])
-                best = best_config(study)
-                if best is not None and best != default:
+            searched = BucketSearch(sp, space, runner, url, mode, hw_slug, budget, stats, seeds, on_trial)
+            for best in searched.run(trials if trials is not None else space.trials):
+                if best != searched.default:
                     spec = registry.get(config_id(space.kernel, best))
                     winners[spec.kernel_id] = Candidate(spec, ())
         added = tuple(c for k, c in sorted(winners.items()) if k not in {c.spec.kernel_id for c in sp.candidates})
         signatures.append(dataclasses.replace(sp, candidates=sp.candidates + added))
-    return dataclasses.replace(plan, signatures=tuple(signatures))
+    return dataclasses.replace(plan, signatures=tuple(signatures)), stats
 
 
 def best_config(study) -> dict[str, int] | None:

@@ -29,6 +29,7 @@ from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
 from .bench import MODES
+from .devices import device_index, run_sharded
 from .errors import LzError
 from .gates import capability_gate
 from .grid import Grid, as_grid, probe_points, workloads
@@ -165,7 +166,8 @@ def new_run_id() -> str:
 class Recorder:
     """Builds PerfDB records with the run's provenance."""
 
-    def __init__(self, model: str, tp: int, dtype: str, device: torch.device, hardware: dict, run_id: str, timer: str):
+    def __init__(self, model: str, tp: int, dtype: str, device: torch.device, hardware: dict, run_id: str, timer: str,
+                 device_index: int | None = None):
         self.run_id, self.timer = run_id, timer
         self.hw_slug = slug(hardware)
         self.common = {
@@ -175,6 +177,7 @@ class Recorder:
             "dtype": dtype,
             "timer": timer,
             "device": str(device),
+            "device_index": device_index if device_index is not None else device.index or 0,
             "hw_slug": self.hw_slug,
             "hw_json": json.dumps(hardware, sort_keys=True),
             "torch_version": torch.__version__,
@@ -290,14 +293,26 @@ def measure_ceilings(db: PerfDB, runner: Runner, recorder: Recorder, dtype: str,
 Work = list[tuple[dict, tuple[Candidate, ...]]]  # (dims, candidates) of one signature
 
 
-class Session:
-    """One run's measuring: its runner and recorder, the records earlier runs measured on this
-    machine and stack (reused, never measured again), and the PerfDB new records go to."""
+@dataclass(frozen=True)
+class Lane:
+    """One device of the run: its runner, and the recorder that tags its records with it."""
+    runner: Runner
+    recorder: Recorder
 
-    def __init__(self, plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True):
+
+class Session:
+    """One run's measuring: its runner and recorder (one lane per device: `more` are the runners of
+    the other devices of a --devices run), the records earlier runs measured on this machine and
+    stack (reused, never measured again), and the PerfDB new records go to."""
+
+    def __init__(self, plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True,
+                 more: tuple[Runner, ...] = ()):
         self.db, self.runner = db, runner
-        self.recorder = Recorder(plan.model.name, plan.model.tp, plan.dtype, plan.device, plan.hardware,
-                                 run_id or new_run_id(), runner.timer)
+        run_id = run_id or new_run_id()
+        self.lanes = [Lane(r, Recorder(plan.model.name, plan.model.tp, plan.dtype, getattr(r, "device", plan.device),
+                                       plan.hardware, run_id, r.timer, device_index(getattr(r, "device", plan.device), n)))
+                      for n, r in enumerate((runner, *more))]
+        self.recorder = self.lanes[0].recorder
         self.reusable = _reusable(db, self.recorder) if reuse else {}
         self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
@@ -308,9 +323,11 @@ class Session:
         return self.recorder.run_id
 
     def measure(self, sp: SignaturePlan, work: Work, phase: str, modes: tuple[str, ...] = MODES,
-                on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
-        """Gate and time every (dims, candidates) of one signature; returns the records, reused ones
-        included. New records reach the PerfDB when the signature is done, or interrupted."""
+                on_step: Callable[[str], None] = lambda label: None, lane: Lane | None = None) -> list[dict]:
+        """Gate and time every (dims, candidates) of one signature on one lane (the first device
+        unless told); returns the records, reused ones included. New records reach the PerfDB
+        when the signature is done, or interrupted."""
+        runner, recorder = (lane.runner, lane.recorder) if lane else (self.runner, self.recorder)
         results: list[dict] = []
         fresh: list[dict] = []
         try:
@@ -321,7 +338,7 @@ class Session:
                     earlier = self.reusable.get(key)
                     if not cand.admitted:
                         first, *rest = cand.reasons
-                        verdict = self.recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
+                        verdict = recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
                                                        reason_code=first.code,
                                                        reason_message="; ".join([first.message, *map(str, rest)]))
                         known = self.rejections.setdefault(_rejection_key(verdict), verdict)
@@ -332,7 +349,7 @@ class Session:
                     else:
                         to_measure.append(cand.spec)
                 if to_measure:
-                    new = measure_workload(sp, dims, to_measure, self.runner, self.recorder, next(self.seeds),
+                    new = measure_workload(sp, dims, to_measure, runner, recorder, next(self.seeds),
                                            on_step, phase, modes)
                     # later phases of this run reuse it too: a validation shape that lands on a bucket
                     # is not timed twice (two records of one key, and a rerun could see either)
@@ -342,15 +359,45 @@ class Session:
             self.db.append(fresh, self.run_id)
         return results + fresh
 
+    def measure_all(self, jobs: list[tuple[SignaturePlan, Work]], phase: str, modes: tuple[str, ...] = MODES,
+                    on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
+        """`measure` over many signatures: one after the other on one device; on several, each
+        workload (one bucket's candidates, never split) goes to the next free device, largest first."""
+        if len(self.lanes) == 1:
+            return [r for sp, work in jobs for r in self.measure(sp, work, phase, modes, on_step)]
+        units = sorted(((sp, [item]) for sp, work in jobs for item in work), key=workload_size, reverse=True)
+        return run_sharded(units, self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane))
+
+    def changes(self, plan: Plan) -> tuple[list[str], list[str]]:
+        """Against the PerfDB's reusable records: the admitted candidates whose version differs from
+        every recorded one (a library upgrade) and those never recorded (a new kernel), which are
+        what this run measures again; the other kernels' records are reused."""
+        recorded: dict[str, set] = {}
+        for _, kernel_id, version, _ in self.reusable:
+            recorded.setdefault(kernel_id, set()).add(version)
+        specs = {c.spec.kernel_id: c.spec for sp in plan.signatures for c in sp.candidates if c.admitted}
+        changed = sorted(k for k, spec in specs.items() if k in recorded and spec.version() not in recorded[k])
+        return changed, sorted(k for k in specs if k not in recorded)
+
+    @property
+    def restarts(self) -> int:
+        return sum(lane.runner.restarts for lane in self.lanes)
+
+
+def workload_size(unit: tuple[SignaturePlan, Work]) -> float:
+    """What one workload costs to measure, for ordering: its candidates times the op's work there."""
+    sp, [(dims, candidates)] = unit
+    sig = sp.instance.signature
+    contract = CONTRACTS[sig.op]
+    return sum(c.admitted for c in candidates) * (contract.flops(sig, dims) + contract.bytes_moved(sig, dims))
+
 
 def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
     """Gate and measure every candidate of the plan at every grid bucket; returns this run's view
     of the records (new ones and reused ones). `on_step` follows each candidate."""
     measure_ceilings(session.db, session.runner, session.recorder, plan.dtype, session.reuse)
-    results: list[dict] = []
-    for sp in plan.signatures:
-        results += session.measure(sp, [(dims, sp.candidates) for dims in sp.workloads], "grid", on_step=on_step)
-    return results
+    return session.measure_all([(sp, [(dims, sp.candidates) for dims in sp.workloads]) for sp in plan.signatures],
+                               "grid", on_step=on_step)
 
 
 LEAD_MARGIN = 0.10  # off the buckets, time the kernels within this of the best at the neighbouring points
@@ -386,4 +433,4 @@ def plan_probes(plan: Plan, records: list[dict], mode: str) -> list[tuple[Signat
 def probe(session: Session, work: list[tuple[SignaturePlan, Work]], mode: str,
           on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
     """Time the contenders at the probe points (the table's timing mode alone)."""
-    return [r for sp, points in work for r in session.measure(sp, points, "probe", (mode,), on_step)]
+    return session.measure_all(work, "probe", (mode,), on_step)

@@ -1,16 +1,24 @@
 """Configuration search: spaces are checked against their family, studies prune configs that
 fail parity, winners become candidates at every bucket, and a re-run continues the studies."""
+import dataclasses
 import json
+import math
 
 import optuna
 import pytest
+import torch
 from click.testing import CliRunner
 
 import tests.tunable_kernels as demo
 from lzsolve.cli import cli
 from lzsolve.errors import LzError
+from lzsolve.grid import GRIDS, Grid
+from lzsolve.measure import ParityTask
+from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB, dims_key
-from lzsolve.search import STORAGE_NAME, load_space, load_spaces
+from lzsolve.search import (FULL_BUDGET, NOISE, STORAGE_NAME, SearchBudget, bucket_order, grid_index, load_space,
+                            load_spaces, near, search, stale_trials)
+from lzsolve.tuner import make_plan
 from tests.test_cli import TINY_LLAMA
 
 
@@ -58,7 +66,7 @@ def studies(tmp_path):
 
 
 def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
-    tune(tmp_path)
+    tune(tmp_path, "--full-search")  # every study spends its whole budget
     found = studies(tmp_path)
     assert len(found) == 2, "one study per bucket of the one norm.rms signature (tiny grid: tokens 1 and 8)"
     for name, study in found.items():
@@ -78,10 +86,107 @@ def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
 
 
 def test_rerun_continues_the_studies_and_trials_zero_skips_search(tmp_path):
-    tune(tmp_path, "--trials", "3")
+    tune(tmp_path, "--trials", "3", "--full-search")
     assert [len(s.trials) for s in studies(tmp_path).values()] == [3, 3]
-    tune(tmp_path, "--trials", "5")
+    tune(tmp_path, "--trials", "5", "--full-search")
     assert [len(s.trials) for s in studies(tmp_path).values()] == [5, 5], "continued, not restarted"
-    result = tune(tmp_path, "--trials", "0")
+    result = tune(tmp_path, "--trials", "0", "--full-search")
     assert "searching" not in result.output
     assert [len(s.trials) for s in studies(tmp_path).values()] == [5, 5]
+
+
+def test_tune_reports_trials_run_and_why_studies_stopped(tmp_path):
+    summary = json.loads(tune(tmp_path, "--json", "--no-probe", "--validate", "0").stdout)
+    search = summary["search"]
+    assert search["trials_budgeted"] == 12, "6 trials at each of the tiny grid's two buckets"
+    assert 0 < search["trials_run"] <= 12
+    assert sum(search["studies_stopped_by"].values()) == 2
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"- search: {search['trials_run']} of 12 budgeted trials run" in report
+
+
+# The smarter budget (patience, neighbours' winners as seeds, skipped buckets) against the full one,
+# on a deterministic fake runner: no timing noise, so any difference is the budget's.
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+
+
+class FakeRunner:
+    """Parity fails the wrong configs (exact=0); a demo config costs more the further its `rows` is
+    from the bucket's tokens; every other kernel costs `other_ms(tokens)`."""
+    timer = "fake"
+
+    def __init__(self, other_ms=lambda tokens: 100.0):
+        self.other_ms = other_ms
+
+    def cost(self, kernel_id: str, dims: dict) -> float:
+        if not kernel_id.startswith("demo.rms_norm"):
+            return self.other_ms(dims["tokens"])
+        rows = int(kernel_id.split("rows=")[1].split(",")[0].rstrip("]")) if "rows=" in kernel_id else 1
+        return 1.0 + abs(math.log2(rows) - math.log2(dims["tokens"])) * 0.2
+
+    def run(self, task):
+        if isinstance(task, ParityTask):
+            return {"reason_code": "PARITY_FAILED", "reason_message": "wrong"} if "exact=0" in task.kernel_id else {}
+        return {"per_kernel": {k: {f"{m}_ms": self.cost(k, task.dims) for m in task.modes} for k in task.kernel_ids}}
+
+
+def norm_plan():
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    grid = Grid("fake", {**GRIDS["tiny"], "*": {"tokens": TOKENS}})
+    plan = make_plan(model, "fp32", torch.device("cpu"), grid, only=("demo.*",))
+    return dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms"))
+
+
+def searched(tmp_path, name, runner, budget):
+    plan, stats = search(norm_plan(), {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}, runner,
+                         tmp_path / f"{name}.sqlite3", "eager", "fake", trials=10, budget=budget)
+    family = {c.spec.kernel_id for sp in plan.signatures for c in sp.candidates if c.spec.kernel_id.startswith("demo.")}
+    return family, stats
+
+
+def best_at(runner, kernels, tokens):
+    return min(runner.cost(k, {"tokens": tokens}) for k in kernels)
+
+
+def test_smarter_budget_runs_fewer_trials_and_agrees_with_the_full_one(tmp_path):
+    runner = FakeRunner()
+    full, full_stats = searched(tmp_path, "full", runner, FULL_BUDGET)
+    smart, smart_stats = searched(tmp_path, "smart", runner, SearchBudget())
+    assert full_stats.run == full_stats.budgeted == 10 * len(TOKENS)
+    assert full_stats.stopped == {"budget": len(TOKENS), "patience": 0, "skipped": 0}
+    assert smart_stats.budgeted == full_stats.budgeted
+    assert smart_stats.run < 0.8 * full_stats.run, smart_stats.line()
+    assert smart_stats.stopped["patience"] > 0
+    for tokens in TOKENS:  # the grid times every winner at every bucket: the table sees the best of them
+        assert best_at(runner, smart, tokens) <= best_at(runner, full, tokens) * (1 + NOISE), tokens
+    again, again_stats = searched(tmp_path, "again", runner, SearchBudget())
+    assert (again, again_stats) == (smart, smart_stats), "seeded: the same trials, the same winners"
+
+
+def test_buckets_where_the_family_cannot_win_are_skipped(tmp_path):
+    runner = FakeRunner(other_ms=lambda tokens: 0.5 if tokens >= 64 else 100.0)  # from 64 on, others win by 2x
+    smart, stats = searched(tmp_path, "smart", runner, SearchBudget())
+    skipped = stats.stopped["skipped"]
+    assert skipped == 2, "the odd buckets between two losing ones: 128 and 512 (2048 has one neighbour)"
+    assert stats.run + skipped * 10 > stats.run
+    full, _ = searched(tmp_path, "full", runner, FULL_BUDGET)
+    for tokens in TOKENS:  # where the family loses, it loses with either budget; elsewhere it agrees
+        smart_best, full_best = best_at(runner, smart, tokens), best_at(runner, full, tokens)
+        other = runner.other_ms(tokens)
+        assert (min(smart_best, other) <= min(full_best, other) * (1 + NOISE)), tokens
+
+
+def test_patience_counts_trials_since_the_last_real_gain():
+    done, pruned = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED
+    trial = lambda state, value=None: optuna.trial.create_trial(state=state, value=value, params={}, distributions={})  # noqa: E731
+    assert stale_trials([]) == 0
+    assert stale_trials([trial(done, 1.0), trial(done, 0.995), trial(pruned), trial(done, 1.2)]) == 3
+    assert stale_trials([trial(done, 1.0), trial(pruned), trial(done, 0.9)]) == 0
+
+
+def test_checkerboard_order_searches_every_neighbour_first():
+    points = [{"a": a, "b": b} for a in (1, 2, 3) for b in (10, 20)]
+    order = bucket_order(points)
+    for n, i in enumerate(order):
+        if sum(grid_index(points)[i]) % 2:
+            assert set(near(points, i, 1)) <= set(order[:n])

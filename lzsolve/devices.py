@@ -1,0 +1,105 @@
+"""Tuning on several devices of one host (`tune --devices cuda:0,cuda:1 | all`).
+
+One worker per device (the same isolation as one device); workloads go to whichever
+device is free next, largest first, so the devices finish together. A workload, all
+the candidates of one (signature, bucket), is never split: its interleaved timing
+stays within one GPU. Every record names its device (`device`, `device_index`), and
+the table is solved from all of them as one PerfDB: the devices must therefore be the
+same model.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable, Sequence, TypeVar
+
+import torch
+
+from .errors import LzError
+
+Lane = TypeVar("Lane")
+Unit = TypeVar("Unit")
+
+
+def parse_devices(text: str) -> list[torch.device]:
+    """`all` (every CUDA device) or a comma-separated list of devices of one type."""
+    if text.strip() == "all":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise LzError("--devices all: no CUDA device is available here; name the devices (cpu,cpu) or use --device")
+        return [torch.device("cuda", i) for i in range(count)]
+    devices = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            device = torch.device(part)
+        except RuntimeError:
+            raise LzError(f"--devices: {part!r} is not a device; use cuda:0,cuda:1 or all") from None
+        if device.type not in ("cpu", "cuda") or (device.type == "cuda" and device.index is None):
+            raise LzError(f"--devices: {part!r} is not supported; name each GPU with its index (cuda:0,cuda:1)")
+        devices.append(device)
+    if not devices:
+        raise LzError("--devices: no device named; use cuda:0,cuda:1 or all")
+    if len({d.type for d in devices}) > 1:
+        raise LzError(f"--devices {text}: one run tunes one kind of device, not {' and '.join(sorted({d.type for d in devices}))}")
+    if devices[0].type == "cuda":
+        duplicated = sorted({str(d) for d in devices if devices.count(d) > 1})
+        if duplicated:
+            raise LzError(f"--devices: {', '.join(duplicated)} named twice; a GPU takes one worker")
+        missing = [str(d) for d in devices if d.index >= torch.cuda.device_count()]
+        if missing:
+            raise LzError(f"--devices: {', '.join(missing)} not available here "
+                          f"({torch.cuda.device_count()} CUDA device(s))")
+    return devices
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def check_same_model(devices: Sequence[torch.device], name_of: Callable[[torch.device], str] | None = None) -> None:
+    """One table is solved from every device's records: refuse devices of different models."""
+    names = {str(d): (name_of or device_name)(d) for d in devices}
+    if len(set(names.values())) > 1:
+        raise LzError("--devices: the devices of one run must be the same model, not "
+                      + ", ".join(f"{d} ({name})" for d, name in names.items())
+                      + "; tune each model in a run of its own")
+
+
+def device_index(device: torch.device, position: int) -> int:
+    """The CUDA ordinal; for devices without one (cpu), the position in --devices."""
+    return device.index if device.index is not None else position
+
+
+def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[Lane, Unit], list]) -> list:
+    """Every unit through `work`, each lane (one device) taking the next unit as soon as it is free,
+    in the order given (largest first, say). The first lane runs in this thread, so Ctrl-C lands
+    here; on any error the other lanes finish their in-flight unit, take no more, and the error
+    is raised. Returns every result, in the order they were done."""
+    queue, results, errors = collections.deque(units), [], []
+    lock, stop = threading.Lock(), threading.Event()
+
+    def drain(lane) -> None:
+        while not stop.is_set():
+            with lock:
+                if not queue:
+                    return
+                unit = queue.popleft()
+            try:
+                done = work(lane, unit)
+            except BaseException as e:  # handed to the caller's thread
+                errors.append(e)
+                stop.set()
+                return
+            with lock:
+                results.extend(done)
+
+    helpers = [threading.Thread(target=drain, args=(lane,), daemon=True, name=f"lzsolve-lane-{n}")
+               for n, lane in enumerate(lanes[1:], 1)]
+    for thread in helpers:
+        thread.start()
+    drain(lanes[0])
+    for thread in helpers:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results

@@ -1,0 +1,171 @@
+"""Tuning on several devices of one host: parsing and refusing --devices, the scheduler (largest
+first, a workload never split, an error stops the others after their in-flight unit), records
+tagged with their device, and older PerfDBs (without device_index) still readable."""
+import json
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from click.testing import CliRunner
+
+import lzsolve.devices as devices
+from lzsolve.cli import cli
+from lzsolve.errors import LzError
+from lzsolve.measure import CeilingTask, ParityTask
+from lzsolve.models.capture import capture
+from lzsolve.perfdb import SCHEMA, PerfDB
+from lzsolve.tuner import Session, make_plan, tune
+from tests.test_cli import TINY_LLAMA, run_cli
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tpu:0", "not a device"),
+    ("cuda", "name each GPU with its index"),
+    ("cpu,cuda:0", "one kind of device"),
+    (",", "no device named"),
+])
+def test_bad_device_lists_are_refused(text, message):
+    with pytest.raises(LzError, match=message):
+        devices.parse_devices(text)
+
+
+def test_cpu_lanes_for_testing():
+    assert devices.parse_devices("cpu, cpu") == [torch.device("cpu")] * 2
+
+
+def test_devices_of_different_models_are_refused_naming_them():
+    names = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA A100-SXM4-80GB"}
+    with pytest.raises(LzError, match=r"cuda:0 \(NVIDIA H100 80GB HBM3\), cuda:1 \(NVIDIA A100-SXM4-80GB\)"):
+        devices.check_same_model([torch.device("cuda", 0), torch.device("cuda", 1)], lambda d: names[d.index])
+    devices.check_same_model([torch.device("cuda", 0), torch.device("cuda", 1)], lambda d: "NVIDIA H100")
+
+
+def test_every_unit_runs_once_largest_first_on_the_next_free_lane():
+    taken = []
+
+    def work(lane, unit):
+        taken.append((lane, unit))
+        time.sleep(0.01 * unit)
+        return [unit]
+
+    done = devices.run_sharded([8, 7, 3, 2, 1], ["a", "b"], work)
+    assert sorted(done) == [1, 2, 3, 7, 8]
+    assert [u for _, u in sorted(taken, key=lambda t: t[1], reverse=True)][:2] == [8, 7]
+    assert {lane for lane, _ in taken} == {"a", "b"}, "both lanes worked"
+
+
+def test_an_error_in_one_lane_stops_the_others_after_their_unit():
+    started, finished = [], []
+    gate = threading.Event()
+
+    def work(lane, unit):
+        started.append(unit)
+        if unit == "boom":
+            gate.wait(1)
+            raise RuntimeError("worker lost")
+        gate.set()
+        time.sleep(0.05)
+        finished.append(unit)
+        return [unit]
+
+    with pytest.raises(RuntimeError, match="worker lost"):
+        devices.run_sharded(["boom", "slow", "never", "never2"], ["a", "b"], work)
+    assert "slow" in finished, "the in-flight unit of the other lane completes"
+    assert len(started) < 4, "no unit is taken after the error"
+
+
+class LaneRunner:
+    """Admits every kernel and times it at 1 ms, remembering which device ran what."""
+
+    def __init__(self, device: str):
+        self.device, self.timer, self.restarts, self.seen = torch.device(device), "fake", 0, []
+
+    def run(self, task):
+        self.seen.append(task)
+        if isinstance(task, ParityTask):
+            return {"stage": "parity"}
+        if isinstance(task, CeilingTask):
+            return {"ceilings": []}
+        return {"per_kernel": {k: {"stage": "bench", **{f"{m}_ms": 1.0 for m in task.modes}}
+                              for k in task.kernel_ids}}
+
+
+def test_records_are_tagged_with_their_device_and_a_workload_stays_on_one(tmp_path):
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny")
+    one = tune(plan, Session(plan, PerfDB(tmp_path / "one"), LaneRunner("cpu"), reuse=False))
+    lanes = LaneRunner("cpu"), LaneRunner("cpu")
+    two = tune(plan, Session(plan, PerfDB(tmp_path / "two"), lanes[0], reuse=False, more=(lanes[1],)))
+    assert len(two) == len(one) and {r["device_index"] for r in one} == {0}
+    assert all(lane.seen for lane in lanes), "both devices measured"
+    measured = [r for r in two if r["stage"] != "capability"]
+    assert {r["device_index"] for r in measured} == {0, 1}
+    per_workload = {}
+    for r in measured:
+        per_workload.setdefault((r["signature"], r["dims"]), set()).add(r["device_index"])
+    assert all(len(d) == 1 for d in per_workload.values()), "a workload's candidates never split"
+    stored = PerfDB(tmp_path / "two").rows("SELECT device_index, count(*) AS n FROM records GROUP BY 1")
+    assert {r["device_index"] for r in stored} >= {0, 1}
+
+
+def test_a_perfdb_from_before_device_index_stays_readable(tmp_path):
+    db = PerfDB(tmp_path / "perfdb")
+    old_schema = pa.schema([f for f in SCHEMA if f.name != "device_index"])
+    old = {name: None for name in old_schema.names} | {"kernel_id": "old", "run_id": "r0"}
+    (tmp_path / "perfdb").mkdir(exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([old], schema=old_schema), tmp_path / "perfdb" / "part-r0-00000.parquet")
+    db.append([{"kernel_id": "new", "run_id": "r1", "device_index": 1}], "r1")
+    rows = db.rows("SELECT kernel_id, device_index FROM records ORDER BY kernel_id")
+    assert rows == [{"kernel_id": "new", "device_index": 1}, {"kernel_id": "old", "device_index": None}]
+
+
+def run_tune(tmp_path, *extra):
+    config = tmp_path / "tiny-llama.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    return CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--no-isolate",
+                                    "--no-probe", "--validate", "0", "--out", str(tmp_path / "out"), *extra])
+
+
+def test_tune_on_two_lanes_solves_one_table_from_both(tmp_path):
+    result = run_tune(tmp_path, "--devices", "cpu,cpu", "--kernels", "torch.*")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "dispatch.json").is_file()
+    rows = PerfDB(tmp_path / "out" / "perfdb").rows("SELECT DISTINCT device_index FROM records WHERE stage <> 'capability'")
+    assert {r["device_index"] for r in rows} == {0, 1}
+
+
+def test_tune_refuses_devices_of_different_models(tmp_path, monkeypatch):
+    monkeypatch.setattr(devices, "parse_devices", lambda text: [torch.device("cuda", 0), torch.device("cuda", 1)])
+    monkeypatch.setattr(devices, "device_name", lambda d: f"GPU model {d.index}")
+    monkeypatch.setattr("lzsolve.cli.parse_devices", devices.parse_devices)
+    result = run_tune(tmp_path, "--devices", "cuda:0,cuda:1")
+    assert isinstance(result.exception, LzError), "main() prints an LzError as one line and exits 2"
+    assert "must be the same model" in str(result.exception) and "cuda:1 (GPU model 1)" in str(result.exception)
+    assert not (tmp_path / "out").exists(), "refused before anything is measured or written"
+
+
+def test_a_bad_device_list_is_one_line_and_exit_2(tmp_path):
+    result = run_cli("tune", "--model", "llama3-8b", "--devices", "cuda", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "name each GPU with its index" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_rerun_measures_only_the_kernels_whose_version_changed(tmp_path, monkeypatch):
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
+    db = PerfDB(tmp_path / "perfdb")
+    first = tune(plan, Session(plan, db, LaneRunner("cpu")))
+    session = Session(plan, db, LaneRunner("cpu"))
+    assert session.changes(plan) == ([], [])
+    upgraded = next(c.spec for c in plan.signatures[0].candidates if c.admitted and not c.spec.kernel_id.startswith("eager."))
+    monkeypatch.setattr(type(upgraded), "version", lambda spec, real=type(upgraded).version: "99.0" if spec is upgraded
+                        else real(spec))
+    session = Session(plan, db, LaneRunner("cpu"))
+    assert session.changes(plan) == ([upgraded.kernel_id], [])
+    again = tune(plan, session)
+    fresh = [r for r in again if r["run_id"] == session.run_id and r["stage"] != "capability"]
+    assert fresh and {r["kernel_id"] for r in fresh} == {upgraded.kernel_id}
+    assert len(again) == len(first)

@@ -16,7 +16,7 @@ from lzsolve.grid import GRIDS, Grid
 from lzsolve.measure import ParityTask
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB, dims_key
-from lzsolve.search import (FULL_BUDGET, NOISE, STORAGE_NAME, SearchBudget, bucket_order, grid_index, load_space,
+from lzsolve.search import (FULL_BUDGET, NOISE, SMART_BUDGET, STORAGE_NAME, bucket_order, grid_index, load_space,
                             load_spaces, near, search, stale_trials)
 from lzsolve.tuner import make_plan
 from tests.test_cli import TINY_LLAMA
@@ -151,7 +151,7 @@ def best_at(runner, kernels, tokens):
 def test_smarter_budget_runs_fewer_trials_and_agrees_with_the_full_one(tmp_path):
     runner = FakeRunner()
     full, full_stats = searched(tmp_path, "full", runner, FULL_BUDGET)
-    smart, smart_stats = searched(tmp_path, "smart", runner, SearchBudget())
+    smart, smart_stats = searched(tmp_path, "smart", runner, SMART_BUDGET)
     assert full_stats.run == full_stats.budgeted == 10 * len(TOKENS)
     assert full_stats.stopped == {"budget": len(TOKENS), "patience": 0, "skipped": 0}
     assert smart_stats.budgeted == full_stats.budgeted
@@ -159,13 +159,13 @@ def test_smarter_budget_runs_fewer_trials_and_agrees_with_the_full_one(tmp_path)
     assert smart_stats.stopped["patience"] > 0
     for tokens in TOKENS:  # the grid times every winner at every bucket: the table sees the best of them
         assert best_at(runner, smart, tokens) <= best_at(runner, full, tokens) * (1 + NOISE), tokens
-    again, again_stats = searched(tmp_path, "again", runner, SearchBudget())
+    again, again_stats = searched(tmp_path, "again", runner, SMART_BUDGET)
     assert (again, again_stats) == (smart, smart_stats), "seeded: the same trials, the same winners"
 
 
 def test_buckets_where_the_family_cannot_win_are_skipped(tmp_path):
     runner = FakeRunner(other_ms=lambda tokens: 0.5 if tokens >= 64 else 100.0)  # from 64 on, others win by 2x
-    smart, stats = searched(tmp_path, "smart", runner, SearchBudget())
+    smart, stats = searched(tmp_path, "smart", runner, SMART_BUDGET)
     skipped = stats.stopped["skipped"]
     assert skipped == 2, "the odd buckets between two losing ones: 128 and 512 (2048 has one neighbour)"
     assert stats.run + skipped * 10 > stats.run

@@ -53,12 +53,15 @@ def kernel_provenance(kernel_ids) -> dict:
     return out
 
 
-def leaf_ids(node: dict):
+def leaf_ids(node: dict, ranked: bool = False):
+    """The kernels a tree chooses (with ranked=True, its leaves' ranked runner-ups too)."""
     if "kernel_id" in node:
         yield node["kernel_id"]
+        if ranked:
+            yield from (r["kernel_id"] for r in node.get("ranked") or ())
     else:
-        yield from leaf_ids(node["le"])
-        yield from leaf_ids(node["gt"])
+        yield from leaf_ids(node["le"], ranked)
+        yield from leaf_ids(node["gt"], ranked)
 
 
 def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validation: dict | None = None) -> dict:
@@ -80,7 +83,8 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
             "validation": (validation or {}).get(str(sig)),
             "candidates": candidates_summary(recs, mode),
         })
-    chosen = {k for entry in ops for k in leaf_ids(entry["tree"])}
+    # the ranked runner-ups too: the runtime checks their provenance before re-routing to one
+    chosen = {k for entry in ops for k in leaf_ids(entry["tree"], ranked=True)}
     table = {
         "schema_version": SCHEMA_VERSION,
         "lzsolve_version": __version__,

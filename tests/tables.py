@@ -24,7 +24,7 @@ ATTN = Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16}, ("causa
 
 def leaf_ids(node):
     if "kernel_id" in node:
-        return {node["kernel_id"]}
+        return {node["kernel_id"], *(r.get("kernel_id") for r in node.get("ranked") or ())}
     return leaf_ids(node["le"]) | leaf_ids(node["gt"])
 
 

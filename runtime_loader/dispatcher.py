@@ -140,7 +140,9 @@ class Dispatcher:
         chosen = {leaf.kernel_id for tree in table.trees.values() for leaf in leaves(tree)}
         ranked = {k for tree in table.trees.values() for leaf in leaves(tree) for k in leaf_kernels(leaf)}
         for kernel_id in sorted(ranked):
-            local = registry.get(kernel_id).local_reasons(here)
+            # no import here (a start in well under a second): a library that is installed but does
+            # not import fails the kernel's first call, and the circuit breaker serves it instead
+            local = registry.get(kernel_id).local_reasons(here, load=False)
             why = str(local[0]) if local else _stale(kernel_id, table.kernels[kernel_id])
             if why and kernel_id in chosen:
                 warnings.warn(f"lzsolve: {kernel_id} is not used ({why}); its table entries use the next ranked "

@@ -107,5 +107,5 @@ def lock_problem(op: str, kernel_id: str, device) -> str | None:
     spec = registry.get(kernel_id)
     if op not in spec.ops:
         return f"{kernel_id} implements {sorted(spec.ops)}, not {op}"
-    local = spec.local_reasons(device)
+    local = spec.local_reasons(device, load=False)
     return str(local[0]) if local else None

@@ -1,4 +1,4 @@
-"""Issue 17: the circuit breaker, ranked leaves, operator policy and explain."""
+"""Issue 17: the circuit breaker, ranked leaves, operator policy, explain, and a lazy start."""
 import logging
 import warnings
 
@@ -209,3 +209,40 @@ def test_explain_names_leaf_kernel_gain_runner_ups_and_policy():
     assert out["policy"] == "avoid testlib"
     outside = d.explain("norm.rms", hidden=32, tokens=4)
     assert outside["leaf"] is None and outside["kernel"] == "eager.rms_norm"
+
+
+# --- a lazy start --------------------------------------------------------------------------------
+
+LAZY_LOAD = """
+import json, sys
+import runtime_loader
+from runtime_loader.registry import register
+from runtime_loader.specs import KernelSpec
+from tests.tables import RMS, entry, table, write
+from pathlib import Path
+
+def lazy_rms(x, w, eps):
+    import pyarrow  # noqa: F401 - the library a real adapter imports at its first call
+    return runtime_loader.kernels.eager.rms_norm(x, w, eps)
+
+register(KernelSpec("test.lazy_rms", frozenset({"norm.rms"}), "pyarrow", lazy_rms, platforms=frozenset({"cpu"}),
+                    dtypes=frozenset({"fp32"}), requires=("pyarrow",)))
+folder = write(Path(sys.argv[1]), table([entry(RMS, {"kernel_id": "test.lazy_rms"})]))
+d = runtime_loader.load(folder, strict=True)
+imported_at_load = "pyarrow" in sys.modules
+import torch
+kernel = d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64))
+d.rms_norm(torch.randn(4, 64), torch.randn(64))
+print(json.dumps([imported_at_load, kernel, "pyarrow" in sys.modules]))
+"""
+
+
+def test_load_leaves_kernel_libraries_to_their_first_call(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", LAZY_LOAD, str(tmp_path / "art")], capture_output=True, text=True,
+                         cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [False, "test.lazy_rms", True]

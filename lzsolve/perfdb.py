@@ -8,6 +8,9 @@ device's measured compute and memory peaks per run, for roofline fractions).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -95,6 +98,7 @@ CEILINGS_SCHEMA = pa.schema([
     ("spread", pa.float64()),
 ])
 RECORDS_GLOB, CEILINGS_GLOB = "part-*.parquet", "ceilings-*.parquet"
+LOCK_FILE = ".measuring.lock"  # PerfDB.measuring; hidden, so no artifact manifest lists it
 
 
 def dims_key(dims: dict) -> str:
@@ -131,6 +135,26 @@ class PerfDB:
         target = self.path / name
         atomic_write_bytes(target, sink.getvalue().to_pybytes())
         return target
+
+    @contextlib.contextmanager
+    def measuring(self, what: str):
+        """An advisory lock held while one tuner measures `what` (a signature) into this PerfDB: a
+        second tuner on the same folder waits for it, then reuses its records instead of timing the
+        same workloads again. One byte of the hidden LOCK_FILE per `what` (fcntl byte-range locks:
+        released by the kernel if the holder dies; a hash collision only makes two signatures wait
+        for each other). Locks are per process: one tuner per process."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path / LOCK_FILE, "a+b")  # closed by the `with` below
+        except OSError as e:
+            raise WriteError(self.path, e) from e
+        offset = int.from_bytes(hashlib.sha256(what.encode()).digest()[:4], "big") >> 1
+        with lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX, 1, offset)
+            try:
+                yield
+            finally:
+                fcntl.lockf(lock, fcntl.LOCK_UN, 1, offset)
 
     def connect(self) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection holding this PerfDB and nothing else: its records and

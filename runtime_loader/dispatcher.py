@@ -24,7 +24,7 @@ from . import registry
 from .hardware import device_info
 from .ops import OPS, OpSchema, Signature, example_args, register_op
 from .policies import Policy
-from .table import Leaf, Split, Table, TableError, choose, leaf_for, leaf_kernels, leaves
+from .table import Leaf, Split, Table, TableError, leaf_for, leaf_kernels, leaves
 
 MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
 BREAKER_LIMIT = 3  # failures after which a kernel is dropped for every call key, not only the failing ones
@@ -129,6 +129,7 @@ class Dispatcher:
         self._broken: dict[tuple, frozenset] = {}
         self._failures: Counter = Counter()
         self._failed_calls: Counter = Counter()
+        self._dropped: set[str] = set()  # kernels used for no call any more (BREAKER_LIMIT failures, warm-up)
         self._warned: set = set()
         _live.add(self)
         here = device_info("cuda" if self._on_cuda else "cpu")
@@ -177,9 +178,11 @@ class Dispatcher:
         fallback = registry.fallback_for(sig)
         if self.policy.disable:
             return fallback, False, "policy: disabled"
+        if on_cuda != self._on_cuda:
+            return fallback, False, "another device than the table's"
         locked = self._locks.get(sig.op)
         if locked is not None:
-            if locked in broken or locked in self._failures_over_limit():
+            if locked in broken or locked in self._dropped:
                 return fallback, False, f"policy: lock {locked} failed on this call"
             wrong = registry.get(locked).semantic_reasons(sig)
             if not wrong:
@@ -188,16 +191,13 @@ class Dispatcher:
                                                 f"({wrong[0]}); those calls use the fallback")
             return fallback, False, f"policy: lock {locked} cannot compute it ({wrong[0]})"
         tree = self._trees.get(str(sig))
-        if tree is None or on_cuda != self._on_cuda:
+        if tree is None:
             return fallback, False, "outside the table"
         leaf = leaf_for(tree, dims)
         for rank, kernel_id in enumerate(leaf_kernels(leaf)):
             if kernel_id in self._usable and kernel_id not in broken:
                 return registry.get(kernel_id), True, "the table's choice" if rank == 0 else f"ranked #{rank + 1}"
         return fallback, False, "no kernel of the leaf is usable here"
-
-    def _failures_over_limit(self) -> set:
-        return {k for k, n in self._failures.items() if n >= BREAKER_LIMIT}
 
     def _resolve(self, cache: dict, key: tuple, call, op: OpSchema, kernel_args: tuple) -> Entry:
         """call: the call's (signature, dims), None for a call no signature describes (then served
@@ -286,11 +286,9 @@ class Dispatcher:
         self._warn_once(("failed", kernel_id), f"lzsolve: {kernel_id} raised on {op_name} ({type(error).__name__}: "
                         f"{str(error)[:200]}); that call shape now uses the next ranked kernel or the fallback")
         if failures >= BREAKER_LIMIT or len(self._broken) >= MAX_CACHED_KEYS:
-            self._usable.discard(kernel_id)
-            self._failures[kernel_id] = max(failures, BREAKER_LIMIT)
             self._warn_once(("disabled", kernel_id), f"lzsolve: {kernel_id} failed {failures} times; "
                             "it is no longer used for any call")
-            self.clear_cache()
+            self._drop(kernel_id)
 
     def _warn_once(self, what: tuple, message: str) -> None:
         if what not in self._warned:
@@ -365,38 +363,52 @@ class Dispatcher:
                 "leaf": leaf, "policy": self.policy.describe()}
 
     def warmup(self, strict: bool = False) -> int:
-        """Call every table entry once (the smallest and largest grid point each leaf serves),
-        so JIT compilation happens now rather than in a server's first request. A kernel that
-        raises is dropped to the fallback with a warning (or TableError when strict).
-        Returns the number of calls made."""
+        """Call every kernel the table serves once per leaf (at the smallest and largest grid point it
+        serves), so JIT compilation happens now rather than in a server's first request. A kernel
+        that raises is dropped for every call, with a warning (TableError when strict), and the
+        kernel that replaces it (the next ranked one) is warmed instead. Returns the calls made."""
         if self.table is None:
             return 0
         device = torch.device("cuda" if self._on_cuda else "cpu")
         calls = 0
-        for sig, tree in self.table.trees.items():
-            grid = self.table.raw["buckets"].get(sig.op, {})
-            points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-            by_leaf: dict[str, list[dict]] = {}
-            for dims in points:
-                by_leaf.setdefault(choose(tree, dims), []).append(dims)
-            for kernel_id, served in by_leaf.items():
-                if kernel_id not in self._usable:
-                    continue
-                for dims in {0: served[0], 1: served[-1]}.values() if len(served) > 1 else served:
-                    try:
-                        getattr(self, OPS[sig.op].method)(*example_args(sig, dims, device))
-                        calls += 1
-                    except Exception as e:
-                        if strict:
-                            raise TableError(f"warm-up of {kernel_id} on {sig} at {dims} failed: {e}") from e
-                        warnings.warn(f"lzsolve: {kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
-                                      "its table entries use the fallback", RuntimeWarning, stacklevel=2)
-                        self._usable.discard(kernel_id)
-                        self.clear_cache()
-                        break
+        was_strict, self.strict = self.strict, True  # errors reach this loop, not the circuit breaker
+        try:
+            for sig, tree in self.table.trees.items():
+                grid = self.table.raw["buckets"].get(sig.op, {})
+                by_kernel: dict[str, list[dict]] = {}
+                for dims in (dict(zip(grid, values)) for values in itertools.product(*grid.values())):
+                    by_kernel.setdefault(self._pick(sig, dims, self._on_cuda)[0].kernel_id, []).append(dims)
+                for served in by_kernel.values():
+                    for dims in (served[0], served[-1]) if len(served) > 1 else served:
+                        calls += self._warm(sig, dims, device, strict)
+        finally:
+            self.strict = was_strict
         if self._on_cuda:
             torch.cuda.synchronize()
         return calls
+
+    def _warm(self, sig, dims: dict, device, strict: bool) -> int:
+        """One warm-up call of what serves `sig` at `dims` (nothing when that is the fallback)."""
+        while True:
+            spec, from_table, _ = self._pick(sig, dims, self._on_cuda)
+            if not from_table:
+                return 0
+            try:
+                getattr(self, OPS[sig.op].method)(*example_args(sig, dims, device))
+                return 1
+            except Exception as e:
+                if strict:
+                    raise TableError(f"warm-up of {spec.kernel_id} on {sig} at {dims} failed: {e}") from e
+                warnings.warn(f"lzsolve: {spec.kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
+                              "its table entries use the next ranked kernel or the fallback", RuntimeWarning,
+                              stacklevel=3)
+                self._drop(spec.kernel_id)
+
+    def _drop(self, kernel_id: str) -> None:
+        """Stop using `kernel_id` for any call (a table's choice, ranked runner-up or lock)."""
+        self._dropped.add(kernel_id)
+        self._usable.discard(kernel_id)
+        self.clear_cache()
 
 
 # --- the public methods, one per OpSchema.method --------------------------------------------------

@@ -111,6 +111,16 @@ def test_after_the_limit_a_failing_kernel_is_dropped_for_every_key():
     assert d.stats()["norm.rms"][f"{FLAKY} (failed)"] == BREAKER_LIMIT
 
 
+def test_warmup_drops_a_failing_kernel_and_warms_the_next_ranked_one():
+    d = Dispatcher(parse_table(ranked_table()))
+    _state["fail_after"] = 0
+    with pytest.warns(RuntimeWarning, match="test.flaky_rms failed its warm-up"):
+        assert d.warmup() == 2, "torch.rms_norm, at the smallest and largest grid point"
+    assert d.kernel_for("rms_norm", *norm_args(50)) == "torch.rms_norm"
+    with pytest.raises(TableError, match="warm-up of test.flaky_rms"):
+        Dispatcher(parse_table(ranked_table())).warmup(strict=True)
+
+
 def test_strict_lets_the_kernel_error_through():
     d = Dispatcher(parse_table(ranked_table()), strict=True)
     _state["fail_after"] = 0

@@ -23,7 +23,7 @@ import torch
 from . import registry
 from .hardware import device_info
 from .ops import OPS, OpSchema, Signature, example_args, register_op
-from .policies import Policy
+from .policies import Policy, lock_problem
 from .table import Leaf, Split, Table, TableError, leaf_for, leaf_kernels, leaves
 
 MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
@@ -139,8 +139,8 @@ class Dispatcher:
         for sig, tree in table.trees.items():
             self._trees[str(sig)] = tree
         chosen = {leaf.kernel_id for tree in table.trees.values() for leaf in leaves(tree)}
-        ranked = {k for tree in table.trees.values() for leaf in leaves(tree) for k in leaf_kernels(leaf)}
-        for kernel_id in sorted(ranked):
+        served = {k for tree in table.trees.values() for leaf in leaves(tree) for k in leaf_kernels(leaf)}
+        for kernel_id in sorted(served):
             # no import here (a start in well under a second): a library that is installed but does
             # not import fails the kernel's first call, and the circuit breaker serves it instead
             local = registry.get(kernel_id).local_reasons(here, load=False)
@@ -153,8 +153,6 @@ class Dispatcher:
 
     def _apply_locks(self, here) -> None:
         """Keep the policy's locks this runtime can honour; log the policy once."""
-        from .policies import lock_problem
-
         for op, kernel_id in sorted(self.policy.lock.items()):
             why = lock_problem(op, kernel_id, here)
             if why is None:

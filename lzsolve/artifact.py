@@ -121,6 +121,8 @@ def format_tree(node: dict, indent: str = "  ") -> list[str]:
             parts.append(f"margin {node['margin'] * 100:+.1f}% over {node['runner_up']}")
         if node.get("points") is not None:
             parts.append(f"{node['points']} point{'s' if node['points'] != 1 else ''}")
+        if node.get("ranked"):  # who serves if the runtime cannot use the kernel (policy, failures)
+            parts.append("then " + ", ".join(f"{r['kernel_id']} ({(r['ratio'] - 1) * 100:+.0f}%)" for r in node["ranked"]))
         return [indent + parts[0] + (f"  ({', '.join(parts[1:])})" if len(parts) > 1 else "")]
     lines = [f"{indent}if {node['dim']} <= {node['threshold']:g}:"]
     lines += format_tree(node["le"], indent + "  ")

@@ -264,8 +264,9 @@ class Dispatcher:
                 with self._stats_lock:
                     self._retired[(entry.op, kernel_id, True)] += 1
             self._break(entry.op, kernel_id, op.method, key, error, entry if i == 0 else None)
-        retry = self._resolve(cache, key, call, op, kernel_args)  # the kernel that just served it
-        next(retry.calls)
+        if _recording is None:  # (a recording counted this call already, when it was resolved)
+            retry = self._resolve(cache, key, call, op, kernel_args)  # the kernel that just served it
+            next(retry.calls)
         return out
 
     def _break(self, op_name: str, kernel_id: str, method: str, key: tuple, error: Exception, entry) -> None:

@@ -195,6 +195,15 @@ def test_a_lock_that_cannot_serve_a_call_falls_back_with_a_warning(tmp_path):
         loaded(tmp_path, lock={"norm.rms": "nope.kernel"}, strict=True)
 
 
+def test_a_malformed_environment_policy_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("LZSOLVE_LOCK", "norm.rms")
+    with pytest.warns(RuntimeWarning, match="policy ignored: .*not op=kernel_id"):
+        d = loaded(tmp_path, avoid=["testlib"])
+    assert d.kernel_for("rms_norm", *norm_args()) == "torch.rms_norm", "the arguments' policy still holds"
+    with pytest.raises(TableError, match="policy"):
+        loaded(tmp_path, strict=True)
+
+
 def test_lock_parsing_keeps_configured_ids_whole():
     assert parse_lock("norm.rms=triton.rms_norm[block=1024,warps=4], linear=torch.linear") == {
         "norm.rms": "triton.rms_norm[block=1024,warps=4]", "linear": "torch.linear"}

@@ -92,7 +92,7 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
         if strict:
             raise TableError(f"policy: {e}") from None
         warnings.warn(f"lzsolve: policy ignored: {e}", RuntimeWarning, stacklevel=2)
-        chosen = Policy(disable, frozenset(avoid), dict(lock or {}))
+        chosen = Policy().merged(disable, avoid, lock)
     try:
         dispatcher = Dispatcher(_read(folder, restore_jit, Path(jit_dir) if jit_dir else None), strict=strict,
                                 policy=chosen)

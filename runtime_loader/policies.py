@@ -38,7 +38,7 @@ class Policy:
         return registry.get(kernel_id).library in self.avoid
 
     def merged(self, disable: bool = False, avoid=(), lock=None) -> "Policy":
-        return Policy(self.disable or disable, self.avoid | frozenset(avoid), {**self.lock, **(lock or {})})
+        return Policy(self.disable or disable, self.avoid | libraries(avoid), {**self.lock, **(lock or {})})
 
     def describe(self) -> str:
         parts = ["disabled: every call uses the fallback"] if self.disable else []
@@ -62,6 +62,11 @@ def split_top_level(text: str) -> list[str]:
     return [item.strip() for item in items if item.strip()]
 
 
+def libraries(avoid) -> frozenset[str]:
+    """avoid as a set of library names: a list, or one string 'lib,lib' (as in LZSOLVE_AVOID)."""
+    return frozenset(split_top_level(avoid) if isinstance(avoid, str) else avoid)
+
+
 def parse_lock(text: str) -> dict[str, str]:
     """'op=kernel_id,op=kernel_id' -> {op: kernel_id}; PolicyError on an item without '='."""
     lock = {}
@@ -76,7 +81,7 @@ def parse_lock(text: str) -> dict[str, str]:
 def from_env(environ=None) -> Policy:
     environ = os.environ if environ is None else environ
     disable = environ.get("LZSOLVE_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
-    avoid = frozenset(split_top_level(environ.get("LZSOLVE_AVOID", "")))
+    avoid = libraries(environ.get("LZSOLVE_AVOID", ""))
     return Policy(disable, avoid, parse_lock(environ.get("LZSOLVE_LOCK", "")))
 
 
@@ -91,7 +96,7 @@ def current_policy() -> Policy:
 @contextlib.contextmanager
 def policy(disable: bool = False, avoid=(), lock=None):
     """Loads inside the block use this policy instead of the environment's (for tests)."""
-    _override.append(Policy(disable, frozenset(avoid), dict(lock or {})))
+    _override.append(Policy(disable, libraries(avoid), dict(lock or {})))
     try:
         yield _override[-1]
     finally:

@@ -166,6 +166,7 @@ def test_disable_by_argument_and_by_environment(tmp_path, monkeypatch):
 def test_avoid_reroutes_to_the_next_ranked_kernel(tmp_path, monkeypatch):
     x, w = norm_args()
     assert loaded(tmp_path, avoid=["testlib"]).kernel_for("rms_norm", x, w) == "torch.rms_norm"
+    assert loaded(tmp_path, avoid="testlib").kernel_for("rms_norm", x, w) == "torch.rms_norm", "one name, not letters"
     monkeypatch.setenv("LZSOLVE_AVOID", "testlib")
     assert loaded(tmp_path).kernel_for("rms_norm", x, w) == "torch.rms_norm"
     with runtime_loader.policy(avoid=["testlib", "torch"]):  # nothing left to rank: the fallback

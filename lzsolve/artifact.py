@@ -53,12 +53,15 @@ def kernel_provenance(kernel_ids) -> dict:
     return out
 
 
-def leaf_ids(node: dict):
+def leaf_ids(node: dict, ranked: bool = False):
+    """The kernels a tree chooses (with ranked=True, its leaves' ranked runner-ups too)."""
     if "kernel_id" in node:
         yield node["kernel_id"]
+        if ranked:
+            yield from (r["kernel_id"] for r in node.get("ranked") or ())
     else:
-        yield from leaf_ids(node["le"])
-        yield from leaf_ids(node["gt"])
+        yield from leaf_ids(node["le"], ranked)
+        yield from leaf_ids(node["gt"], ranked)
 
 
 def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validation: dict | None = None) -> dict:
@@ -80,7 +83,8 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
             "validation": (validation or {}).get(str(sig)),
             "candidates": candidates_summary(recs, mode),
         })
-    chosen = {k for entry in ops for k in leaf_ids(entry["tree"])}
+    # the ranked runner-ups too: the runtime checks their provenance before re-routing to one
+    chosen = {k for entry in ops for k in leaf_ids(entry["tree"], ranked=True)}
     table = {
         "schema_version": SCHEMA_VERSION,
         "lzsolve_version": __version__,
@@ -117,6 +121,8 @@ def format_tree(node: dict, indent: str = "  ") -> list[str]:
             parts.append(f"margin {node['margin'] * 100:+.1f}% over {node['runner_up']}")
         if node.get("points") is not None:
             parts.append(f"{node['points']} point{'s' if node['points'] != 1 else ''}")
+        if node.get("ranked"):  # who serves if the runtime cannot use the kernel (policy, failures)
+            parts.append("then " + ", ".join(f"{r['kernel_id']} ({(r['ratio'] - 1) * 100:+.0f}%)" for r in node["ranked"]))
         return [indent + parts[0] + (f"  ({', '.join(parts[1:])})" if len(parts) > 1 else "")]
     lines = [f"{indent}if {node['dim']} <= {node['threshold']:g}:"]
     lines += format_tree(node["le"], indent + "  ")

@@ -8,6 +8,9 @@ device's measured compute and memory peaks per run, for roofline fractions).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -96,6 +99,7 @@ CEILINGS_SCHEMA = pa.schema([
     ("spread", pa.float64()),
 ])
 RECORDS_GLOB, CEILINGS_GLOB = "part-*.parquet", "ceilings-*.parquet"
+LOCK_FILE = ".measuring.lock"  # PerfDB.measuring; hidden, so no artifact manifest lists it
 
 
 def dims_key(dims: dict) -> str:
@@ -133,35 +137,60 @@ class PerfDB:
         atomic_write_bytes(target, sink.getvalue().to_pybytes())
         return target
 
+    @contextlib.contextmanager
+    def measuring(self, what: str):
+        """An advisory lock held while one tuner measures `what` (a signature) into this PerfDB: a
+        second tuner on the same folder waits for it, then reuses its records instead of timing the
+        same workloads again. One byte of the hidden LOCK_FILE per `what` (fcntl byte-range locks:
+        released by the kernel if the holder dies; a hash collision only makes two signatures wait
+        for each other). Locks are per process: one tuner per process."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path / LOCK_FILE, "a+b")  # closed by the `with` below
+        except OSError as e:
+            raise WriteError(self.path, e) from e
+        offset = int.from_bytes(hashlib.sha256(what.encode()).digest()[:4], "big") >> 1
+        with lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX, 1, offset)
+            try:
+                yield
+            finally:
+                fcntl.lockf(lock, fcntl.LOCK_UN, 1, offset)
+
     def connect(self) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with the views over this PerfDB."""
+        """An in-memory DuckDB connection holding this PerfDB and nothing else: its records and
+        ceilings are copied in (tables records and ceilings; views admitted and rejected), then
+        file access is switched off and the configuration locked, so SQL over it (`lzsolve db
+        query`, the notebook) cannot read, write or attach a file, install or load an extension,
+        or change a setting back. The PerfDB's files themselves are never opened for writing."""
         if not self.files() and not self.files(CEILINGS_GLOB):
             raise LzError(f"no PerfDB records under {self.path}; run `lzsolve tune` first or pass --db")
-        con = duckdb.connect()
-        if self.files():
-            con.execute(f"CREATE VIEW records AS SELECT * FROM {self._scan(RECORDS_GLOB)}")
-        else:  # a run stopped (interrupted, disk full) after the ceilings, before its first records
-            con.register("_no_records", pa.Table.from_pylist([], schema=SCHEMA))
-            con.execute("CREATE VIEW records AS SELECT * FROM _no_records")
+        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        self._copy_in(con, "records", RECORDS_GLOB, SCHEMA)
+        self._copy_in(con, "ceilings", CEILINGS_GLOB, CEILINGS_SCHEMA)
         con.execute("CREATE VIEW admitted AS SELECT * FROM records WHERE status = 'ok'")
         con.execute("CREATE VIEW rejected AS SELECT * FROM records WHERE status = 'rejected'")
-        if self.files(CEILINGS_GLOB):
-            con.execute(f"CREATE VIEW ceilings AS SELECT * FROM {self._scan(CEILINGS_GLOB)}")
-        else:  # older PerfDBs and runs without a probe: the view exists, empty
-            con.register("_no_ceilings", pa.Table.from_pylist([], schema=CEILINGS_SCHEMA))
-            con.execute("CREATE VIEW ceilings AS SELECT * FROM _no_ceilings")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
         return con
 
-    def _scan(self, pattern: str) -> str:
-        glob = str(self.path / pattern).replace("'", "''")
-        return f"read_parquet('{glob}', union_by_name = true)"
+    def _copy_in(self, con: duckdb.DuckDBPyConnection, table: str, pattern: str, schema: pa.Schema) -> None:
+        """Table `table` from this PerfDB's files matching `pattern` (empty, with `schema`, when there
+        are none: older PerfDBs have no ceilings, and a run may stop before its first records)."""
+        if self.files(pattern):
+            glob = str(self.path / pattern).replace("'", "''")
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+        else:
+            con.register(f"_no_{table}", pa.Table.from_pylist([], schema=schema))
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM _no_{table}")
+            con.unregister(f"_no_{table}")
 
     def query(self, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
         con = self.connect()
         try:
             result = con.execute(sql, params or [])
         except duckdb.Error as e:
-            raise LzError(f"query failed: {str(e).splitlines()[0]}") from None
+            raise LzError(f"query failed: {_query_error(e)}") from None
         if result.description is None:
             return [], []
         return [d[0] for d in result.description], result.fetchall()
@@ -169,3 +198,12 @@ class PerfDB:
     def rows(self, sql: str, params: list | None = None) -> list[dict]:
         columns, rows = self.query(sql, params)
         return [dict(zip(columns, row)) for row in rows]
+
+
+def _query_error(e: duckdb.Error) -> str:
+    """DuckDB's first line, with why when the sandbox refused (PerfDB.connect)."""
+    first = str(e).splitlines()[0]
+    if "disabled by configuration" in first or "configuration has been locked" in first or "extensions" in first:
+        return (f"{first} (the PerfDB is opened alone and read-only: no files, extensions or settings; "
+                "query the tables records and ceilings, the views admitted and rejected)")
+    return first

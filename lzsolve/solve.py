@@ -35,6 +35,8 @@ WORST_WEIGHT = 10.0  # ...costs this many times more
 LEAF_COST = 0.01  # what a split must remove, in summed excess regret
 SWITCH_GAIN = 0.05  # a leaf leaves the fallback only for a kernel this much faster over >= 4 points
 TIE_BREAK = 1e-3  # weight of raw regret (noise included): picks among trees of equal excess
+RANK_MARGIN = 0.5  # a leaf ranks the runner-ups at most this much slower than its kernel...
+RANK_MAX = 3  # ...and at most this many of them
 BARRED = 1e9  # cost of a kernel at a point where it was not measured, or loses to the fallback: above any excess
 
 
@@ -176,9 +178,27 @@ class _Solver:
         return best
 
 
+def _ranked(pts: Points, idx: list[int], kernel: str) -> list[dict]:
+    """The runner-ups that may serve a leaf when its kernel cannot (avoided, stale, failing), best
+    first: measured at every point of the leaf, never slower than the fallback beyond noise there,
+    and at most RANK_MARGIN slower than the kernel (geomean). The fallback is not ranked: it is
+    always the last resort, and a leaf that chose it has nothing to rank."""
+    if kernel == pts.fallback:
+        return []
+    ratios = {}
+    for other in pts.times:
+        if other in (kernel, pts.fallback) or any(pts.cost(other, i)[0] >= BARRED for i in idx):
+            continue
+        ratio = pts.ratio(other, kernel, idx)
+        if ratio is not None and ratio <= 1 + RANK_MARGIN:
+            ratios[other] = ratio
+    best = sorted(ratios, key=lambda k: (ratios[k], k))[:RANK_MAX]
+    return [{"kernel_id": k, "ratio": round(ratios[k], 4)} for k in best]
+
+
 def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
     """What a leaf records: its kernel, the gain over the fallback, the runner-up and its margin,
-    the mean and worst regret over its points."""
+    the mean and worst regret over its points, and the ranked runner-ups (_ranked)."""
     t = pts.times[kernel]
     regrets = [t[i] / pts.best(i) - 1 for i in idx if math.isfinite(t[i])]
     covering = [k for k in pts.times if k != kernel and all(math.isfinite(pts.times[k][i]) for i in idx)]
@@ -193,6 +213,7 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
         "regret": round(sum(regrets) / len(regrets), 4) if regrets else None,
         "worst": round(max(regrets), 4) if regrets else None,
         "points": len(idx),
+        "ranked": _ranked(pts, idx, kernel),
     }
 
 

@@ -317,6 +317,7 @@ class Session:
         self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
         self.seeds = fresh_seeds()
+        self.seen = set(db.files())  # PerfDB files this run has read: newer ones not its own are another tuner's
 
     @property
     def run_id(self) -> str:
@@ -326,7 +327,18 @@ class Session:
                 on_step: Callable[[str], None] = lambda label: None, lane: Lane | None = None) -> list[dict]:
         """Gate and time every (dims, candidates) of one signature on one lane (the first device
         unless told); returns the records, reused ones included. New records reach the PerfDB
-        when the signature is done, or interrupted."""
+        when the signature is done, or interrupted. Another tuner on the same PerfDB measuring this
+        signature is waited for (PerfDB.measuring), and what it measured is reused."""
+        with self.db.measuring(str(sp.instance.signature)):
+            ours = f"part-{self.run_id}-"
+            others = {f for f in self.db.files() if not f.name.startswith(ours)} - self.seen
+            if self.reuse and others:
+                self.reusable.update(_reusable(self.db, self.recorder))
+            self.seen |= others
+            return self._measure(sp, work, phase, modes, on_step, lane)
+
+    def _measure(self, sp: SignaturePlan, work: Work, phase: str, modes: tuple[str, ...],
+                 on_step: Callable[[str], None], lane: Lane | None) -> list[dict]:
         runner, recorder = (lane.runner, lane.recorder) if lane else (self.runner, self.recorder)
         results: list[dict] = []
         fresh: list[dict] = []

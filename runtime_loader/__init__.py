@@ -21,10 +21,11 @@ from . import jit
 from .dispatcher import Dispatcher
 from .hardware import hardware_signature, mismatches
 from .manifest import read_manifest, read_verified, verify
+from .policies import Policy, PolicyError, current_policy, policy
 from .record import record
 from .table import MAX_TABLE_BYTES, Table, TableError, table_from_bytes
 
-__all__ = ["Dispatcher", "TableError", "load", "record"]
+__all__ = ["Dispatcher", "Policy", "TableError", "load", "policy", "record"]
 
 
 def _open(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:
@@ -61,7 +62,7 @@ def _read(folder: Path, restore_jit: bool, jit_dir: Path | None) -> Table:
 
 
 def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, warmup: bool = False,
-         jit_dir: str | Path | None = None) -> Dispatcher:
+         jit_dir: str | Path | None = None, disable: bool = False, avoid=(), lock: dict | None = None) -> Dispatcher:
     """Validate the artifact at `path` (its folder, or its dispatch.json) and return a
     Dispatcher replaying it.
 
@@ -76,11 +77,25 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
     ~/.cache/lzsolve/jit) and points Triton, Inductor and FlashInfer at them; this runs
     compiled code the tuning run produced, so use it for artifacts you built.
     warmup=True calls every table entry once now, so the first request compiles nothing.
+
+    Policy (README "Operator controls"): disable=True sends every call to the fallback, avoid
+    names libraries whose kernels are not used, lock maps ops to the kernel that serves them; these
+    add to LZSOLVE_DISABLE, LZSOLVE_AVOID and LZSOLVE_LOCK (ignored inside `runtime_loader.policy`).
+    With strict=False a table kernel that raises on a call is replaced (Dispatcher's circuit
+    breaker); strict=True also lets such errors, and a lock that cannot be honoured, raise.
     """
     path = Path(path)
     folder = path.parent if path.name == "dispatch.json" else path
     try:
-        dispatcher = Dispatcher(_read(folder, restore_jit, Path(jit_dir) if jit_dir else None))
+        chosen = current_policy().merged(disable, avoid, lock)
+    except PolicyError as e:
+        if strict:
+            raise TableError(f"policy: {e}") from None
+        warnings.warn(f"lzsolve: policy ignored: {e}", RuntimeWarning, stacklevel=2)
+        chosen = Policy().merged(disable, avoid, lock)
+    try:
+        dispatcher = Dispatcher(_read(folder, restore_jit, Path(jit_dir) if jit_dir else None), strict=strict,
+                                policy=chosen)
         if warmup:
             dispatcher.warmup(strict=strict)
         return dispatcher
@@ -89,4 +104,4 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
             raise
         warnings.warn(f"lzsolve: not using dispatch table {path}: {e}; every call uses the fallback",
                       RuntimeWarning, stacklevel=2)
-        return Dispatcher(None)
+        return Dispatcher(None, policy=chosen)

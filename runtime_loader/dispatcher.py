@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import threading
 import warnings
 import weakref
@@ -21,10 +22,13 @@ import torch
 
 from . import registry
 from .hardware import device_info
-from .ops import OPS, OpSchema, example_args, register_op
-from .table import Leaf, Split, Table, TableError, choose, leaves
+from .ops import OPS, OpSchema, Signature, example_args, register_op
+from .policies import Policy, lock_problem
+from .table import Leaf, Split, Table, TableError, leaf_for, leaf_kernels, leaves
 
 MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
+BREAKER_LIMIT = 3  # failures after which a kernel is dropped for every call key, not only the failing ones
+log = logging.getLogger("runtime_loader")
 
 # runtime_loader.record: while a recording is active, no call is cached, so every call reaches
 # _resolve and is counted there (caches are cleared when it starts)
@@ -61,6 +65,31 @@ def _count(entry: Entry) -> int:
     return int(repr(entry.calls)[6:-1])
 
 
+def _call_restoring(impl, args: tuple, op: OpSchema):
+    """impl(*args), putting back what it overwrote of the inputs `op` consumes if it raises
+    (no copies inside a CUDA graph being captured: they would be replayed with it)."""
+    if args and getattr(args[0], "is_cuda", False) and torch.cuda.is_current_stream_capturing():
+        return impl(*args)
+    positions = [i for i, p in enumerate(op.parameters) if p.name in op.consumes and i < len(args)]
+    saved = [(args[i], args[i].clone()) for i in positions]
+    try:
+        return impl(*args)
+    except Exception:
+        for tensor, copy in saved:
+            tensor.copy_(copy)
+        raise
+
+
+def _path(node: Leaf | Split, dims: dict) -> list[str]:
+    """The conditions a tree tests on its way to the leaf for `dims` ("tokens <= 8")."""
+    path = []
+    while isinstance(node, Split):
+        below = dims[node.dim] <= node.threshold
+        path.append(f"{node.dim} {'<=' if below else '>'} {node.threshold:g}")
+        node = node.le if below else node.gt
+    return path
+
+
 def _stale(kernel_id: str, measured: dict) -> str | None:
     """Why the kernel here is not the kernel that was measured, if it is not."""
     spec = registry.get(kernel_id)
@@ -73,14 +102,22 @@ def _stale(kernel_id: str, measured: dict) -> str | None:
 
 class Dispatcher:
     """Serves every op of runtime_loader.ops.OPS through a method named by its record (attention,
-    rms_norm, ...), generated at the end of this module from the record's parameters."""
+    rms_norm, ...), generated at the end of this module from the record's parameters.
 
-    def __init__(self, table: Table | None = None):
+    strict=False (the default): a table kernel that raises is a broken kernel, not the caller's
+    error: the call is served again by the leaf's next ranked kernel or the fallback, that call
+    key keeps using it, and after BREAKER_LIMIT failures the kernel is dropped for every key
+    (counted in stats(), warned once). strict=True lets the exception through."""
+
+    def __init__(self, table: Table | None = None, *, strict: bool = False, policy: Policy | None = None):
         self.table = table
+        self.strict = strict
+        self.policy = policy if policy is not None else Policy()
         self.device_type = table.hardware["device"] if table else None
         self._on_cuda = self.device_type == "cuda"
         self._trees: dict[str, Leaf | Split] = {}
-        self._usable: set[str] = set()
+        self._usable: set[str] = set()  # kernels of the table (chosen or ranked) that may serve here
+        self._locks: dict[str, str] = {}  # op -> kernel id, the policy's locks that can be honoured here
         # one cache per method (both attention ops share one): key -> Entry
         self._caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
         # calls that are not cached (past MAX_CACHED_KEYS, or while recording) count here, by
@@ -88,48 +125,174 @@ class Dispatcher:
         self._uncached: dict[tuple, Entry] = {}
         self._retired: Counter = Counter()
         self._stats_lock = threading.Lock()
+        # the circuit breaker: kernels that raised, per (method, key), and in all; failed calls by (op, kernel)
+        self._broken: dict[tuple, frozenset] = {}
+        self._failures: Counter = Counter()
+        self._failed_calls: Counter = Counter()
+        self._dropped: set[str] = set()  # kernels used for no call any more (BREAKER_LIMIT failures, warm-up)
+        self._warned: set = set()
         _live.add(self)
+        here = device_info("cuda" if self._on_cuda else "cpu")
+        self._apply_locks(here)
         if table is None:
             return
-        here = device_info("cuda" if self._on_cuda else "cpu")
         for sig, tree in table.trees.items():
             self._trees[str(sig)] = tree
-        for kernel_id in sorted({leaf.kernel_id for tree in table.trees.values() for leaf in leaves(tree)}):
-            local = registry.get(kernel_id).local_reasons(here)
+        chosen = {leaf.kernel_id for tree in table.trees.values() for leaf in leaves(tree)}
+        served = {k for tree in table.trees.values() for leaf in leaves(tree) for k in leaf_kernels(leaf)}
+        for kernel_id in sorted(served):
+            # no import here (a start in well under a second): a library that is installed but does
+            # not import fails the kernel's first call, and the circuit breaker serves it instead
+            local = registry.get(kernel_id).local_reasons(here, load=False)
             why = str(local[0]) if local else _stale(kernel_id, table.kernels[kernel_id])
-            if why:
-                warnings.warn(f"lzsolve: {kernel_id} is not used ({why}); its table entries use the fallback",
-                              RuntimeWarning, stacklevel=3)
-            else:
+            if why and kernel_id in chosen:
+                warnings.warn(f"lzsolve: {kernel_id} is not used ({why}); its table entries use the next ranked "
+                              "kernel or the fallback", RuntimeWarning, stacklevel=3)
+            elif not why and not self.policy.avoids(kernel_id):
                 self._usable.add(kernel_id)
 
+    def _apply_locks(self, here) -> None:
+        """Keep the policy's locks this runtime can honour; log the policy once."""
+        for op, kernel_id in sorted(self.policy.lock.items()):
+            why = lock_problem(op, kernel_id, here)
+            if why is None:
+                self._locks[op] = kernel_id
+            elif self.strict:
+                raise TableError(f"policy: cannot lock {op} to {kernel_id}: {why}")
+            else:
+                warnings.warn(f"lzsolve: policy: lock {op}={kernel_id} ignored: {why}", RuntimeWarning, stacklevel=4)
+        libraries = {spec.library for spec in registry.REGISTRY.values()}
+        for library in sorted(self.policy.avoid - libraries):
+            warnings.warn(f"lzsolve: policy: no kernel of this runtime comes from {library!r} (avoid has no effect); "
+                          f"libraries: {', '.join(sorted(libraries))}", RuntimeWarning, stacklevel=4)
+        if self.policy:
+            log.warning("lzsolve: policy: %s", self.policy.describe())
+
     # --- resolution (first call of a key) ------------------------------------
+    def _pick(self, sig, dims: dict, on_cuda: bool, broken: frozenset = frozenset()) -> tuple:
+        """(kernel spec, from the table or a lock, why) for a call of signature `sig` at `dims`:
+        the policy first (disable, lock), then the tree's leaf: its kernel or, where that one is
+        avoided, unusable or broken for this key, its next ranked kernel; else the fallback."""
+        fallback = registry.fallback_for(sig)
+        if self.policy.disable:
+            return fallback, False, "policy: disabled"
+        if on_cuda != self._on_cuda:
+            return fallback, False, "another device than the table's"
+        locked = self._locks.get(sig.op)
+        if locked is not None:
+            if locked in broken or locked in self._dropped:
+                return fallback, False, f"policy: lock {locked} failed on this call"
+            wrong = registry.get(locked).semantic_reasons(sig)
+            if not wrong:
+                return registry.get(locked), True, f"policy: lock {sig.op}={locked}"
+            self._warn_once(("lock", str(sig)), f"lzsolve: policy: lock {sig.op}={locked} cannot compute {sig} "
+                                                f"({wrong[0]}); those calls use the fallback")
+            return fallback, False, f"policy: lock {locked} cannot compute it ({wrong[0]})"
+        tree = self._trees.get(str(sig))
+        if tree is None:
+            return fallback, False, "outside the table"
+        leaf = leaf_for(tree, dims)
+        for rank, kernel_id in enumerate(leaf_kernels(leaf)):
+            if kernel_id in self._usable and kernel_id not in broken:
+                return registry.get(kernel_id), True, "the table's choice" if rank == 0 else f"ranked #{rank + 1}"
+        return fallback, False, "no kernel of the leaf is usable here"
+
     def _resolve(self, cache: dict, key: tuple, call, op: OpSchema, kernel_args: tuple) -> Entry:
         """call: the call's (signature, dims), None for a call no signature describes (then served
         by op.outside, or the fallback); op: the method's first op, named in stats() for such calls."""
+        from_table = False
         if call is None:
             spec = registry.get(op.outside(*kernel_args) if op.outside else op.fallback)
         else:
-            spec = registry.fallback_for(call[0])
-        on_cuda = any(getattr(a, "is_cuda", False) for a in kernel_args)
-        from_table = False
-        if call is not None and on_cuda == self._on_cuda:
-            sig, dims = call
-            tree = self._trees.get(str(sig))
-            if tree is not None:
-                kernel_id = choose(tree, dims)
-                if kernel_id in self._usable:
-                    spec, from_table = registry.get(kernel_id), True
+            on_cuda = any(getattr(a, "is_cuda", False) for a in kernel_args)
+            spec, from_table, _ = self._pick(call[0], call[1], on_cuda, self._broken.get((op.method, key), frozenset()))
         name = call[0].op if call is not None else op.name
+        impl = spec.impl
+        if from_table and OPS[name].consumes and not self.strict:
+            impl = self._probe(cache, key, spec.impl, OPS[name])
         recording = _recording
         if recording is not None:
             recording.count(call, spec, from_table)
         elif len(cache) < MAX_CACHED_KEYS:
-            entry = cache[key] = Entry(spec.impl, itertools.count(), name, spec.kernel_id, from_table)
+            entry = cache[key] = Entry(impl, itertools.count(), name, spec.kernel_id, from_table)
             return entry
         with self._stats_lock:
             return self._uncached.setdefault((name, spec.kernel_id, from_table),
                                              Entry(spec.impl, itertools.count(), name, spec.kernel_id, from_table))
+
+    # --- the circuit breaker (a table kernel raised) ------------------------
+    def _probe(self, cache: dict, key: tuple, impl, op: OpSchema):
+        """The first call of a key with a kernel that may overwrite its inputs (op.consumes): copies
+        of those inputs are kept, and put back if the kernel raises, so the call can be served
+        again; after one success the key calls the kernel directly (later failures of such an op
+        cannot be re-served: its inputs may be half overwritten, so they raise)."""
+        def probe(*args):
+            out = _call_restoring(impl, args, op)
+            entry = cache.get(key)
+            if entry is not None and entry.impl is probe:
+                cache[key] = entry._replace(impl=impl)
+            return out
+
+        probe.restores_inputs = True
+        return probe
+
+    def _recover(self, error: Exception, cache: dict, key: tuple, entry: Entry, call, op: OpSchema, kernel_args: tuple):
+        """Serve again a call whose table kernel raised, with the leaf's next kernel (then the
+        fallback). A kernel is blamed only once another one served the same arguments: when the
+        fallback raises too, the error is the caller's (bad arguments) and is raised, as it is when
+        strict, for a fallback's own call, or for a consuming op whose inputs may be overwritten."""
+        if self.strict or not entry.from_table or call is None:
+            raise error
+        consumes = OPS[entry.op].consumes
+        if consumes and not getattr(entry.impl, "restores_inputs", False):
+            self._break(entry.op, entry.kernel_id, op.method, key, error, entry)
+            raise error  # the kernel may have overwritten its inputs: nothing can serve them again
+        on_cuda = any(getattr(a, "is_cuda", False) for a in kernel_args)
+        failed = [entry.kernel_id]
+        while True:
+            broken = self._broken.get((op.method, key), frozenset()) | set(failed)
+            spec, from_table, _ = self._pick(call[0], call[1], on_cuda, broken)
+            try:
+                out = _call_restoring(spec.impl, kernel_args, OPS[entry.op]) if consumes else spec.impl(*kernel_args)
+                break
+            except Exception:
+                if not from_table:  # the fallback fails too: the caller's error, raised as before; no kernel blamed
+                    raise error from None
+                failed.append(spec.kernel_id)
+        for i, kernel_id in enumerate(failed):
+            if i:  # counted as called, like the first one, so that stats() counts it as failed, not served
+                with self._stats_lock:
+                    self._retired[(entry.op, kernel_id, True)] += 1
+            self._break(entry.op, kernel_id, op.method, key, error, entry if i == 0 else None)
+        if _recording is None:  # (a recording counted this call already, when it was resolved)
+            retry = self._resolve(cache, key, call, op, kernel_args)  # the kernel that just served it
+            next(retry.calls)
+        return out
+
+    def _break(self, op_name: str, kernel_id: str, method: str, key: tuple, error: Exception, entry) -> None:
+        """Record that `kernel_id` raised on `key`: the key stops using it (every key after BREAKER_LIMIT)."""
+        with self._stats_lock:
+            self._failed_calls[(op_name, kernel_id)] += 1
+            self._failures[kernel_id] += 1
+            failures = self._failures[kernel_id]
+            broken = self._broken.get((method, key), frozenset()) | {kernel_id}
+            if len(self._broken) < MAX_CACHED_KEYS:
+                self._broken[(method, key)] = broken
+            cache = self._caches[method]
+            if entry is not None and cache.get(key) is entry:
+                del cache[key]
+                self._retired[(entry.op, kernel_id, True)] += _count(entry)
+        self._warn_once(("failed", kernel_id), f"lzsolve: {kernel_id} raised on {op_name} ({type(error).__name__}: "
+                        f"{str(error)[:200]}); that call shape now uses the next ranked kernel or the fallback")
+        if failures >= BREAKER_LIMIT or len(self._broken) >= MAX_CACHED_KEYS:
+            self._warn_once(("disabled", kernel_id), f"lzsolve: {kernel_id} failed {failures} times; "
+                            "it is no longer used for any call")
+            self._drop(kernel_id)
+
+    def _warn_once(self, what: tuple, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def _entry(self, method: str, args: tuple, kwargs: dict) -> Entry:
         """The Entry a call of `method` resolves to, without calling it."""
@@ -149,17 +312,23 @@ class Dispatcher:
         """Calls since this dispatcher was made, per op and per kernel that served them:
         {"norm.rms": {"triton.rms_norm[...]": 96, ...}, ...}; a kernel the table did not choose
         (the call was outside the table, or its kernel is unusable here) is marked
-        " (fallback)". Cheap: counts are kept per call key and summed here."""
+        " (fallback)"; calls a table kernel raised on (then served by the next one) are counted
+        under "<kernel> (failed)", not as served by it. Cheap: counts are kept per call key and summed here."""
         with self._stats_lock:
             totals = Counter(self._retired)
             entries = [e for cache in self._caches.values() for e in list(cache.values())]
             entries += list(self._uncached.values())
+            failed = Counter(self._failed_calls)
         for e in entries:
             totals[(e.op, e.kernel_id, e.from_table)] += _count(e)
+        for (op, kernel_id), n in failed.items():
+            totals[(op, kernel_id, True)] -= n  # counted when called; served by the kernel after it
         out: dict[str, dict[str, int]] = {}
         for (op, kernel_id, from_table), n in sorted(totals.items()):
             if n:
                 out.setdefault(op, {})[kernel_id if from_table else f"{kernel_id} (fallback)"] = n
+        for (op, kernel_id), n in sorted(failed.items()):
+            out.setdefault(op, {})[f"{kernel_id} (failed)"] = n
         return out
 
     def cached_keys(self) -> int:
@@ -169,39 +338,76 @@ class Dispatcher:
         """The kernel id a call of `method` ('attention', 'rms_norm', ...) with these args would use."""
         return self._entry(method, args, kwargs).kernel_id
 
+    def explain(self, op: str, *, dtype: str | None = None, flags=(), **dims) -> dict:
+        """Why a call of `op` with these dims (static and dynamic, by name) is served as it is:
+        {"signature", "kernel" (what serves it now, after policy and circuit breaker), "reason",
+        "from_table", "leaf" (the tree's path to it, its kernel, gain over the fallback and ranked
+        runner-ups with their measured ratios; None outside the table), "policy"}.
+        dtype defaults to the table's model dtype."""
+        schema = OPS[op]
+        dtype = dtype or (self.table.raw["model"]["dtype"] if self.table else "bf16")
+        static = {d: v for d, v in dims.items() if d in schema.all_static}
+        dynamic = {d: v for d, v in dims.items() if d not in static}
+        if set(dynamic) != set(schema.dynamic):
+            raise ValueError(f"{op} needs dynamic dims {schema.dynamic}, got {tuple(dynamic)}")
+        sig = Signature.make(op, static, flags, dtype)
+        spec, from_table, reason = self._pick(sig, dynamic, self._on_cuda)
+        tree = self._trees.get(str(sig))
+        leaf = None
+        if tree is not None:
+            found = leaf_for(tree, dynamic)
+            leaf = {"path": _path(tree, dynamic), "kernel_id": found.kernel_id, "gain": found.gain,
+                    "ranked": [{"kernel_id": k, "ratio": r, "usable": k in self._usable} for k, r in found.ranked]}
+        return {"signature": str(sig), "kernel": spec.kernel_id, "from_table": from_table, "reason": reason,
+                "leaf": leaf, "policy": self.policy.describe()}
+
     def warmup(self, strict: bool = False) -> int:
-        """Call every table entry once (the smallest and largest grid point each leaf serves),
-        so JIT compilation happens now rather than in a server's first request. A kernel that
-        raises is dropped to the fallback with a warning (or TableError when strict).
-        Returns the number of calls made."""
+        """Call every kernel the table serves once per leaf (at the smallest and largest grid point it
+        serves), so JIT compilation happens now rather than in a server's first request. A kernel
+        that raises is dropped for every call, with a warning (TableError when strict), and the
+        kernel that replaces it (the next ranked one) is warmed instead. Returns the calls made."""
         if self.table is None:
             return 0
         device = torch.device("cuda" if self._on_cuda else "cpu")
         calls = 0
-        for sig, tree in self.table.trees.items():
-            grid = self.table.raw["buckets"].get(sig.op, {})
-            points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-            by_leaf: dict[str, list[dict]] = {}
-            for dims in points:
-                by_leaf.setdefault(choose(tree, dims), []).append(dims)
-            for kernel_id, served in by_leaf.items():
-                if kernel_id not in self._usable:
-                    continue
-                for dims in {0: served[0], 1: served[-1]}.values() if len(served) > 1 else served:
-                    try:
-                        getattr(self, OPS[sig.op].method)(*example_args(sig, dims, device))
-                        calls += 1
-                    except Exception as e:
-                        if strict:
-                            raise TableError(f"warm-up of {kernel_id} on {sig} at {dims} failed: {e}") from e
-                        warnings.warn(f"lzsolve: {kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
-                                      "its table entries use the fallback", RuntimeWarning, stacklevel=2)
-                        self._usable.discard(kernel_id)
-                        self.clear_cache()
-                        break
+        was_strict, self.strict = self.strict, True  # errors reach this loop, not the circuit breaker
+        try:
+            for sig, tree in self.table.trees.items():
+                grid = self.table.raw["buckets"].get(sig.op, {})
+                by_kernel: dict[str, list[dict]] = {}
+                for dims in (dict(zip(grid, values)) for values in itertools.product(*grid.values())):
+                    by_kernel.setdefault(self._pick(sig, dims, self._on_cuda)[0].kernel_id, []).append(dims)
+                for served in by_kernel.values():
+                    for dims in (served[0], served[-1]) if len(served) > 1 else served:
+                        calls += self._warm(sig, dims, device, strict)
+        finally:
+            self.strict = was_strict
         if self._on_cuda:
             torch.cuda.synchronize()
         return calls
+
+    def _warm(self, sig, dims: dict, device, strict: bool) -> int:
+        """One warm-up call of what serves `sig` at `dims` (nothing when that is the fallback)."""
+        while True:
+            spec, from_table, _ = self._pick(sig, dims, self._on_cuda)
+            if not from_table:
+                return 0
+            try:
+                getattr(self, OPS[sig.op].method)(*example_args(sig, dims, device))
+                return 1
+            except Exception as e:
+                if strict:
+                    raise TableError(f"warm-up of {spec.kernel_id} on {sig} at {dims} failed: {e}") from e
+                warnings.warn(f"lzsolve: {spec.kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
+                              "its table entries use the next ranked kernel or the fallback", RuntimeWarning,
+                              stacklevel=3)
+                self._drop(spec.kernel_id)
+
+    def _drop(self, kernel_id: str) -> None:
+        """Stop using `kernel_id` for any call (a table's choice, ranked runner-up or lock)."""
+        self._dropped.add(kernel_id)
+        self._usable.discard(kernel_id)
+        self.clear_cache()
 
 
 # --- the public methods, one per OpSchema.method --------------------------------------------------
@@ -220,7 +426,10 @@ def {name}(self, {params}):
     cache = self._caches[{name!r}]
     entry = cache.get(key) or self._resolve(cache, key, call({args}), op, kernel_args)
     next(entry.calls)
-    return entry.impl(*kernel_args)
+    try:
+        return entry.impl(*kernel_args)
+    except Exception as error:  # free until raised (Python 3.11); the breaker: Dispatcher._recover
+        return self._recover(error, cache, key, entry, call({args}), op, kernel_args)
 """
 
 

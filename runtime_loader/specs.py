@@ -54,6 +54,14 @@ def _import_reason(module: str) -> Reason | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _find_reason(module: str) -> Reason | None:
+    """_import_reason without the import: whether the module's top-level package is there."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install lzsolve[gpu])")
+    return None
+
+
 class Reason(NamedTuple):
     code: str
     message: str
@@ -116,11 +124,13 @@ class KernelSpec:
     def capabilities_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.data(), sort_keys=True).encode()).hexdigest()
 
-    def installed(self) -> Reason | None:
+    def installed(self, load: bool = True) -> Reason | None:
         """NOT_INSTALLED when a required module is missing, BACKEND_IMPORT_FAILED when it is there
-        but does not import (wrong CUDA or torch build): the library's message, not a crash."""
+        but does not import (wrong CUDA or torch build): the library's message, not a crash.
+        load=False only looks for the modules (no import, so no BACKEND_IMPORT_FAILED): the
+        runtime's start, which leaves imports to a kernel's first call."""
         for module in self.requires:
-            reason = _import_reason(module)
+            reason = _import_reason(module) if load else _find_reason(module)
             if reason:
                 return reason
         return None
@@ -135,10 +145,10 @@ class KernelSpec:
         """Every reason this kernel cannot compute `sig` on `device`; empty when admitted."""
         return self.local_reasons(device) + self.semantic_reasons(sig)
 
-    def local_reasons(self, device: DeviceInfo) -> list[Reason]:
-        """Why this kernel cannot run on this machine at all (whatever the op)."""
+    def local_reasons(self, device: DeviceInfo, load: bool = True) -> list[Reason]:
+        """Why this kernel cannot run on this machine at all (whatever the op); load: see installed."""
         reasons = []
-        missing = self.installed()
+        missing = self.installed(load)
         if missing:
             reasons.append(missing)
         if device.type not in self.platforms:

@@ -26,6 +26,11 @@ class TableError(ValueError):
 @dataclass(frozen=True)
 class Leaf:
     kernel_id: str
+    # the runner-ups the solver measured within a margin of kernel_id, best first, each with
+    # time(runner-up) / time(kernel_id) over the leaf's points: who serves when kernel_id cannot
+    # (avoided by policy, stale, or failing); the fallback after them. Empty in older tables.
+    ranked: tuple[tuple[str, float], ...] = ()
+    gain: float | None = None  # time(fallback) / time(kernel_id) over the leaf's points, as solved
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,16 @@ class Split:
     gt: "Leaf | Split"
 
 
-def choose(node: Leaf | Split, dims: dict) -> str:
-    """Walk a tree to the kernel id for these dynamic dims (<= threshold goes left)."""
+def leaf_for(node: "Leaf | Split", dims: dict) -> Leaf:
+    """Walk a tree to the leaf that serves these dynamic dims (<= threshold goes left)."""
     while isinstance(node, Split):
         node = node.le if dims[node.dim] <= node.threshold else node.gt
-    return node.kernel_id
+    return node
+
+
+def choose(node: Leaf | Split, dims: dict) -> str:
+    """The kernel id a tree names for these dynamic dims."""
+    return leaf_for(node, dims).kernel_id
 
 
 @dataclass(frozen=True)
@@ -53,16 +63,22 @@ class Table:
     jit: dict | None  # {"archive": "jit/....tar", "caches": [...]} when JIT caches travel
 
 
+def _known(kernel_id, sig: Signature) -> str:
+    if not isinstance(kernel_id, str) or not registry.known(kernel_id):
+        raise TableError(f"{sig}: unknown kernel id {kernel_id!r} (not in this runtime's registry)")
+    return kernel_id
+
+
 def _parse_node(node, sig: Signature, depth: int) -> Leaf | Split:
     if depth > MAX_TREE_DEPTH:
         raise TableError(f"{sig}: tree deeper than {MAX_TREE_DEPTH}")
     if not isinstance(node, dict):
         raise TableError(f"{sig}: tree node is not an object")
     if "kernel_id" in node:
-        kernel_id = node["kernel_id"]
-        if not isinstance(kernel_id, str) or not registry.known(kernel_id):
-            raise TableError(f"{sig}: unknown kernel id {kernel_id!r} (not in this runtime's registry)")
-        return Leaf(kernel_id)
+        kernel_id = _known(node["kernel_id"], sig)
+        ranked = tuple((_known(r.get("kernel_id"), sig), float(r["ratio"])) for r in node.get("ranked") or ())
+        gain = node.get("gain")
+        return Leaf(kernel_id, ranked, float(gain) if isinstance(gain, (int, float)) else None)
     dim, threshold = node.get("dim"), node.get("threshold")
     if dim not in sig.schema.dynamic:
         raise TableError(f"{sig}: split on {dim!r}, which is not a dynamic dim of {sig.op}")
@@ -82,6 +98,11 @@ def _parse_signature(entry) -> Signature:
         return Signature.make(op, static, flags, dtype)
     except (ValueError, TypeError) as e:
         raise TableError(f"malformed op entry {op!r}: {e}") from None
+
+
+def leaf_kernels(leaf: Leaf) -> tuple[str, ...]:
+    """The kernels a leaf may be served by, in order: its choice, then its ranked runner-ups."""
+    return (leaf.kernel_id, *(kernel_id for kernel_id, _ in leaf.ranked))
 
 
 def leaves(node: Leaf | Split):
@@ -118,12 +139,13 @@ def parse_table(raw, source: str = "<memory>") -> Table:
             raise TableError(f"{sig}: listed twice")
         tree = _parse_node(entry.get("tree"), sig, 0)
         for leaf in leaves(tree):
-            # A table that picks a kernel lacking a required feature lies: refuse it.
-            wrong = registry.get(leaf.kernel_id).semantic_reasons(sig)
-            if wrong:
-                raise TableError(f"{sig}: kernel {leaf.kernel_id} cannot compute it ({wrong[0]})")
-            if leaf.kernel_id not in raw["kernels"]:
-                raise TableError(f"{sig}: kernel {leaf.kernel_id} has no entry under 'kernels'")
+            for kernel_id in leaf_kernels(leaf):
+                # A table that picks (or ranks) a kernel lacking a required feature lies: refuse it.
+                wrong = registry.get(kernel_id).semantic_reasons(sig)
+                if wrong:
+                    raise TableError(f"{sig}: kernel {kernel_id} cannot compute it ({wrong[0]})")
+                if kernel_id not in raw["kernels"]:
+                    raise TableError(f"{sig}: kernel {kernel_id} has no entry under 'kernels'")
         trees[sig] = tree
     return Table(source, raw, raw["hardware"], trees, raw["kernels"], raw.get("jit"))
 

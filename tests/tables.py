@@ -10,7 +10,7 @@ from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.manifest import MANIFEST, build_manifest
-from runtime_loader.ops import Signature
+from runtime_loader.ops import Signature, method_args
 from runtime_loader.table import choose
 
 
@@ -24,7 +24,7 @@ ATTN = Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16}, ("causa
 
 def leaf_ids(node):
     if "kernel_id" in node:
-        return {node["kernel_id"]}
+        return {node["kernel_id"], *(r.get("kernel_id") for r in node.get("ranked") or ())}
     return leaf_ids(node["le"]) | leaf_ids(node["gt"])
 
 
@@ -90,9 +90,11 @@ def assert_replays_references(artifact: Path) -> Dispatcher:
         sig = Signature.make(entry["op"], entry["static"], entry["flags"], entry["dtype"])
         contract, method = CONTRACTS[sig.op], Dispatcher.METHODS[sig.op]
         for dims in _points(entry, table):
-            args = contract.make_inputs(sig, dims, torch.device("cpu"), gen)
+            kernel_args = contract.make_inputs(sig, dims, torch.device("cpu"), gen)
+            # the method's: flags the kernel's arguments leave out (qk_norm) still name the signature
+            args = method_args(sig, kernel_args)
             assert d.kernel_for(method, *args) == choose(d.table.trees[sig], dims), "replays the tree"
-            reference = contract.reference(*to_fp32(args))  # first: norm.rms_add may overwrite its inputs
+            reference = contract.reference(*to_fp32(kernel_args))  # first: norm.rms_add may overwrite its inputs
             ok, _, message = compare(getattr(d, method)(*args), reference, contract.tolerances[sig.dtype])
             assert ok, f"{sig} at {dims}: {message}"
     return d

@@ -46,3 +46,38 @@ def test_ceilings_view_is_there_empty_or_filled(tmp_path):
     assert db.files() == sorted((tmp_path / "perfdb").glob("part-*.parquet"))  # records stay records
     assert db.rows("SELECT kind, per_s FROM ceilings") == [{"kind": "memory", "per_s": 3.0e12}]
     assert db.rows("SELECT count(*) AS n FROM records") == [{"n": 1}]
+
+
+@pytest.mark.parametrize("sql", [
+    "COPY (SELECT 1) TO '{out}/x.csv'",
+    "COPY records TO '{db}/part-evil.parquet'",
+    "SELECT * FROM read_csv('{secret}')",
+    "SELECT * FROM read_parquet('{db}/../secret.csv')",
+    "ATTACH '{out}/new.duckdb' AS other",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "EXPORT DATABASE '{out}/dump'",
+])
+def test_the_perfdb_is_data_not_a_shell(tmp_path, sql):
+    """Queries see the PerfDB and nothing else: no file read or written, no extension, no setting."""
+    db = PerfDB(tmp_path / "perfdb")
+    db.append([rec("a")], "r1")
+    (tmp_path / "secret.csv").write_text("x\n1\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(LzError, match="query failed: .*(disabled|locked)") as e:
+        db.query(sql.format(out=tmp_path, db=tmp_path / "perfdb", secret=tmp_path / "secret.csv"))
+    assert "\n" not in str(e.value) and "read-only" in str(e.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before, "nothing was written"
+    assert db.rows("SELECT count(*) AS n FROM records") == [{"n": 1}], "its own data still reads"
+
+
+def test_db_query_refuses_file_access_with_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    db = PerfDB(tmp_path / "perfdb")
+    db.append([rec("a")], "r1")
+    run = subprocess.run([sys.executable, "-m", "lzsolve", "db", "query", "--db", str(tmp_path / "perfdb"),
+                          "SELECT * FROM read_csv('/etc/passwd')"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "read-only" in run.stderr

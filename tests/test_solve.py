@@ -226,3 +226,24 @@ def test_dynamic_programme_finds_the_cheapest_tree(monkeypatch):
         found = solver.solve(everything, 0)[0]
         brute = _brute_force(pts, solver, everything, 2)
         assert brute - 1e-9 <= found <= brute + 1e-9 + 4 * solve_module.TIE_BREAK * len(pts.dims), case
+
+
+def test_leaves_rank_the_runner_ups_within_the_margin():
+    """Who serves when the chosen kernel cannot: measured everywhere in the leaf, never slower than
+    the fallback, within RANK_MARGIN of the choice, best first; the fallback itself is not ranked."""
+    s = solve({"fb": {1: 4.0, 16: 8.0}, "fast": {1: 1.0, 16: 2.0}, "second": {1: 1.2, 16: 2.4},
+               "third": {1: 1.1, 16: 2.2}, "slow": {1: 3.0, 16: 6.0}, "gappy": {1: 1.05, 16: None},
+               "loses": {1: 1.3, 16: 9.0}})
+    assert s["tree"]["kernel_id"] == "fast"
+    assert s["tree"]["ranked"] == [{"kernel_id": "third", "ratio": 1.1}, {"kernel_id": "second", "ratio": 1.2}]
+    assert solve({"fb": {1: 1.0, 16: 1.0}, "other": {1: 1.2, 16: 1.2}})["tree"]["ranked"] == []
+
+
+def test_solved_tables_with_ranked_leaves_are_read_back():
+    from runtime_loader.table import _parse_node
+    from runtime_loader.ops import Signature
+
+    sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
+    leaf = _parse_node({"kernel_id": "torch.rms_norm", "gain": 1.4,
+                        "ranked": [{"kernel_id": "eager.rms_norm", "ratio": 1.2}]}, sig, 0)
+    assert leaf == Leaf("torch.rms_norm", (("eager.rms_norm", 1.2),), 1.4)

@@ -1,0 +1,116 @@
+"""Operator policy: turn the table off, avoid libraries, or lock an op to one kernel, without re-tuning.
+
+    LZSOLVE_DISABLE=1                           every call uses the fallback
+    LZSOLVE_AVOID=flashinfer,liger              kernels of these libraries are not used (the leaf's
+                                                next ranked kernel serves instead, then the fallback)
+    LZSOLVE_LOCK=norm.rms=torch.rms_norm,...    every call of the op uses this kernel where it can
+                                                compute the call (the fallback, with a warning, where not)
+
+load(avoid=[...], lock={...}, disable=True) adds to the environment's policy; inside
+`with runtime_loader.policy(...)` (for tests) the environment is ignored. Kernel ids and ops are
+checked against the registry at load: a lock naming an unknown kernel, another op's kernel or a
+kernel that cannot run here is dropped with a warning (TableError when strict).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+from . import registry
+from .ops import OPS
+
+
+class PolicyError(ValueError):
+    """A policy that names something this runtime does not know, or cannot honour."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    disable: bool = False
+    avoid: frozenset[str] = frozenset()  # libraries (KernelSpec.library), e.g. "flashinfer-python"
+    lock: dict[str, str] = field(default_factory=dict)  # op -> kernel id
+
+    def __bool__(self) -> bool:
+        return self.disable or bool(self.avoid) or bool(self.lock)
+
+    def avoids(self, kernel_id: str) -> bool:
+        return registry.get(kernel_id).library in self.avoid
+
+    def merged(self, disable: bool = False, avoid=(), lock=None) -> "Policy":
+        return Policy(self.disable or disable, self.avoid | libraries(avoid), {**self.lock, **(lock or {})})
+
+    def describe(self) -> str:
+        parts = ["disabled: every call uses the fallback"] if self.disable else []
+        if self.avoid:
+            parts.append(f"avoid {', '.join(sorted(self.avoid))}")
+        parts += [f"lock {op}={kernel_id}" for op, kernel_id in sorted(self.lock.items())]
+        return "; ".join(parts) or "none"
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets: configured ids hold commas (triton.rms_norm[block=1024,warps=4])."""
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    items.append(current)
+    return [item.strip() for item in items if item.strip()]
+
+
+def libraries(avoid) -> frozenset[str]:
+    """avoid as a set of library names: a list, or one string 'lib,lib' (as in LZSOLVE_AVOID)."""
+    return frozenset(split_top_level(avoid) if isinstance(avoid, str) else avoid)
+
+
+def parse_lock(text: str) -> dict[str, str]:
+    """'op=kernel_id,op=kernel_id' -> {op: kernel_id}; PolicyError on an item without '='."""
+    lock = {}
+    for item in split_top_level(text):
+        op, sep, kernel_id = item.partition("=")
+        if not sep or not op.strip() or not kernel_id.strip():
+            raise PolicyError(f"LZSOLVE_LOCK item {item!r} is not op=kernel_id")
+        lock[op.strip()] = kernel_id.strip()
+    return lock
+
+
+def from_env(environ=None) -> Policy:
+    environ = os.environ if environ is None else environ
+    disable = environ.get("LZSOLVE_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+    avoid = libraries(environ.get("LZSOLVE_AVOID", ""))
+    return Policy(disable, avoid, parse_lock(environ.get("LZSOLVE_LOCK", "")))
+
+
+_override: list[Policy] = []  # the policies of the enclosing `policy(...)` blocks, innermost last
+
+
+def current_policy() -> Policy:
+    """The policy a load starts from: the innermost `policy(...)` block's, else the environment's."""
+    return _override[-1] if _override else from_env()
+
+
+@contextlib.contextmanager
+def policy(disable: bool = False, avoid=(), lock=None):
+    """Loads inside the block use this policy instead of the environment's (for tests)."""
+    _override.append(Policy(disable, libraries(avoid), dict(lock or {})))
+    try:
+        yield _override[-1]
+    finally:
+        _override.pop()
+
+
+def lock_problem(op: str, kernel_id: str, device) -> str | None:
+    """Why a lock cannot be honoured on this device at all (None: it can, where the kernel computes the call)."""
+    if op not in OPS:
+        return f"unknown op {op!r}"
+    if not registry.known(kernel_id):
+        return f"unknown kernel id {kernel_id!r}"
+    spec = registry.get(kernel_id)
+    if op not in spec.ops:
+        return f"{kernel_id} implements {sorted(spec.ops)}, not {op}"
+    local = spec.local_reasons(device, load=False)
+    return str(local[0]) if local else None

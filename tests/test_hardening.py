@@ -36,11 +36,22 @@ def _scribbling_add(x, residual, w, eps):
     raise RuntimeError("injected fault after writing")
 
 
-FLAKY = registry.register(KernelSpec("test.flaky_rms", frozenset({"norm.rms"}), "testlib", _flaky,
-                                     platforms=frozenset({"cpu", "cuda"}), dtypes=ALL)).kernel_id
-SCRIBBLE = registry.register(KernelSpec("test.scribbling_add", frozenset({"norm.rms_add"}), "testlib",
-                                        _scribbling_add, platforms=frozenset({"cpu", "cuda"}), dtypes=ALL)).kernel_id
+FAULTY = (KernelSpec("test.flaky_rms", frozenset({"norm.rms"}), "testlib", _flaky,
+                     platforms=frozenset({"cpu", "cuda"}), dtypes=ALL),
+          KernelSpec("test.scribbling_add", frozenset({"norm.rms_add"}), "testlib", _scribbling_add,
+                     platforms=frozenset({"cpu", "cuda"}), dtypes=ALL))
+FLAKY, SCRIBBLE = (spec.kernel_id for spec in FAULTY)
 RMS_ADD = Signature.make("norm.rms_add", {"hidden": 64}, (), "fp32")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def faulty_kernels_registered():
+    """In the registry while this module runs only: other modules check every registered kernel."""
+    for spec in FAULTY:
+        registry.register(spec)
+    yield
+    for spec in FAULTY:
+        registry.REGISTRY.pop(spec.kernel_id, None)
 
 
 @pytest.fixture(autouse=True)

@@ -162,10 +162,16 @@ def _around_losses(sp: SignaturePlan, tree: dict, judged: list[PointResult], rec
     "lose"), each seeded by the signature and the shape (a re-run draws the same ones), with the
     kernels to time there."""
     sig = str(sp.instance.signature)
-    loss = {id(r): max(r.regret or 1, r.vs_default or 1) for r in judged}
-    lost = sorted((r for r in judged if loss[id(r)] > 1 + LOSS), key=lambda r: -loss[id(r)])
+    lost = sorted((r for r in judged if _loss(r) > 1 + LOSS), key=_loss, reverse=True)
     pts = points_from(records, mode, sp.fallback)
-    shapes = [dims for r in lost
-              for dims in points_near(r.dims, NEAR_SHAPES, random.Random(f"near:{sig}:{dims_key(r.dims)}"))]
-    return [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in shapes[:2 * len(judged)]]
+    shapes = {dims_key(dims): dims for r in lost  # two losses may share a neighbour: timed once
+              for dims in points_near(r.dims, NEAR_SHAPES, random.Random(f"near:{sig}:{dims_key(r.dims)}"))}
+    for r in judged:  # nor are the first round's shapes timed again
+        shapes.pop(dims_key(r.dims), None)
+    return [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in list(shapes.values())[:2 * len(judged)]]
+
+
+def _loss(result: PointResult) -> float:
+    """How much slower than the best kernel or the fallback the table's choice was (1: not at all)."""
+    return max(result.regret or 1, result.vs_default or 1)
 

@@ -14,8 +14,9 @@ look-ahead that cannot see a second split coming. A leaf keeps the fallback unle
 beats it by SWITCH_GAIN over the leaf's points (geomean; more where the leaf holds fewer than
 four points): two timings of one cuBLAS GEMM, minutes apart, differed by up to 10% on the H100
 (BENCHMARKS §10.4), far more than the spread of either run's samples, so a smaller measured gain
-is no evidence, and leaving the default for it risks a loss at the shapes between the points. Thresholds sit at the geometric midpoint of the
-neighbouring measured values (the grids are log-spaced).
+is no evidence, and leaving the default for it risks a loss at the shapes between the points.
+Thresholds sit at the geometric midpoint of the neighbouring measured values (the grids are
+log-spaced).
 """
 from __future__ import annotations
 
@@ -70,22 +71,24 @@ class Points:
         t, fb = self.times[kernel][i], self.times.get(self.fallback, [math.inf] * len(self.dims))[i]
         return kernel != self.fallback and math.isfinite(fb) and t > fb * (1 + self.noise(i, kernel, self.fallback))
 
+    def timed_both(self, other: str, kernel: str, idx: list[int]) -> list[int]:
+        """The points of `idx` where both kernels were timed (none if `other` never was)."""
+        if other not in self.times:
+            return []
+        a, b = self.times[other], self.times[kernel]
+        return [i for i in idx if math.isfinite(a[i]) and math.isfinite(b[i])]
+
     def ratio(self, other: str, kernel: str, idx: list[int]) -> float | None:
         """Geomean of time(other) / time(kernel) over the points of `idx` where both were timed."""
-        if other not in self.times:
-            return None
-        a, b = self.times[other], self.times[kernel]
-        logs = [math.log(a[i] / b[i]) for i in idx if math.isfinite(a[i]) and math.isfinite(b[i])]
-        return math.exp(sum(logs) / len(logs)) if logs else None
+        both = self.timed_both(other, kernel, idx)
+        a, b = self.times.get(other), self.times[kernel]
+        return math.exp(sum(math.log(a[i] / b[i]) for i in both) / len(both)) if both else None
 
     def clearly_faster(self, kernel: str, idx: list[int]) -> bool:
         """Whether `kernel` beats the fallback over these points by more than timing can make up:
         SWITCH_GAIN (geomean) over four points or more, up to twice that at a single point."""
-        if kernel == self.fallback:
-            return True
-        both = [i for i in idx if math.isfinite(self.times[kernel][i])
-                and math.isfinite(self.times.get(self.fallback, [math.inf] * len(self.dims))[i])]
-        if not both:
+        both = self.timed_both(self.fallback, kernel, idx)
+        if kernel == self.fallback or not both:
             return True  # nothing says the fallback is there to keep
         return self.ratio(self.fallback, kernel, both) >= 1 + SWITCH_GAIN * math.sqrt(4 / min(len(both), 4))
 

@@ -36,7 +36,7 @@ from .devices import check_same_model, parse_devices
 from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces,
                      planned_trials, search)
 from .tuner import Plan, make_plan, new_run_id
-from .validate import VALIDATION_SHAPES, plan_validation
+from .validate import LOSS, VALIDATION_SHAPES, plan_validation
 from .validate import validate as run_validation
 from .worker import InProcessRunner, WorkerRunner, load_plugins
 
@@ -587,6 +587,9 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     _print_table(["signature", "shapes", "regret geomean", "regret worst", "vs default geomean", "vs default worst"],
                  rows)
     click.echo("regret = time(table choice) / time(best kernel); vs default = time(table choice) / time(fallback)")
+    if o["retimed"]:
+        click.echo(f"{o['retimed']} shape(s) where the choice lost by {LOSS:.0%} were timed again (each kernel counts "
+                   "at the faster of its two timings; the first figures are the points' first_loss in --json)")
     for problem in summary["fallback_problems"]:
         click.echo(f"note: no vs-default figure at {problem}", err=True)
     for problem in summary["problems"]:

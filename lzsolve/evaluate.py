@@ -7,7 +7,8 @@ For each op signature of the table and each evaluation shape, every kernel the
 tuning admitted for that signature (and the fallback) is gated and timed again,
 interleaved, exactly as `tune` does, in the table's timing mode; the table's choice
 comes from replaying its tree. Regret is time(table choice) / time(best kernel at that
-shape); vs default is time(table choice) / time(fallback).
+shape); vs default is time(table choice) / time(fallback). Where the choice loses by LOSS
+to either, those kernels are timed once more (`retimed`) before the shape is judged.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import fnmatch
 import itertools
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +33,7 @@ from .grid import random_points
 from .models import OpInstance
 from .perfdb import PerfDB
 from .tuner import Candidate, Recorder, Runner, SignaturePlan, fresh_seeds, measure_workload, new_run_id
-from .validate import PointResult, judge
+from .validate import LOSS, PointResult, judge
 
 
 def between(values: list[int]) -> list[int]:
@@ -105,16 +107,35 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
             records: list[dict] = []
             try:
                 for dims in _points_for(sig, raw["buckets"].get(sig.op, {}), shapes, random_n, seed):
-                    recs = measure_workload(sp, dims, specs, runner, recorder, next(seeds), on_step, "evaluate",
-                                            (mode,))
+                    def measure(kernels: list) -> list[dict]:
+                        return measure_workload(sp, dims, kernels, runner, recorder, next(seeds), on_step,
+                                                "evaluate", (mode,))
+                    recs = measure(specs)
+                    result = judge(str(sig), dims, choose(tree, dims), sp.fallback, recs, mode)
+                    result, recs = retimed(result, recs, measure, mode)
                     records += recs
-                    results.append(judge(str(sig), dims, choose(tree, dims), sp.fallback, recs, mode))
+                    results.append(result)
             finally:  # kept beside the tuning records (for the notebook), one signature at a time
                 written = db.append(records, run_id) is not None or written
     finally:
         if written:
             refresh_manifest(folder)
     return results
+
+
+def retimed(result: PointResult, recs: list[dict], measure: Callable[[list], list[dict]],
+            mode: str) -> tuple[PointResult, list[dict]]:
+    """A loss by LOSS, timed again: the choice, the best kernel and the fallback, interleaved once
+    more on fresh inputs, each counted at the faster of its two timings. One timing of a few us can
+    be off by 10% (two calls of one cuBLAS GEMM, F.linear and matmul, were 1.012 and 1.115 ms
+    apart in one run, and level at every other shape, BENCHMARKS §10.6); a cliff shows twice. The
+    first loss is kept in the result (`first_loss`) and both timings in the PerfDB."""
+    if result.loss <= 1 + LOSS:
+        return result, recs
+    again = {result.chosen, result.best, result.fallback}
+    recs = recs + measure([registry.get(k) for k in sorted(k for k in again if k and registry.known(k))])
+    return replace(judge(result.signature, result.dims, result.chosen, result.fallback, recs, mode),
+                   first_loss=result.loss), recs
 
 
 def _evaluation_plan(sig: Signature, entry: dict, here) -> SignaturePlan:

@@ -4,7 +4,9 @@ unaligned probe points between them, and random shapes for validation and evalua
 Every bucket is a power of two, and kernels with tile-alignment cliffs look better there
 than on the lengths real requests have (FA3 at batch 1 ran 1.36x slower than SDPA at
 lengths between 512 and 2048 that are not multiples of 128, where the grid saw it win).
-So tuning also measures odd values inside each bucket and one past the last.
+So tuning also measures odd values inside each bucket and one past the last, the value just
+past each bucket (where a tile sized to the bucket no longer covers a request), and, for row
+counts on a GPU, just past the waves that fill its multiprocessors.
 """
 from __future__ import annotations
 
@@ -96,14 +98,37 @@ def probe_values(values: list[int]) -> list[int]:
     return sorted(probes - set(values))
 
 
-def probe_points(grid: Grid | str, op: str) -> list[dict[str, int]]:
+ROW_DIMS = ("tokens",)  # one row per CTA in row ops (FlashInfer's RMSNorm): they run in waves of the SMs
+
+
+def edge_values(values: list[int], units: int | None = None) -> list[int]:
+    """The first values a cliff can show at, none a bucket: one past each bucket (a kernel tiled for
+    16 tokens runs two tiles at 17: the lm_head's Triton GEMM lost 5.5% to F.linear at 18 tokens,
+    BENCHMARKS §10.6), and with `units` (SMs) one past each wave of units x 2^j rows, up to the last
+    probe: a kernel with occupancy k runs its (k x SMs + 1)-th row in a second wave (FlashInfer's
+    RMSNorm at 8192 wide, two CTAs per SM on 132 SMs: 4.5 us at 256 tokens, 6.1 us at 279)."""
+    top = max(values) * PAST_GRID
+    edges = {v + 1 for v in values}
+    if units:
+        edges |= {units * 2 ** j + 1 for j in range(int(math.log2(top / units)) + 1)} if top > units else set()
+    return sorted(e for e in edges - set(values) if e <= top)
+
+
+def probe_points(grid: Grid | str, op: str, units: int | None = None) -> list[dict[str, int]]:
     """Off-grid points for `op`: every combination of bucket and probe values with at least one
     dim at a probe value (one dim off the grid, and all of them: cliffs that depend on several
-    dims at once, such as tiles x heads x batch against the SM count, show only there)."""
+    dims at once, such as tiles x heads x batch against the SM count, show only there), then each
+    dim's edge values (with `units` for row dims) at the buckets of the others: the cliffs there
+    sit on one dim, and their product would triple attention's probes."""
     dims = buckets(grid, op)
     values = {d: sorted(set(v) | set(probe_values(v))) for d, v in dims.items()}
-    return [dict(zip(values, point)) for point in itertools.product(*values.values())
-            if any(point[i] not in dims[d] for i, d in enumerate(dims))]
+    points = [dict(zip(values, point)) for point in itertools.product(*values.values())
+              if any(point[i] not in dims[d] for i, d in enumerate(dims))]
+    for d, v in dims.items():
+        for edge in edge_values(v, units if d in ROW_DIMS else None):
+            points += [{**dict(zip(dims, rest)), d: edge} for rest in itertools.product(*dims.values())]
+    unique = {tuple(p[d] for d in dims): p for p in points}  # an edge may be a probe value too
+    return [{d: p[d] for d in dims} for p in unique.values()]
 
 
 def random_points(dims: dict[str, list[int]], n: int, rng: random.Random) -> list[dict[str, int]]:

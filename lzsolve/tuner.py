@@ -430,15 +430,18 @@ def contenders(sp: SignaturePlan, pts: Points, dims: dict, also: tuple[str, ...]
 
 
 def plan_probes(plan: Plan, records: list[dict], mode: str) -> list[tuple[SignaturePlan, Work]]:
-    """Per signature, the unaligned points inside (and just past) its buckets and the contenders to
-    time there, judged from the bucket records. A signature where nothing but the fallback was
+    """Per signature, the unaligned points inside (and just past) its buckets, and where cliffs start
+    (past each bucket; on a GPU past each wave of its SMs), with the contenders to time there,
+    judged from the bucket records. A signature where nothing but the fallback was
     admitted gets none: there is nothing to decide."""
     recs = by_signature(records)
+    units = torch.cuda.get_device_properties(plan.device).multi_processor_count if plan.device.type == "cuda" else None
     out = []
     for sp in plan.signatures:
         pts = points_from(recs.get(str(sp.instance.signature), []), mode, sp.fallback)
         if pts.has_choice:
-            out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in probe_points(plan.grid, sp.instance.signature.op)]))
+            at = probe_points(plan.grid, sp.instance.signature.op, units)
+            out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in at]))
     return out
 
 

@@ -44,6 +44,8 @@ class PointResult:
     fallback_ms: float | None
     problem: str | None = None  # the chosen kernel failed here: the table would be wrong at this shape
     fallback_problem: str | None = None  # why the fallback has no time here
+    first_loss: float | None = None  # the loss that had the kernels concerned timed again (evaluate.retimed)
+    fallback: str | None = None
 
     @property
     def regret(self) -> float | None:
@@ -52,6 +54,11 @@ class PointResult:
     @property
     def vs_default(self) -> float | None:
         return self.chosen_ms / self.fallback_ms if self.chosen_ms and self.fallback_ms else None
+
+    @property
+    def loss(self) -> float:
+        """How much slower than the best kernel or the fallback the table's choice was (1: not at all)."""
+        return max(self.regret or 1, self.vs_default or 1)
 
 
 def _missing(kernel: str, recs: list[dict], mode: str) -> str:
@@ -64,12 +71,16 @@ def _missing(kernel: str, recs: list[dict], mode: str) -> str:
 
 
 def judge(signature: str, dims: dict, chosen: str, fallback: str, recs: list[dict], mode: str) -> PointResult:
-    """The table's choice at one shape against the best kernel and the fallback timed there."""
-    times = {r["kernel_id"]: r.get(f"{mode}_ms") for r in recs if r["status"] == "ok" and r.get(f"{mode}_ms")}
+    """The table's choice at one shape against the best kernel and the fallback timed there (a
+    kernel timed more than once there counts at its fastest: evaluate.retimed)."""
+    times: dict[str, float] = {}
+    for r in recs:
+        if r["status"] == "ok" and r.get(f"{mode}_ms"):
+            times[r["kernel_id"]] = min(r[f"{mode}_ms"], times.get(r["kernel_id"], math.inf))
     best = min(times, key=times.get) if times else None
     return PointResult(signature, dims, chosen, best, times.get(chosen), times.get(best) if best else None,
                        times.get(fallback), None if chosen in times else _missing(chosen, recs, mode),
-                       None if fallback in times else _missing(fallback, recs, mode))
+                       None if fallback in times else _missing(fallback, recs, mode), fallback=fallback)
 
 
 def geomean(values: list[float]) -> float | None:
@@ -80,6 +91,7 @@ def stats(results: list[PointResult]) -> dict:
     regrets = [r.regret for r in results if r.regret]
     vs_default = [r.vs_default for r in results if r.vs_default]
     return {"points": len(results), "problems": sum(r.problem is not None for r in results),
+            "retimed": sum(r.first_loss is not None for r in results),
             "regret_geomean": geomean(regrets), "regret_worst": max(regrets) if regrets else None,
             "vs_default_geomean": geomean(vs_default), "vs_default_worst": max(vs_default) if vs_default else None}
 
@@ -95,7 +107,7 @@ def summarize(results: list[PointResult]) -> dict:
             "points": [{"signature": r.signature, "dims": r.dims, "chosen": r.chosen, "best": r.best,
                         "chosen_ms": r.chosen_ms, "best_ms": r.best_ms, "fallback_ms": r.fallback_ms,
                         "regret": r.regret, "vs_default": r.vs_default, "problem": r.problem,
-                        "fallback_problem": r.fallback_problem} for r in results]}
+                        "fallback_problem": r.fallback_problem, "first_loss": r.first_loss} for r in results]}
 
 
 @dataclass(frozen=True)
@@ -162,16 +174,11 @@ def _around_losses(sp: SignaturePlan, tree: dict, judged: list[PointResult], rec
     "lose"), each seeded by the signature and the shape (a re-run draws the same ones), with the
     kernels to time there."""
     sig = str(sp.instance.signature)
-    lost = sorted((r for r in judged if _loss(r) > 1 + LOSS), key=_loss, reverse=True)
+    lost = sorted((r for r in judged if r.loss > 1 + LOSS), key=lambda r: r.loss, reverse=True)
     pts = points_from(records, mode, sp.fallback)
     shapes = {dims_key(dims): dims for r in lost  # two losses may share a neighbour: timed once
               for dims in points_near(r.dims, NEAR_SHAPES, random.Random(f"near:{sig}:{dims_key(r.dims)}"))}
     for r in judged:  # nor are the first round's shapes timed again
         shapes.pop(dims_key(r.dims), None)
     return [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in list(shapes.values())[:2 * len(judged)]]
-
-
-def _loss(result: PointResult) -> float:
-    """How much slower than the best kernel or the fallback the table's choice was (1: not at all)."""
-    return max(result.regret or 1, result.vs_default or 1)
 

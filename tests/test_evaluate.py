@@ -6,8 +6,8 @@ from click.testing import CliRunner
 
 from lzsolve.cli import cli
 from lzsolve.errors import LzError
-from lzsolve.evaluate import between, off_grid_points, parse_shapes
-from lzsolve.validate import PointResult, summarize
+from lzsolve.evaluate import between, off_grid_points, parse_shapes, retimed
+from lzsolve.validate import PointResult, judge, summarize
 from runtime_loader.manifest import read_manifest, verify
 
 
@@ -34,6 +34,37 @@ def test_summary_geomean_and_worst():
     assert o["regret_geomean"] == pytest.approx(2.0) and o["regret_worst"] == 4.0
     assert o["vs_default_geomean"] == pytest.approx(1.0) and o["vs_default_worst"] == 2.0
     assert o["problems"] == 1 and o["points"] == 3
+
+
+def _timed(times: dict[str, float]) -> list[dict]:
+    return [{"kernel_id": k, "status": "ok", "eager_ms": t} for k, t in times.items()]
+
+
+CHOSEN, FALLBACK, OTHER = "triton.rms_norm", "torch.rms_norm", "liger.rms_norm"
+
+
+@pytest.mark.parametrize("again, regret", [({CHOSEN: 1.00, FALLBACK: 1.01}, 1.0),  # a transient: no loss
+                                           ({CHOSEN: 1.20, FALLBACK: 1.00}, 1.1)])  # a cliff: timed twice
+def test_a_loss_is_timed_again_and_each_kernel_counts_at_its_faster_timing(again, regret):
+    first = _timed({CHOSEN: 1.10, FALLBACK: 1.00, OTHER: 1.30})
+    asked = []
+
+    def measure(specs):
+        asked.append(sorted(s.kernel_id for s in specs))
+        return _timed(again)
+
+    result, recs = retimed(judge("s", {"tokens": 5}, CHOSEN, FALLBACK, first, "eager"), first, measure, "eager")
+    assert asked == [sorted([CHOSEN, FALLBACK])], "the choice, the best and the fallback: once"
+    assert result.first_loss == pytest.approx(1.1) and result.regret == pytest.approx(regret)
+    assert len(recs) == 5, "both timings are kept"
+    assert summarize([result])["overall"]["retimed"] == 1
+
+
+def test_a_choice_within_the_loss_margin_is_not_timed_again():
+    first = _timed({CHOSEN: 1.04, FALLBACK: 1.00})
+    result, recs = retimed(judge("s", {"tokens": 5}, CHOSEN, FALLBACK, first, "eager"), first,
+                           lambda specs: pytest.fail("timed again"), "eager")
+    assert result.first_loss is None and recs == first
 
 
 def test_evaluate_cli_on_the_spine_artifact(tmp_path, tiny_llama_artifact):

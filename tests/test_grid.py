@@ -1,7 +1,8 @@
 """Shape grids: buckets, unaligned probes between them, random shapes past them."""
 import random
 
-from lzsolve.grid import GRIDS, NEAR, PAST_GRID, buckets, points_near, probe_points, probe_values, random_points, workloads
+from lzsolve.grid import (GRIDS, NEAR, PAST_GRID, buckets, edge_values, points_near, probe_points, probe_values,
+                          random_points, workloads)
 from runtime_loader.ops import OPS
 
 
@@ -31,7 +32,22 @@ def test_probe_points_move_one_or_every_dim_off_the_grid():
             off = [sum(p[d] not in dims[d] for d in dims) for p in points]
             assert all(list(p) == list(dims) for p in points) and min(off) == 1 and max(off) == len(dims)
     prefill = probe_points("full", "attention.prefill")
-    assert len(prefill) == 5 * 8 - 12 and {"batch": 5, "seq": 257} in prefill
+    # midpoints in every combination (5 x 8 - 12), edges at the other dim's buckets (2 x 4 + 4 x 3)
+    assert len(prefill) == 5 * 8 - 12 + 2 * 4 + 4 * 3 and {"batch": 5, "seq": 257} in prefill
+    assert {"batch": 3, "seq": 512} in prefill and {"batch": 2, "seq": 2049} in prefill
+    assert {"batch": 3, "seq": 2049} not in prefill
+    assert probe_points("full", "attention.prefill", units=132) == prefill, "SM waves are for rows only"
+
+
+def test_edges_are_just_past_each_bucket_and_each_wave_of_the_sms():
+    tokens = [1, 4, 16, 64, 256, 1024, 4096, 16384]
+    assert edge_values(tokens) == [2, 5, 17, 65, 257, 1025, 4097, 16385]
+    # 132 SMs x 1, 2, 4, ...: the first row of a second wave at any power-of-two occupancy
+    assert set(edge_values(tokens, 132)) - set(edge_values(tokens)) == {133, 265, 529, 1057, 2113, 4225, 8449, 16897}
+    assert edge_values([1, 2, 8]) == [3, 9] and edge_values([1, 8], units=64) == [2, 9]  # waves past the grid: none
+    rows = probe_points("full", "norm.rms", units=132)
+    assert {"tokens": 17} in rows and {"tokens": 265} in rows and {"tokens": 265} not in probe_points("full", "norm.rms")
+    assert len(rows) == len({p["tokens"] for p in rows}) == 8 + 8 + 8
 
 
 def test_random_points_are_seeded_distinct_and_mostly_unaligned():

@@ -3,7 +3,8 @@
 # benchmarks/hf_end_to_end.py (every variant). TUNE_FROM=workload (default) tunes what the
 # patched model calls in the benchmark's scenarios (record, then tune --workload); config tunes
 # the model's config (tune --config). ARTIFACTS=dir (or an
-# artifacts.tgz an earlier call wrote) reuses tables already there. GRID: the grid the
+# artifacts.tgz an earlier call wrote) reuses tables already there. CHECKS= (empty) keeps the tune's
+# probes and validation on (default: off, to fit a call). GRID: the grid the
 # workload's buckets are like (full: every recorded length of these scenarios is a bucket).
 # Figures and logs go to $OUT (e2e.json, e2e.log, record.log, tune-*.log, dispatch-*.json).
 set -uo pipefail
@@ -14,7 +15,7 @@ art=${ARTIFACTS:-/tmp/art}
 if [[ "$art" == *.tgz ]]; then  # artifacts.tgz of an earlier call, carried
   mkdir -p /tmp/art && tar -C /tmp/art -xzf "$art" && art=/tmp/art
 fi
-tune_args="--grid ${GRID:-full} --trials 0 --mode eager --no-probe --validate 0 ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
+tune_args="--grid ${GRID:-full} --trials 0 --mode eager ${CHECKS:---no-probe --validate 0} ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
 if [ -z "${ARTIFACTS:-}" ]; then
   if [ "${TUNE_FROM:-workload}" = workload ]; then
     python3 benchmarks/hf_end_to_end.py --record /tmp/wl --models "$models" --layers "${LAYERS:-4}" > $OUT/record.log 2>&1

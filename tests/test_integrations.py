@@ -359,6 +359,25 @@ def test_sibling_linears_with_biases_are_one_gemm_over_shared_storage(restore_ac
     assert sum(d.stats()["linear"].values()) == 2 * (2 * 4 + 1)
 
 
+def test_a_sliced_input_reads_each_weight_once(restore_active):
+    """The lm_head over hidden[:, -1:] (logits_to_keep=1): rows that are not one matrix. With weights
+    that need no grad, F.linear runs them as a batched GEMM that reads the weight once per batch row
+    (4x the lm_head's traffic at batch 4 on the H100); the patch folds them into one GEMM."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny("llama").requires_grad_(False)
+    ids = torch.randint(1, 128, (4, 9))
+    reference = logits(model, "sdpa", ids, logits_to_keep=1)
+    patch(model, Dispatcher(None))
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = model(ids, logits_to_keep=1).logits
+    gemms = {e.key: e.count for e in prof.key_averages() if e.key in ("aten::mm", "aten::bmm")}
+    assert gemms == {"aten::mm": 2 * 4 + 1}, gemms
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+
+
 HELD_OUT = {  # types the patch was not written around: interleaved RoPE (Cohere), GLM's own RoPE form,
     # whole-projection QK-norm (OLMo 2), fused gate_up (Phi-3), LayerNorm + plain GELU MLP (Starcoder2)
     "cohere": ("CohereForCausalLM", "CohereConfig", {}),

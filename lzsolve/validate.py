@@ -45,7 +45,7 @@ class PointResult:
     problem: str | None = None  # the chosen kernel failed here: the table would be wrong at this shape
     fallback_problem: str | None = None  # why the fallback has no time here
     first_loss: float | None = None  # the loss that had the kernels concerned timed again (evaluate.retimed)
-    fallback: str | None = None
+    fallback: str | None = None  # its kernel id: what a loss is timed again against
 
     @property
     def regret(self) -> float | None:

@@ -181,4 +181,3 @@ def _around_losses(sp: SignaturePlan, tree: dict, judged: list[PointResult], rec
     for r in judged:  # nor are the first round's shapes timed again
         shapes.pop(dims_key(r.dims), None)
     return [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in list(shapes.values())[:2 * len(judged)]]
-

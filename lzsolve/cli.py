@@ -247,7 +247,8 @@ def cli():
                    "past the last (odd lengths, where tile-aligned kernels lose what the grid shows them winning)")
 @click.option("--validate", "validate_shapes", type=click.IntRange(min=0), default=VALIDATION_SHAPES,
               show_default=True,
-              help="random shapes per op signature (inside the buckets and up to 1.5x past them) at which the "
+              help="random shapes per dynamic dim of each op signature (inside the buckets and up to 1.5x past "
+                   "them: 8 for a tokens op, 16 for attention's batch x seq) at which the "
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")

@@ -1,7 +1,7 @@
 """Validation: every tune judges its table on random shapes it was not solved on.
 
-After solving, each signature's tree meets `shapes` seeded random shapes, drawn inside its
-buckets and up to 1.5x past the largest (grid.random_points), mostly lengths that are no
+After solving, each signature's tree meets `shapes` seeded random shapes per dynamic dim, drawn
+inside its buckets and up to 1.5x past the largest (grid.random_points), mostly lengths that are no
 power of two. At each one the table's choice, the fallback and the contenders around it are
 timed (in the table's mode), and the shapes join the points the tree is solved on: where the
 tree lost (beyond noise to the best kernel, or at all to the fallback) the solve refines it
@@ -28,7 +28,8 @@ from .perfdb import dims_key
 from .solve import pick, points_from, solve_signature
 from .tuner import Plan, Session, SignaturePlan, Work, by_signature, contenders
 
-VALIDATION_SHAPES = 8  # random shapes per op signature in every tune
+VALIDATION_SHAPES = 8  # random shapes per dynamic dim of each op signature in every tune: a plane of
+# (batch, seq) needs more than a line of tokens to meet its rough spots (FA3's small prefills, BENCHMARKS §10.7)
 NEAR_SHAPES = 6  # shapes timed around each validation shape where the table lost...
 LOSS = 0.05  # ...by this much, to the best kernel timed there or to the fallback
 
@@ -128,7 +129,7 @@ def plan_validation(plan: Plan, records: list[dict], mode: str, shapes: int = VA
         if not pts.has_choice or shapes <= 0:
             continue
         tree = solve_signature(recs[sig], OPS[op].dynamic, sp.fallback, mode)["tree"]
-        drawn = random_points(buckets(plan.grid, op), shapes, random.Random(f"validation:{sig}"))
+        drawn = random_points(buckets(plan.grid, op), shapes * len(OPS[op].dynamic), random.Random(f"validation:{sig}"))
         out.append(Planned(sp, tree, [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in drawn]))
     return out
 

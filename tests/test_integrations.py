@@ -148,12 +148,12 @@ def test_patch_serves_attention_norms_rope_mlp_and_linears_from_the_table(tiny_l
     d = runtime_loader.load(tiny_llama_artifact, strict=True)
     report = patch(model, d)
     assert {"LlamaMLP", "LlamaRMSNorm", "Linear", "apply_rotary_pos_emb"} <= set(report.replaced)
-    assert report.replaced["LlamaRMSNorm"] == 5 and "Embedding" in report.left
+    assert report.replaced["LlamaRMSNorm"] == 5 and report.replaced["Embedding"] == 1
     with torch.no_grad():
         out = model(ids).logits
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     served = {op for op, kernels in d.stats().items() if any("(fallback)" not in k for k in kernels)}
-    assert {"attention.prefill", "norm.rms", "posenc.rope", "act.swiglu", "linear"} <= served, d.stats()
+    assert {"embedding", "attention.prefill", "norm.rms", "posenc.rope", "act.swiglu", "linear"} <= served, d.stats()
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
@@ -254,7 +254,7 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
     assert not fallbacks, f"calls outside the table: {fallbacks}"
     act = "act.geglu" if family == "gemma3" else "act.swiglu"
     norms = {"norm.rms"} | ({"norm.qk"} if family in ("qwen3", "gemma3") else set())
-    assert {"attention.prefill", "attention.decode", "posenc.rope", act, "linear"} | norms <= set(stats), stats
+    assert {"embedding", "attention.prefill", "attention.decode", "posenc.rope", act, "linear"} | norms <= set(stats), stats
     forwards = 1 + 6  # the logits, then generate's prefill and 5 decode steps
     assert sum(stats["linear"].values()) == forwards * (2 * 4 + 1), "per layer q/k/v, o, gate/up, down; lm_head"
 
@@ -357,6 +357,29 @@ def test_sibling_linears_with_biases_are_one_gemm_over_shared_storage(restore_ac
         torch.testing.assert_close(model(ids).logits.float(), reference, rtol=1e-5, atol=1e-5)
     assert siblings.weight.dtype == torch.float64
     assert sum(d.stats()["linear"].values()) == 2 * (2 * 4 + 1)
+
+
+def test_token_embeddings_are_served_with_their_scale_and_others_left(restore_active):
+    """Gemma's scaled embedding (weight[ids] * sqrt(hidden) in the weight's dtype) goes through the
+    embedding op with its scale; one that renormalises rows (max_norm) keeps its own forward."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny("gemma3").to(torch.bfloat16)
+    ids = torch.randint(1, 128, (2, 7))
+    with torch.no_grad():
+        reference = model.model.embed_tokens(ids)
+    d = Dispatcher(None)
+    report = patch(model, d)
+    assert report.replaced["Gemma3TextScaledWordEmbedding"] == 1
+    with torch.no_grad():
+        assert torch.equal(model.model.embed_tokens(ids), reference)
+    [(kernel, calls)] = d.stats()["embedding"].items()
+    assert calls == 1 and model.model.embed_tokens._lzsolve_scale == pytest.approx(64 ** 0.5, rel=1e-2)
+
+    llama = tiny("llama")
+    llama.model.embed_tokens.max_norm = 1.0
+    report = patch(llama, Dispatcher(None))
+    assert "Embedding" in report.left and "Embedding" not in report.replaced
 
 
 def test_a_sliced_input_reads_each_weight_once(restore_active):

@@ -33,6 +33,7 @@ import torch
 
 from ..dispatcher import Dispatcher
 from .. import custom_ops
+from ..kernels import eager
 from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, read_together, rope_layout
 
 NAME = "lzsolve"
@@ -144,6 +145,26 @@ def _qk_norm_forward(self, x):
 def _layer_norm_forward(self, x):
     # a LayerNorm without a bias may have no bias attribute at all (Cohere's)
     return _ops().layer_norm(x, self.weight, getattr(self, "bias", None), self._lzsolve_eps)
+
+
+def _embedding_forward(self, ids):
+    return _ops().embedding(ids, self.weight, self._lzsolve_scale)
+
+
+def _embedding_scale(module) -> tuple[bool, float | None]:
+    """(served, scale): a token embedding whose forward is weight[ids], times a constant scale
+    where it has one (Gemma's embed_scale, sqrt(hidden) rounded to the weight's dtype: the
+    embedding op's `scaled` flag). Checked by running both forwards on two token ids; one that
+    renormalises rows (max_norm) changes its weight when run, and is left."""
+    if getattr(module, "max_norm", None) is not None or module.weight.is_meta:
+        return False, None
+    buffer = getattr(module, "embed_scale", None)
+    scale = None if buffer is None else float(buffer)  # once, at patch time: no device sync per call
+    ids = torch.tensor([[0, module.weight.shape[0] - 1]], device=module.weight.device)
+    with torch.no_grad():
+        expected = type(module).forward(module, ids)
+        got = eager.embedding(ids, module.weight, scale)  # the op's definition, not a table's kernel
+    return expected.shape == got.shape and bool(torch.equal(got, expected)), scale
 
 
 def _linear(x, weight, bias):
@@ -315,7 +336,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
     QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
-    activations and nn.Linear layers, lm_head included; linears that read one tensor (q/k/v,
+    activations, token embeddings (with Gemma's scale) and nn.Linear layers, lm_head included
+    (its sliced input folded into one matrix); linears that read one tensor (q/k/v,
     gate/up) as one GEMM over their concatenated weights (their weights become views of it:
     patch after loading and moving the model, save before patching). Calls outside the table
     take each op's PyTorch fallback, which computes what the module did. Works eagerly and under
@@ -384,9 +406,14 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
                 _bind(module, _layer_norm_forward, report, eps=eps_of(module))
         elif kind.op == "act" and PLAIN_OPS.get(kind.act) == "act.gelu":
             _bind(module, _gelu_forward, report)
+        elif kind.op == "embedding":
+            served, scale = _embedding_scale(module)
+            if served:
+                _bind(module, _embedding_forward, report, scale=scale)
+            else:
+                report.left[cls] = "its forward is not weight[ids] (times a constant scale)"
         else:
-            report.left[cls] = {"embedding": "embeddings are left to torch",
-                                "posenc.learned": "learned positions are left to torch",
+            report.left[cls] = {"posenc.learned": "learned positions are left to torch",
                                 "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(
                                     kind.op, f"no serving forward for {kind.op}")
     for module in {sys.modules.get(type(m).__module__) for m in model.modules()}:

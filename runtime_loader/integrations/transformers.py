@@ -411,7 +411,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
             if served:
                 _bind(module, _embedding_forward, report, scale=scale)
             else:
-                report.left[cls] = "its forward is not weight[ids] (times a constant scale)"
+                report.left[cls] = "its forward is not weight[ids] times a constant (it renormalises rows, or " \
+                                   "its weight is not materialised)"
         else:
             report.left[cls] = {"posenc.learned": "learned positions are left to torch",
                                 "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(

@@ -312,8 +312,10 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         lap("probe_s")
         planned = plan_validation(plan, records, mode, validate_shapes)
         with progress(sum(len(c) for p in planned for _, c in p.work), "validating") as bar:
+            def more(measurements: int) -> None:  # a second round around losses: the bar's total grows
+                bar.length += measurements
             checked, validation = run_validation(session, planned, records, mode,
-                                                 on_step=lambda label: bar.update(1, label))
+                                                 on_step=lambda label: bar.update(1, label), on_more=more)
         records += checked
         lap("validation_s")
     finally:

@@ -141,10 +141,12 @@ def _structure(node: dict):
 
 
 def validate(session: Session, planned: list[Planned], records: list[dict], mode: str,
-             on_step: Callable[[str], None] = lambda label: None) -> tuple[list[dict], dict[str, dict]]:
+             on_step: Callable[[str], None] = lambda label: None,
+             on_more: Callable[[int], None] = lambda measurements: None) -> tuple[list[dict], dict[str, dict]]:
     """Time the planned shapes; returns their records and, per signature, the validation summary:
     figures before refinement (the tree as solved without these shapes), after (solved with
-    them), and whether the tree changed."""
+    them), and whether the tree changed. `on_more` hears of each second round's measurements
+    before they start (a progress bar's total)."""
     recs = by_signature(records)
     new, summaries = [], {}
     for p in planned:
@@ -153,6 +155,7 @@ def validate(session: Session, planned: list[Planned], records: list[dict], mode
         measured = session.measure(sp, p.work, "validation", (mode,), on_step)
         judged = _judge_all(sig, p.tree, sp.fallback, p.work, measured, mode)
         near = _around_losses(sp, p.tree, judged, recs[sig] + measured, mode)
+        on_more(sum(len(candidates) for _, candidates in near))
         measured += session.measure(sp, near, "validation", (mode,), on_step)
         after = solve_signature(recs[sig] + measured, dynamic, sp.fallback, mode)["tree"]
         summaries[sig] = {"shapes": len(p.work), "near_shapes": len(near), "before": stats(judged),

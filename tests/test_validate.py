@@ -21,7 +21,7 @@ def tune(config, out, *extra):
                                       "--device", "cpu", "--plugin", "tests.cliff_kernels", "--kernels", "cliff.*",
                                       "--no-isolate", "--out", str(out), "--json", *extra])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return {**json.loads(result.stdout), "stderr": result.stderr}
 
 
 def norm_tree(out):
@@ -65,6 +65,8 @@ def test_probes_and_validation_keep_unaligned_shapes_off_the_cliff(tuned):
     assert before["vs_default_worst"] > 2, "after the probes, validation still caught the cliff between them"
     assert after["vs_default_worst"] < 1.1 and entry["validation"]["refined"]
     assert entry["validation"]["near_shapes"] > 0, "the losses got a second round of shapes around them"
+    validating = [line for line in checked["stderr"].splitlines() if line.startswith("validating")]
+    assert "(100%) in" in validating[-1], "the progress total grew by the second round's measurements"
     assert entry["points_by_phase"]["probe"] >= 2 and entry["points_by_phase"]["validation"] >= 4
     report = (root / "checked" / "report.md").read_text()
     assert "validation, 8 random shapes" in report and "the tree was refined" in report

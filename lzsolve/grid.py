@@ -108,10 +108,8 @@ def edge_values(values: list[int], units: int | None = None) -> list[int]:
     probe: a kernel with occupancy k runs its (k x SMs + 1)-th row in a second wave (FlashInfer's
     RMSNorm at 8192 wide, two CTAs per SM on 132 SMs: 4.5 us at 256 tokens, 6.1 us at 279)."""
     top = max(values) * PAST_GRID
-    edges = {v + 1 for v in values}
-    if units:
-        edges |= {units * 2 ** j + 1 for j in range(int(math.log2(top / units)) + 1)} if top > units else set()
-    return sorted(e for e in edges - set(values) if e <= top)
+    waves = itertools.takewhile(lambda rows: rows < top, (units * 2 ** j for j in itertools.count())) if units else ()
+    return sorted(e for e in {v + 1 for v in [*values, *waves]} - set(values) if e <= top)
 
 
 def probe_points(grid: Grid | str, op: str, units: int | None = None) -> list[dict[str, int]]:

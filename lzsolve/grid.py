@@ -124,9 +124,9 @@ def probe_points(grid: Grid | str, op: str, units: int | None = None) -> list[di
               if any(point[i] not in dims[d] for i, d in enumerate(dims))]
     for d, v in dims.items():
         for edge in edge_values(v, units if d in ROW_DIMS else None):
-            points += [{**dict(zip(dims, rest)), d: edge} for rest in itertools.product(*dims.values())]
-    unique = {tuple(p[d] for d in dims): p for p in points}  # an edge may be a probe value too
-    return [{d: p[d] for d in dims} for p in unique.values()]
+            at = {**dims, d: [edge]}
+            points += [dict(zip(at, point)) for point in itertools.product(*at.values())]
+    return list({tuple(p.values()): p for p in points}.values())  # an edge may be a probe too (9 between 8 and 10)
 
 
 def random_points(dims: dict[str, list[int]], n: int, rng: random.Random) -> list[dict[str, int]]:

@@ -169,3 +169,28 @@ def gated_deltanet(sig, dims, device, gen):
     if starts_from_state(dims):  # an associative memory of unit keys: entries of about 1 / sqrt(dk)
         state = torch.randn((batch, hv, dk, dv), generator=gen, device=device) * dk ** -0.5
     return q, k, v, g, beta, state, "qk_l2norm" in sig.flags
+
+
+# --- mixture of experts ---------------------------------------------------------------------------------
+# Real routers load experts unevenly, and kernels react to it (the fullest expert sets a grouped
+# GEMM's longest segment): the expert of popularity rank r is favoured by a Zipf-like -s * log(r)
+# on its router logit. At s = 0.5 and 8 experts the fullest gets about 1.5x the mean load.
+ROUTING_SKEW = 0.5
+
+
+def routing(tokens: int, experts: int, top_k: int, dtype, device, gen, skew: float = ROUTING_SKEW):
+    """(topk_ids int64, topk_weights in dtype) as a softmax -> top-k -> renormalise router picks
+    them (Mixtral's), from random logits with a seeded expert popularity."""
+    ranks = torch.randperm(experts, generator=gen, device=device).to(torch.float32) + 1
+    logits = torch.randn((tokens, experts), generator=gen, device=device) - skew * ranks.log()
+    weights, ids = logits.softmax(-1).topk(top_k, dim=-1)
+    return ids, (weights / weights.sum(-1, keepdim=True)).to(dtype)
+
+
+def moe_experts(sig, dims, device, gen):
+    experts, top_k, hidden, inter = (sig.dim(n) for n in ("experts", "top_k", "hidden", "inter"))
+    x = randn((dims["tokens"], hidden), sig, device, gen)
+    ids, weights = routing(dims["tokens"], experts, top_k, DTYPES[sig.dtype], device, gen)
+    gate_up = randn((experts, 2 * inter, hidden), sig, device, gen, scale=hidden ** -0.5)
+    down = randn((experts, hidden, inter), sig, device, gen, scale=inter ** -0.5)
+    return x, ids, weights, gate_up, down

@@ -333,6 +333,25 @@ def gated_deltanet_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
     return v.new_empty(v.shape), v.new_empty((batch, hv, q.shape[-1], dv), dtype=torch.float32)
 
 
+def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor):
+    """A mixture-of-experts layer's gated expert MLPs over routed tokens: x (tokens, hidden), the
+    router's choice topk_ids (tokens, top_k) and weights topk_weights (tokens, top_k); per expert
+    e, gate_up[e] (2 * inter, hidden) holds the gate rows then the up rows, down[e] (hidden,
+    inter), as transformers stores them. Returns sum over k of weight_k * down[e_k] @
+    (silu(gate) * up)."""
+    return ((x.shape, topk_ids.shape, gate_up.shape, x.dtype, x.is_cuda),
+            (x, topk_ids, topk_weights, gate_up, down))
+
+
+def moe_experts_call(x, topk_ids, topk_weights, gate_up, down):
+    if (x.dim() != 2 or topk_ids.dim() != 2 or gate_up.dim() != 3 or down.dim() != 3 or x.dtype not in DTYPE_NAMES
+            or gate_up.shape[1] != 2 * down.shape[2]):
+        return None
+    experts, hidden, inter = gate_up.shape[0], x.shape[1], down.shape[2]
+    static = {"experts": experts, "top_k": topk_ids.shape[1], "hidden": hidden, "inter": inter}
+    return Signature.make("moe.experts", static, (), DTYPE_NAMES[x.dtype]), {"tokens": x.shape[0]}
+
+
 # --- the records -------------------------------------------------------------------------------------
 ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0))
 ATTENTION = dict(method="attention", front=attention_front, call=attention_call, inputs=inputs.attention,
@@ -377,6 +396,10 @@ OPS: dict[str, OpSchema] = {
         _rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, inputs.two_rows),
         OpSchema("linear", ("k", "n"), ("bias",), ("tokens",), "torch.linear", method="linear", front=linear_front,
                  call=linear_call, inputs=inputs.linear, fake=linear_fake),
+        # experts: routed experts of one rank (all of them, or experts / ep under expert parallelism);
+        # inter: each expert's intermediate width on this rank (divided by tp)
+        OpSchema("moe.experts", ("experts", "top_k", "hidden", "inter"), (), ("tokens",), "torch.grouped_mm",
+                 method="moe_experts", front=moe_experts_front, call=moe_experts_call, inputs=inputs.moe_experts),
         # Gated DeltaNet (Qwen3.5's linear attention): hk key heads, hv value heads (hv % hk == 0)
         OpSchema("recurrent.gated_deltanet", ("hk", "hv", "dk", "dv"), ("qk_l2norm",), ("batch", "seq"),
                  "eager.gated_deltanet", method="gated_deltanet", front=gated_deltanet_front, call=gated_deltanet_call,

@@ -48,6 +48,7 @@ SIGS = [
      {"batch": 2, "seq": 1}),
     (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 4, "dk": 4, "dv": 8}, (), "fp32"),
      {"batch": 1, "seq": 5}),
+    (Signature.make("moe.experts", {"experts": 6, "top_k": 2, "hidden": 16, "inter": 12}, (), "fp32"), {"tokens": 9}),
 ]
 
 
@@ -136,6 +137,19 @@ def deltanet64(q, k, v, g, beta, state, qk_l2norm):
     return out, final
 
 
+def moe64(x, topk_ids, topk_weights, gate_up, down):
+    """Token by token, slot by slot: the weighted sum of its experts' SwiGLU MLPs, in float64."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    inter = down.shape[2]
+    for t in range(x.shape[0]):
+        for slot in range(topk_ids.shape[1]):
+            e = topk_ids[t, slot]
+            h = gate_up[e].double() @ x[t].double()
+            gate, up = h[:inter], h[inter:]
+            out[t] += topk_weights[t, slot].double() * (down[e].double() @ (gate / (1 + torch.exp(-gate)) * up))
+    return out
+
+
 INDEPENDENT = {
     "attention.prefill": attention64,
     "attention.decode": attention64,
@@ -153,6 +167,7 @@ INDEPENDENT = {
     "act.gelu": gelu64,
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
     "recurrent.gated_deltanet": deltanet64,
+    "moe.experts": moe64,
 }
 
 def test_every_op_has_an_independent_formula_and_signatures_here():

@@ -233,3 +233,36 @@ def test_gated_deltanet_decode_is_qwen35s_recurrent_rule():
                                                      use_qk_l2norm_in_kernel=True)
     close(Dispatcher().gated_deltanet(q, k, v, g, beta, state), expected)
     close(CONTRACTS["recurrent.gated_deltanet"].reference(q, k, v, g, beta, state, True), expected)
+
+
+# --- mixture of experts ---------------------------------------------------------------------------
+MOE_EXPERTS = {  # model type -> (config class, experts class, the config's expert count and width keys)
+    "mixtral": ("MixtralConfig", "MixtralExperts", "num_local_experts", "intermediate_size"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeExperts", "num_experts", "moe_intermediate_size"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeExperts", "num_experts", "moe_intermediate_size"),
+    "phimoe": ("PhimoeConfig", "PhimoeExperts", "num_local_experts", "intermediate_size"),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeExperts", "num_local_experts", "intermediate_size"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(MOE_EXPERTS))
+def test_moe_experts_are_transformers_experts(model_type):
+    """Every routed-experts kernel on CPU, the reference and the Dispatcher against the model's
+    own experts module (its eager loop) on random weights and a skewed routing."""
+    module = pytest.importorskip(f"transformers.models.{model_type}.modeling_{model_type}")
+    config_class, experts_class, count_key, width_key = MOE_EXPERTS[model_type]
+    config = getattr(module, config_class)(hidden_size=32, **{count_key: 6, width_key: 24},
+                                           num_experts_per_tok=2, experts_implementation="eager")
+    experts = getattr(module, experts_class)(config)
+    torch.nn.init.normal_(experts.gate_up_proj, std=32 ** -0.5)
+    torch.nn.init.normal_(experts.down_proj, std=24 ** -0.5)
+    from runtime_loader.inputs import routing
+    x = torch.randn(11, 32)
+    ids, weights = routing(11, 6, 2, torch.float32, "cpu", torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = experts(x, ids, weights)
+        args = (x, ids, weights, experts.gate_up_proj, experts.down_proj)
+        for kernel_id in ("eager.moe_experts", "torch.grouped_mm"):
+            close(impl(kernel_id)(*args), expected, tol=1e-5)
+        close(CONTRACTS["moe.experts"].reference(*args), expected, tol=1e-5)
+        close(Dispatcher().moe_experts(*args), expected, tol=1e-5)

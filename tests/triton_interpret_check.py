@@ -4,7 +4,7 @@ Run by tests/test_triton_kernels.py as `python -m tests.triton_interpret_check`,
 of its own: TRITON_INTERPRET must be set before triton is first imported. For every family,
 its default configuration and a few others (chunked rows, partial head blocks, split-K with
 empty splits...) are checked against the op's fp32 reference on tiny shapes, in fp32 and
-bf16 (linear in fp16: the interpreter's tl.dot multiplies bf16 operands as their raw
+bf16 (the GEMMs in fp16: the interpreter's tl.dot multiplies bf16 operands as their raw
 integer bits, a Triton 3.9 interpreter bug; on a GPU the kernel takes bf16 like fp16).
 Prints one line per failure and exits 1 if there was any.
 """
@@ -47,6 +47,11 @@ CASES = [
        [{"block_m": 16, "block_n": 16, "block_k": 16, "warps": 2, "stages": 2, "split_k": 4},
         {"block_m": 16, "block_n": 32, "block_k": 32, "warps": 4, "stages": 3, "split_k": 2}])
       for flags in (("bias",), ())],
+    # 6 experts, 2 slots, 9 tokens: 18 pairs in segments padded to 16 (most one short of a block,
+    # an idle expert); 40 and 24 columns leave partial n and k blocks; the default's block_m 64
+    # puts every expert in one mostly empty block
+    ("triton.moe_experts", "moe.experts", {"experts": 6, "top_k": 2, "hidden": 40, "inter": 24}, (), {"tokens": 9},
+     [{"block_m": 16, "block_n": 16, "block_k": 16, "warps": 2, "stages": 2}]),
 ]
 
 
@@ -61,6 +66,7 @@ def with_leading_dims(args):
     return tuple(a.unsqueeze(0) if isinstance(a, torch.Tensor) and a.shape == rows else a for a in args)
 
 
+DOT_OPS = ("linear", "moe.experts")  # tl.dot: fp16, not bf16, in the interpreter (see above)
 VARIANTS = {"act.swiglu": separate, "act.geglu": separate, "norm.rms_add": with_leading_dims,
             "linear": with_leading_dims}
 
@@ -91,7 +97,7 @@ def split_k_is_deterministic() -> list[str]:
 def main() -> int:
     failures, checked = split_k_is_deterministic(), 1
     for base, op, static, flags, dims, configs in CASES:
-        for dtype in ("fp32", "fp16" if op == "linear" else "bf16"):
+        for dtype in ("fp32", "fp16" if op in DOT_OPS else "bf16"):
             sig = Signature.make(op, static, flags, dtype)
             ids = [base] + [config_id(base, config) for config in configs]
             for kernel_id in ids:

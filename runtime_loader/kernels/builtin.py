@@ -1,6 +1,8 @@
-"""PyTorch built-in fused ops: F.rms_norm, F.layer_norm, F.embedding and F.linear (cuBLAS on CUDA)."""
+"""PyTorch built-in fused ops: F.rms_norm, F.layer_norm, F.embedding, F.linear (cuBLAS on CUDA) and
+the grouped GEMM over expert segments (transformers' default experts implementation)."""
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from ..specs import HEAD_DIM_ANY, KernelSpec
@@ -36,6 +38,34 @@ def learned_positions(x, positions, table):
     return x + F.embedding(positions, table)
 
 
+def expert_segments(topk_ids, experts: int):
+    """(order, offsets): the (token, slot) pairs of topk_ids (flattened) sorted by expert, and
+    where each expert's segment ends. histc, not bincount: its output size does not depend on
+    the data, so no host sync and the call can be captured in a CUDA graph."""
+    sorted_ids, order = torch.sort(topk_ids.reshape(-1))
+    counts = torch.histc(sorted_ids.float() if not sorted_ids.is_cuda else sorted_ids.int(), bins=experts, min=0,
+                         max=experts - 1)
+    return order, torch.cumsum(counts, dim=0, dtype=torch.int32)
+
+
+def grouped_mm(rows, weights, offsets):
+    """rows (S, k) in expert segments @ weights (experts, k, n): torch's grouped GEMM."""
+    grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
+    return grouped(rows, weights, offs=offsets)
+
+
+def moe_experts(x, topk_ids, topk_weights, gate_up, down):
+    """transformers' grouped_mm experts: tokens sorted into expert segments, one grouped GEMM for
+    gate_up and one for down over every expert (empty segments cost nothing), then the weighted
+    rows put back in token order and summed over the slots."""
+    tokens, top_k = topk_ids.shape
+    order, offsets = expert_segments(topk_ids, gate_up.shape[0])
+    gate, up = grouped_mm(x[order // top_k], gate_up.transpose(1, 2), offsets).chunk(2, dim=-1)
+    rows = grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offsets) * topk_weights.reshape(-1)[order, None]
+    in_token_order = torch.empty_like(rows).index_copy_(0, order, rows)
+    return in_token_order.view(tokens, top_k, -1).sum(dim=1)
+
+
 SPECS = [
     KernelSpec("torch.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                features=UNIT_OFFSET, graph_safe=True, deterministic=True),
@@ -55,4 +85,7 @@ SPECS = [
     KernelSpec("torch.learned_positions", frozenset({"posenc.learned"}), "torch", learned_positions,
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True,
                notes="F.embedding of the positions, then an add"),
+    KernelSpec("torch.grouped_mm", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
+               dtypes=ALL_DTYPES, graph_safe=True, deterministic=True,
+               notes="sort by expert, F.grouped_mm for gate_up and down, weighted sum over the slots"),
 ]

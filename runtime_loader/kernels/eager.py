@@ -160,6 +160,23 @@ def gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
     return out.to(v.dtype), state
 
 
+def moe_experts(x, topk_ids, topk_weights, gate_up, down):
+    """transformers' eager experts loop (MixtralExperts.forward): per expert hit, its tokens
+    gathered, two GEMMs, the weighted rows added back. The loop and the index lists are
+    data-dependent: one host sync per layer, and no CUDA graph."""
+    out = torch.zeros_like(x)
+    experts = gate_up.shape[0]
+    with torch.no_grad():
+        mask = F.one_hot(topk_ids, num_classes=experts).permute(2, 1, 0)  # (expert, slot, token)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert in hit[:, 0].tolist():
+        slots, tokens = torch.where(mask[expert])
+        gate, up = F.linear(x[tokens], gate_up[expert]).chunk(2, dim=-1)
+        rows = F.linear(F.silu(gate) * up, down[expert]) * topk_weights[tokens, slots, None]
+        out.index_add_(0, tokens, rows.to(out.dtype))
+    return out
+
+
 SPECS = [
     KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
@@ -195,4 +212,7 @@ SPECS = [
     KernelSpec("eager.gated_deltanet", frozenset({"recurrent.gated_deltanet"}), "torch", gated_deltanet,
                platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"gqa", "qk_l2norm"}), graph_safe=True,
                deterministic=True, notes="a Python loop over the sequence: a handful of launches per token"),
+    KernelSpec("eager.moe_experts", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
+               dtypes=ALL_DTYPES, notes="transformers' eager loop over the experts hit; index_add_ in the "
+                                        "activation dtype"),
 ]

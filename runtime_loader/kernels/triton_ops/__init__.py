@@ -82,4 +82,11 @@ TUNABLES = [
            {"block_m": 128, "block_n": 128, "block_k": 64, "warps": 8, "stages": 3, "split_k": 1},
            "tiled GEMM, fp32 accumulation, bias in the epilogue; split_k > 1 reduces fp32 partials in order",
            features=frozenset({"bias"})),
+    # block_m 16 for decode-sized segments (a token's top_k pairs each open an expert's block)
+    family("triton.moe_experts", "moe.experts", "moe", "moe_experts",
+           {"block_m": powers_of_two(16, 128), "block_n": powers_of_two(16, 256), "block_k": powers_of_two(16, 256),
+            "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6)},
+           {"block_m": 64, "block_n": 64, "block_k": 32, "warps": 4, "stages": 3},
+           "pairs sorted into expert segments padded to block_m; gate and up in one GEMM with SwiGLU in its "
+           "epilogue, then down times the routing weight; slots summed in token order"),
 ]

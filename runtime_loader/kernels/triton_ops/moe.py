@@ -1,0 +1,129 @@
+"""moe.experts: a fused mixture-of-experts MLP in two launches (the scheme of vLLM's fused_moe).
+
+The (token, slot) pairs are sorted by expert into segments padded to BLOCK_M rows, so every
+row block of the GEMMs belongs to one expert. The first launch computes, per row block and
+block of the expert's intermediate columns, the gate and the up products together and writes
+silu(gate) * up; the second multiplies that by the expert's down weights and by each pair's
+routing weight. A token's slots are then summed in token order. The sorting is done with
+torch ops whose sizes depend on the token count alone (padded for the worst case: every
+expert's segment one row short of a block), so nothing waits on the host and the call can be
+captured in a CUDA graph; row blocks past the used ones exit at once.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..builtin import expert_segments
+
+
+def align_blocks(topk_ids, experts: int, block_m: int):
+    """(rows, block_expert): rows holds, for each expert's segment padded to a multiple of
+    block_m, the indices of its (token, slot) pairs in topk_ids.flatten() (the padding holds
+    the sentinel topk_ids.numel()); block_expert the expert of each block of rows (-1 unused)."""
+    pairs = topk_ids.numel()
+    order, ends = expert_segments(topk_ids, experts)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_ends = torch.cumsum(padded, dim=0)
+    # where each sorted pair lands: its expert's padded start plus its rank within the expert
+    expert_of_sorted = topk_ids.reshape(-1)[order]
+    rank = torch.arange(pairs, device=topk_ids.device) - (ends - counts)[expert_of_sorted]
+    capacity = pairs + experts * (block_m - 1)
+    rows = torch.full((triton.cdiv(capacity, block_m) * block_m,), pairs, dtype=torch.int32, device=topk_ids.device)
+    rows[(padded_ends - padded)[expert_of_sorted] + rank] = order.to(torch.int32)
+    block_starts = torch.arange(0, rows.numel(), block_m, device=topk_ids.device)
+    block_expert = torch.searchsorted(padded_ends, block_starts, right=True).to(torch.int32)
+    return rows, torch.where(block_expert < experts, block_expert, -1)
+
+
+@triton.jit(do_not_specialize=["pairs"])
+def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, hidden, inter, top_k,
+                    x_stride, w_stride_e, w_stride_n, w_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """h[pair, n] = silu(x[token] . gate_up[e, n]) * (x[token] . gate_up[e, inter + n]) for the pairs
+    of one row block (all of expert e) and a block of n."""
+    n_blocks = tl.cdiv(inter, BLOCK_N)
+    block = tl.program_id(0) // n_blocks
+    expert = tl.load(block_expert_ptr + block)
+    if expert < 0:
+        return
+    pair = tl.load(rows_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < pairs
+    token = tl.where(valid, pair // top_k, 0).to(tl.int64)
+    cols = (tl.program_id(0) % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w = w_ptr + expert.to(tl.int64) * w_stride_e
+    gate_rows = w + (cols % inter)[None, :].to(tl.int64) * w_stride_n  # wrapped into range: never stored
+    up_rows = gate_rows + inter * w_stride_n
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, hidden, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + token[:, None] * x_stride + ks[None, :], mask=valid[:, None] & (ks[None, :] < hidden),
+                    other=0.0)
+        k_mask = ks[:, None] < hidden
+        acc_gate = tl.dot(a, tl.load(gate_rows + ks[:, None] * w_stride_k, mask=k_mask, other=0.0), acc_gate,
+                          input_precision=DOT_PRECISION)
+        acc_up = tl.dot(a, tl.load(up_rows + ks[:, None] * w_stride_k, mask=k_mask, other=0.0), acc_up,
+                        input_precision=DOT_PRECISION)
+    act = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    out = h_ptr + pair.to(tl.int64)[:, None] * inter + cols[None, :]
+    tl.store(out, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < inter))
+
+
+@triton.jit(do_not_specialize=["pairs"])
+def _down_kernel(h_ptr, w_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr, pairs, hidden, inter,
+                 w_stride_e, w_stride_n, w_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """out[pair, n] = weight[pair] * (h[pair] . down[e, n]) for one row block and a block of n."""
+    n_blocks = tl.cdiv(hidden, BLOCK_N)
+    block = tl.program_id(0) // n_blocks
+    expert = tl.load(block_expert_ptr + block)
+    if expert < 0:
+        return
+    pair = tl.load(rows_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < pairs
+    row = tl.where(valid, pair, 0).to(tl.int64)
+    cols = (tl.program_id(0) % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_cols = w_ptr + expert.to(tl.int64) * w_stride_e + (cols % hidden)[None, :].to(tl.int64) * w_stride_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, inter, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        a = tl.load(h_ptr + row[:, None] * inter + ks[None, :], mask=valid[:, None] & (ks[None, :] < inter),
+                    other=0.0)
+        b = tl.load(w_cols + ks[:, None] * w_stride_k, mask=ks[:, None] < inter, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    acc *= tl.load(weights_ptr + row, mask=valid, other=0.0).to(tl.float32)[:, None]
+    out = out_ptr + row[:, None] * hidden + cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < hidden))
+
+
+def moe_experts(x, topk_ids, topk_weights, gate_up, down, *, block_m: int, block_n: int, block_k: int, warps: int,
+                stages: int):
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    experts, inter = gate_up.shape[0], down.shape[2]
+    if gate_up.shape != (experts, 2 * inter, hidden) or down.shape != (experts, hidden, inter) or \
+            topk_weights.shape != topk_ids.shape or x.stride(1) != 1:  # the kernels would read past them
+        raise ValueError(f"moe.experts: x {tuple(x.shape)} needs gate_up ({experts}, {2 * inter}, {hidden}) and "
+                         f"down ({experts}, {hidden}, {inter}), unit-stride rows; got gate_up "
+                         f"{tuple(gate_up.shape)}, down {tuple(down.shape)}")
+    pairs = topk_ids.numel()
+    out = torch.empty((tokens, top_k, hidden), dtype=x.dtype, device=x.device)
+    if pairs == 0:
+        return out.sum(dim=1)
+    rows, block_expert = align_blocks(topk_ids, experts, block_m)
+    weights = topk_weights.reshape(-1).contiguous()
+    h = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
+    # fp32 inputs: three TF32 products per multiply keep fp32 accuracy (see linear.py)
+    precision = "tf32x3" if x.dtype == torch.float32 else "tf32"
+    blocks = block_expert.numel()
+    _gate_up_kernel[(blocks * triton.cdiv(inter, block_n),)](
+        x, gate_up, rows, block_expert, h, pairs, hidden, inter, top_k, x.stride(0), *gate_up.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision, num_warps=warps,
+        num_stages=stages)
+    _down_kernel[(blocks * triton.cdiv(hidden, block_n),)](
+        h, down, rows, block_expert, weights, out, pairs, hidden, inter, *down.stride(), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision, num_warps=warps, num_stages=stages)
+    return out.sum(dim=1)

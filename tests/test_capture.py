@@ -15,13 +15,15 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
 
 # Decoder types of transformers' causal-LM mapping, by what they are. Dense attention decoders
-# must plan (the bar: at least 33 of the 37); MoE ones are refused naming the MoE part.
+# must plan (the bar: at least 33 of the 37); MoE ones with transformers' 3-D expert weights plan
+# with moe.experts, the others are refused naming the MoE part.
 DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "falcon",
          "gpt_neox", "olmo", "olmo2", "olmo3", "granite", "cohere", "cohere2", "starcoder2", "stablelm", "glm",
          "glm4", "smollm3", "exaone4", "ministral", "nemotron", "seed_oss", "apertus", "arcee", "gpt2",
          "gptj", "gpt_neo", "codegen", "persimmon", "helium", "diffllama", "bitnet", "ernie4_5"]
-MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "phimoe", "olmoe", "gpt_oss", "deepseek_v3",
-       "dbrx", "jetmoe", "minimax", "ernie4_5_moe"]
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "phimoe", "olmoe", "minimax", "ernie4_5_moe", "gpt_oss",
+       "deepseek_v3", "dbrx", "jetmoe"]
+MOE_SERVED = MOE[:8]  # SwiGLU experts: moe.experts
 
 
 def catalogue_ops(name: str, tp: int) -> dict[str, int]:
@@ -70,10 +72,34 @@ def test_dense_decoders_plan(outcomes):
         assert "\n" not in message and model_type in message
 
 
-def test_moe_decoders_are_refused_naming_the_moe_part(outcomes):
-    for model_type in MOE:
-        status, message = outcomes[model_type]
-        assert status == "refused" and "mixture-of-experts" in message, (model_type, message)
+def test_moe_decoders_plan_their_experts(outcomes):
+    for model_type in MOE_SERVED:
+        status, captured = outcomes[model_type]
+        assert status == "ok", (model_type, captured)
+        experts = [i for i in captured.instances if i.signature.op == "moe.experts"]
+        assert len(experts) == 1 and experts[0].calls_per_forward >= 16, (model_type, captured.instances)
+        assert not any("experts" in note.split(":")[0] for note in captured.notes), captured.notes
+
+
+def test_moe_shapes_are_the_configs_and_shard_the_expert_width():
+    cfg = default_config("qwen3_moe")  # 128 experts, 8 per token, hidden 2048, expert width 768
+    (experts,) = [i.signature for i in capture(cfg, "q", tp=2).instances if i.signature.op == "moe.experts"]
+    assert dict(experts.static) == {"experts": 128, "top_k": 8, "hidden": 2048, "inter": 384}
+    with pytest.raises(LzError, match="expert width 769"):
+        capture({**cfg, "moe_intermediate_size": 769}, "q", tp=2)
+    shared = default_config("qwen2_moe")  # a shared expert of width 5632 beside 60 routed ones of 1408
+    ops = {str(i.signature) for i in capture(shared, "q2").instances}
+    assert "act.swiglu[width=5632,bf16]" in ops and "moe.experts[experts=60,top_k=4,hidden=2048,inter=1408,bf16]" in ops
+
+
+def test_other_experts_are_named_or_refused(outcomes):
+    status, captured = outcomes["gpt_oss"]  # biased, interleaved, clamped experts: planned without them, said
+    assert status == "ok" and not any(i.signature.op == "moe.experts" for i in captured.instances)
+    assert any("experts in a form no op computes" in note for note in captured.notes), captured.notes
+    status, message = outcomes["jetmoe"]  # no 3-D expert weights: its routing cannot run on meta
+    assert status == "refused" and "JetMoeParallelExperts" in message and "\n" not in message
+    status, message = outcomes["deepseek_v3"]
+    assert status == "refused" and "latent attention" in message
 
 
 def test_every_captured_model_has_attention_and_linears(outcomes):
@@ -116,6 +142,6 @@ def test_plan_config_of_a_new_type_and_bad_input(tmp_path):
     path.write_text(json.dumps({**default_config("gemma2"), "num_hidden_layers": 2}))  # 26 layer_types
     result = CliRunner().invoke(cli, ["plan", "--config", str(path), "--device", "cpu"])
     assert isinstance(result.exception, LzError) and "\n" not in str(result.exception), result.exception
-    path.write_text(json.dumps({**cfg, "num_experts": 8}))
+    path.write_text(json.dumps({**default_config("jetmoe"), "num_hidden_layers": 2}))
     result = CliRunner().invoke(cli, ["plan", "--config", str(path), "--device", "cpu"])
     assert isinstance(result.exception, LzError) and "mixture-of-experts" in str(result.exception)

@@ -8,6 +8,9 @@ described per family:
   embeddings, and norms and activations told apart by running a CPU copy on random inputs
   against each op's definition (so (1 + weight) norms, LayerNorm without a bias, tanh-GELU
   written out by hand are recognised whatever the class is called);
+- a mixture-of-experts layer's routed experts (transformers' 3-D expert weights) are told
+  apart the same way, and recorded instead of run: their eager loop depends on the routing's
+  values, which meta tensors do not have;
 - attention is observed through the same attention function the serving integration
   installs (`runtime_loader.integrations.transformers`), so capture and runtime derive the
   same signatures; RoPE through the modelling module's `apply_rotary_pos_emb`;
@@ -36,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from runtime_loader.integrations.modules import GATED_OPS, PLAIN_OPS, Kind, classify, rope_layout
+from runtime_loader.integrations.modules import GATED_OPS, PLAIN_OPS, Kind, classify, is_experts, rope_layout
 from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
-                                qk_norm_call, rope_call, rows_call)
+                                moe_experts_call, qk_norm_call, rope_call, rows_call)
 
 from ..errors import LzError
 from ..limits import check_config_sizes
@@ -218,10 +221,11 @@ def _register_attention() -> None:
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
                **kwargs):
     from runtime_loader.integrations.transformers import table_call
-    call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
+    call = None if kwargs.get("s_aux") is not None else \
+        table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if _current is not None:
         sig = _sig(attention_call(query, key, value, call[0], None, *call[1:])) if call else None  # scale: no part of it
-        _current.events.append(Event("attention", _current.frame, sig))
+        _current.events.append(Event("attention", _current.frame, sig, extra={"sinks": kwargs.get("s_aux") is not None}))
     out = query.new_empty((*query.shape[:-1], value.shape[-1]))
     return out.transpose(1, 2).contiguous(), None
 
@@ -290,8 +294,23 @@ WRAPPED = {"apply_rotary_pos_emb": _rope_wrapper, "torch_chunk_gated_delta_rule"
            "torch_recurrent_gated_delta_rule": _deltanet_wrapper}
 
 
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
+    """An experts module of the meta model: recorded (moe.experts when it computes it), not run."""
+    rec = _current
+    if rec is not None and not rec.opaque:
+        served = self._lzsolve_kind is not None and self._lzsolve_kind.op == "moe.experts"
+        sig = _sig(moe_experts_call(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)) \
+            if served else None
+        rec.events.append(Event("moe", rec.frame, sig))
+    return torch.empty_like(hidden_states)
+
+
 def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> None:
     for name, module in model.named_modules():
+        if is_experts(module):
+            module._lzsolve_kind = kinds.get(name)
+            module.forward = _experts_forward.__get__(module)
+            stack.callback(module.__dict__.pop, "forward")
         stack.callback(module.register_forward_pre_hook(lambda m, a, name=name: rec.frames.append(name)).remove)
         stack.callback(module.register_forward_hook(rec.leave).remove)
         if name in kinds:
@@ -423,6 +442,8 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
             s[key] = max(1, s[key] // tp)
     if sig.op.startswith("act."):
         s["width"] //= tp
+    if sig.op == "moe.experts":  # every rank holds every expert, with its share of each one's width
+        s["inter"] //= tp
     if sig.op == "embedding":
         s["vocab"] = -(-s["vocab"] // tp)
     if sig.op == "linear":
@@ -445,6 +466,8 @@ def _check_tp(events: list[Event], tp: int, where: str) -> None:
             problems.append(f"{s['hq']}/{s['hkv']} attention/kv heads")
         if e.sig.op.startswith("act.") and s["width"] % tp:
             problems.append(f"MLP width {s['width']}")
+        if e.sig.op == "moe.experts" and s["inter"] % tp:
+            problems.append(f"expert width {s['inter']}")
     if problems:
         raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {', '.join(sorted(set(problems)))}")
 
@@ -501,7 +524,11 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
         if e.op == "rope" and e.sig is None:
             notes.append(f"{_role(e.module)}: rotary embedding in a form no op computes")
         if e.op == "attention" and e.sig is None:
-            notes.append(f"{_role(e.module)}: attention with options the table does not serve")
+            why = "attention sinks" if e.extra.get("sinks") else "options the table does not serve"
+            notes.append(f"{_role(e.module)}: attention with {why}")
+        if e.op == "moe" and e.sig is None:
+            notes.append(f"{_role(e.module)}: experts in a form no op computes (biases, transposed or interleaved "
+                         f"weights, another activation): not tuned")
         if e.op == "attention" and e.extra.get("bypass"):
             notes.append(f"{_role(e.module)}: calls F.scaled_dot_product_attention itself, not transformers' "
                          f"attention interface: tuned, but runtime_loader's transformers integration cannot serve it")
@@ -529,18 +556,17 @@ def _outside_text_model(cfg: dict, text) -> list[str]:
     return notes
 
 
-MOE_CLASS = re.compile(r"moe|experts|router", re.IGNORECASE)
+# class names of expert and routing modules (MixtralExperts, JetMoeParallelExperts, JetMoeMoE,
+# Qwen2MoeSparseMoeBlock, JetMoeTopKGating), not of every module of a *Moe* model (Qwen2MoeAttention)
+MOE_CLASS = re.compile(r"experts|moe(block)?$|gating", re.IGNORECASE)
 
 
-def _expert_keys(cfg: dict, prefix: str = "") -> list[str]:
-    """Keys naming a number of experts anywhere in the config (DBRX nests them in ffn_config)."""
-    found = []
-    for key, value in cfg.items():
-        if isinstance(value, dict):
-            found += _expert_keys(value, f"{prefix}{key}.")
-        elif isinstance(key, str) and "experts" in key and isinstance(value, int) and not isinstance(value, bool) and value > 1:
-            found.append(f"'{prefix}{key}'")
-    return found
+def _other_moe(model) -> list[str]:
+    """Classes of mixture-of-experts modules whose experts are not transformers' 3-D expert
+    weights (their routing would run on meta tensors, and no op here describes them)."""
+    served_by_experts = {name.rpartition(".")[0] for name, m in model.named_modules() if is_experts(m)}
+    return sorted({type(m).__name__ for name, m in model.named_modules()
+                   if MOE_CLASS.search(type(m).__name__) and not is_experts(m) and name not in served_by_experts})
 
 
 _captured: dict[tuple, Captured] = {}  # one capture per config, name, tp and dtype in a process
@@ -560,9 +586,6 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     if tp < 1:
         raise LzError(f"--tp must be >= 1, got {tp}")
     refuse_unsupported(cfg, where)
-    nested = _expert_keys(cfg)
-    if nested:
-        raise LzError(f"{where}: not supported yet: mixture-of-experts routing ({', '.join(nested)})")
     text = text_config(cfg, where)
     filled = fill_derived(text)
     check_config_sizes(text, DTYPES[dtype].itemsize, where)  # before anything is built from it
@@ -571,9 +594,10 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     except Exception as e:  # noqa: BLE001 - transformers' own checks of the config
         raise LzError(f"{where}: transformers cannot build {text.model_type} from this config "
                       f"({type(e).__name__}: {_one_line(e)}); fix the config") from None
-    moe = sorted({type(m).__name__ for m in model.modules() if MOE_CLASS.search(type(m).__name__)})
+    moe = _other_moe(model)
     if moe:
-        raise LzError(f"{where}: not supported yet: mixture-of-experts routing ({', '.join(moe)})")
+        raise LzError(f"{where}: not supported yet: mixture-of-experts layers without transformers' 3-D expert "
+                      f"weights ({', '.join(moe)})")
     kinds = classify(model)
     try:
         prefill, decode = run(model, kinds)

@@ -176,12 +176,11 @@ FAMILIES: dict[str, tuple[str, Family]] = {  # model_type -> (family, how its co
 GATED_ACTS = {"silu": "act.swiglu", "swish": "act.swiglu", "gelu_pytorch_tanh": "act.geglu", "gelu_new": "act.geglu"}
 PLAIN_ACTS = {"gelu_new": "act.gelu", "gelu_pytorch_tanh": "act.gelu"}
 
+# Config keys of mixture-of-experts models: captured from transformers' modules (moe.experts),
+# refused by this parser, whose blocks describe dense MLPs
+MOE_KEYS = {key: "mixture-of-experts routing" for key in ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok")}
 # Config keys that mean the model computes something no op here does: refused by name
 UNSUPPORTED_KEYS = {
-    "num_experts": "mixture-of-experts routing",
-    "num_local_experts": "mixture-of-experts routing",
-    "n_routed_experts": "mixture-of-experts routing",
-    "num_experts_per_tok": "mixture-of-experts routing",
     "kv_lora_rank": "multi-head latent attention (MLA)",
     "q_lora_rank": "multi-head latent attention (MLA)",
     "add_cross_attention": "cross-attention",
@@ -217,7 +216,7 @@ def _unsupported_parts(cfg: dict) -> list[str]:
 
 
 def _refuse_unsupported(cfg: dict, model_type, where: str) -> None:
-    found = _unsupported_parts(cfg)
+    found = _unsupported_parts(cfg) + [f"{desc} ('{key}')" for key, desc in MOE_KEYS.items() if cfg.get(key)]
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         found.insert(0, f"model_type {model_type!r}")
     if found:

@@ -29,7 +29,7 @@ PLAIN_OPS = {"gelu_tanh": "act.gelu"}
 
 @dataclass(frozen=True)
 class Kind:
-    op: str  # linear, embedding, norm.rms, norm.layer, act
+    op: str  # linear, embedding, norm.rms, norm.layer, act, moe.experts
     unit_offset: bool = False
     act: str = ""  # for act: a key of ACTIVATIONS
     scale: bool = False  # embedding times a scale (Gemma)
@@ -100,6 +100,42 @@ def _classify_activation(module) -> Kind | None:
     return None
 
 
+def is_experts(module) -> bool:
+    """A mixture-of-experts layer's routed experts, as transformers stores them: 3-D expert weights
+    (gate_up_proj or up_proj, and down_proj), called as forward(hidden, top_k_index, top_k_weights)."""
+    weights = [getattr(module, name, None) for name in ("gate_up_proj", "up_proj", "down_proj")]
+    return isinstance(weights[2], torch.Tensor) and weights[2].dim() == 3 and any(
+        isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights[:2])
+
+
+def _classify_experts(module) -> Kind | None:
+    """Kind("moe.experts") when the module computes moe.experts (SwiGLU experts, [gate; up] rows in
+    gate_up_proj, no biases): its own forward is run, with transformers' eager experts loop, on a
+    stand-in holding small random CPU weights of its expert count, and compared with ours."""
+    from ..kernels.eager import moe_experts
+
+    if not is_experts(module) or set(module._parameters) != {"gate_up_proj", "down_proj"}:
+        return None
+    experts, hidden, inter = module.gate_up_proj.shape[0], 16, 8
+    gen = torch.Generator().manual_seed(4)
+    stand_in = copy.copy(module)  # shares the module's attributes; gets its own parameters and config
+    stand_in._parameters = {"gate_up_proj": torch.nn.Parameter(torch.randn(experts, 2 * inter, hidden, generator=gen)),
+                            "down_proj": torch.nn.Parameter(torch.randn(experts, hidden, inter, generator=gen))}
+    if getattr(module, "config", None) is not None:
+        stand_in.config = copy.copy(module.config)
+        stand_in.config._experts_implementation = "eager"
+    x = torch.randn(5, hidden, generator=gen)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:2] for _ in range(5)])
+    weights = torch.rand(5, 2, generator=gen)
+    try:
+        with torch.no_grad():
+            got = type(module).forward(stand_in, x, ids, weights)
+    except Exception:  # noqa: BLE001 - another forward: not the experts we serve
+        return None
+    expected = moe_experts(x, ids, weights, stand_in.gate_up_proj, stand_in.down_proj)
+    return Kind("moe.experts") if isinstance(got, torch.Tensor) and _close(got, expected) else None
+
+
 def _is_linear(module) -> bool:
     from transformers.pytorch_utils import Conv1D
     return isinstance(module, (torch.nn.Linear, Conv1D))
@@ -119,7 +155,8 @@ def classify(model) -> dict[str, Kind]:
         else:
             cls = type(module)
             if cls not in by_class:
-                by_class[cls] = _classify_norm(module) or _classify_activation(module)
+                by_class[cls] = (_classify_experts(module) if is_experts(module) else
+                                 _classify_norm(module) or _classify_activation(module))
             if by_class[cls] is not None:
                 kinds[name] = by_class[cls]
     return kinds
@@ -171,6 +208,8 @@ def read_together(model) -> list[tuple[str, ...]]:
         for name, module in twin.named_modules():
             if type(module) is torch.nn.Linear:
                 module.register_forward_pre_hook(reader(name))
+            if is_experts(module):  # their loop follows the routing's values, which meta tensors lack
+                module.forward = lambda hidden_states, *args, **kwargs: torch.empty_like(hidden_states)
         with torch.no_grad():
             twin(input_ids=torch.zeros(1, 3, dtype=torch.long), use_cache=True)
     groups = []

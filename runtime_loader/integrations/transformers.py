@@ -34,7 +34,7 @@ import torch
 from ..dispatcher import Dispatcher
 from .. import custom_ops
 from ..kernels import eager
-from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, read_together, rope_layout
+from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, is_experts, read_together, rope_layout
 
 NAME = "lzsolve"
 
@@ -44,6 +44,9 @@ def table_call(module, query, key, value, attention_mask, dropout, is_causal, kw
     SDPA: a padding mask, dropout, attention weights asked for, or a query that is neither a
     whole prefill nor one decode token."""
     seq_q, kv_len = query.shape[2], key.shape[2]
+    if kwargs.get("s_aux") is not None:  # attention sinks (GPT-OSS): neither the table nor SDPA computes them
+        raise ValueError(f"{type(module).__name__} has attention sinks, which no kernel here computes: load it with "
+                         "attn_implementation='eager' (patch() leaves such attention to the model)")
     simple = (attention_mask is None and dropout == 0.0 and not kwargs.get("output_attentions")
               and kwargs.get("position_bias") is None and kwargs.get("cache") is None
               and query.shape[1] % key.shape[1] == 0 and (seq_q == kv_len or seq_q == 1))
@@ -145,6 +148,11 @@ def _qk_norm_forward(self, x):
 def _layer_norm_forward(self, x):
     # a LayerNorm without a bias may have no bias attribute at all (Cohere's)
     return _ops().layer_norm(x, self.weight, getattr(self, "bias", None), self._lzsolve_eps)
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    # transformers calls the experts with the router's choice: (tokens, hidden), (tokens, top_k) twice
+    return _ops().moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)
 
 
 def _embedding_forward(self, ids):
@@ -336,7 +344,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
     QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
-    activations, token embeddings (with Gemma's scale) and nn.Linear layers, lm_head included
+    activations, token embeddings (with Gemma's scale), mixture-of-experts experts (SwiGLU, as
+    transformers stores them) and nn.Linear layers, lm_head included
     (its sliced input folded into one matrix); linears that read one tensor (q/k/v,
     gate/up) as one GEMM over their concatenated weights (their weights become views of it:
     patch after loading and moving the model, save before patching). Calls outside the table
@@ -345,9 +354,13 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     it left, by class. The RoPE function is replaced in the modelling module, so other models of
     that module in this process call the dispatcher too (with the same results)."""
     register(dispatcher, name)
-    model.set_attn_implementation(name)
-    _warn_on_graph_table(dispatcher)
     report = PatchReport()
+    sinks = sorted({type(m).__name__ for m in model.modules() if isinstance(getattr(m, "sinks", None), torch.Tensor)})
+    if sinks:
+        report.left[", ".join(sinks)] = "attention sinks: no kernel here computes them; left to the model's own"
+    else:
+        model.set_attn_implementation(name)
+    _warn_on_graph_table(dispatcher)
     kinds = classify(model)
     mlp_parts: set[str] = set()
     for module_name, module in model.named_modules():
@@ -383,6 +396,9 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     for module_name, module in model.named_modules():
         kind: Kind | None = kinds.get(module_name)
         cls = type(module).__name__
+        if kind is None and is_experts(module):
+            report.left[cls] = "experts in a form no op computes (biases, transposed or interleaved weights, another " \
+                               "activation)"
         if kind is None or module_name in mlp_parts or module_name in fused:
             continue
         if kind.op == "linear":
@@ -404,6 +420,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
                 report.left[cls] = "a LayerNorm without a weight"
             else:
                 _bind(module, _layer_norm_forward, report, eps=eps_of(module))
+        elif kind.op == "moe.experts":
+            _bind(module, _experts_forward, report)
         elif kind.op == "act" and PLAIN_OPS.get(kind.act) == "act.gelu":
             _bind(module, _gelu_forward, report)
         elif kind.op == "embedding":

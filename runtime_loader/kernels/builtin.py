@@ -63,7 +63,7 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down):
     gate, up = grouped_mm(x[order // top_k], gate_up.transpose(1, 2), offsets).chunk(2, dim=-1)
     rows = grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offsets) * topk_weights.reshape(-1)[order, None]
     in_token_order = torch.empty_like(rows).index_copy_(0, order, rows)
-    return in_token_order.view(tokens, top_k, -1).sum(dim=1)
+    return in_token_order.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # float32 routing weights promote
 
 
 SPECS = [

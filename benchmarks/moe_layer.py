@@ -1,0 +1,167 @@
+"""One mixture-of-experts layer's routed experts (moe.experts) on a GPU: the tuned table against
+every fixed choice, each checked against the fp32 reference before it is timed.
+
+Shapes (one rank's): Mixtral-8x7B at TP 2 (8 experts, top 2, hidden 4096, expert width 14336 / 2)
+and Qwen3-30B-A3B at TP 1 (128 experts, top 8, hidden 2048, width 768), at token counts from 1
+to 16384 (the grid's buckets and points between them), with the routing runtime_loader.inputs
+draws (seeded, a Zipf-like expert load). Variants:
+
+- hf_loop: transformers' eager loop over the experts (eager.moe_experts);
+- grouped_mm: transformers' default experts implementation (torch.grouped_mm);
+- triton_default: lzsolve's fused Triton kernel at its default configuration;
+- triton_vllm: the same kernel at the configuration vLLM ships for this (E, N) on the H100
+  (vllm/model_executor/layers/fused_moe/configs/E=..,N=..,device_name=NVIDIA_H100_80GB_HBM3.json,
+  the entry nearest the token count, as vLLM picks it; GROUP_SIZE_M has no counterpart here);
+- table: runtime_loader.load(ARTIFACT), the kernel its tree picks for the call.
+
+Timed interleaved by lzsolve's harness (L2 flushed between samples): graph = CUDA-graph replay
+(GPU time), eager = launches from Python (host work included). hf_loop waits on the host for its
+expert list, so it has no graph time.
+
+    python benchmarks/moe_layer.py --write-workload wl.json   # then: lzsolve tune --workload wl.json
+    python benchmarks/moe_layer.py --artifact ART --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+
+import torch
+
+import runtime_loader
+from lzsolve.bench import Budget, make_harness
+from lzsolve.ops import CONTRACTS, compare, to_fp32
+from runtime_loader import registry
+from runtime_loader.ops import Signature
+from runtime_loader.record import FORMAT, VERSION, Recording
+from runtime_loader.specs import config_id
+
+MODELS = {  # name -> moe.experts static dims of one rank
+    "mixtral-8x7b-tp2": {"experts": 8, "top_k": 2, "hidden": 4096, "inter": 7168},
+    "qwen3-30b-a3b": {"experts": 128, "top_k": 8, "hidden": 2048, "inter": 768},
+}
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+BETWEEN = (3, 24, 200, 700, 2500, 10000)  # off the grid: where a table's thresholds are guesses
+# vLLM's shipped H100 configs for these (E, N) (read from vLLM's repository): token count ->
+# (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps, num_stages)
+VLLM = {
+    "mixtral-8x7b-tp2": {1: (16, 64, 128, 4, 4), 2: (16, 128, 128, 8, 4), 4: (16, 32, 256, 4, 4),
+                         8: (16, 128, 128, 8, 4), 16: (16, 128, 128, 4, 4), 24: (16, 128, 128, 4, 4),
+                         32: (16, 128, 128, 4, 4), 48: (32, 128, 128, 4, 4), 64: (32, 128, 128, 4, 4),
+                         96: (32, 128, 128, 4, 4), 128: (64, 128, 128, 4, 4), 256: (64, 128, 128, 4, 4),
+                         512: (64, 256, 64, 4, 4), 1024: (128, 256, 64, 8, 4), 1536: (128, 256, 64, 8, 4),
+                         2048: (128, 256, 64, 8, 4), 3072: (128, 256, 64, 8, 4), 4096: (128, 256, 64, 8, 4)},
+    "qwen3-30b-a3b": {1: (16, 32, 64, 4, 4), 2: (16, 64, 64, 4, 3), 4: (16, 128, 64, 4, 4), 8: (16, 64, 64, 4, 5),
+                      16: (16, 32, 256, 4, 2), 24: (16, 64, 128, 4, 3), 32: (16, 32, 128, 4, 5),
+                      48: (16, 64, 128, 4, 3), 64: (16, 256, 128, 8, 3), 96: (16, 128, 128, 4, 2),
+                      128: (16, 256, 128, 8, 2), 256: (32, 256, 128, 8, 3), 512: (64, 128, 64, 4, 3),
+                      1024: (64, 256, 64, 8, 5), 1536: (128, 256, 64, 8, 4), 2048: (128, 256, 64, 8, 4),
+                      3072: (128, 256, 64, 8, 4), 4096: (128, 256, 64, 8, 4)},
+}
+FIXED = ("hf_loop", "grouped_mm", "triton_default", "triton_vllm")
+
+
+def signature(model: str, dtype: str) -> Signature:
+    return Signature.make("moe.experts", MODELS[model], (), dtype)
+
+
+def vllm_kernel(model: str, tokens: int) -> str:
+    nearest = min(VLLM[model], key=lambda m: abs(m - tokens))
+    block_m, block_n, block_k, warps, stages = VLLM[model][nearest]
+    return config_id("triton.moe_experts", {"block_m": block_m, "block_n": block_n, "block_k": block_k,
+                                             "warps": warps, "stages": stages})
+
+
+def write_workload(path: Path, dtype: str) -> None:
+    """The calls a table for this benchmark is tuned on: every model at every grid token count."""
+    recording = Recording("moe-layer")
+    fallback = registry.get("torch.grouped_mm")
+    for model in MODELS:
+        for tokens in TOKENS:
+            recording.count((signature(model, dtype), {"tokens": tokens}), fallback, False)
+    data = {"format": FORMAT, "version": VERSION, **recording.to_json()}
+    path.write_text(json.dumps(data, indent=1))
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--artifact", help="a table tuned for these signatures (adds the table column)")
+    parser.add_argument("--write-workload", metavar="PATH", help="write the workload to tune, and exit")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--tokens", default=",".join(map(str, sorted(TOKENS + BETWEEN))))
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    parser.add_argument("--max-loop-tokens", type=int, default=4096,
+                        help="hf_loop is timed up to this many tokens (it is the slowest by far)")
+    parser.add_argument("--json", help="write every figure here")
+    args = parser.parse_args()
+    if args.write_workload:
+        write_workload(Path(args.write_workload), args.dtype)
+        return
+    device = torch.device("cuda")
+    d = runtime_loader.load(args.artifact, strict=True) if args.artifact else None
+    harness = make_harness(device, Budget(min_samples=10, max_samples=60))
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, {dt.date.today()}; median us "
+          f"(graph, eager); x = best fixed / table")
+    for model in args.models.split(","):
+        sig = signature(model, args.dtype)
+        contract = CONTRACTS[sig.op]
+        for tokens in map(int, args.tokens.split(",")):
+            dims = {"tokens": tokens}
+            inputs = contract.make_inputs(sig, dims, device, gen)
+            reference = contract.reference(*to_fp32(inputs))
+            kernels = {"hf_loop": "eager.moe_experts", "grouped_mm": "torch.grouped_mm",
+                       "triton_default": "triton.moe_experts", "triton_vllm": vllm_kernel(model, tokens)}
+            if tokens > args.max_loop_tokens:
+                del kernels["hf_loop"]
+            calls = {name: (lambda impl=registry.get(k).impl: impl(*inputs)) for name, k in kernels.items()}
+            if d is not None:
+                kernels["table"] = d.kernel_for("moe_experts", *inputs)
+                calls["table"] = lambda: d.moe_experts(*inputs)
+            row = {"model": model, "tokens": tokens, "kernels": kernels, "errors": {}, "graph_us": {},
+                   "eager_us": {}}
+            timed = {}
+            for name, call in calls.items():
+                ok, errors, message = compare(call(), reference, contract.tolerances[sig.dtype])
+                if ok:
+                    timed[name] = [call]
+                else:
+                    row["errors"][name] = message
+            del reference
+            for name, m in harness.measure(timed).items():
+                if isinstance(m, Exception):
+                    row["errors"][name] = f"{type(m).__name__}: {m}"
+                    continue
+                row["eager_us"][name] = m.eager.median_ms * 1e3 if m.eager else None
+                row["graph_us"][name] = m.graph.median_ms * 1e3 if m.graph else None
+            rows.append(row)
+            report(row)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(device),
+                                               "torch": torch.__version__, "date": str(dt.date.today()),
+                                               "rows": rows}, indent=1))
+
+
+def report(row: dict) -> None:
+    def cell(name):
+        g, e = row["graph_us"].get(name), row["eager_us"].get(name)
+        if name in row["errors"]:
+            return "FAILED"
+        return "-" if e is None else f"{g:.0f},{e:.0f}" if g else f"-,{e:.0f}"
+    names = list(FIXED) + (["table"] if "table" in row["kernels"] else [])
+    line = f"{row['model']:17} {row['tokens']:>6} " + " ".join(f"{n}={cell(n)}" for n in names)
+    best = [row["graph_us"].get(n) for n in FIXED if row["graph_us"].get(n)]
+    table = row["graph_us"].get("table")
+    if best and table:
+        line += f"  x {min(best) / table:.2f} ({row['kernels']['table']})"
+    print(line, flush=True)
+    for name, message in row["errors"].items():
+        print(f"    {name}: {message}")
+
+
+if __name__ == "__main__":
+    main()

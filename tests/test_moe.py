@@ -1,0 +1,147 @@
+"""Mixture-of-experts models end to end on CPU: tiny random-weight Qwen3-MoE and Mixtral captured,
+tuned, replayed strictly against the fp32 reference, and served by patch() with the logits and
+generations of the unpatched model."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import runtime_loader
+from lzsolve.cli import cli
+from lzsolve.models.capture import capture
+from runtime_loader import Dispatcher
+
+from .tables import assert_replays_references
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, max_position_embeddings=128, num_experts_per_tok=2)
+MODELS = {  # model type -> (config class, its expert count and width keys)
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=8, moe_intermediate_size=32, intermediate_size=96)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=6, intermediate_size=48)),
+}
+
+
+def tiny(model_type: str):
+    config_class, experts = MODELS[model_type]
+    config = getattr(transformers, config_class)(**TINY, **experts)
+    torch.manual_seed(5)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # transformers leaves 3-D expert weights to _init_weights: make them O(1)-preserving
+        for name, p in model.named_parameters():
+            if p.dim() == 3:
+                p.normal_(0, p.shape[-1] ** -0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def moe_artifact(tmp_path_factory):
+    """One CPU tune of what both tiny models call once patched (generate() recorded with no table)."""
+    from runtime_loader.integrations.transformers import patch, restore_functions
+
+    root = tmp_path_factory.mktemp("moe")
+    try:
+        with runtime_loader.record(root / "workload.json", name="tiny-moe"), torch.no_grad():
+            for model_type in MODELS:
+                model = tiny(model_type)
+                patch(model, Dispatcher(None))
+                model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
+    finally:
+        runtime_loader.custom_ops.activate(Dispatcher(None))
+        restore_functions()
+    result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
+                                      "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",
+                                      "--out", str(root / "artifact")])
+    assert result.exit_code == 0, result.output
+    return root / "artifact"
+
+
+@pytest.fixture
+def restore_active():
+    yield
+    from runtime_loader.integrations.transformers import restore_functions
+    runtime_loader.custom_ops.activate(Dispatcher(None))
+    restore_functions()
+
+
+def test_the_table_tunes_the_experts_and_replays_the_reference(moe_artifact):
+    table = json.loads((moe_artifact / "dispatch.json").read_text())
+    experts = {e["signature"] for e in table["ops"] if e["op"] == "moe.experts"}
+    assert experts == {"moe.experts[experts=8,top_k=2,hidden=64,inter=32,fp32]",
+                       "moe.experts[experts=6,top_k=2,hidden=64,inter=48,fp32]"}
+    assert_replays_references(moe_artifact)
+
+
+@pytest.mark.parametrize("model_type", list(MODELS))
+def test_patched_moe_model_is_served_from_its_table(model_type, moe_artifact, restore_active):
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny(model_type)
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = model(ids).logits
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    d = runtime_loader.load(moe_artifact, strict=True)
+    report = patch(model, d)
+    assert report.replaced[type(model.model.layers[0].mlp.experts).__name__] == 2, report
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+    stats = d.stats()
+    assert sum(stats["moe.experts"].values()) == 2 * (1 + 6), "both layers, every forward"
+    assert not any("(fallback)" in k for k in stats["moe.experts"]), stats["moe.experts"]
+
+
+@pytest.mark.parametrize("model_type", list(MODELS))
+def test_capture_covers_what_the_patched_model_calls(model_type, tmp_path, restore_active):
+    """`tune --config` and patch() agree on the experts' signature (and every other one)."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny(model_type)
+    captured = {str(i.signature).replace("norm.rms_add", "norm.rms")
+                for i in capture(model.config.to_dict(), model_type, dtype="fp32").instances}
+    patch(model, Dispatcher(None))
+    with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
+        model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
+    called = {call["name"] for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    assert any(name.startswith("moe.experts") for name in called)
+    assert called <= captured, sorted(called - captured)
+
+
+def test_bf16_model_keeps_its_dtype_through_the_experts(restore_active):
+    """Routers hand the experts float32 or bf16 weights: the output stays in the activations' dtype."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny("qwen3_moe").to(torch.bfloat16)
+    ids = torch.randint(1, 128, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        reference = model(ids).logits
+        patch(model, Dispatcher(None))
+        served = model(ids).logits
+    assert served.dtype == torch.bfloat16
+    torch.testing.assert_close(served.float(), reference.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_gpt_oss_sinks_and_experts_are_left_to_the_model(restore_active):
+    """GPT-OSS's attention sinks and its biased, clamped experts: no op computes them, so patch()
+    leaves them (and says so) and the model computes what it did; the attention function refuses
+    a call with sinks rather than drop them."""
+    from runtime_loader.integrations.transformers import attention_forward, patch
+
+    config = transformers.GptOssConfig(**{**TINY, "num_local_experts": 4, "intermediate_size": 32,
+                                          "layer_types": ["sliding_attention", "full_attention"],
+                                          "sliding_window": 4}, attn_implementation="eager")
+    torch.manual_seed(2)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(1, 128, (1, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        reference = model(ids).logits
+        report = patch(model, Dispatcher(None))
+        served = model(ids).logits
+    assert "attention sinks" in report.left["GptOssAttention"] and "GptOssExperts" in report.left, report
+    torch.testing.assert_close(served, reference, rtol=1e-5, atol=1e-5)
+    q = torch.randn(1, 4, 3, 16)
+    with pytest.raises(ValueError, match="attention sinks"):
+        attention_forward(model.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None, s_aux=torch.zeros(4))

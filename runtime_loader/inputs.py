@@ -8,6 +8,8 @@ halves of one buffer), so kernels are checked and timed on what they will serve.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -194,3 +196,29 @@ def moe_experts(sig, dims, device, gen):
     gate_up = randn((experts, 2 * inter, hidden), sig, device, gen, scale=hidden ** -0.5)
     down = randn((experts, hidden, inter), sig, device, gen, scale=inter ** -0.5)
     return x, ids, weights, gate_up, down
+
+
+def distinct_logits(tokens: int, experts: int, sig, device, gen):
+    """Router logits with no two equal in a row, in the signature's dtype: a tie would let two
+    correct kernels pick different experts (bf16 logits of 128 experts tie often). Each row is
+    drawn from the distinct values of the dtype in [-4, 4], which are log-spaced like a normal
+    sample's magnitudes."""
+    grid = _distinct_values(DTYPES[sig.dtype], experts).to(device)
+    picks = torch.rand((tokens, grid.numel()), generator=gen, device=device).argsort(dim=-1)[:, :experts]
+    return grid[picks]
+
+
+@functools.lru_cache(maxsize=None)
+def _distinct_values(dtype, at_least: int) -> torch.Tensor:
+    """The distinct values of `dtype` in [-4, 4] (on the CPU: the tuner also makes inputs on meta)."""
+    steps = 8 * 1024
+    while True:
+        values = torch.linspace(-4, 4, steps).to(dtype).unique()
+        if values.numel() >= at_least:
+            return values
+        steps *= 8
+
+
+def moe_router(sig, dims, device, gen):
+    return distinct_logits(dims["tokens"], sig.dim("experts"), sig, device, gen), sig.dim("top_k"), \
+        "renorm" in sig.flags

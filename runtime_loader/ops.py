@@ -352,6 +352,26 @@ def moe_experts_call(x, topk_ids, topk_weights, gate_up, down):
     return Signature.make("moe.experts", static, (), DTYPE_NAMES[x.dtype]), {"tokens": x.shape[0]}
 
 
+def moe_router_front(logits: Tensor, top_k: int, renorm: bool = True):
+    """A mixture-of-experts router's choice from its logits (tokens, experts): the top_k experts
+    of softmax(logits) in fp32, as (weights float32, ids int64), both (tokens, top_k) in
+    descending order; renorm: the weights divided by their sum (softmax over the top_k logits)."""
+    return (logits.shape, logits.dtype, logits.is_cuda, top_k, renorm), (logits, top_k, renorm)
+
+
+def moe_router_call(logits, top_k, renorm=True):
+    if logits.dim() != 2 or logits.dtype not in DTYPE_NAMES or not 0 < top_k <= logits.shape[1]:
+        return None
+    static = {"experts": logits.shape[1], "top_k": top_k}
+    return (Signature.make("moe.router", static, ("renorm",) if renorm else (), DTYPE_NAMES[logits.dtype]),
+            {"tokens": logits.shape[0]})
+
+
+def moe_router_fake(logits: Tensor, top_k: int, *args) -> tuple[Tensor, Tensor]:
+    shape = (logits.shape[0], top_k)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int64)
+
+
 # --- the records -------------------------------------------------------------------------------------
 ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0))
 ATTENTION = dict(method="attention", front=attention_front, call=attention_call, inputs=inputs.attention,
@@ -396,6 +416,10 @@ OPS: dict[str, OpSchema] = {
         _rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, inputs.two_rows),
         OpSchema("linear", ("k", "n"), ("bias",), ("tokens",), "torch.linear", method="linear", front=linear_front,
                  call=linear_call, inputs=inputs.linear, fake=linear_fake),
+        # renorm: the top_k weights divided by their sum (Mixtral, Qwen3-MoE; GraniteMoE's softmax over the top_k)
+        OpSchema("moe.router", ("experts", "top_k"), ("renorm",), ("tokens",), "eager.moe_router",
+                 method="moe_router", front=moe_router_front, call=moe_router_call, inputs=inputs.moe_router,
+                 fake=moe_router_fake),
         # experts: routed experts of one rank (all of them, or experts / ep under expert parallelism);
         # inter: each expert's intermediate width on this rank (divided by tp)
         OpSchema("moe.experts", ("experts", "top_k", "hidden", "inter"), (), ("tokens",), "torch.grouped_mm",

@@ -101,6 +101,7 @@ def test_cuda_kernel_parity():
     ("compile.swiglu", "act.swiglu", {"width": 128}),
     ("compile.rms_norm_add", "norm.rms_add", {"hidden": 256}),
     ("compile.rope", "posenc.rope", {"hq": 4, "hkv": 2, "d": 64, "layout": "split_half"}),
+    ("compile.moe_router", "moe.router", {"experts": 16, "top_k": 4}),
 ])
 def test_compiled_kernels_trace_one_graph_for_every_token_count(kernel_id, op, static):
     """Token dims are unbacked: no specialisation on the first shape seen (nor on 1), so the

@@ -71,6 +71,9 @@ def test_the_table_tunes_the_experts_and_replays_the_reference(moe_artifact):
     experts = {e["signature"] for e in table["ops"] if e["op"] == "moe.experts"}
     assert experts == {"moe.experts[experts=8,top_k=2,hidden=64,inter=32,fp32]",
                        "moe.experts[experts=6,top_k=2,hidden=64,inter=48,fp32]"}
+    routers = {e["signature"] for e in table["ops"] if e["op"] == "moe.router"}
+    assert routers == {"moe.router[experts=8,top_k=2,fp32]", "moe.router[experts=6,top_k=2,renorm,fp32]"}, \
+        "Qwen3-MoE's config leaves norm_topk_prob off; Mixtral always renormalises"
     assert_replays_references(moe_artifact)
 
 
@@ -86,12 +89,14 @@ def test_patched_moe_model_is_served_from_its_table(model_type, moe_artifact, re
     d = runtime_loader.load(moe_artifact, strict=True)
     report = patch(model, d)
     assert report.replaced[type(model.model.layers[0].mlp.experts).__name__] == 2, report
+    assert report.replaced[type(model.model.layers[0].mlp.gate).__name__] == 2, report
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
     stats = d.stats()
-    assert sum(stats["moe.experts"].values()) == 2 * (1 + 6), "both layers, every forward"
-    assert not any("(fallback)" in k for k in stats["moe.experts"]), stats["moe.experts"]
+    for op in ("moe.experts", "moe.router"):
+        assert sum(stats[op].values()) == 2 * (1 + 6), "both layers, every forward"
+        assert not any("(fallback)" in k for k in stats[op]), stats[op]
 
 
 @pytest.mark.parametrize("model_type", list(MODELS))
@@ -126,8 +131,8 @@ def test_bf16_model_keeps_its_dtype_through_the_experts(restore_active):
 
 def test_gpt_oss_sinks_and_experts_are_left_to_the_model(restore_active):
     """GPT-OSS's attention sinks and its biased, clamped experts: no op computes them, so patch()
-    leaves them (and says so) and the model computes what it did; the attention function refuses
-    a call with sinks rather than drop them."""
+    leaves them (and says so) and the model computes what it did; its router is served. The
+    attention function refuses a call with sinks rather than drop them."""
     from runtime_loader.integrations.transformers import attention_forward, patch
 
     config = transformers.GptOssConfig(**{**TINY, "num_local_experts": 4, "intermediate_size": 32,
@@ -141,6 +146,7 @@ def test_gpt_oss_sinks_and_experts_are_left_to_the_model(restore_active):
         report = patch(model, Dispatcher(None))
         served = model(ids).logits
     assert "attention sinks" in report.left["GptOssAttention"] and "GptOssExperts" in report.left, report
+    assert report.replaced["GptOssTopKRouter"] == 2, "a router with a bias: softmax over its top-k logits"
     torch.testing.assert_close(served, reference, rtol=1e-5, atol=1e-5)
     q = torch.randn(1, 4, 3, 16)
     with pytest.raises(ValueError, match="attention sinks"):

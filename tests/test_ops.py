@@ -49,6 +49,8 @@ SIGS = [
     (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 4, "dk": 4, "dv": 8}, (), "fp32"),
      {"batch": 1, "seq": 5}),
     (Signature.make("moe.experts", {"experts": 6, "top_k": 2, "hidden": 16, "inter": 12}, (), "fp32"), {"tokens": 9}),
+    (Signature.make("moe.router", {"experts": 12, "top_k": 3}, ("renorm",), "fp32"), {"tokens": 6}),
+    (Signature.make("moe.router", {"experts": 12, "top_k": 3}, (), "bf16"), {"tokens": 6}),
 ]
 
 
@@ -150,6 +152,18 @@ def moe64(x, topk_ids, topk_weights, gate_up, down):
     return out
 
 
+def router64(logits, top_k, renorm):
+    """Row by row: exp / sum in float64, the top_k by a full descending sort."""
+    weights, ids = [], []
+    for row in logits.double():
+        probs = torch.exp(row - row.max()) / torch.exp(row - row.max()).sum()
+        order = sorted(range(len(row)), key=lambda e: -probs[e].item())[:top_k]
+        picked = probs[order]
+        weights.append(picked / picked.sum() if renorm else picked)
+        ids.append(torch.tensor(order))
+    return torch.stack(weights), torch.stack(ids)
+
+
 INDEPENDENT = {
     "attention.prefill": attention64,
     "attention.decode": attention64,
@@ -168,6 +182,7 @@ INDEPENDENT = {
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
     "recurrent.gated_deltanet": deltanet64,
     "moe.experts": moe64,
+    "moe.router": router64,
 }
 
 def test_every_op_has_an_independent_formula_and_signatures_here():
@@ -188,6 +203,9 @@ def test_reference_matches_float64_formula(sig, dims, gen):
     ref = contract.reference(*to_fp32(args))
     expected = INDEPENDENT[sig.op](*args)
     for r, e in zip(ref if isinstance(ref, tuple) else (ref,), expected if isinstance(expected, tuple) else (expected,)):
+        if not e.is_floating_point():  # indices (a router's choice): the same ones
+            assert torch.equal(r, e)
+            continue
         assert r.dtype == torch.float32
         torch.testing.assert_close(r.double(), e, rtol=1e-5, atol=1e-5)
 
@@ -290,3 +308,15 @@ def test_signature_format_and_validation():
         Signature.make("linear", {"k": 1, "n": 1}, ("causal",), "bf16")
     with pytest.raises(ValueError):
         Signature.make("nope", {}, (), "bf16")
+
+
+def test_compare_takes_integer_outputs_exactly(gen):
+    """A router's expert ids must be the reference's, not close to them."""
+    sig = Signature.make("moe.router", {"experts": 12, "top_k": 3}, ("renorm",), "bf16")
+    args = CONTRACTS["moe.router"].make_inputs(sig, {"tokens": 6}, CPU, gen)
+    weights, ids = CONTRACTS["moe.router"].reference(*to_fp32(args))
+    assert compare((weights, ids), (weights, ids), TOLERANCES["bf16"])[0]
+    swapped = ids.clone()
+    swapped[0, [0, 1]] = swapped[0, [1, 0]]
+    ok, _, message = compare((weights, swapped), (weights, ids), TOLERANCES["bf16"])
+    assert not ok and "integers differ" in message

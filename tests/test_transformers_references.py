@@ -266,3 +266,27 @@ def test_moe_experts_are_transformers_experts(model_type):
             close(impl(kernel_id)(*args), expected, tol=1e-5)
         close(CONTRACTS["moe.experts"].reference(*args), expected, tol=1e-5)
         close(Dispatcher().moe_experts(*args), expected, tol=1e-5)
+
+
+MOE_ROUTERS = {"mixtral": ("MixtralConfig", "MixtralTopKRouter", "num_local_experts", True),
+               "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeTopKRouter", "num_experts", False),
+               "granitemoe": ("GraniteMoeConfig", "GraniteMoeTopKRouter", "num_local_experts", True)}
+
+
+@pytest.mark.parametrize("model_type", sorted(MOE_ROUTERS))
+def test_moe_router_is_transformers_router(model_type):
+    """softmax top-k of the logits (renormalised where the family does: GraniteMoE's softmax over
+    the top-k logits is the same), ids equal, on logits with no ties."""
+    module = pytest.importorskip(f"transformers.models.{model_type}.modeling_{model_type}")
+    config_class, router_class, count_key, renorm = MOE_ROUTERS[model_type]
+    config = getattr(module, config_class)(hidden_size=32, num_experts_per_tok=3, **{count_key: 12})
+    router = getattr(module, router_class)(config)
+    torch.nn.init.normal_(router.weight, std=1.0)
+    x = torch.randn(9, 32)
+    with torch.no_grad():
+        logits, weights, ids = router(x)
+        for kernel_id in ("eager.moe_router", "compile.moe_router"):
+            got_weights, got_ids = impl(kernel_id)(x @ router.weight.T, 3, renorm)
+            assert torch.equal(got_ids, ids)
+            close(got_weights, weights.float(), tol=1e-5)
+        close(CONTRACTS["moe.router"].reference(logits, 3, renorm)[0], weights.float(), tol=1e-5)

@@ -52,6 +52,9 @@ CASES = [
     # puts every expert in one mostly empty block
     ("triton.moe_experts", "moe.experts", {"experts": 6, "top_k": 2, "hidden": 40, "inter": 24}, (), {"tokens": 9},
      [{"block_m": 16, "block_n": 16, "block_k": 16, "warps": 2, "stages": 2}]),
+    # 60 experts in a block of 64 (padding never picked), 3 of them per token, with and without renormalisation
+    *[("triton.moe_router", "moe.router", {"experts": 60, "top_k": 3}, flags, {"tokens": 5}, [{"warps": 1}])
+      for flags in (("renorm",), ())],
 ]
 
 

@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from runtime_loader.integrations.modules import GATED_OPS, PLAIN_OPS, Kind, classify, is_experts, rope_layout
 from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
-                                moe_experts_call, qk_norm_call, rope_call, rows_call)
+                                moe_experts_call, moe_router_call, qk_norm_call, rope_call, rows_call)
 
 from ..errors import LzError
 from ..limits import check_config_sizes
@@ -329,6 +329,15 @@ def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> N
 def _observer(name: str, kind: Kind, rec: _Recorder):
     def observe(module, args, output):
         x = args[0] if args else None
+        if kind.op == "moe.router" and isinstance(x, torch.Tensor):
+            # its logits GEMM (replicated on every rank: the router sees all experts) and the top-k choice,
+            # both in the activations' dtype, as patch() serves them
+            rows = x.reshape(-1, x.shape[-1])
+            logits = rows.new_empty((rows.shape[0], module.weight.shape[0]))
+            rec.events.append(Event("router", name, _sig(linear_call(rows, module.weight, getattr(module, "bias", None))),
+                                    extra={"replicated": True}))
+            rec.events.append(Event("routing", name, _sig(moe_router_call(logits, module.top_k, kind.renorm))))
+            return
         if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor):
             return
         if kind.op == "linear":
@@ -446,13 +455,13 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
         s["inter"] //= tp
     if sig.op == "embedding":
         s["vocab"] = -(-s["vocab"] // tp)
-    if sig.op == "linear":
+    if sig.op == "linear":  # a width tp does not divide (Qwen2-MoE's one-column shared expert gate) is replicated
         if lm_head:
             s["n"] = -(-s["n"] // tp)
         elif row_parallel:
-            s["k"] //= tp
+            s["k"] = s["k"] // tp if s["k"] % tp == 0 else s["k"]
         else:
-            s["n"] //= tp
+            s["n"] = s["n"] // tp if s["n"] % tp == 0 else s["n"]
     return Signature.make(sig.op, s, sig.flags, sig.dtype)
 
 
@@ -479,7 +488,7 @@ def instances(prefill: list[Event], decode: list[Event], tp: int) -> list[OpInst
     last_linear = max((i for i, e in enumerate(prefill) if e.op == "linear"), default=-1)
 
     def add(e: Event, row_parallel: bool, lm_head: bool):
-        sig = _shard(e.sig, tp, row_parallel, lm_head)
+        sig = _shard(e.sig, 1 if e.extra.get("replicated") else tp, row_parallel, lm_head)
         roles, count = merged.get(sig, ([], 0))
         role = _role(e.module)
         merged[sig] = (roles if role in roles else roles + [role], count + 1)

@@ -10,14 +10,14 @@ from .attention import DECODE, PREFILL
 from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
 from .embedding import EMBEDDING, LEARNED
 from .linear import LINEAR
-from .moe import EXPERTS
+from .moe import EXPERTS, ROUTER
 from .norm import LAYER, QK, RMS, RMS_ADD
 from .recurrent import GATED_DELTANET
 from .rope import ROPE
 
 CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
     PREFILL, DECODE, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR,
-    GATED_DELTANET, EXPERTS)}
+    GATED_DELTANET, EXPERTS, ROUTER)}
 
 
 def check_contracts() -> None:

@@ -79,6 +79,11 @@ def compare(out, ref, tol: Tolerance) -> tuple[bool, dict, str]:
         if not isinstance(o, torch.Tensor) or o.shape != r.shape:
             got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
             return False, {}, f"output {i} has shape {got}, expected {tuple(r.shape)}"
+        if not r.is_floating_point():  # indices (a router's expert ids): exactly, or not at all
+            if not torch.equal(o.to(r.device, r.dtype), r):
+                wrong = (o.to(r.device, r.dtype) != r).float().mean().item()
+                return False, {}, f"output {i}: {wrong:.1%} of its integers differ from the reference's"
+            continue
         o = o.float()
         if not torch.isfinite(o).all():
             return False, {}, f"output {i} has NaN or Inf"

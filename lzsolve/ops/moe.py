@@ -1,4 +1,9 @@
-"""moe.experts: a mixture-of-experts layer's gated expert MLPs over the tokens routed to them.
+"""Mixture-of-experts layers: the router's choice (moe.router) and the routed experts (moe.experts).
+
+moe.router: the top_k experts of softmax(logits) per token, weights (renormalised to sum to 1
+with the renorm flag) and ids, in descending order.
+
+moe.experts: the gated expert MLPs over the tokens routed to them.
 
 Each token goes to top_k of `experts` experts with the router's weights; expert e computes
 down[e] @ (silu(gate) * up) with [gate; up] = gate_up[e] @ x, and a token's output is the
@@ -48,4 +53,24 @@ EXPERTS = OpContract("moe.experts", reference, flops, bytes_moved, (
     (shape(4, 2, 32, 48), (), {"tokens": 5}),  # fewer tokens than experts x slots: some expert idle
     (shape(8, 2, 64, 96), (), {"tokens": 33}),  # odd widths and token count: no tile is full
     (shape(16, 4, 128, 64), (), {"tokens": 1}),  # decode: one token, top_k experts
+))
+
+
+def router_reference(logits, top_k: int, renorm: bool):
+    weights, ids = logits.float().softmax(dim=-1).topk(top_k, dim=-1)
+    return (weights / weights.sum(dim=-1, keepdim=True) if renorm else weights), ids
+
+
+def router_flops(sig, dims):
+    return 5.0 * dims["tokens"] * sig.dim("experts")  # exp, sum, divide; the top-k's comparisons
+
+
+def router_bytes(sig, dims):
+    return float(dims["tokens"] * (itemsize(sig) * sig.dim("experts") + 12 * sig.dim("top_k")))
+
+
+ROUTER = OpContract("moe.router", router_reference, router_flops, router_bytes, (
+    ({"experts": 8, "top_k": 2}, ("renorm",), {"tokens": 7}),  # Mixtral
+    ({"experts": 60, "top_k": 4}, (), {"tokens": 5}),  # Qwen2-MoE: no renormalisation, experts not a power of 2
+    ({"experts": 128, "top_k": 8}, ("renorm",), {"tokens": 1}),  # Qwen3-MoE at decode
 ))

@@ -29,10 +29,15 @@ PLAIN_OPS = {"gelu_tanh": "act.gelu"}
 
 @dataclass(frozen=True)
 class Kind:
-    op: str  # linear, embedding, norm.rms, norm.layer, act, moe.experts
+    op: str  # linear, embedding, norm.rms, norm.layer, act, moe.experts, moe.router
     unit_offset: bool = False
     act: str = ""  # for act: a key of ACTIVATIONS
     scale: bool = False  # embedding times a scale (Gemma)
+    # moe.router: the top-k weights renormalised; its logits and weights returned in float32 (else
+    # in the activations' dtype), as each family's router module does
+    renorm: bool = False
+    float32_logits: bool = False
+    float32_weights: bool = False
 
 
 def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -136,6 +141,37 @@ def _classify_experts(module) -> Kind | None:
     return Kind("moe.experts") if isinstance(got, torch.Tensor) and _close(got, expected) else None
 
 
+def _classify_router(module) -> Kind | None:
+    """Kind("moe.router") when forward(hidden) returns (logits, weights, ids) as hidden @ weight.T
+    (+ bias) and moe.router of those logits (softmax, top_k, renormalised or not; GPT-OSS's softmax
+    over the top_k logits is the renormalised one): found by running a CPU copy, in fp32 for the
+    values and in bf16 for the dtypes it returns."""
+    from ..kernels.eager import moe_router
+
+    weight, top_k = getattr(module, "weight", None), getattr(module, "top_k", None)
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and isinstance(top_k, int)) or \
+            set(module._parameters) - {"weight", "bias"} or any(True for _ in module.children()):
+        return None
+    experts, hidden = weight.shape
+    x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(5))
+    try:
+        clone = _cpu_copy(module).eval()
+        with torch.no_grad():
+            expected_logits = F.linear(x, clone.weight, getattr(clone, "bias", None))
+            logits, weights, ids = clone(x)
+            low = clone.to(torch.bfloat16)(x.to(torch.bfloat16))  # .to() converts the clone in place
+    except Exception:  # noqa: BLE001 - another forward: not a router we know
+        return None
+    if not (isinstance(logits, torch.Tensor) and _close(logits, expected_logits)):
+        return None
+    for renorm in (True, False):
+        expected_weights, expected_ids = moe_router(logits, top_k, renorm)
+        if torch.equal(ids, expected_ids) and _close(weights.float(), expected_weights):
+            return Kind("moe.router", renorm=renorm, float32_logits=low[0].dtype == torch.float32,
+                        float32_weights=low[1].dtype == torch.float32)
+    return None
+
+
 def _is_linear(module) -> bool:
     from transformers.pytorch_utils import Conv1D
     return isinstance(module, (torch.nn.Linear, Conv1D))
@@ -156,7 +192,7 @@ def classify(model) -> dict[str, Kind]:
             cls = type(module)
             if cls not in by_class:
                 by_class[cls] = (_classify_experts(module) if is_experts(module) else
-                                 _classify_norm(module) or _classify_activation(module))
+                                 _classify_norm(module) or _classify_activation(module) or _classify_router(module))
             if by_class[cls] is not None:
                 kinds[name] = by_class[cls]
     return kinds

@@ -155,6 +155,16 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return _ops().moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)
 
 
+def _router_forward(self, hidden_states):
+    # the logits GEMM and the top-k choice through the table; each family's dtypes kept (Mixtral returns
+    # float32 weights, Qwen casts them to the logits' dtype, GraniteMoE returns float32 logits)
+    rows = hidden_states.reshape(-1, hidden_states.shape[-1])
+    logits = _ops().linear(rows, self.weight, getattr(self, "bias", None))
+    weights, ids = _ops().moe_router(logits, self._lzsolve_top_k, self._lzsolve_renorm)
+    return (logits.float() if self._lzsolve_float32_logits else logits,
+            weights if self._lzsolve_float32_weights else weights.to(rows.dtype), ids)
+
+
 def _embedding_forward(self, ids):
     return _ops().embedding(ids, self.weight, self._lzsolve_scale)
 
@@ -344,8 +354,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
     QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
-    activations, token embeddings (with Gemma's scale), mixture-of-experts experts (SwiGLU, as
-    transformers stores them) and nn.Linear layers, lm_head included
+    activations, token embeddings (with Gemma's scale), mixture-of-experts routers (softmax top-k)
+    and experts (SwiGLU, as transformers stores them) and nn.Linear layers, lm_head included
     (its sliced input folded into one matrix); linears that read one tensor (q/k/v,
     gate/up) as one GEMM over their concatenated weights (their weights become views of it:
     patch after loading and moving the model, save before patching). Calls outside the table
@@ -422,6 +432,9 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
                 _bind(module, _layer_norm_forward, report, eps=eps_of(module))
         elif kind.op == "moe.experts":
             _bind(module, _experts_forward, report)
+        elif kind.op == "moe.router":
+            _bind(module, _router_forward, report, top_k=module.top_k, renorm=kind.renorm,
+                  float32_logits=kind.float32_logits, float32_weights=kind.float32_weights)
         elif kind.op == "act" and PLAIN_OPS.get(kind.act) == "act.gelu":
             _bind(module, _gelu_forward, report)
         elif kind.op == "embedding":

@@ -103,4 +103,5 @@ SPECS = [
     compile_variant(_EAGER["eager.swiglu"], "compile.swiglu", {0: LEADING, 1: LEADING}),
     compile_variant(_EAGER["eager.geglu"], "compile.geglu", {0: LEADING, 1: LEADING}),
     compile_variant(_EAGER["eager.gelu"], "compile.gelu", {0: LEADING}),
+    compile_variant(_EAGER["eager.moe_router"], "compile.moe_router", {0: (0,)}),
 ]

@@ -177,6 +177,14 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down):
     return out
 
 
+def moe_router(logits, top_k: int, renorm: bool):
+    """As transformers' routers compute it: softmax in fp32, top-k, renormalised by the sum."""
+    weights, ids = torch.topk(F.softmax(logits, dim=-1, dtype=torch.float32), top_k, dim=-1)
+    if renorm:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
 SPECS = [
     KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
@@ -215,4 +223,7 @@ SPECS = [
     KernelSpec("eager.moe_experts", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
                dtypes=ALL_DTYPES, notes="transformers' eager loop over the experts hit; index_add_ in the "
                                         "activation dtype"),
+    KernelSpec("eager.moe_router", frozenset({"moe.router"}), "torch", moe_router, platforms=BOTH, dtypes=ALL_DTYPES,
+               features=frozenset({"renorm"}), graph_safe=True, deterministic=True,
+               notes="softmax in fp32, topk, a division: three or four launches"),
 ]

@@ -89,4 +89,7 @@ TUNABLES = [
            {"block_m": 64, "block_n": 64, "block_k": 32, "warps": 4, "stages": 3},
            "pairs sorted into expert segments padded to block_m; gate and up in one GEMM with SwiGLU in its "
            "epilogue, then down times the routing weight; slots summed in token order"),
+    family("triton.moe_router", "moe.router", "moe", "moe_router", {"warps": powers_of_two(1, 8)}, {"warps": 4},
+           "one launch per call: a token per program, fp32 softmax, top_k argmax rounds, renormalisation",
+           features=frozenset({"renorm"})),
 ]

@@ -127,3 +127,38 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down, *, block_m: int, block
         h, down, rows, block_expert, weights, out, pairs, hidden, inter, *down.stride(), BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision, num_warps=warps, num_stages=stages)
     return out.sum(dim=1)
+
+
+@triton.jit(do_not_specialize=["tokens"])
+def _router_kernel(logits_ptr, weights_ptr, ids_ptr, tokens, experts, stride, TOP_K: tl.constexpr,
+                   RENORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One token per program: softmax over its experts in fp32, then top_k rounds of argmax, each
+    taking the expert out of the next round; the picks renormalised to sum to 1 with RENORM."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_E)
+    logits = tl.load(logits_ptr + row * stride + cols, mask=cols < experts, other=float("-inf")).to(tl.float32)
+    exp = tl.exp(logits - tl.max(logits, axis=0))
+    probs = tl.where(cols < experts, exp / tl.sum(exp, axis=0), -1.0)  # padding never picked
+    slots = tl.arange(0, BLOCK_K)
+    weights = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    ids = tl.zeros((BLOCK_K,), dtype=tl.int64)
+    for slot in tl.static_range(TOP_K):
+        best = tl.argmax(probs, axis=0)
+        weights = tl.where(slots == slot, tl.max(probs, axis=0), weights)
+        ids = tl.where(slots == slot, best.to(tl.int64), ids)
+        probs = tl.where(cols == best, -1.0, probs)
+    if RENORM:
+        weights = weights / tl.sum(weights, axis=0)
+    tl.store(weights_ptr + row * TOP_K + slots, weights, mask=slots < TOP_K)
+    tl.store(ids_ptr + row * TOP_K + slots, ids, mask=slots < TOP_K)
+
+
+def moe_router(logits, top_k: int, renorm: bool, *, warps: int):
+    tokens, experts = logits.shape
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=logits.device)
+    if tokens:
+        _router_kernel[(tokens,)](logits, weights, ids, tokens, experts, logits.stride(0), TOP_K=top_k,
+                                  RENORM=renorm, BLOCK_E=triton.next_power_of_2(experts),
+                                  BLOCK_K=triton.next_power_of_2(top_k), num_warps=warps)
+    return weights, ids

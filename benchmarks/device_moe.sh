@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On a GPU (device tool, carry .devsite): the mixture-of-experts kernels' parity (every contract
+# case, the search spaces' corners), then benchmarks/moe_layer.py. TUNE=1 first tunes a table
+# for the benchmark's workload (TUNE_ARGS, default --trials 8) and packs it as $OUT/moe-art.tgz;
+# ARTIFACT=dir|.tgz (carried) reuses one. TOKENS= limits the token counts (comma list).
+set -u
+. benchmarks/device_setup.sh
+LZSOLVE_TEST_KERNELS='*moe*' timeout 240 python3 -m pytest -q -m gpu -s -p no:cacheprovider --tb=short \
+  tests/test_kernels.py > "$OUT/parity_moe.log" 2>&1
+echo "parity rc $?"; grep -vE "^ok " "$OUT/parity_moe.log" | tail -15
+art=${ARTIFACT:-}
+if [[ "$art" == *.tgz ]]; then mkdir -p /tmp/moe-art && tar -C /tmp/moe-art -xzf "$art" && art=/tmp/moe-art; fi
+if [ "${TUNE:-0}" = 1 ]; then
+  python3 benchmarks/moe_layer.py --write-workload /tmp/moe-wl.json
+  start=$(date +%s)
+  timeout "${TUNE_S:-400}" python3 -m lzsolve tune --workload /tmp/moe-wl.json ${TUNE_ARGS:---trials 8} \
+    --out /tmp/moe-art > "$OUT/tune.log" 2>&1
+  echo "tune rc $? $(( $(date +%s) - start )) s"; tail -5 "$OUT/tune.log"
+  art=/tmp/moe-art && tar -C "$art" -czf "$OUT/moe-art.tgz" .
+fi
+python3 benchmarks/moe_layer.py ${art:+--artifact $art} ${TOKENS:+--tokens $TOKENS} --json "$OUT/moe.json" \
+  2>&1 | tee "$OUT/moe.log" | tail -40

@@ -4,7 +4,7 @@ every fixed choice, each checked against the fp32 reference before it is timed.
 Shapes (one rank's): Mixtral-8x7B at TP 2 (8 experts, top 2, hidden 4096, expert width 14336 / 2)
 and Qwen3-30B-A3B at TP 1 (128 experts, top 8, hidden 2048, width 768), at token counts from 1
 to 16384 (the grid's buckets and points between them), with the routing runtime_loader.inputs
-draws (seeded, a Zipf-like expert load). Variants:
+draws (seeded, a Zipf-like expert load; --skew 0: uniform). Variants:
 
 - hf_loop: transformers' eager loop over the experts (eager.moe_experts);
 - grouped_mm: transformers' default experts implementation (torch.grouped_mm);
@@ -34,6 +34,7 @@ import runtime_loader
 from lzsolve.bench import Budget, make_harness
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
+from runtime_loader.inputs import ROUTING_SKEW, routing
 from runtime_loader.ops import Signature
 from runtime_loader.record import FORMAT, VERSION, Recording
 from runtime_loader.specs import config_id
@@ -95,27 +96,37 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--max-loop-tokens", type=int, default=4096,
                         help="hf_loop is timed up to this many tokens (it is the slowest by far)")
+    parser.add_argument("--skew", type=float, default=ROUTING_SKEW,
+                        help="expert popularity -skew * log(rank) on the router logits (0: uniform routing)")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="tiny experts (a smoke test)")
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
     if args.write_workload:
         write_workload(Path(args.write_workload), args.dtype)
         return
-    device = torch.device("cuda")
+    device = torch.device(args.device)
+    if args.tiny:
+        MODELS.update({name: {"experts": 8, "top_k": 2, "hidden": 64, "inter": 32} for name in MODELS})
     d = runtime_loader.load(args.artifact, strict=True) if args.artifact else None
     harness = make_harness(device, Budget(min_samples=10, max_samples=60))
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
-    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, {dt.date.today()}; median us "
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"{device_name}, torch {torch.__version__}, {dt.date.today()}; median us "
           f"(graph, eager); x = best fixed / table")
     for model in args.models.split(","):
         sig = signature(model, args.dtype)
         contract = CONTRACTS[sig.op]
         for tokens in map(int, args.tokens.split(",")):
             dims = {"tokens": tokens}
-            inputs = contract.make_inputs(sig, dims, device, gen)
+            x, _, _, gate_up, down = contract.make_inputs(sig, dims, device, gen)
+            ids, weights = routing(tokens, sig.dim("experts"), sig.dim("top_k"), x.dtype, device, gen, args.skew)
+            inputs = (x, ids, weights, gate_up, down)
             reference = contract.reference(*to_fp32(inputs))
-            kernels = {"hf_loop": "eager.moe_experts", "grouped_mm": "torch.grouped_mm",
-                       "triton_default": "triton.moe_experts", "triton_vllm": vllm_kernel(model, tokens)}
+            kernels = {"hf_loop": "eager.moe_experts", "grouped_mm": "torch.grouped_mm"}
+            if device.type == "cuda":
+                kernels |= {"triton_default": "triton.moe_experts", "triton_vllm": vllm_kernel(model, tokens)}
             if tokens > args.max_loop_tokens:
                 del kernels["hf_loop"]
             calls = {name: (lambda impl=registry.get(k).impl: impl(*inputs)) for name, k in kernels.items()}
@@ -138,10 +149,11 @@ def main() -> None:
                     continue
                 row["eager_us"][name] = m.eager.median_ms * 1e3 if m.eager else None
                 row["graph_us"][name] = m.graph.median_ms * 1e3 if m.graph else None
+            row["skew"] = args.skew
             rows.append(row)
             report(row)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(device),
+        Path(args.json).write_text(json.dumps({"device": device_name,
                                                "torch": torch.__version__, "date": str(dt.date.today()),
                                                "rows": rows}, indent=1))
 

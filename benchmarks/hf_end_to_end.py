@@ -2,7 +2,9 @@
 
 Random-weight models of --layers layers. Columns: sdpa; liger (apply_liger_kernel_to_<family>
 on a copy); compile (torch.compile of the sdpa model); lzsolve (runtime_loader.load of
-ARTIFACTS/<model>, register(d), attn_implementation="lzsolve", patch(model, d) where it exists).
+ARTIFACTS/<model>, register(d), attn_implementation="lzsolve", patch(model, d) where it exists);
+lzsolve_compile (torch.compile of that patched model: the table's kernels are opaque custom ops,
+Inductor fuses what lies between them).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps over a DynamicCache, one explicit loop for every variant). Each variant is
 checked first, against an fp32 copy of the model: a prefill row further from it than --tol
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile as torch_profile
 from transformers import AutoModelForCausalLM, DynamicCache
 
@@ -56,7 +59,7 @@ SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000
              "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128)}  # name -> (batch, prompt tokens, decode steps)
 TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
                   "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
-VARIANTS = ("sdpa", "liger", "compile", "lzsolve")
+VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's
 
@@ -145,7 +148,10 @@ def profile(fn, device, label: str, trace: str | None) -> dict:
         host.runcall(lambda: [fn() for _ in range(5)])
         pstats.Stats(host).sort_stats("tottime").print_stats(20)
     cpu_ms = sum(e.self_cpu_time_total for e in events) / 1e3
-    device_ms = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e3
+    # the kernels' own events, as the profiler's table totals them (a CPU op's self device time is its
+    # kernels' time once more: summing every event counted each kernel twice)
+    device_ms = sum(e.self_device_time_total for e in events
+                    if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e3
     print(f"total self CPU {cpu_ms:.2f} ms, self device {device_ms:.2f} ms\n")
     if trace:
         prof.export_chrome_trace(trace)
@@ -173,6 +179,9 @@ def setup(variant: str, model, name: str, args):
         return model, None
     if variant == "compile":
         return torch.compile(model, backend=args.compile_backend), None
+    if variant == "lzsolve_compile":  # the patched model compiled: table kernels as opaque nodes, Inductor between them
+        patched, why = setup("lzsolve", model, name, args)
+        return (torch.compile(patched, backend=args.compile_backend) if patched is not None else None), why
     if variant == "liger":
         try:
             import liger_kernel.transformers as liger
@@ -380,8 +389,8 @@ def print_table(rows, names, scenarios, variants, shapes, args, device) -> None:
     others = [v for v in variants if v != "sdpa"]
     print(f"\n{args.layers} layers, {args.dtype}, {device}: median ms of {args.reps} reps ((p90-p10)/median); x = sdpa "
           f"ms / variant ms (>1: faster than sdpa); * tokens differ from sdpa's in the first {CHECKED_STEPS} steps")
-    print(f"{'model':10} {'scenario':8} {'shape':>12} " + "".join(f"{v:>15}" for v in variants)
-          + "".join(f"{'x ' + v:>11}" for v in others))
+    print(f"{'model':10} {'scenario':8} {'shape':>12} " + "".join(f"{v:>16}" for v in variants)
+          + "".join(f"{'x ' + v:>18}" for v in others))
     for name in names:
         for s in scenarios:
             batch, seq, steps = shapes[s]
@@ -391,8 +400,8 @@ def print_table(rows, names, scenarios, variants, shapes, args, device) -> None:
                      + "*" * (r.get("equal_first", 0) < r.get("first", 0)) for v, r in found.items()]
             ratios = [f"{ms['sdpa'] / ms[v]:.2f}" if ms.get("sdpa") and ms[v] else "-" for v in others]
             shape = f"b{batch} s{seq}" + (f" +{steps}" if steps else "")
-            print(f"{name:10} {s:8} {shape:>12} " + "".join(f"{t:>15}" for t in texts)
-                  + "".join(f"{x:>11}" for x in ratios))
+            print(f"{name:10} {s:8} {shape:>12} " + "".join(f"{t:>16}" for t in texts)
+                  + "".join(f"{x:>18}" for x in ratios))
 
 
 if __name__ == "__main__":

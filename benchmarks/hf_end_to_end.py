@@ -285,6 +285,9 @@ def main() -> None:
         if set(given) - set(known):
             parser.error(f"unknown {sorted(set(given) - set(known))}; known: {', '.join(known)}")
     args.compile_backend = args.compile_backend or ("aot_eager" if args.tiny else "inductor")
+    # compile and lzsolve_compile trace the same modelling code: Dynamo's per-code recompile limit (8)
+    # is shared between them, and the one compiled second would run partly uncompiled
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     if args.write_configs:
         for name in names:

@@ -245,9 +245,10 @@ def candidates_summary(records: list[dict], mode: str) -> dict[str, dict]:
         if r["status"] == "ok" and r.get(f"{mode}_ms") is not None:
             entry["admitted"] += 1
             continue
-        code, message = r["reason_code"], r["reason_message"]
-        if r["status"] == "ok":
+        if r["status"] == "ok":  # measured, but not in this mode: a kernel no CUDA graph can capture
             code, message = CUDA_GRAPH_UNSAFE, r.get("graph_error") or f"no {mode} timing"
+        else:
+            code, message = r["reason_code"], r["reason_message"]
         entry["rejected"][code] += 1
         entry["messages"].setdefault(code, message)
     return {k: {"admitted": v["admitted"],

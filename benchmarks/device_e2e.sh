@@ -15,7 +15,7 @@ art=${ARTIFACTS:-/tmp/art}
 if [[ "$art" == *.tgz ]]; then  # artifacts.tgz of an earlier call, carried
   mkdir -p /tmp/art && tar -C /tmp/art -xzf "$art" && art=/tmp/art
 fi
-tune_args="--grid ${GRID:-full} --trials 0 --mode eager ${CHECKS:---no-probe --validate 0} ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
+tune_args="--grid ${GRID:-full} --trials 0 --mode eager ${CHECKS---no-probe --validate 0} ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
 if [ -z "${ARTIFACTS:-}" ]; then
   if [ "${TUNE_FROM:-workload}" = workload ]; then
     python3 benchmarks/hf_end_to_end.py --record /tmp/wl --models "$models" --layers "${LAYERS:-4}" > $OUT/record.log 2>&1

@@ -11,7 +11,8 @@ draws (seeded, a Zipf-like expert load; --skew 0: uniform). Variants:
 - triton_default: lzsolve's fused Triton kernel at its default configuration;
 - triton_vllm: the same kernel at the configuration vLLM ships for this (E, N) on the H100
   (vllm/model_executor/layers/fused_moe/configs/E=..,N=..,device_name=NVIDIA_H100_80GB_HBM3.json,
-  the entry nearest the token count, as vLLM picks it; GROUP_SIZE_M has no counterpart here);
+  the entry nearest the token count, as vLLM picks it: its BLOCK_SIZE_M/N/K, GROUP_SIZE_M, warps
+  and stages mean the same tiles in this kernel);
 - table: runtime_loader.load(ARTIFACT), the kernel its tree picks for the call.
 
 Timed interleaved by lzsolve's harness (L2 flushed between samples): graph = CUDA-graph replay
@@ -46,20 +47,20 @@ MODELS = {  # name -> moe.experts static dims of one rank
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 BETWEEN = (3, 24, 200, 700, 2500, 10000)  # off the grid: where a table's thresholds are guesses
 # vLLM's shipped H100 configs for these (E, N) (read from vLLM's repository): token count ->
-# (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, num_warps, num_stages)
+# (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps, num_stages)
 VLLM = {
-    "mixtral-8x7b-tp2": {1: (16, 64, 128, 4, 4), 2: (16, 128, 128, 8, 4), 4: (16, 32, 256, 4, 4),
-                         8: (16, 128, 128, 8, 4), 16: (16, 128, 128, 4, 4), 24: (16, 128, 128, 4, 4),
-                         32: (16, 128, 128, 4, 4), 48: (32, 128, 128, 4, 4), 64: (32, 128, 128, 4, 4),
-                         96: (32, 128, 128, 4, 4), 128: (64, 128, 128, 4, 4), 256: (64, 128, 128, 4, 4),
-                         512: (64, 256, 64, 4, 4), 1024: (128, 256, 64, 8, 4), 1536: (128, 256, 64, 8, 4),
-                         2048: (128, 256, 64, 8, 4), 3072: (128, 256, 64, 8, 4), 4096: (128, 256, 64, 8, 4)},
-    "qwen3-30b-a3b": {1: (16, 32, 64, 4, 4), 2: (16, 64, 64, 4, 3), 4: (16, 128, 64, 4, 4), 8: (16, 64, 64, 4, 5),
-                      16: (16, 32, 256, 4, 2), 24: (16, 64, 128, 4, 3), 32: (16, 32, 128, 4, 5),
-                      48: (16, 64, 128, 4, 3), 64: (16, 256, 128, 8, 3), 96: (16, 128, 128, 4, 2),
-                      128: (16, 256, 128, 8, 2), 256: (32, 256, 128, 8, 3), 512: (64, 128, 64, 4, 3),
-                      1024: (64, 256, 64, 8, 5), 1536: (128, 256, 64, 8, 4), 2048: (128, 256, 64, 8, 4),
-                      3072: (128, 256, 64, 8, 4), 4096: (128, 256, 64, 8, 4)},
+    "mixtral-8x7b-tp2": {1: (16, 64, 128, 64, 4, 4), 2: (16, 128, 128, 32, 8, 4), 4: (16, 32, 256, 16, 4, 4),
+                         8: (16, 128, 128, 32, 8, 4), 16: (16, 128, 128, 1, 4, 4), 24: (16, 128, 128, 1, 4, 4),
+                         32: (16, 128, 128, 1, 4, 4), 48: (32, 128, 128, 1, 4, 4), 64: (32, 128, 128, 1, 4, 4),
+                         96: (32, 128, 128, 64, 4, 4), 128: (64, 128, 128, 1, 4, 4), 256: (64, 128, 128, 64, 4, 4),
+                         512: (64, 256, 64, 32, 4, 4), 1024: (128, 256, 64, 16, 8, 4), 1536: (128, 256, 64, 64, 8, 4),
+                         2048: (128, 256, 64, 32, 8, 4), 3072: (128, 256, 64, 64, 8, 4), 4096: (128, 256, 64, 16, 8, 4)},
+    "qwen3-30b-a3b": {1: (16, 32, 64, 1, 4, 4), 2: (16, 64, 64, 32, 4, 3), 4: (16, 128, 64, 1, 4, 4),
+                      8: (16, 64, 64, 64, 4, 5), 16: (16, 32, 256, 64, 4, 2), 24: (16, 64, 128, 16, 4, 3),
+                      32: (16, 32, 128, 1, 4, 5), 48: (16, 64, 128, 1, 4, 3), 64: (16, 256, 128, 1, 8, 3),
+                      96: (16, 128, 128, 1, 4, 2), 128: (16, 256, 128, 1, 8, 2), 256: (32, 256, 128, 1, 8, 3),
+                      512: (64, 128, 64, 1, 4, 3), 1024: (64, 256, 64, 1, 8, 5), 1536: (128, 256, 64, 1, 8, 4),
+                      2048: (128, 256, 64, 1, 8, 4), 3072: (128, 256, 64, 1, 8, 4), 4096: (128, 256, 64, 1, 8, 4)},
 }
 FIXED = ("hf_loop", "grouped_mm", "triton_default", "triton_vllm")
 
@@ -70,9 +71,9 @@ def signature(model: str, dtype: str) -> Signature:
 
 def vllm_kernel(model: str, tokens: int) -> str:
     nearest = min(VLLM[model], key=lambda m: abs(m - tokens))
-    block_m, block_n, block_k, warps, stages = VLLM[model][nearest]
+    block_m, block_n, block_k, group_m, warps, stages = VLLM[model][nearest]
     return config_id("triton.moe_experts", {"block_m": block_m, "block_n": block_n, "block_k": block_k,
-                                             "warps": warps, "stages": stages})
+                                             "group_m": group_m, "warps": warps, "stages": stages})
 
 
 def write_workload(path: Path, dtype: str) -> None:

@@ -85,10 +85,10 @@ TUNABLES = [
     # block_m 16 for decode-sized segments (a token's top_k pairs each open an expert's block)
     family("triton.moe_experts", "moe.experts", "moe", "moe_experts",
            {"block_m": powers_of_two(16, 128), "block_n": powers_of_two(16, 256), "block_k": powers_of_two(16, 256),
-            "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6)},
-           {"block_m": 64, "block_n": 64, "block_k": 32, "warps": 4, "stages": 3},
-           "pairs sorted into expert segments padded to block_m; gate and up in one GEMM with SwiGLU in its "
-           "epilogue, then down times the routing weight; slots summed in token order"),
+            "group_m": powers_of_two(1, 64), "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6)},
+           {"block_m": 64, "block_n": 128, "block_k": 64, "group_m": 8, "warps": 4, "stages": 4},
+           "pairs sorted into expert segments padded to block_m; gate and up rows interleaved in one GEMM "
+           "tile with SwiGLU in its epilogue, then down times the routing weight; slots summed in token order"),
     family("triton.moe_router", "moe.router", "moe", "moe_router", {"warps": powers_of_two(1, 8)}, {"warps": 4},
            "one launch per call: a token per program, fp32 softmax, top_k argmax rounds, renormalisation",
            features=frozenset({"renorm"})),

@@ -1,10 +1,11 @@
 """moe.experts: a fused mixture-of-experts MLP in two launches (the scheme of vLLM's fused_moe).
 
 The (token, slot) pairs are sorted by expert into segments padded to BLOCK_M rows, so every
-row block of the GEMMs belongs to one expert. The first launch computes, per row block and
-block of the expert's intermediate columns, the gate and the up products together and writes
-silu(gate) * up; the second multiplies that by the expert's down weights and by each pair's
-routing weight. A token's slots are then summed in token order. The sorting is done with
+row block of the GEMMs belongs to one expert. The first launch is the gate_up GEMM with the
+gate and up rows of each intermediate column interleaved in its weight tile, so one
+accumulator holds both and the epilogue writes silu(gate) * up; the second multiplies that by
+the expert's down weights and by each pair's routing weight. BLOCK_N counts weight rows in both
+(as vLLM's BLOCK_SIZE_N does: its configurations mean the same tiles here). A token's slots are then summed in token order. The sorting is done with
 torch ops whose sizes depend on the token count alone (padded for the worst case: every
 expert's segment one row short of a block), so nothing waits on the host and the call can be
 captured in a CUDA graph; row blocks past the used ones exit at once.
@@ -38,54 +39,61 @@ def align_blocks(topk_ids, experts: int, block_m: int):
     return rows, torch.where(block_expert < experts, block_expert, -1)
 
 
-@triton.jit(do_not_specialize=["pairs"])
-def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, hidden, inter, top_k,
+@triton.jit
+def _tile(pid, blocks, n_blocks, GROUP_M: tl.constexpr):
+    """(row block, column block) of program `pid`: GROUP_M row blocks walked together per column
+    block, so programs running side by side read the same expert weight tile (from L2)."""
+    per_group = GROUP_M * n_blocks
+    first = (pid // per_group) * GROUP_M
+    size = tl.minimum(blocks - first, GROUP_M)
+    return first + (pid % per_group) % size, (pid % per_group) // size
+
+
+@triton.jit(do_not_specialize=["pairs", "blocks"])
+def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, blocks, hidden, inter, top_k,
                     x_stride, w_stride_e, w_stride_n, w_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """h[pair, n] = silu(x[token] . gate_up[e, n]) * (x[token] . gate_up[e, inter + n]) for the pairs
-    of one row block (all of expert e) and a block of n."""
-    n_blocks = tl.cdiv(inter, BLOCK_N)
-    block = tl.program_id(0) // n_blocks
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """h[pair, n] = silu(x[token] . gate_up[e, n]) * (x[token] . gate_up[e, inter + n]) for the pairs of
+    one row block (all of expert e) and BLOCK_N // 2 of the n: one GEMM tile of BLOCK_N weight rows,
+    the gate and the up row of each n side by side, split in the epilogue."""
+    block, column_block = _tile(tl.program_id(0), blocks, tl.cdiv(2 * inter, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
         return
     pair = tl.load(rows_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < pairs
     token = tl.where(valid, pair // top_k, 0).to(tl.int64)
-    cols = (tl.program_id(0) % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w = w_ptr + expert.to(tl.int64) * w_stride_e
-    gate_rows = w + (cols % inter)[None, :].to(tl.int64) * w_stride_n  # wrapped into range: never stored
-    up_rows = gate_rows + inter * w_stride_n
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    n = column_block * (BLOCK_N // 2) + lanes // 2  # the intermediate column of each lane
+    weight_rows = (lanes % 2) * inter + n % inter  # even lanes: its gate row, odd: its up row; wrapped: never stored
+    w = w_ptr + expert.to(tl.int64) * w_stride_e + weight_rows[None, :].to(tl.int64) * w_stride_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, hidden, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + token[:, None] * x_stride + ks[None, :], mask=valid[:, None] & (ks[None, :] < hidden),
                     other=0.0)
-        k_mask = ks[:, None] < hidden
-        acc_gate = tl.dot(a, tl.load(gate_rows + ks[:, None] * w_stride_k, mask=k_mask, other=0.0), acc_gate,
-                          input_precision=DOT_PRECISION)
-        acc_up = tl.dot(a, tl.load(up_rows + ks[:, None] * w_stride_k, mask=k_mask, other=0.0), acc_up,
-                        input_precision=DOT_PRECISION)
-    act = acc_gate * tl.sigmoid(acc_gate) * acc_up
+        b = tl.load(w + ks[:, None] * w_stride_k, mask=ks[:, None] < hidden, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+    cols = column_block * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     out = h_ptr + pair.to(tl.int64)[:, None] * inter + cols[None, :]
-    tl.store(out, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < inter))
+    tl.store(out, (gate * tl.sigmoid(gate) * up).to(h_ptr.dtype.element_ty),
+             mask=valid[:, None] & (cols[None, :] < inter))
 
 
-@triton.jit(do_not_specialize=["pairs"])
-def _down_kernel(h_ptr, w_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr, pairs, hidden, inter,
+@triton.jit(do_not_specialize=["pairs", "blocks"])
+def _down_kernel(h_ptr, w_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr, pairs, blocks, hidden, inter,
                  w_stride_e, w_stride_n, w_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """out[pair, n] = weight[pair] * (h[pair] . down[e, n]) for one row block and a block of n."""
-    n_blocks = tl.cdiv(hidden, BLOCK_N)
-    block = tl.program_id(0) // n_blocks
+    block, column_block = _tile(tl.program_id(0), blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
         return
     pair = tl.load(rows_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = pair < pairs
     row = tl.where(valid, pair, 0).to(tl.int64)
-    cols = (tl.program_id(0) % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = column_block * BLOCK_N + tl.arange(0, BLOCK_N)
     w_cols = w_ptr + expert.to(tl.int64) * w_stride_e + (cols % hidden)[None, :].to(tl.int64) * w_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, inter, BLOCK_K):
@@ -99,8 +107,8 @@ def _down_kernel(h_ptr, w_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr,
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < hidden))
 
 
-def moe_experts(x, topk_ids, topk_weights, gate_up, down, *, block_m: int, block_n: int, block_k: int, warps: int,
-                stages: int):
+def moe_experts(x, topk_ids, topk_weights, gate_up, down, *, block_m: int, block_n: int, block_k: int, group_m: int,
+                warps: int, stages: int):
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     experts, inter = gate_up.shape[0], down.shape[2]
@@ -119,13 +127,14 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down, *, block_m: int, block
     # fp32 inputs: three TF32 products per multiply keep fp32 accuracy (see linear.py)
     precision = "tf32x3" if x.dtype == torch.float32 else "tf32"
     blocks = block_expert.numel()
-    _gate_up_kernel[(blocks * triton.cdiv(inter, block_n),)](
-        x, gate_up, rows, block_expert, h, pairs, hidden, inter, top_k, x.stride(0), *gate_up.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision, num_warps=warps,
-        num_stages=stages)
+    meta = dict(BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=group_m, DOT_PRECISION=precision, num_warps=warps,
+                num_stages=stages)
+    _gate_up_kernel[(blocks * triton.cdiv(2 * inter, block_n),)](
+        x, gate_up, rows, block_expert, h, pairs, blocks, hidden, inter, top_k, x.stride(0), *gate_up.stride(),
+        BLOCK_N=block_n, **meta)
     _down_kernel[(blocks * triton.cdiv(hidden, block_n),)](
-        h, down, rows, block_expert, weights, out, pairs, hidden, inter, *down.stride(), BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision, num_warps=warps, num_stages=stages)
+        h, down, rows, block_expert, weights, out, pairs, blocks, hidden, inter, *down.stride(), BLOCK_N=block_n,
+        **meta)
     return out.sum(dim=1)
 
 

@@ -15,6 +15,8 @@ configuration across the whole grid, next to its family's default.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -73,8 +75,12 @@ def load_spaces(folder: Path = SPACES_DIR) -> dict[str, SearchSpace]:
     return {space.kernel: space for space in map(load_space, sorted(folder.glob("*.yaml")))}
 
 
-def study_name(sp: SignaturePlan, dims: dict, kernel: str, hw_slug: str, mode: str) -> str:
-    return f"{sp.instance.signature}|{dims_key(dims)}|{kernel}|{hw_slug}|{mode}"
+def study_name(sp: SignaturePlan, dims: dict, space: SearchSpace, hw_slug: str, mode: str) -> str:
+    """One study per signature, bucket, space, hardware and mode. The space's values are part of
+    the name: optuna cannot continue a study whose parameters took other values (a space edited
+    since, a family with a new parameter), so a changed space starts a study of its own."""
+    values = hashlib.sha256(json.dumps(space.params, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{sp.instance.signature}|{dims_key(dims)}|{space.kernel}:{values}|{hw_slug}|{mode}"
 
 
 class Objective:
@@ -204,7 +210,7 @@ class BucketSearch:
 
         dims, sig = self.points[i], self.sp.instance.signature
         study = optuna.create_study(
-            study_name=study_name(self.sp, dims, self.space.kernel, self.hw_slug, self.mode), storage=self.url,
+            study_name=study_name(self.sp, dims, self.space, self.hw_slug, self.mode), storage=self.url,
             load_if_exists=True, direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
         if not study.trials:  # the default configuration is the baseline every search starts from
             study.enqueue_trial(self.default)

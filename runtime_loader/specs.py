@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import json
 import re
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -60,6 +61,38 @@ def _find_reason(module: str) -> Reason | None:
     if importlib.util.find_spec(module.split(".")[0]) is None:
         return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install lzsolve[gpu])")
     return None
+
+
+def source_files(impl) -> tuple[str, ...]:
+    """The source files of an impl: its function's (through functools.partial and __wrapped__), and
+    a `source_file` an impl names itself (a Triton kernel's module, imported only at its first call)."""
+    files = []
+    while impl is not None:
+        named = getattr(impl, "source_file", None)
+        if named:
+            files.append(str(named))
+        fn = impl.func if isinstance(impl, functools.partial) else impl
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            files.append(code.co_filename)
+        impl = getattr(fn, "__wrapped__", None)
+    return tuple(dict.fromkeys(files))
+
+
+@functools.lru_cache(maxsize=None)
+def _file_digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def source_digest(impl) -> str:
+    """8 hex digits over the source files behind `impl` ("" when none can be read)."""
+    digests = [_file_digest(f) for f in source_files(impl)]
+    if not any(digests):
+        return ""
+    return hashlib.sha256("".join(digests).encode()).hexdigest()[:8]
 
 
 class Reason(NamedTuple):
@@ -136,10 +169,15 @@ class KernelSpec:
         return None
 
     def version(self) -> str | None:
+        """The library's version, plus a digest of this project's source behind the kernel (its
+        adapter, its Triton kernel module) where there is one: what was measured is that code, so
+        an edit of it makes earlier records and tables stale, as a library upgrade does."""
         try:
-            return importlib.metadata.version(self.library)
+            library = importlib.metadata.version(self.library)
         except importlib.metadata.PackageNotFoundError:
             return None
+        digest = source_digest(self.impl)
+        return f"{library}+src.{digest}" if digest else library
 
     def check(self, sig: Signature, device: DeviceInfo) -> list[Reason]:
         """Every reason this kernel cannot compute `sig` on `device`; empty when admitted."""

@@ -70,3 +70,34 @@ def test_capabilities_hash_tracks_declarations(monkeypatch):
     changed = dataclasses.replace(registry.REGISTRY["sdpa.flash"], head_dim_max=128)
     monkeypatch.setitem(registry.REGISTRY, "sdpa.flash", changed)
     assert registry.capabilities_hash() != before
+
+
+def test_a_kernels_version_covers_the_source_behind_it(tmp_path):
+    """What a record measured is the library and this project's code around it: a kernel whose
+    adapter or Triton module changed gets another version, so the tuner measures it again and a
+    table of the old code is stale (on the H100 an edited MoE kernel kept its old records)."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    from runtime_loader.kernels.triton_ops import DeferredKernel
+    from runtime_loader.specs import source_digest, source_files
+
+    def load(name, text):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.f
+
+    first, edited = load("adapter_a", "def f(x):\n    return x\n"), load("adapter_b", "def f(x):\n    return x + 0\n")
+    assert source_digest(first) and source_digest(first) != source_digest(edited)
+    rms = registry.get("eager.rms_norm")
+    assert rms.version().startswith(torch.__version__ + "+src.")
+    assert dataclasses.replace(rms, impl=edited).version() != dataclasses.replace(rms, impl=first).version()
+    compiled = registry.get("compile.rms_norm")
+    assert {Path(f).name for f in source_files(compiled.impl)} == {"compiled.py", "eager.py"}, "the eager code too"
+    deferred = registry.get("triton.rms_norm").impl
+    assert isinstance(deferred, DeferredKernel) and source_files(deferred) == (str(deferred.source_file),)

@@ -84,6 +84,7 @@ def lazily_compiled(fn: Callable, token_dims: dict[int, tuple | str]) -> Callabl
         return compiled(*args)
 
     run.__name__ = f"compiled_{fn.__name__}"
+    run.__wrapped__ = fn  # its source, too, is what the compiled kernel's version covers
     return run
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from pathlib import Path
 
 from ...dtypes import ALL_DTYPES
 from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
@@ -28,6 +29,7 @@ class DeferredKernel:
 
     def __init__(self, module: str, function: str, config: dict[str, int]):
         self.module, self.function, self.config = module, function, config
+        self.source_file = Path(__file__).with_name(f"{module}.py")  # its version's source digest, unimported
 
     @functools.cached_property
     def kernel(self):

@@ -151,3 +151,40 @@ def test_gpt_oss_sinks_and_experts_are_left_to_the_model(restore_active):
     q = torch.randn(1, 4, 3, 16)
     with pytest.raises(ValueError, match="attention sinks"):
         attention_forward(model.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None, s_aux=torch.zeros(4))
+
+
+# Mixture-of-experts model types these tests were not written around, each shrunk from transformers'
+# default config: shared experts with a sigmoid gate (Qwen2-MoE), no renormalisation (OLMoE's
+# default), float32 router logits (GraniteMoE), a sparsemixer router no op computes (PhiMoE),
+# hybrid linear-attention layers (Qwen3-Next), dense first layers and a grouped sigmoid router (GLM-4 MoE)
+HELD_OUT = {"qwen2_moe": 2, "olmoe": 2, "granitemoe": 2, "phimoe": 0, "qwen3_next": 4, "glm4_moe": 0}
+
+
+@pytest.mark.parametrize("model_type", list(HELD_OUT))
+def test_held_out_moe_types_are_served_and_compute_what_they_did(model_type, restore_active):
+    from runtime_loader.integrations.transformers import patch
+
+    from .test_families import shrink
+
+    small = {"num_experts": 6, "num_local_experts": 6, "n_routed_experts": 6, "moe_intermediate_size": 24,
+             "shared_expert_intermediate_size": 40, "num_experts_per_tok": 2, "intermediate_size": 48}
+    cfg = shrink(transformers.AutoConfig.for_model(model_type).to_dict())
+    cfg.update({k: v for k, v in small.items() if k in cfg})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 3:
+                p.normal_(0, p.shape[-1] ** -0.5)
+    ids = torch.randint(1, cfg["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(1))
+    d = Dispatcher(None)
+    with torch.no_grad():
+        reference = model(ids).logits
+        report = patch(model, d)
+        served = model(ids).logits
+    torch.testing.assert_close(served, reference, rtol=1e-5, atol=1e-5)
+    stats = d.stats()
+    experts_layers = sum(stats.get("moe.experts", {}).values())
+    assert experts_layers >= 1 and not any("experts" in why for why in report.left.values()), report
+    assert sum(stats.get("moe.router", {}).values()) == HELD_OUT[model_type], (stats.get("moe.router"), report)
+    assert not any(cls.endswith("Activation") for cls in report.left), "the experts' act_fn is part of them"

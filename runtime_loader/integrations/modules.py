@@ -240,7 +240,10 @@ def read_together(model) -> list[tuple[str, ...]]:
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         twin = type(model)(config).eval()
-        twin.set_attn_implementation("sdpa")
+        try:
+            twin.set_attn_implementation("sdpa")
+        except ValueError:  # a model without SDPA (GPT-OSS's sinks): its own eager attention reads the same tensors
+            twin.set_attn_implementation("eager")
         for name, module in twin.named_modules():
             if type(module) is torch.nn.Linear:
                 module.register_forward_pre_hook(reader(name))

@@ -420,8 +420,8 @@ OPS: dict[str, OpSchema] = {
         OpSchema("moe.router", ("experts", "top_k"), ("renorm",), ("tokens",), "eager.moe_router",
                  method="moe_router", front=moe_router_front, call=moe_router_call, inputs=inputs.moe_router,
                  fake=moe_router_fake),
-        # experts: routed experts of one rank (all of them, or experts / ep under expert parallelism);
-        # inter: each expert's intermediate width on this rank (divided by tp)
+        # experts: every routed expert (expert parallelism is not modelled yet); inter: each expert's
+        # intermediate width on this rank (divided by tp)
         OpSchema("moe.experts", ("experts", "top_k", "hidden", "inter"), (), ("tokens",), "torch.grouped_mm",
                  method="moe_experts", front=moe_experts_front, call=moe_experts_call, inputs=inputs.moe_experts),
         # Gated DeltaNet (Qwen3.5's linear attention): hk key heads, hv value heads (hv % hk == 0)

@@ -4,7 +4,8 @@ Random-weight models of --layers layers. Columns: sdpa; liger (apply_liger_kerne
 on a copy); compile (torch.compile of the sdpa model); lzsolve (runtime_loader.load of
 ARTIFACTS/<model>, register(d), attn_implementation="lzsolve", patch(model, d) where it exists);
 lzsolve_compile (torch.compile of that patched model: the table's kernels are opaque custom ops,
-Inductor fuses what lies between them).
+Inductor fuses what lies between them); lzsolve_traced (the same, patched with traced=True: the
+table's choice is made while tracing and its kernels' ops are in Inductor's graph).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps over a DynamicCache, one explicit loop for every variant). Each variant is
 checked first, against an fp32 copy of the model: a prefill row further from it than --tol
@@ -59,7 +60,7 @@ SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000
              "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128)}  # name -> (batch, prompt tokens, decode steps)
 TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
                   "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
-VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile")
+VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile", "lzsolve_traced")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's
 
@@ -179,9 +180,14 @@ def setup(variant: str, model, name: str, args):
         return model, None
     if variant == "compile":
         return torch.compile(model, backend=args.compile_backend), None
-    if variant == "lzsolve_compile":  # the patched model compiled: table kernels as opaque nodes, Inductor between them
+    if variant in ("lzsolve_compile", "lzsolve_traced"):  # the patched model compiled
         patched, why = setup("lzsolve", model, name, args)
-        return (torch.compile(patched, backend=args.compile_backend) if patched is not None else None), why
+        if patched is None:
+            return None, why
+        # lzsolve_compile: the table's kernels as opaque custom ops, Inductor between them; lzsolve_traced:
+        # the table's choice made while tracing, its kernels' ops in Inductor's graph (patch(traced=True))
+        custom_ops.active().traced = variant == "lzsolve_traced"
+        return torch.compile(patched, backend=args.compile_backend), None
     if variant == "liger":
         try:
             import liger_kernel.transformers as liger
@@ -321,7 +327,7 @@ def main() -> None:
             # Liger and lzsolve's patch swap functions in the modelling module (rope): each variant's
             # module state is kept, and put in place before each of its calls
             module = sys.modules[type(model).__module__]
-            baseline, runners, states = dict(vars(module)), {}, {}
+            baseline, runners, states, dispatchers = dict(vars(module)), {}, {}, {}
             for variant in variants:
                 runner, why = setup(variant, model, name, args)
                 if runner is None:
@@ -329,10 +335,12 @@ def main() -> None:
                     skipped.setdefault(name, {})[variant] = why
                 else:
                     runners[variant], states[variant] = runner, dict(vars(module))
+                    dispatchers[variant] = custom_ops.active()  # each lzsolve variant loaded its own
                 vars(module).update(baseline)
 
             def use(variant):
                 vars(module).update(states[variant])
+                custom_ops.activate(dispatchers[variant])
                 return runners[variant]
 
             for s in scenarios:

@@ -9,10 +9,12 @@ once; a race only resolves the same key twice, to the same answer.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
 import threading
+import types
 import warnings
 import weakref
 from collections import Counter
@@ -113,6 +115,10 @@ class Dispatcher:
         self.table = table
         self.strict = strict
         self.policy = policy if policy is not None else Policy()
+        # under torch.compile, integrations call this Dispatcher's methods rather than the opaque
+        # torch.ops.lzsolve custom ops: Dynamo traces the table's choice (its thresholds become guards)
+        # and the kernel's own torch ops, which Inductor may fuse with the model's (patch(traced=True))
+        self.traced = False
         self.device_type = table.hardware["device"] if table else None
         self._on_cuda = self.device_type == "cuda"
         self._trees: dict[str, Leaf | Split] = {}
@@ -120,6 +126,8 @@ class Dispatcher:
         self._locks: dict[str, str] = {}  # op -> kernel id, the policy's locks that can be honoured here
         # one cache per method (both attention ops share one): key -> Entry
         self._caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
+        # the methods again, resolved without caches or counts: what Dynamo traces (traced_call)
+        self.traced_ops = types.SimpleNamespace(**{m: functools.partial(self.traced_call, m) for m in self._caches})
         # calls that are not cached (past MAX_CACHED_KEYS, or while recording) count here, by
         # (op, kernel, from table); counts of cleared cache entries are kept in _retired
         self._uncached: dict[tuple, Entry] = {}
@@ -294,6 +302,20 @@ class Dispatcher:
             self._warned.add(what)
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
+    def traced_call(self, method: str, *args, **kwargs):
+        """A call of `method` resolved without the caches, the counts or the circuit breaker, for
+        Dynamo to trace (patch(traced=True) under torch.compile): the choice depends on the call's
+        shapes and dtypes alone, which Dynamo guards, and the kernel's ops join the graph. stats()
+        does not see these calls."""
+        op = METHOD_OPS[method]
+        key, kernel_args = op.front(*args, **kwargs)
+        call = op.call(*args, **kwargs)
+        if call is None:
+            spec = registry.get(op.outside(*kernel_args) if op.outside else op.fallback)
+        else:
+            spec, _, _ = self._pick(call[0], call[1], any(getattr(a, "is_cuda", False) for a in kernel_args))
+        return spec.impl(*kernel_args)
+
     def _entry(self, method: str, args: tuple, kwargs: dict) -> Entry:
         """The Entry a call of `method` resolves to, without calling it."""
         op = METHOD_OPS[method]
@@ -459,6 +481,7 @@ def serve_op(op: OpSchema) -> None:
     setattr(Dispatcher, op.method, _method(op))
     for dispatcher in list(_live):  # dispatchers made before the op was added
         dispatcher._caches.setdefault(op.method, {})
+        setattr(dispatcher.traced_ops, op.method, functools.partial(dispatcher.traced_call, op.method))
 
 
 def add_op(op: OpSchema) -> OpSchema:

@@ -265,6 +265,41 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
     assert not {op for op, kernels in d.stats().items() if any("(fallback)" in k for k in kernels)}
 
 
+def lzsolve_nodes(graphs) -> int:
+    return sum("lzsolve" in str(node.target) for g in graphs for node in g.graph.nodes if node.op == "call_function")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_traced_patch_puts_the_tables_kernels_in_the_graph(family, families_artifact, restore_active):
+    """patch(traced=True): under torch.compile the table's choice is made while tracing and its
+    kernels' torch ops are in the one graph (no opaque torch.ops.lzsolve node, no graph break);
+    the default keeps one opaque node per call. Same logits either way, every call from the table."""
+    from runtime_loader.integrations.transformers import patch
+
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    reference = logits(seeded_tiny(family), "sdpa", ids)
+    for traced in (False, True):
+        model = seeded_tiny(family)
+        d = runtime_loader.load(families_artifact, strict=True)
+        patch(model, d, traced=traced)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            explained = torch._dynamo.explain(model)(ids)
+        assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+        assert (lzsolve_nodes(explained.graphs) == 0) == traced, "traced: the kernels' own ops, not custom ops"
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            for _ in range(3):  # the second and third calls run the first one's graph: no recompile
+                torch.testing.assert_close(compiled(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+        assert graphs == 1, f"{graphs} graphs compiled for one shape"
+        if not traced:  # the custom ops count their calls; traced calls are not counted
+            stats = d.stats()
+            assert stats and not any("(fallback)" in k for kernels in stats.values() for k in kernels), stats
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_tune_from_the_config_covers_what_the_patched_model_calls(family, tmp_path, restore_active):
     """`tune --config` (capture) and patch() must agree on signatures, or a table tuned from a

@@ -71,9 +71,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
 
 def _ops():
-    """torch.compile: the custom ops (one opaque graph node each); eager: the active Dispatcher's
-    methods themselves, which skip the custom-op dispatch (microseconds per call)."""
-    return torch.ops.lzsolve if torch.compiler.is_compiling() else custom_ops.active()
+    """Eager: the active Dispatcher's methods themselves, which skip the custom-op dispatch
+    (microseconds per call). torch.compile: the custom ops (one opaque graph node each), or with a
+    traced Dispatcher (patch(traced=True)) its methods again, traced into the graph."""
+    active = custom_ops.active()
+    if torch.compiler.is_compiling():
+        return active.traced_ops if active.traced else torch.ops.lzsolve
+    return active
 
 
 @torch.compiler.assume_constant_result  # under torch.compile: run while tracing, its answer a constant
@@ -349,7 +353,7 @@ def _warn_on_graph_table(dispatcher: Dispatcher) -> None:
                       "--workload --mode eager), or keep this table for CUDA-graph serving", stacklevel=3)
 
 
-def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
+def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False) -> PatchReport:
     """Serve every module of `model` the table covers from `dispatcher` (made the active one):
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
     QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
@@ -362,7 +366,13 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME) -> PatchReport:
     take each op's PyTorch fallback, which computes what the module did. Works eagerly and under
     torch.compile(fullgraph=True) (through torch.ops.lzsolve). Returns what it replaced and what
     it left, by class. The RoPE function is replaced in the modelling module, so other models of
-    that module in this process call the dispatcher too (with the same results)."""
+    that module in this process call the dispatcher too (with the same results).
+
+    traced=True: under torch.compile the table's calls are traced into the graph instead of staying
+    opaque custom ops: the tree's choice is made while tracing (its thresholds become Dynamo
+    guards) and Inductor sees the chosen kernel's torch ops (opaque custom ops kept the patched
+    model slower compiled than eager on the H100, BENCHMARKS.md §11.4). Eager calls are the same."""
+    dispatcher.traced = traced
     register(dispatcher, name)
     report = PatchReport()
     sinks = sorted({type(m).__name__ for m in model.modules() if isinstance(getattr(m, "sinks", None), torch.Tensor)})

@@ -1,5 +1,5 @@
-"""Hand-built artifacts for runtime tests (the solver's own output is tested end to end), and the
-replay check every tuned artifact of the tests goes through."""
+"""Hand-built artifacts for runtime tests (the solver's own output is tested end to end), the
+replay check every tuned artifact of the tests goes through, and the tune of what patched models call."""
 import json
 from pathlib import Path
 
@@ -98,3 +98,27 @@ def assert_replays_references(artifact: Path) -> Dispatcher:
             ok, _, message = compare(getattr(d, method)(*args), reference, contract.tolerances[sig.dtype])
             assert ok, f"{sig} at {dims}: {message}"
     return d
+
+
+def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
+    """generate() of each model, patched with no table, recorded as one workload, then tuned on CPU
+    (tiny grid, no probes or validation: the tests that use it check serving, not decisions).
+    Returns the artifact folder."""
+    from click.testing import CliRunner
+
+    from lzsolve.cli import cli
+    from runtime_loader.integrations.transformers import patch, restore_functions
+
+    try:
+        with runtime_loader.record(root / "workload.json", name=name), torch.no_grad():
+            for model in models:
+                patch(model, Dispatcher(None))
+                model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
+    finally:
+        runtime_loader.custom_ops.activate(Dispatcher(None))
+        restore_functions()
+    result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
+                                      "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",
+                                      "--out", str(root / "artifact")])
+    assert result.exit_code == 0, result.output
+    return root / "artifact"

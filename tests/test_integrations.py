@@ -7,6 +7,7 @@ import torch
 
 import runtime_loader
 from runtime_loader import Dispatcher
+from tests.tables import tune_what_patched_models_call
 
 transformers = pytest.importorskip("transformers")
 from runtime_loader.integrations.transformers import register  # noqa: E402
@@ -130,14 +131,6 @@ def llama_of(config: dict):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
 
 
-@pytest.fixture
-def restore_active():
-    from runtime_loader.integrations.transformers import restore_functions
-    yield
-    runtime_loader.custom_ops.activate(Dispatcher(None))
-    restore_functions()  # other tests' models must not call the dispatcher for RoPE
-
-
 def test_patch_serves_attention_norms_rope_mlp_and_linears_from_the_table(tiny_llama_artifact, restore_active):
     from runtime_loader.integrations.transformers import patch
     from tests.test_cli import TINY_LLAMA
@@ -209,27 +202,8 @@ def families_artifact(tmp_path_factory):
     """One CPU tune of what the four tiny families call once patched: generate() under record
     (no table yet), then tune --workload on it (tiny grid, no probes or validation: the tests
     check serving, not decisions)."""
-    from click.testing import CliRunner
-
-    from lzsolve.cli import cli
-    from runtime_loader.integrations.transformers import patch, restore_functions
-
-    root = tmp_path_factory.mktemp("families")
-    d = Dispatcher(None)
-    try:
-        with runtime_loader.record(root / "workload.json", name="tiny-families"), torch.no_grad():
-            for family in FAMILIES:
-                model = seeded_tiny(family)
-                patch(model, d)
-                model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
-    finally:
-        runtime_loader.custom_ops.activate(Dispatcher(None))
-        restore_functions()
-    result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
-                                      "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",
-                                      "--out", str(root / "artifact")])
-    assert result.exit_code == 0, result.output
-    return root / "artifact"
+    return tune_what_patched_models_call(tmp_path_factory.mktemp("families"), "tiny-families",
+                                         [seeded_tiny(family) for family in FAMILIES])
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -5,14 +5,12 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import runtime_loader
-from lzsolve.cli import cli
 from lzsolve.models.capture import capture
 from runtime_loader import Dispatcher
 
-from .tables import assert_replays_references
+from .tables import assert_replays_references, tune_what_patched_models_call
 
 transformers = pytest.importorskip("transformers")
 
@@ -39,31 +37,7 @@ def tiny(model_type: str):
 @pytest.fixture(scope="module")
 def moe_artifact(tmp_path_factory):
     """One CPU tune of what both tiny models call once patched (generate() recorded with no table)."""
-    from runtime_loader.integrations.transformers import patch, restore_functions
-
-    root = tmp_path_factory.mktemp("moe")
-    try:
-        with runtime_loader.record(root / "workload.json", name="tiny-moe"), torch.no_grad():
-            for model_type in MODELS:
-                model = tiny(model_type)
-                patch(model, Dispatcher(None))
-                model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
-    finally:
-        runtime_loader.custom_ops.activate(Dispatcher(None))
-        restore_functions()
-    result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
-                                      "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",
-                                      "--out", str(root / "artifact")])
-    assert result.exit_code == 0, result.output
-    return root / "artifact"
-
-
-@pytest.fixture
-def restore_active():
-    yield
-    from runtime_loader.integrations.transformers import restore_functions
-    runtime_loader.custom_ops.activate(Dispatcher(None))
-    restore_functions()
+    return tune_what_patched_models_call(tmp_path_factory.mktemp("moe"), "tiny-moe", [tiny(t) for t in MODELS])
 
 
 def test_the_table_tunes_the_experts_and_replays_the_reference(moe_artifact):

@@ -221,8 +221,7 @@ def _register_attention() -> None:
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
                **kwargs):
     from runtime_loader.integrations.transformers import table_call
-    call = None if kwargs.get("s_aux") is not None else \
-        table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
+    call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if _current is not None:
         sig = _sig(attention_call(query, key, value, call[0], None, *call[1:])) if call else None  # scale: no part of it
         _current.events.append(Event("attention", _current.frame, sig, extra={"sinks": kwargs.get("s_aux") is not None}))

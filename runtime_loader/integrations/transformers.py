@@ -41,14 +41,11 @@ NAME = "lzsolve"
 
 def table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs):
     """(causal, window, softcap, qk_norm) for a call the table serves, None for one it hands to
-    SDPA: a padding mask, dropout, attention weights asked for, or a query that is neither a
-    whole prefill nor one decode token."""
+    SDPA: a padding mask, dropout, attention weights asked for, attention sinks, or a query that is
+    neither a whole prefill nor one decode token."""
     seq_q, kv_len = query.shape[2], key.shape[2]
-    if kwargs.get("s_aux") is not None:  # attention sinks (GPT-OSS): neither the table nor SDPA computes them
-        raise ValueError(f"{type(module).__name__} has attention sinks, which no kernel here computes: load it with "
-                         "attn_implementation='eager' (patch() leaves such attention to the model)")
     simple = (attention_mask is None and dropout == 0.0 and not kwargs.get("output_attentions")
-              and kwargs.get("position_bias") is None and kwargs.get("cache") is None
+              and kwargs.get("position_bias") is None and kwargs.get("cache") is None and kwargs.get("s_aux") is None
               and query.shape[1] % key.shape[1] == 0 and (seq_q == kv_len or seq_q == 1))
     if not simple:
         return None
@@ -62,6 +59,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                       is_causal=None, **kwargs):
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if call is None:
+        if kwargs.get("s_aux") is not None:  # attention sinks (GPT-OSS): neither the table nor SDPA computes them
+            raise ValueError(f"{type(module).__name__} has attention sinks, which no kernel here computes: load it "
+                             "with attn_implementation='eager' (patch() leaves such attention to the model)")
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

@@ -1,15 +1,18 @@
 """One mixture-of-experts layer's routed experts (moe.experts) on a GPU: the tuned table against
 every fixed choice, each checked against the fp32 reference before it is timed.
 
-Shapes (one rank's): Mixtral-8x7B at TP 2 (8 experts, top 2, hidden 4096, expert width 14336 / 2)
-and Qwen3-30B-A3B at TP 1 (128 experts, top 8, hidden 2048, width 768), at token counts from 1
+Shapes (one rank's): Mixtral-8x7B at TP 2 (8 experts, top 2, hidden 4096, expert width 14336 / 2),
+Qwen3-30B-A3B at TP 1 (128 experts, top 8, hidden 2048, width 768) and GPT-OSS-20B at TP 1 (32
+experts, top 4, hidden and width 2880; biases, gate and up rows in turn, clamped SwiGLU, weights
+stored (experts, in, out); bf16 here, not its MXFP4 checkpoint), at token counts from 1
 to 16384 (the grid's buckets and points between them), with the routing runtime_loader.inputs
 draws (seeded, a Zipf-like expert load; --skew 0: uniform). Variants:
 
 - hf_loop: transformers' eager loop over the experts (eager.moe_experts);
 - grouped_mm: transformers' default experts implementation (torch.grouped_mm);
 - triton_default: lzsolve's fused Triton kernel at its default configuration;
-- triton_vllm: the same kernel at the configuration vLLM ships for this (E, N) on the H100
+- triton_vllm: the same kernel at the configuration vLLM ships for this (E, N) on the H100 (none
+  for GPT-OSS, which vLLM serves with other kernels)
   (vllm/model_executor/layers/fused_moe/configs/E=..,N=..,device_name=NVIDIA_H100_80GB_HBM3.json,
   the entry nearest the token count, as vLLM picks it: its BLOCK_SIZE_M/N/K, GROUP_SIZE_M, warps
   and stages mean the same tiles in this kernel);
@@ -43,7 +46,9 @@ from runtime_loader.specs import config_id
 MODELS = {  # name -> moe.experts static dims of one rank
     "mixtral-8x7b-tp2": {"experts": 8, "top_k": 2, "hidden": 4096, "inter": 7168},
     "qwen3-30b-a3b": {"experts": 128, "top_k": 8, "hidden": 2048, "inter": 768},
+    "gpt-oss-20b": {"experts": 32, "top_k": 4, "hidden": 2880, "inter": 2880, "alpha": 1.702, "limit": 7.0},
 }
+FLAGS = {"gpt-oss-20b": ("interleaved", "bias", "transposed")}
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 BETWEEN = (3, 24, 200, 700, 2500, 10000)  # off the grid: where a table's thresholds are guesses
 # vLLM's shipped H100 configs for these (E, N) (read from vLLM's repository): token count ->
@@ -66,7 +71,7 @@ FIXED = ("hf_loop", "grouped_mm", "triton_default", "triton_vllm")
 
 
 def signature(model: str, dtype: str) -> Signature:
-    return Signature.make("moe.experts", MODELS[model], (), dtype)
+    return Signature.make("moe.experts", MODELS[model], FLAGS.get(model, ()), dtype)
 
 
 def vllm_kernel(model: str, tokens: int) -> str:
@@ -76,11 +81,11 @@ def vllm_kernel(model: str, tokens: int) -> str:
                                              "group_m": group_m, "warps": warps, "stages": stages})
 
 
-def write_workload(path: Path, dtype: str) -> None:
-    """The calls a table for this benchmark is tuned on: every model at every grid token count."""
+def write_workload(path: Path, models: list[str], dtype: str) -> None:
+    """The calls a table for this benchmark is tuned on: these models at every grid token count."""
     recording = Recording("moe-layer")
     fallback = registry.get("torch.grouped_mm")
-    for model in MODELS:
+    for model in models:
         for tokens in TOKENS:
             recording.count((signature(model, dtype), {"tokens": tokens}), fallback, False)
     data = {"format": FORMAT, "version": VERSION, **recording.to_json()}
@@ -103,12 +108,16 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny experts (a smoke test)")
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown --models {', '.join(sorted(unknown))}; known: {', '.join(MODELS)}")
     if args.write_workload:
-        write_workload(Path(args.write_workload), args.dtype)
+        write_workload(Path(args.write_workload), args.models.split(","), args.dtype)
         return
     device = torch.device(args.device)
     if args.tiny:
-        MODELS.update({name: {"experts": 8, "top_k": 2, "hidden": 64, "inter": 32} for name in MODELS})
+        MODELS.update({name: {**dims, "experts": 8, "top_k": 2, "hidden": 64, "inter": 32}
+                       for name, dims in MODELS.items()})
     d = runtime_loader.load(args.artifact, strict=True) if args.artifact else None
     harness = make_harness(device, Budget(min_samples=10, max_samples=60))
     gen = torch.Generator(device=device).manual_seed(0)
@@ -121,13 +130,15 @@ def main() -> None:
         contract = CONTRACTS[sig.op]
         for tokens in map(int, args.tokens.split(",")):
             dims = {"tokens": tokens}
-            x, _, _, gate_up, down = contract.make_inputs(sig, dims, device, gen)
+            x, _, _, *experts = contract.make_inputs(sig, dims, device, gen)
             ids, weights = routing(tokens, sig.dim("experts"), sig.dim("top_k"), x.dtype, device, gen, args.skew)
-            inputs = (x, ids, weights, gate_up, down)
+            inputs = (x, ids, weights, *experts)
             reference = contract.reference(*to_fp32(inputs))
             kernels = {"hf_loop": "eager.moe_experts", "grouped_mm": "torch.grouped_mm"}
             if device.type == "cuda":
-                kernels |= {"triton_default": "triton.moe_experts", "triton_vllm": vllm_kernel(model, tokens)}
+                kernels["triton_default"] = "triton.moe_experts"
+                if model in VLLM:
+                    kernels["triton_vllm"] = vllm_kernel(model, tokens)
             if tokens > args.max_loop_tokens:
                 del kernels["hf_loop"]
             calls = {name: (lambda impl=registry.get(k).impl: impl(*inputs)) for name, k in kernels.items()}

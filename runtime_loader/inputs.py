@@ -197,9 +197,23 @@ def moe_experts(sig, dims, device, gen):
     experts, top_k, hidden, inter = (sig.dim(n) for n in ("experts", "top_k", "hidden", "inter"))
     x = randn((dims["tokens"], hidden), sig, device, gen)
     ids, weights = routing(dims["tokens"], experts, top_k, DTYPES[sig.dtype], device, gen)
-    gate_up = randn((experts, 2 * inter, hidden), sig, device, gen, scale=hidden ** -0.5)
-    down = randn((experts, hidden, inter), sig, device, gen, scale=inter ** -0.5)
-    return x, ids, weights, gate_up, down
+    gate_up = expert_weight(experts, 2 * inter, hidden, sig, device, gen)
+    down = expert_weight(experts, hidden, inter, sig, device, gen)
+    args = (x, ids, weights, gate_up, down)
+    if not ({"interleaved", "bias"} & sig.flags or sig.dim("limit")):
+        return args
+    biases = (randn((experts, 2 * inter), sig, device, gen, scale=0.1), randn((experts, hidden), sig, device, gen,
+                                                                               scale=0.1)) \
+        if "bias" in sig.flags else (None, None)
+    return (*args, *biases, "interleaved" in sig.flags, sig.dim("alpha"), sig.dim("limit"))
+
+
+def expert_weight(experts: int, rows: int, cols: int, sig, device, gen):
+    """(experts, rows, cols) scaled for unit outputs; with the transposed flag, a view of the
+    weights stored (experts, cols, rows), as such models keep them."""
+    if "transposed" in sig.flags:
+        return randn((experts, cols, rows), sig, device, gen, scale=cols ** -0.5).transpose(1, 2)
+    return randn((experts, rows, cols), sig, device, gen, scale=cols ** -0.5)
 
 
 def distinct_logits(tokens: int, experts: int, sig, device, gen):

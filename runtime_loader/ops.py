@@ -126,6 +126,8 @@ def required_features(sig: Signature) -> frozenset[str]:
         features.add("sliding_window")
     if static.get("softcap"):
         features.add("softcap")
+    if static.get("limit"):
+        features.add("clamped_swiglu")
     if "hv" in static and static["hv"] != static["hk"]:
         features.add("gqa")
     return frozenset(features)
@@ -333,23 +335,41 @@ def gated_deltanet_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
     return v.new_empty(v.shape), v.new_empty((batch, hv, q.shape[-1], dv), dtype=torch.float32)
 
 
-def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor):
+def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor,
+                      gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None, interleaved: bool = False,
+                      alpha: float = 0.0, limit: float = 0.0):
     """A mixture-of-experts layer's gated expert MLPs over routed tokens: x (tokens, hidden), the
     router's choice topk_ids (tokens, top_k) and weights topk_weights (tokens, top_k); per expert
-    e, gate_up[e] (2 * inter, hidden) holds the gate rows then the up rows, down[e] (hidden,
-    inter), as transformers stores them. Returns sum over k of weight_k * down[e_k] @
-    (silu(gate) * up)."""
-    return ((x.shape, topk_ids.shape, gate_up.shape, x.dtype, x.is_cuda),
-            (x, topk_ids, topk_weights, gate_up, down))
+    e, gate_up[e] (2 * inter, hidden) holds the gate rows then the up rows (interleaved: gate and
+    up rows alternate, GPT-OSS), down[e] (hidden, inter), as transformers stores them (or as
+    transposed views of weights stored (experts, in, out)); optional biases gate_up_bias (experts,
+    2 * inter) and down_bias (experts, hidden). Returns sum over k of weight_k * (down[e_k] @
+    act(gate, up) + down_bias[e_k]) with act silu(gate) * up, or with limit > 0 GPT-OSS's
+    clamped form: min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clamp(up, +-limit) + 1)."""
+    plain = gate_up_bias is None and down_bias is None and not interleaved and not limit
+    key = (x.shape, topk_ids.shape, gate_up.shape, x.dtype, x.is_cuda, gate_up.stride(), down.stride(),
+           gate_up_bias is None, down_bias is None, interleaved, alpha, limit)
+    args = (x, topk_ids, topk_weights, gate_up, down)
+    return key, (args if plain else (*args, gate_up_bias, down_bias, interleaved, alpha, limit))
 
 
-def moe_experts_call(x, topk_ids, topk_weights, gate_up, down):
+def is_transposed(weight: Tensor) -> bool:
+    """An expert weight (experts, out, in) that is the transposed view of one stored (experts, in, out)."""
+    return weight.stride(1) == 1 and weight.stride(2) != 1
+
+
+def moe_experts_call(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
+                     alpha=0.0, limit=0.0):
     if (x.dim() != 2 or topk_ids.dim() != 2 or gate_up.dim() != 3 or down.dim() != 3 or x.dtype not in DTYPE_NAMES
-            or gate_up.shape[1] != 2 * down.shape[2]):
-        return None
+            or gate_up.shape[1] != 2 * down.shape[2] or (gate_up_bias is None) != (down_bias is None)):
+        return None  # one bias without the other: no signature says so; the fallback computes it
     experts, hidden, inter = gate_up.shape[0], x.shape[1], down.shape[2]
-    static = {"experts": experts, "top_k": topk_ids.shape[1], "hidden": hidden, "inter": inter}
-    return Signature.make("moe.experts", static, (), DTYPE_NAMES[x.dtype]), {"tokens": x.shape[0]}
+    # alpha means something only with a limit: one signature for every call of the plain form
+    static = {"experts": experts, "top_k": topk_ids.shape[1], "hidden": hidden, "inter": inter,
+              "alpha": float(alpha) if limit else 0.0, "limit": float(limit)}
+    flags = [name for name, on in (("interleaved", interleaved), ("bias", gate_up_bias is not None),
+                                   ("transposed", is_transposed(gate_up) and is_transposed(down))) if on]
+    return Signature.make("moe.experts", static, flags, DTYPE_NAMES[x.dtype]), {"tokens": x.shape[0]}
 
 
 def moe_router_front(logits: Tensor, top_k: int, renorm: bool = True):
@@ -421,9 +441,12 @@ OPS: dict[str, OpSchema] = {
                  method="moe_router", front=moe_router_front, call=moe_router_call, inputs=inputs.moe_router,
                  fake=moe_router_fake),
         # experts: every routed expert (expert parallelism is not modelled yet); inter: each expert's
-        # intermediate width on this rank (divided by tp)
-        OpSchema("moe.experts", ("experts", "top_k", "hidden", "inter"), (), ("tokens",), "torch.grouped_mm",
-                 method="moe_experts", front=moe_experts_front, call=moe_experts_call, inputs=inputs.moe_experts),
+        # intermediate width on this rank (divided by tp); interleaved: gate and up rows alternate;
+        # bias: both projections biased; transposed: the weights are views of ones stored (experts,
+        # in, out) (GPT-OSS), which kernels read in another order; limit, alpha: GPT-OSS's clamped SwiGLU
+        OpSchema("moe.experts", ("experts", "top_k", "hidden", "inter"), ("interleaved", "bias", "transposed"),
+                 ("tokens",), "torch.grouped_mm", (("alpha", 0.0), ("limit", 0.0)), method="moe_experts",
+                 front=moe_experts_front, call=moe_experts_call, inputs=inputs.moe_experts),
         # Gated DeltaNet (Qwen3.5's linear attention): hk key heads, hv value heads (hv % hk == 0)
         OpSchema("recurrent.gated_deltanet", ("hk", "hv", "dk", "dv"), ("qk_l2norm",), ("batch", "seq"),
                  "eager.gated_deltanet", method="gated_deltanet", front=gated_deltanet_front, call=gated_deltanet_call,

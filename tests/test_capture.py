@@ -4,6 +4,7 @@ walker describes either plan or are refused in one line, never with a traceback.
 import warnings
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from lzsolve.cli import cli
@@ -22,8 +23,8 @@ DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
          "glm4", "smollm3", "exaone4", "ministral", "nemotron", "seed_oss", "apertus", "arcee", "gpt2",
          "gptj", "gpt_neo", "codegen", "persimmon", "helium", "diffllama", "bitnet", "ernie4_5"]
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "phimoe", "olmoe", "minimax", "ernie4_5_moe", "gpt_oss",
-       "deepseek_v3", "dbrx", "jetmoe"]
-MOE_SERVED = MOE[:8]  # SwiGLU experts: moe.experts
+       "deepseek_v3", "dbrx", "jetmoe", "llama4_text"]
+MOE_SERVED = MOE[:9]  # SwiGLU experts, and GPT-OSS's biased, interleaved, clamped ones: moe.experts
 
 
 def catalogue_ops(name: str, tp: int) -> dict[str, int]:
@@ -84,7 +85,7 @@ def test_moe_decoders_plan_their_experts(outcomes):
 def test_moe_shapes_are_the_configs_and_shard_the_expert_width():
     cfg = default_config("qwen3_moe")  # 128 experts, 8 per token, hidden 2048, expert width 768
     (experts,) = [i.signature for i in capture(cfg, "q", tp=2).instances if i.signature.op == "moe.experts"]
-    assert dict(experts.static) == {"experts": 128, "top_k": 8, "hidden": 2048, "inter": 384}
+    assert experts.to_json()["static"] == {"experts": 128, "top_k": 8, "hidden": 2048, "inter": 384}
     with pytest.raises(LzError, match="expert width 769"):
         capture({**cfg, "moe_intermediate_size": 769}, "q", tp=2)
     shared = default_config("qwen2_moe")  # a shared expert of width 5632 beside 60 routed ones of 1408
@@ -92,14 +93,22 @@ def test_moe_shapes_are_the_configs_and_shard_the_expert_width():
     assert "act.swiglu[width=5632,bf16]" in ops and "moe.experts[experts=60,top_k=4,hidden=2048,inter=1408,bf16]" in ops
 
 
-def test_other_experts_are_named_or_refused(outcomes):
-    status, captured = outcomes["gpt_oss"]  # biased, interleaved, clamped experts: planned without them, said
-    assert status == "ok" and not any(i.signature.op == "moe.experts" for i in captured.instances)
-    assert any("experts in a form no op computes" in note for note in captured.notes), captured.notes
+def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
+    status, captured = outcomes["gpt_oss"]  # biased, interleaved, clamped experts stored (experts, in, out)
+    (experts,) = [i.signature for i in captured.instances if i.signature.op == "moe.experts"]
+    assert str(experts) == "moe.experts[experts=128,top_k=4,hidden=2880,inter=2880,alpha=1.702,limit=7.0," \
+                           "interleaved,bias,transposed,bf16]"
     status, message = outcomes["jetmoe"]  # no 3-D expert weights: its routing cannot run on meta
     assert status == "refused" and "JetMoeParallelExperts" in message and "\n" not in message
-    status, message = outcomes["deepseek_v3"]
-    assert status == "refused" and "latent attention" in message
+    status, message = outcomes["llama4_text"]  # 3-D weights, but every token pre-scaled for every expert
+    assert status == "refused" and "Llama4TextExperts" in message and "\n" not in message
+    # experts with a gate of their own that is not GPT-OSS's: planned without them, and said
+    from transformers.models.mixtral import modeling_mixtral
+    monkeypatch.setattr(modeling_mixtral.MixtralExperts, "_apply_gate",
+                        lambda self, gate_up: torch.nn.functional.gelu(gate_up.chunk(2, dim=-1)[0]), raising=False)
+    captured = capture({**default_config("mixtral"), "vocab_size": 1234}, "mixtral-gelu")
+    assert not any(i.signature.op == "moe.experts" for i in captured.instances)
+    assert any("experts in a form no op computes" in note for note in captured.notes), captured.notes
 
 
 def test_every_captured_model_has_attention_and_linears(outcomes):

@@ -1,4 +1,4 @@
-"""Mixture-of-experts models end to end on CPU: tiny random-weight Qwen3-MoE and Mixtral captured,
+"""Mixture-of-experts models end to end on CPU: tiny random-weight Qwen3-MoE, Mixtral and GPT-OSS captured,
 tuned, replayed strictly against the fp32 reference, and served by patch() with the logits and
 generations of the unpatched model."""
 import json
@@ -19,7 +19,15 @@ TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_h
 MODELS = {  # model type -> (config class, its expert count and width keys)
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=8, moe_intermediate_size=32, intermediate_size=96)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=6, intermediate_size=48)),
+    # biased, interleaved, clamped experts stored (experts, in, out); attention with sinks (left to the model)
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, intermediate_size=32, sliding_window=4,
+                                     layer_types=["sliding_attention", "full_attention"], attn_implementation="eager")),
 }
+
+
+def router_of(model):
+    mlp = model.model.layers[0].mlp
+    return getattr(mlp, "gate", None) or mlp.router
 
 
 def tiny(model_type: str):
@@ -44,10 +52,13 @@ def test_the_table_tunes_the_experts_and_replays_the_reference(moe_artifact):
     table = json.loads((moe_artifact / "dispatch.json").read_text())
     experts = {e["signature"] for e in table["ops"] if e["op"] == "moe.experts"}
     assert experts == {"moe.experts[experts=8,top_k=2,hidden=64,inter=32,fp32]",
-                       "moe.experts[experts=6,top_k=2,hidden=64,inter=48,fp32]"}
+                       "moe.experts[experts=6,top_k=2,hidden=64,inter=48,fp32]",
+                       "moe.experts[experts=4,top_k=2,hidden=64,inter=32,alpha=1.702,limit=7.0,interleaved,bias,"
+                       "transposed,fp32]"}
     routers = {e["signature"] for e in table["ops"] if e["op"] == "moe.router"}
-    assert routers == {"moe.router[experts=8,top_k=2,fp32]", "moe.router[experts=6,top_k=2,renorm,fp32]"}, \
-        "Qwen3-MoE's config leaves norm_topk_prob off; Mixtral always renormalises"
+    assert routers == {"moe.router[experts=8,top_k=2,fp32]", "moe.router[experts=6,top_k=2,renorm,fp32]",
+                       "moe.router[experts=4,top_k=2,renorm,fp32]"}, \
+        "Qwen3-MoE's config leaves norm_topk_prob off; Mixtral always renormalises; GPT-OSS's softmax over the top-k"
     assert_replays_references(moe_artifact)
 
 
@@ -63,7 +74,7 @@ def test_patched_moe_model_is_served_from_its_table(model_type, moe_artifact, re
     d = runtime_loader.load(moe_artifact, strict=True)
     report = patch(model, d)
     assert report.replaced[type(model.model.layers[0].mlp.experts).__name__] == 2, report
-    assert report.replaced[type(model.model.layers[0].mlp.gate).__name__] == 2, report
+    assert report.replaced[type(router_of(model)).__name__] == 2, report
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
@@ -103,10 +114,11 @@ def test_bf16_model_keeps_its_dtype_through_the_experts(restore_active):
     torch.testing.assert_close(served.float(), reference.float(), rtol=3e-2, atol=3e-2)
 
 
-def test_gpt_oss_sinks_and_experts_are_left_to_the_model(restore_active):
-    """GPT-OSS's attention sinks and its biased, clamped experts: no op computes them, so patch()
-    leaves them (and says so) and the model computes what it did; its router is served. The
-    attention function refuses a call with sinks rather than drop them."""
+def test_gpt_oss_experts_are_served_and_sinks_left_to_the_model(restore_active):
+    """GPT-OSS: its router and its biased, interleaved, clamped experts (weights stored (experts, in,
+    out)) are served; its attention sinks no kernel computes, so patch() leaves them (and says so).
+    The model computes what it did. The attention function refuses a call with sinks rather than
+    drop them."""
     from runtime_loader.integrations.transformers import attention_forward, patch
 
     config = transformers.GptOssConfig(**{**TINY, "num_local_experts": 4, "intermediate_size": 32,
@@ -115,12 +127,15 @@ def test_gpt_oss_sinks_and_experts_are_left_to_the_model(restore_active):
     torch.manual_seed(2)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     ids = torch.randint(1, 128, (1, 9), generator=torch.Generator().manual_seed(6))
+    d = Dispatcher(None)
     with torch.no_grad():
         reference = model(ids).logits
-        report = patch(model, Dispatcher(None))
+        report = patch(model, d)
         served = model(ids).logits
-    assert "attention sinks" in report.left["GptOssAttention"] and "GptOssExperts" in report.left, report
+    assert "attention sinks" in report.left["GptOssAttention"], report
     assert report.replaced["GptOssTopKRouter"] == 2, "a router with a bias: softmax over its top-k logits"
+    assert report.replaced["GptOssExperts"] == 2, report
+    assert sum(d.stats()["moe.experts"].values()) == 2
     torch.testing.assert_close(served, reference, rtol=1e-5, atol=1e-5)
     q = torch.randn(1, 4, 3, 16)
     with pytest.raises(ValueError, match="attention sinks"):

@@ -49,6 +49,8 @@ SIGS = [
     (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 4, "dk": 4, "dv": 8}, (), "fp32"),
      {"batch": 1, "seq": 5}),
     (Signature.make("moe.experts", {"experts": 6, "top_k": 2, "hidden": 16, "inter": 12}, (), "fp32"), {"tokens": 9}),
+    (Signature.make("moe.experts", {"experts": 5, "top_k": 2, "hidden": 16, "inter": 12, "alpha": 1.702, "limit": 0.4},
+                    ("interleaved", "bias", "transposed"), "fp32"), {"tokens": 7}),
     (Signature.make("moe.router", {"experts": 12, "top_k": 3}, ("renorm",), "fp32"), {"tokens": 6}),
     (Signature.make("moe.router", {"experts": 12, "top_k": 3}, (), "bf16"), {"tokens": 6}),
 ]
@@ -139,16 +141,22 @@ def deltanet64(q, k, v, g, beta, state, qk_l2norm):
     return out, final
 
 
-def moe64(x, topk_ids, topk_weights, gate_up, down):
-    """Token by token, slot by slot: the weighted sum of its experts' SwiGLU MLPs, in float64."""
+def moe64(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
+          alpha=0.0, limit=0.0):
+    """Token by token, slot by slot: the weighted sum of its experts' gated MLPs, in float64."""
     out = torch.zeros(x.shape, dtype=torch.float64)
     inter = down.shape[2]
     for t in range(x.shape[0]):
         for slot in range(topk_ids.shape[1]):
             e = topk_ids[t, slot]
-            h = gate_up[e].double() @ x[t].double()
-            gate, up = h[:inter], h[inter:]
-            out[t] += topk_weights[t, slot].double() * (down[e].double() @ (gate / (1 + torch.exp(-gate)) * up))
+            h = gate_up[e].double() @ x[t].double() + (0 if gate_up_bias is None else gate_up_bias[e].double())
+            gate, up = (h[0::2], h[1::2]) if interleaved else (h[:inter], h[inter:])
+            if limit:  # GPT-OSS: gate clamped from above, up both ways, (up + 1)
+                gate, up, scale = torch.minimum(gate, torch.tensor(limit)), up.clamp(-limit, limit) + 1, alpha
+            else:
+                scale = 1.0
+            y = down[e].double() @ (gate / (1 + torch.exp(-scale * gate)) * up)
+            out[t] += topk_weights[t, slot].double() * (y + (0 if down_bias is None else down_bias[e].double()))
     return out
 
 

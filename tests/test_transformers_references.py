@@ -242,6 +242,8 @@ MOE_EXPERTS = {  # model type -> (config class, experts class, the config's expe
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeExperts", "num_experts", "moe_intermediate_size"),
     "phimoe": ("PhimoeConfig", "PhimoeExperts", "num_local_experts", "intermediate_size"),
     "granitemoe": ("GraniteMoeConfig", "GraniteMoeExperts", "num_local_experts", "intermediate_size"),
+    # biases, gate and up rows in turn, clamped SwiGLU, weights stored (experts, in, out)
+    "gpt_oss": ("GptOssConfig", "GptOssExperts", "num_local_experts", "intermediate_size"),
 }
 
 
@@ -254,14 +256,15 @@ def test_moe_experts_are_transformers_experts(model_type):
     config = getattr(module, config_class)(hidden_size=32, **{count_key: 6, width_key: 24},
                                            num_experts_per_tok=2, experts_implementation="eager")
     experts = getattr(module, experts_class)(config)
-    torch.nn.init.normal_(experts.gate_up_proj, std=32 ** -0.5)
-    torch.nn.init.normal_(experts.down_proj, std=24 ** -0.5)
+    for name, p in experts.named_parameters():  # std 2: GPT-OSS's clamps (at 7) bite on some entries
+        torch.nn.init.normal_(p, std=0.1 if "bias" in name else 2 * min(p.shape[1:]) ** -0.5)
+    from runtime_loader.integrations.modules import _classify_experts, experts_arguments
     from runtime_loader.inputs import routing
-    x = torch.randn(11, 32)
+    x = torch.randn(11, 32) * 2
     ids, weights = routing(11, 6, 2, torch.float32, "cpu", torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = experts(x, ids, weights)
-        args = (x, ids, weights, experts.gate_up_proj, experts.down_proj)
+        args = (x, ids, weights, *experts_arguments(experts, _classify_experts(experts)))
         for kernel_id in ("eager.moe_experts", "torch.grouped_mm"):
             close(impl(kernel_id)(*args), expected, tol=1e-5)
         close(CONTRACTS["moe.experts"].reference(*args), expected, tol=1e-5)

@@ -53,6 +53,11 @@ CASES = [
     ("triton.moe_experts", "moe.experts", {"experts": 6, "top_k": 2, "hidden": 40, "inter": 24}, (), {"tokens": 9},
      [{"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 4, "warps": 2, "stages": 2},
       {"block_m": 16, "block_n": 32, "block_k": 32, "group_m": 1, "warps": 2, "stages": 2}]),
+    # the same in GPT-OSS's form: weights read through transposed strides, gate and up rows in
+    # turn, both biases, and a limit of 0.5 so both clamps bite
+    ("triton.moe_experts", "moe.experts", {"experts": 6, "top_k": 2, "hidden": 40, "inter": 24, "alpha": 1.702,
+                                           "limit": 0.5}, ("interleaved", "bias", "transposed"), {"tokens": 9},
+     [{"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 4, "warps": 2, "stages": 2}]),
     # 60 experts in a block of 64 (padding never picked), 3 of them per token, with and without renormalisation
     *[("triton.moe_router", "moe.router", {"experts": 60, "top_k": 3}, flags, {"tokens": 5}, [{"warps": 1}])
       for flags in (("renorm",), ())],

@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from runtime_loader.integrations.modules import GATED_OPS, PLAIN_OPS, Kind, classify, is_experts, rope_layout
+from runtime_loader.integrations.modules import (GATED_OPS, PLAIN_OPS, Kind, classify, experts_arguments, is_experts,
+                                                 rope_layout)
 from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
                                 moe_experts_call, moe_router_call, qk_norm_call, rope_call, rows_call)
 
@@ -297,9 +298,9 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, *args, **k
     """An experts module of the meta model: recorded (moe.experts when it computes it), not run."""
     rec = _current
     if rec is not None and not rec.opaque:
-        served = self._lzsolve_kind is not None and self._lzsolve_kind.op == "moe.experts"
-        sig = _sig(moe_experts_call(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)) \
-            if served else None
+        kind = self._lzsolve_kind
+        sig = _sig(moe_experts_call(hidden_states, top_k_index, top_k_weights, *experts_arguments(self, kind))) \
+            if kind is not None and kind.op == "moe.experts" else None
         rec.events.append(Event("moe", rec.frame, sig))
     return torch.empty_like(hidden_states)
 
@@ -535,8 +536,8 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
             why = "attention sinks" if e.extra.get("sinks") else "options the table does not serve"
             notes.append(f"{_role(e.module)}: attention with {why}")
         if e.op == "moe" and e.sig is None:
-            notes.append(f"{_role(e.module)}: experts in a form no op computes (biases, transposed or interleaved "
-                         f"weights, another activation): not tuned")
+            notes.append(f"{_role(e.module)}: experts in a form no op computes (an activation other than SwiGLU "
+                         f"or GPT-OSS's, one bias without the other): not tuned")
         if e.op == "attention" and e.extra.get("bypass"):
             notes.append(f"{_role(e.module)}: calls F.scaled_dot_product_attention itself, not transformers' "
                          f"attention interface: tuned, but runtime_loader's transformers integration cannot serve it")
@@ -571,7 +572,8 @@ MOE_CLASS = re.compile(r"experts|moe(block)?$|gating", re.IGNORECASE)
 
 def _other_moe(model) -> list[str]:
     """Classes of mixture-of-experts modules whose experts are not transformers' 3-D expert
-    weights (their routing would run on meta tensors, and no op here describes them)."""
+    weights called with the router's choice (their routing would run on meta tensors, and no op
+    here describes them)."""
     served_by_experts = {name.rpartition(".")[0] for name, m in model.named_modules() if is_experts(m)}
     return sorted({type(m).__name__ for name, m in model.named_modules()
                    if MOE_CLASS.search(type(m).__name__) and not is_experts(m) and name not in served_by_experts})
@@ -604,8 +606,8 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
                       f"({type(e).__name__}: {_one_line(e)}); fix the config") from None
     moe = _other_moe(model)
     if moe:
-        raise LzError(f"{where}: not supported yet: mixture-of-experts layers without transformers' 3-D expert "
-                      f"weights ({', '.join(moe)})")
+        raise LzError(f"{where}: not supported yet: mixture-of-experts layers other than transformers' 3-D "
+                      f"experts called with the router's choice ({', '.join(moe)})")
     kinds = classify(model)
     try:
         prefill, decode = run(model, kinds)

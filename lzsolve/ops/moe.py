@@ -6,9 +6,12 @@ with the renorm flag) and ids, in descending order.
 moe.experts: the gated expert MLPs over the tokens routed to them.
 
 Each token goes to top_k of `experts` experts with the router's weights; expert e computes
-down[e] @ (silu(gate) * up) with [gate; up] = gate_up[e] @ x, and a token's output is the
-weighted sum of its experts' outputs. FLOPs and bytes count the routed work only: top_k
-expert MLPs per token, and the weights of the experts some token reaches.
+down[e] @ act(gate, up) (+ down_bias[e]) with [gate; up] = gate_up[e] @ x (+ gate_up_bias[e]),
+and a token's output is the weighted sum of its experts' outputs. act is SwiGLU, silu(gate) *
+up, or with a limit GPT-OSS's clamped form: gate clamped above at limit, up to [-limit, limit],
+gate * sigmoid(alpha * gate) * (up + 1). gate_up holds the gate rows then the up rows, or with
+the interleaved flag gate and up rows in turn (GPT-OSS). FLOPs and bytes count the routed work
+only: top_k expert MLPs per token, and the weights of the experts some token reaches.
 """
 from __future__ import annotations
 
@@ -18,13 +21,21 @@ import torch.nn.functional as F
 from .base import OpContract, itemsize
 
 
-def reference(x, topk_ids, topk_weights, gate_up, down):
+def reference(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
+              alpha=0.0, limit=0.0):
     """One expert at a time, over the (token, slot) pairs routed to it."""
     out = torch.zeros_like(x)
     for expert in topk_ids.unique().tolist():
         tokens, slots = torch.where(topk_ids == expert)
-        gate, up = (x[tokens] @ gate_up[expert].T).chunk(2, dim=-1)
-        out.index_add_(0, tokens, (F.silu(gate) * up) @ down[expert].T * topk_weights[tokens, slots, None])
+        h = F.linear(x[tokens], gate_up[expert], None if gate_up_bias is None else gate_up_bias[expert])
+        gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else h.chunk(2, dim=-1)
+        if limit:
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+            act = gate * torch.sigmoid(alpha * gate) * (up + 1)
+        else:
+            act = F.silu(gate) * up
+        rows = F.linear(act, down[expert], None if down_bias is None else down_bias[expert])
+        out.index_add_(0, tokens, rows * topk_weights[tokens, slots, None])
     return out
 
 
@@ -40,7 +51,7 @@ def flops(sig, dims):
 
 def bytes_moved(sig, dims):
     tokens, hidden, inter = dims["tokens"], sig.dim("hidden"), sig.dim("inter")
-    weights = experts_reached(sig, tokens) * 3 * inter * hidden
+    weights = experts_reached(sig, tokens) * (3 * inter * hidden + (2 * inter + hidden) * ("bias" in sig.flags))
     routing = tokens * sig.dim("top_k") * (8 + itemsize(sig))  # int64 ids and the weights
     return float(itemsize(sig) * (2 * tokens * hidden + weights) + routing)
 
@@ -53,6 +64,9 @@ EXPERTS = OpContract("moe.experts", reference, flops, bytes_moved, (
     (shape(4, 2, 32, 48), (), {"tokens": 5}),  # fewer tokens than experts x slots: some expert idle
     (shape(8, 2, 64, 96), (), {"tokens": 33}),  # odd widths and token count: no tile is full
     (shape(16, 4, 128, 64), (), {"tokens": 1}),  # decode: one token, top_k experts
+    # GPT-OSS's experts (weights stored (experts, in, out), biases, gate and up rows in turn), with a
+    # limit low enough that both clamps bite
+    ({**shape(6, 2, 48, 40), "alpha": 1.702, "limit": 0.5}, ("interleaved", "bias", "transposed"), {"tokens": 11}),
 ))
 
 

@@ -9,6 +9,8 @@ written out by hand are recognised whatever the class is called.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import warnings
 from dataclasses import dataclass
 
@@ -38,6 +40,13 @@ class Kind:
     renorm: bool = False
     float32_logits: bool = False
     float32_weights: bool = False
+    # moe.experts: the expert weights stored (experts, in, out); gate and up rows in turn; biases;
+    # GPT-OSS's clamped SwiGLU (limit > 0), as transformers' experts classes declare them
+    transposed: bool = False
+    interleaved: bool = False
+    bias: bool = False
+    alpha: float = 0.0
+    limit: float = 0.0
 
 
 def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -107,25 +116,85 @@ def _classify_activation(module) -> Kind | None:
 
 def is_experts(module) -> bool:
     """A mixture-of-experts layer's routed experts, as transformers stores them: 3-D expert weights
-    (gate_up_proj or up_proj, and down_proj), called as forward(hidden, top_k_index, top_k_weights)."""
+    (gate_up_proj or up_proj, and down_proj), called as forward(hidden, top_k_index, top_k_weights)
+    (Llama 4's experts, which take every token pre-scaled for every expert, are not)."""
     weights = [getattr(module, name, None) for name in ("gate_up_proj", "up_proj", "down_proj")]
     return isinstance(weights[2], torch.Tensor) and weights[2].dim() == 3 and any(
-        isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights[:2])
+        isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights[:2]) and _takes_routing(type(module))
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_routing(cls) -> bool:
+    """Whether cls.forward takes the router's choice: (hidden, ids, weights), whatever they are named."""
+    try:
+        parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+EXPERT_WEIGHTS = {"gate_up_proj", "down_proj"}
+EXPERT_BIASES = {"gate_up_proj_bias", "down_proj_bias"}
+
+
+def experts_arguments(module, kind: Kind) -> tuple:
+    """What moe_experts takes after (x, topk_ids, topk_weights) for an experts module of this kind:
+    its weights as (experts, out, in) views, then its biases and activation where it has them."""
+    gate_up, down = module.gate_up_proj, module.down_proj
+    if kind.transposed:
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    if not (kind.bias or kind.interleaved or kind.limit):
+        return gate_up, down
+    biases = (module.gate_up_proj_bias, module.down_proj_bias) if kind.bias else (None, None)
+    return gate_up, down, *biases, kind.interleaved, kind.alpha, kind.limit
+
+
+def _own_gate(module) -> bool:
+    """Whether the experts class gates with its own _apply_gate rather than transformers' act_fn(gate) * up."""
+    gate = getattr(type(module), "_apply_gate", None)
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:  # a transformers without it: every class's gate is its own
+        _default_apply_gate = None
+    return gate is not None and gate is not _default_apply_gate
+
+
+def _experts_form(module) -> Kind | None:
+    """The moe.experts form an experts module declares: its layout as transformers'
+    use_experts_implementation sets it on the instance, its biases, and GPT-OSS's clamp where the
+    class has its own gate (limit and alpha attributes); None for a form no op computes."""
+    parameters = set(module._parameters)
+    if not EXPERT_WEIGHTS <= parameters <= EXPERT_WEIGHTS | EXPERT_BIASES or len(parameters) == 3:
+        return None
+    form = dict(transposed=bool(getattr(module, "is_transposed", False)),
+                interleaved=not getattr(module, "is_concatenated", True), bias=len(parameters) == 4)
+    if _own_gate(module):  # served when it is GPT-OSS's (checked by running)
+        alpha, limit = getattr(module, "alpha", None), getattr(module, "limit", None)
+        if not (isinstance(alpha, float) and isinstance(limit, float) and limit > 0):
+            return None
+        form.update(alpha=alpha, limit=limit)
+    return Kind("moe.experts", **form)
 
 
 def _classify_experts(module) -> Kind | None:
-    """Kind("moe.experts") when the module computes moe.experts (SwiGLU experts, [gate; up] rows in
-    gate_up_proj, no biases): its own forward is run, with transformers' eager experts loop, on a
-    stand-in holding small random CPU weights of its expert count, and compared with ours."""
+    """The module's Kind("moe.experts") when it computes moe.experts in the form it declares: its
+    own forward is run, with transformers' eager experts loop, on a stand-in holding small random
+    CPU weights of its expert count, and compared with ours."""
     from ..kernels.eager import moe_experts
 
-    if not is_experts(module) or set(module._parameters) != {"gate_up_proj", "down_proj"}:
+    kind = _experts_form(module) if is_experts(module) else None
+    if kind is None:
         return None
-    experts, hidden, inter = module.gate_up_proj.shape[0], 16, 8
+    experts, hidden, inter = module.gate_up_proj.shape[0], 12, 8  # hidden != 2 * inter: the layouts differ
     gen = torch.Generator().manual_seed(4)
+    shapes = {"gate_up_proj": (experts, 2 * inter, hidden), "down_proj": (experts, hidden, inter),
+              "gate_up_proj_bias": (experts, 2 * inter), "down_proj_bias": (experts, hidden)}
     stand_in = copy.copy(module)  # shares the module's attributes; gets its own parameters and config
-    stand_in._parameters = {"gate_up_proj": torch.nn.Parameter(torch.randn(experts, 2 * inter, hidden, generator=gen)),
-                            "down_proj": torch.nn.Parameter(torch.randn(experts, hidden, inter, generator=gen))}
+    stand_in._parameters = {}
+    for name in module._parameters:
+        shape = shapes[name][:1] + shapes[name][1:][::-1] if kind.transposed and "bias" not in name else shapes[name]
+        stand_in._parameters[name] = torch.nn.Parameter(torch.randn(shape, generator=gen))
     if getattr(module, "config", None) is not None:
         stand_in.config = copy.copy(module.config)
         stand_in.config._experts_implementation = "eager"
@@ -137,8 +206,8 @@ def _classify_experts(module) -> Kind | None:
             got = type(module).forward(stand_in, x, ids, weights)
     except Exception:  # noqa: BLE001 - another forward: not the experts we serve
         return None
-    expected = moe_experts(x, ids, weights, stand_in.gate_up_proj, stand_in.down_proj)
-    return Kind("moe.experts") if isinstance(got, torch.Tensor) and _close(got, expected) else None
+    expected = moe_experts(x, ids, weights, *experts_arguments(stand_in, kind))
+    return kind if isinstance(got, torch.Tensor) and _close(got, expected) else None
 
 
 def _classify_router(module) -> Kind | None:

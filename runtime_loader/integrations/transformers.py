@@ -34,7 +34,8 @@ import torch
 from ..dispatcher import Dispatcher
 from .. import custom_ops
 from ..kernels import eager
-from .modules import GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, is_experts, read_together, rope_layout
+from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, experts_arguments, is_experts, read_together,
+                      rope_layout)
 
 NAME = "lzsolve"
 
@@ -156,7 +157,7 @@ def _layer_norm_forward(self, x):
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     # transformers calls the experts with the router's choice: (tokens, hidden), (tokens, top_k) twice
-    return _ops().moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)
+    return _ops().moe_experts(hidden_states, top_k_index, top_k_weights, *experts_arguments(self, self._lzsolve_kind))
 
 
 def _router_forward(self, hidden_states):
@@ -418,8 +419,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
         kind: Kind | None = kinds.get(module_name)
         cls = type(module).__name__
         if kind is None and is_experts(module):
-            report.left[cls] = "experts in a form no op computes (biases, transposed or interleaved weights, another " \
-                               "activation)"
+            report.left[cls] = "experts in a form no op computes (an activation other than SwiGLU or GPT-OSS's, one " \
+                               "bias without the other)"
         if kind is None or module_name in mlp_parts or module_name in fused:
             continue
         if kind.op == "linear":
@@ -442,7 +443,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
             else:
                 _bind(module, _layer_norm_forward, report, eps=eps_of(module))
         elif kind.op == "moe.experts":
-            _bind(module, _experts_forward, report)
+            _bind(module, _experts_forward, report, kind=kind)
         elif kind.op == "moe.router":
             _bind(module, _router_forward, report, top_k=module.top_k, renorm=kind.renorm,
                   float32_logits=kind.float32_logits, float32_weights=kind.float32_weights)

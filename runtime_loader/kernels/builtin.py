@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from ..specs import HEAD_DIM_ANY, KernelSpec
 from ..dtypes import ALL_DTYPES
-from .eager import BOTH, UNIT_OFFSET, scaled
+from .eager import BOTH, EXPERT_FORMS, UNIT_OFFSET, expert_activation, scaled
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):
@@ -54,14 +54,21 @@ def grouped_mm(rows, weights, offsets):
     return grouped(rows, weights, offs=offsets)
 
 
-def moe_experts(x, topk_ids, topk_weights, gate_up, down):
+def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
+                alpha=0.0, limit=0.0):
     """transformers' grouped_mm experts: tokens sorted into expert segments, one grouped GEMM for
     gate_up and one for down over every expert (empty segments cost nothing), then the weighted
     rows put back in token order and summed over the slots."""
     tokens, top_k = topk_ids.shape
     order, offsets = expert_segments(topk_ids, gate_up.shape[0])
-    gate, up = grouped_mm(x[order // top_k], gate_up.transpose(1, 2), offsets).chunk(2, dim=-1)
-    rows = grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offsets) * topk_weights.reshape(-1)[order, None]
+    h = grouped_mm(x[order // top_k], gate_up.transpose(1, 2), offsets)
+    experts_of_rows = topk_ids.reshape(-1)[order]
+    if gate_up_bias is not None:
+        h = h + gate_up_bias[experts_of_rows]
+    rows = grouped_mm(expert_activation(h, interleaved, alpha, limit), down.transpose(1, 2), offsets)
+    if down_bias is not None:
+        rows = rows + down_bias[experts_of_rows]
+    rows = rows * topk_weights.reshape(-1)[order, None]
     in_token_order = torch.empty_like(rows).index_copy_(0, order, rows)
     return in_token_order.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # float32 routing weights promote
 
@@ -86,6 +93,6 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True,
                notes="F.embedding of the positions, then an add"),
     KernelSpec("torch.grouped_mm", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
-               dtypes=ALL_DTYPES, graph_safe=True, deterministic=True,
+               dtypes=ALL_DTYPES, features=EXPERT_FORMS, graph_safe=True, deterministic=True,
                notes="sort by expert, F.grouped_mm for gate_up and down, weighted sum over the slots"),
 ]

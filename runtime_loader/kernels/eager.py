@@ -10,6 +10,8 @@ from ..specs import HEAD_DIM_ANY, KernelSpec
 
 BOTH = frozenset({"cpu", "cuda"})
 UNIT_OFFSET = frozenset({"unit_offset"})
+# moe.experts beyond Mixtral's form: GPT-OSS's layout, biases and clamped SwiGLU (lzsolve.ops.moe)
+EXPERT_FORMS = frozenset({"interleaved", "bias", "transposed", "clamped_swiglu"})
 
 
 def effective_window(seq_q: int, kv_len: int, causal: bool, window: int) -> int:
@@ -160,7 +162,19 @@ def gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
     return out.to(v.dtype), state
 
 
-def moe_experts(x, topk_ids, topk_weights, gate_up, down):
+def expert_activation(h, interleaved: bool, alpha: float, limit: float):
+    """The experts' gated activation of their gate_up rows h (..., 2 * inter): silu(gate) * up,
+    or with a limit GPT-OSS's clamped SwiGLU (its _apply_gate); interleaved: gate and up columns
+    in turn, else the gate half then the up half."""
+    gate, up = (h[..., 0::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
+    if not limit:
+        return F.silu(gate) * up
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + 1)
+
+
+def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
+                alpha=0.0, limit=0.0):
     """transformers' eager experts loop (MixtralExperts.forward): per expert hit, its tokens
     gathered, two GEMMs, the weighted rows added back. The loop and the index lists are
     data-dependent: one host sync per layer, and no CUDA graph."""
@@ -171,9 +185,10 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down):
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
     for expert in hit[:, 0].tolist():
         slots, tokens = torch.where(mask[expert])
-        gate, up = F.linear(x[tokens], gate_up[expert]).chunk(2, dim=-1)
-        rows = F.linear(F.silu(gate) * up, down[expert]) * topk_weights[tokens, slots, None]
-        out.index_add_(0, tokens, rows.to(out.dtype))
+        h = F.linear(x[tokens], gate_up[expert], None if gate_up_bias is None else gate_up_bias[expert])
+        act = expert_activation(h, interleaved, alpha, limit)
+        rows = F.linear(act, down[expert], None if down_bias is None else down_bias[expert])
+        out.index_add_(0, tokens, (rows * topk_weights[tokens, slots, None]).to(out.dtype))
     return out
 
 
@@ -221,7 +236,7 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"gqa", "qk_l2norm"}), graph_safe=True,
                deterministic=True, notes="a Python loop over the sequence: a handful of launches per token"),
     KernelSpec("eager.moe_experts", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
-               dtypes=ALL_DTYPES, notes="transformers' eager loop over the experts hit; index_add_ in the "
+               dtypes=ALL_DTYPES, features=EXPERT_FORMS, notes="transformers' eager loop over the experts hit; index_add_ in the "
                                         "activation dtype"),
     KernelSpec("eager.moe_router", frozenset({"moe.router"}), "torch", moe_router, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"renorm"}), graph_safe=True, deterministic=True,

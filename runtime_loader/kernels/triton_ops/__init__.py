@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...dtypes import ALL_DTYPES
 from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
-from ..eager import UNIT_OFFSET
+from ..eager import EXPERT_FORMS, UNIT_OFFSET
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:
@@ -90,7 +90,8 @@ TUNABLES = [
             "group_m": powers_of_two(1, 64), "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6)},
            {"block_m": 64, "block_n": 128, "block_k": 64, "group_m": 8, "warps": 4, "stages": 4},
            "pairs sorted into expert segments padded to block_m; gate and up rows interleaved in one GEMM "
-           "tile with SwiGLU in its epilogue, then down times the routing weight; slots summed in token order"),
+           "tile with SwiGLU in its epilogue, then down times the routing weight; slots summed in token order",
+           features=EXPERT_FORMS),
     family("triton.moe_router", "moe.router", "moe", "moe_router", {"warps": powers_of_two(1, 8)}, {"warps": 4},
            "one launch per call: a token per program, fp32 softmax, top_k argmax rounds, renormalisation",
            features=frozenset({"renorm"})),

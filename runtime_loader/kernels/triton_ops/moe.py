@@ -3,9 +3,12 @@
 The (token, slot) pairs are sorted by expert into segments padded to BLOCK_M rows, so every
 row block of the GEMMs belongs to one expert. The first launch is the gate_up GEMM with the
 gate and up rows of each intermediate column interleaved in its weight tile, so one
-accumulator holds both and the epilogue writes silu(gate) * up; the second multiplies that by
-the expert's down weights and by each pair's routing weight. BLOCK_N counts weight rows in both
-(as vLLM's BLOCK_SIZE_N does: its configurations mean the same tiles here). A token's slots are then summed in token order. The sorting is done with
+accumulator holds both and the epilogue adds the biases and writes the gated activation
+(silu(gate) * up, or GPT-OSS's clamped form); the second multiplies that by the expert's down
+weights and by each pair's routing weight. BLOCK_N counts weight rows in both (as vLLM's
+BLOCK_SIZE_N does: its configurations mean the same tiles here). Weights are read through their
+strides, so views of weights stored (experts, in, out) need no copy. A token's slots are then
+summed in token order. The sorting is done with
 torch ops whose sizes depend on the token count alone (padded for the worst case: every
 expert's segment one row short of a block), so nothing waits on the host and the call can be
 captured in a CUDA graph; row blocks past the used ones exit at once.
@@ -50,12 +53,15 @@ def _tile(pid, blocks, n_blocks, GROUP_M: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["pairs", "blocks"])
-def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, blocks, hidden, inter, top_k,
-                    x_stride, w_stride_e, w_stride_n, w_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """h[pair, n] = silu(x[token] . gate_up[e, n]) * (x[token] . gate_up[e, inter + n]) for the pairs of
-    one row block (all of expert e) and BLOCK_N // 2 of the n: one GEMM tile of BLOCK_N weight rows,
-    the gate and the up row of each n side by side, split in the epilogue."""
+def _gate_up_kernel(x_ptr, w_ptr, bias_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, blocks, hidden, inter, top_k,
+                    x_stride, w_stride_e, w_stride_n, w_stride_k, bias_stride_e, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    """h[pair, n] = act(gate, up) with gate = x[token] . gate_up[e, gate row of n] (+ its bias) and up
+    likewise, for the pairs of one row block (all of expert e) and BLOCK_N // 2 of the n: one GEMM
+    tile of BLOCK_N weight rows, the gate and the up row of each n side by side, split in the
+    epilogue. The gate row of n is n (the up row inter + n), or 2n (2n + 1) with INTERLEAVED."""
     block, column_block = _tile(tl.program_id(0), blocks, tl.cdiv(2 * inter, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
@@ -65,7 +71,8 @@ def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, bloc
     token = tl.where(valid, pair // top_k, 0).to(tl.int64)
     lanes = tl.arange(0, BLOCK_N)
     n = column_block * (BLOCK_N // 2) + lanes // 2  # the intermediate column of each lane
-    weight_rows = (lanes % 2) * inter + n % inter  # even lanes: its gate row, odd: its up row; wrapped: never stored
+    # even lanes: the gate row of n, odd lanes: its up row; past inter, wrapped: never stored
+    weight_rows = 2 * (n % inter) + lanes % 2 if INTERLEAVED else (lanes % 2) * inter + n % inter
     w = w_ptr + expert.to(tl.int64) * w_stride_e + weight_rows[None, :].to(tl.int64) * w_stride_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, hidden, BLOCK_K):
@@ -74,18 +81,25 @@ def _gate_up_kernel(x_ptr, w_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, bloc
                     other=0.0)
         b = tl.load(w + ks[:, None] * w_stride_k, mask=ks[:, None] < hidden, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert.to(tl.int64) * bias_stride_e + weight_rows).to(tl.float32)[None, :]
     gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+    if LIMIT > 0:  # GPT-OSS's clamped SwiGLU
+        gate = tl.minimum(gate, LIMIT)
+        act = gate * tl.sigmoid(ALPHA * gate) * (tl.clamp(up, -LIMIT, LIMIT) + 1)
+    else:
+        act = gate * tl.sigmoid(gate) * up
     cols = column_block * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     out = h_ptr + pair.to(tl.int64)[:, None] * inter + cols[None, :]
-    tl.store(out, (gate * tl.sigmoid(gate) * up).to(h_ptr.dtype.element_ty),
-             mask=valid[:, None] & (cols[None, :] < inter))
+    tl.store(out, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < inter))
 
 
 @triton.jit(do_not_specialize=["pairs", "blocks"])
-def _down_kernel(h_ptr, w_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr, pairs, blocks, hidden, inter,
-                 w_stride_e, w_stride_n, w_stride_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """out[pair, n] = weight[pair] * (h[pair] . down[e, n]) for one row block and a block of n."""
+def _down_kernel(h_ptr, w_ptr, bias_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr, pairs, blocks, hidden,
+                 inter, w_stride_e, w_stride_n, w_stride_k, bias_stride_e, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """out[pair, n] = weight[pair] * (h[pair] . down[e, n] (+ bias[e, n])) for one row block and a block of n."""
     block, column_block = _tile(tl.program_id(0), blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
@@ -102,20 +116,26 @@ def _down_kernel(h_ptr, w_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr,
                     other=0.0)
         b = tl.load(w_cols + ks[:, None] * w_stride_k, mask=ks[:, None] < inter, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert.to(tl.int64) * bias_stride_e + cols % hidden).to(tl.float32)[None, :]
     acc *= tl.load(weights_ptr + row, mask=valid, other=0.0).to(tl.float32)[:, None]
     out = out_ptr + row[:, None] * hidden + cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < hidden))
 
 
-def moe_experts(x, topk_ids, topk_weights, gate_up, down, *, block_m: int, block_n: int, block_k: int, group_m: int,
-                warps: int, stages: int):
+def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
+                alpha=0.0, limit=0.0, *, block_m: int, block_n: int, block_k: int, group_m: int, warps: int,
+                stages: int):
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     experts, inter = gate_up.shape[0], down.shape[2]
+    biased = gate_up_bias is not None
     if gate_up.shape != (experts, 2 * inter, hidden) or down.shape != (experts, hidden, inter) or \
-            topk_weights.shape != topk_ids.shape or x.stride(1) != 1:  # the kernels would read past them
+            topk_weights.shape != topk_ids.shape or x.stride(1) != 1 or biased != (down_bias is not None) or \
+            biased and (gate_up_bias.shape != (experts, 2 * inter) or down_bias.shape != (experts, hidden) or
+                        gate_up_bias.stride(1) != 1 or down_bias.stride(1) != 1):  # the kernels would read past them
         raise ValueError(f"moe.experts: x {tuple(x.shape)} needs gate_up ({experts}, {2 * inter}, {hidden}) and "
-                         f"down ({experts}, {hidden}, {inter}), unit-stride rows; got gate_up "
+                         f"down ({experts}, {hidden}, {inter}), unit-stride rows, both biases or none; got gate_up "
                          f"{tuple(gate_up.shape)}, down {tuple(down.shape)}")
     pairs = topk_ids.numel()
     out = torch.empty((tokens, top_k, hidden), dtype=x.dtype, device=x.device)
@@ -127,14 +147,15 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down, *, block_m: int, block
     # fp32 inputs: three TF32 products per multiply keep fp32 accuracy (see linear.py)
     precision = "tf32x3" if x.dtype == torch.float32 else "tf32"
     blocks = block_expert.numel()
-    meta = dict(BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=group_m, DOT_PRECISION=precision, num_warps=warps,
-                num_stages=stages)
+    meta = dict(BLOCK_M=block_m, BLOCK_K=block_k, GROUP_M=group_m, DOT_PRECISION=precision, HAS_BIAS=biased,
+                num_warps=warps, num_stages=stages)
     _gate_up_kernel[(blocks * triton.cdiv(2 * inter, block_n),)](
-        x, gate_up, rows, block_expert, h, pairs, blocks, hidden, inter, top_k, x.stride(0), *gate_up.stride(),
-        BLOCK_N=block_n, **meta)
+        x, gate_up, gate_up_bias, rows, block_expert, h, pairs, blocks, hidden, inter, top_k, x.stride(0),
+        *gate_up.stride(), gate_up_bias.stride(0) if biased else 0, BLOCK_N=block_n, INTERLEAVED=interleaved,
+        ALPHA=float(alpha), LIMIT=float(limit), **meta)
     _down_kernel[(blocks * triton.cdiv(hidden, block_n),)](
-        h, down, rows, block_expert, weights, out, pairs, blocks, hidden, inter, *down.stride(), BLOCK_N=block_n,
-        **meta)
+        h, down, down_bias, rows, block_expert, weights, out, pairs, blocks, hidden, inter, *down.stride(),
+        down_bias.stride(0) if biased else 0, BLOCK_N=block_n, **meta)
     return out.sum(dim=1)
 
 

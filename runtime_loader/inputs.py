@@ -40,12 +40,16 @@ def attention_shapes(sig, dims):
 
 
 def attention(sig, dims, device, gen):
-    """(q, k, v, causal, scale), with (window, softcap) appended only when the signature sets one."""
+    """(q, k, v, causal, scale), with (window, softcap) appended only when the signature sets one,
+    and sinks after them with the sinks flag (logits about as large as a short row's log-sum-exp,
+    so they take a real share of the softmax)."""
     batch, hq, hkv, d, seq_q, kv_len = attention_shapes(sig, dims)
     q = randn((batch, hq, seq_q, d), sig, device, gen)
     k = randn((batch, hkv, kv_len, d), sig, device, gen)
     v = randn((batch, hkv, kv_len, d), sig, device, gen)
     options = (sig.dim("window"), sig.dim("softcap"))
+    if "sinks" in sig.flags:
+        return q, k, v, "causal" in sig.flags, None, *options, randn((hq,), sig, device, gen).add_(1.0)
     return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
 
 

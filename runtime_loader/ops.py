@@ -141,27 +141,30 @@ def required_features(sig: Signature) -> frozenset[str]:
 # Dispatcher then uses the fallback).
 
 def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: float | None = None, window: int = 0,
-                    softcap: float = 0.0, qk_norm: bool = False):
+                    softcap: float = 0.0, sinks: Tensor | None = None, qk_norm: bool = False):
     """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads.
     window: a query at position p sees keys j > p - window, where p is i for query i under a
     causal mask and kv_len - seq_q + i without one (a decode query is the newest token);
     softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
-    qk_norm: q and k come from a per-head norm (no change to the math, only to which kernels
-    may serve the call)."""
+    sinks: one learned logit per q head, (q heads,), that joins every row of the softmax's
+    denominator and carries no value (GPT-OSS's attention sinks); qk_norm: q and k come from a
+    per-head norm (no change to the math, only to which kernels may serve the call)."""
     # v.shape, not k.shape: a valid SDPA call has k.shape == v.shape but for the last dim, which must equal q's
-    key = (q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, qk_norm)
+    key = (q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, qk_norm)
+    if sinks is not None:
+        return key, (q, k, v, causal, scale, window, softcap, sinks)
     return key, ((q, k, v, causal, scale, window, softcap) if window or softcap else (q, k, v, causal, scale))
 
 
-def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, qk_norm=False):
-    if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES:
+def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sinks=None, qk_norm=False):
+    if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES or sinks is not None and sinks.shape != q.shape[1:2]:
         return None
     batch, hq, seq_q, d = q.shape
     hkv, kv_len = k.shape[1], k.shape[2]
     # int and float as the schema's defaults, so softcap=50 and softcap=50.0 name one signature
     static = {"hq": hq, "hkv": hkv, "d": d, "window": int(window), "softcap": float(softcap)}
     dtype = DTYPE_NAMES[q.dtype]
-    marker = ("qk_norm",) if qk_norm else ()
+    marker = ("qk_norm",) * qk_norm + ("sinks",) * (sinks is not None)
     if seq_q == kv_len:
         flags = ("causal",) if causal else ()
         return Signature.make("attention.prefill", static, flags + marker, dtype), {"batch": batch, "seq": seq_q}
@@ -170,9 +173,10 @@ def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, qk_n
     return None  # e.g. chunked prefill: SDPA's top-left causal alignment is kept by the fallback
 
 
-def attention_outside(q, k, v, causal, scale, window=0, softcap=0.0) -> str:
-    """A call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA cannot softcap."""
-    return "eager.attention" if softcap else "sdpa.default"
+def attention_outside(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None) -> str:
+    """A call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA
+    cannot softcap or take sinks."""
+    return "eager.attention" if softcap or sinks is not None else "sdpa.default"
 
 
 def attention_fake(q: Tensor, k: Tensor, v: Tensor, *args) -> Tensor:
@@ -409,9 +413,10 @@ OPS: dict[str, OpSchema] = {
     for s in (
         # window: query i sees keys j with i - window < j (0: all); softcap: scores -> softcap * tanh(scores / softcap);
         # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
-        OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm"), ("batch", "seq"), "sdpa.default",
-                 ATTENTION_OPTIONAL, "eager.attention", **ATTENTION),
-        OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm",), ("batch", "kv_len"), "sdpa.default",
+        # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS)
+        OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm", "sinks"), ("batch", "seq"),
+                 "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", **ATTENTION),
+        OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks"), ("batch", "kv_len"), "sdpa.default",
                  ATTENTION_OPTIONAL, "eager.attention", **ATTENTION),
         # unit_offset: Gemma's norms scale by (1 + weight)
         OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm", method="rms_norm",
@@ -489,11 +494,12 @@ for _op in OPS.values():
 
 def method_args(sig: Signature, kernel_args: tuple) -> tuple:
     """The Dispatcher method's arguments for a kernel's arguments: the parameters the kernel call
-    leaves out take the signature's flag where one is named after them (qk_norm, unit_offset),
-    their default otherwise."""
+    leaves out take the signature's flag where a boolean one is named after them (qk_norm,
+    unit_offset), their default otherwise (sinks: a flag, but the tensor itself is the argument)."""
     op = OPS[sig.op]
     rest = op.parameters[len(kernel_args):]
-    return tuple(kernel_args) + tuple(p.name in sig.flags if p.name in op.flags else p.default for p in rest)
+    return tuple(kernel_args) + tuple(p.name in sig.flags if p.name in op.flags and isinstance(p.default, bool)
+                                      else p.default for p in rest)
 
 
 def example_args(sig: Signature, dims: dict, device) -> tuple:

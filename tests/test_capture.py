@@ -95,9 +95,13 @@ def test_moe_shapes_are_the_configs_and_shard_the_expert_width():
 
 def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     status, captured = outcomes["gpt_oss"]  # biased, interleaved, clamped experts stored (experts, in, out)
-    (experts,) = [i.signature for i in captured.instances if i.signature.op == "moe.experts"]
-    assert str(experts) == "moe.experts[experts=128,top_k=4,hidden=2880,inter=2880,alpha=1.702,limit=7.0," \
-                           "interleaved,bias,transposed,bf16]"
+    ops = {str(i.signature) for i in captured.instances}
+    assert "moe.experts[experts=128,top_k=4,hidden=2880,inter=2880,alpha=1.702,limit=7.0,interleaved,bias," \
+           "transposed,bf16]" in ops
+    # and attention sinks on its sliding and full layers
+    assert {"attention.prefill[hq=64,hkv=8,d=64,window=128,causal,sinks,bf16]",
+            "attention.decode[hq=64,hkv=8,d=64,sinks,bf16]"} <= ops
+    assert not any("attention" in note for note in captured.notes), captured.notes
     status, message = outcomes["jetmoe"]  # no 3-D expert weights: its routing cannot run on meta
     assert status == "refused" and "JetMoeParallelExperts" in message and "\n" not in message
     status, message = outcomes["llama4_text"]  # 3-D weights, but every token pre-scaled for every expert

@@ -114,11 +114,11 @@ def test_bf16_model_keeps_its_dtype_through_the_experts(restore_active):
     torch.testing.assert_close(served.float(), reference.float(), rtol=3e-2, atol=3e-2)
 
 
-def test_gpt_oss_experts_are_served_and_sinks_left_to_the_model(restore_active):
-    """GPT-OSS: its router and its biased, interleaved, clamped experts (weights stored (experts, in,
-    out)) are served; its attention sinks no kernel computes, so patch() leaves them (and says so).
-    The model computes what it did. The attention function refuses a call with sinks rather than
-    drop them."""
+def test_gpt_oss_is_served_whole_sinks_included(restore_active):
+    """GPT-OSS: its router, its biased, interleaved, clamped experts (weights stored (experts, in,
+    out)) and its attention with sinks, sliding and full layers, are served, and the model
+    computes what it did; a call the table cannot take (a padding mask) goes to the model's own
+    eager attention, which keeps the sinks."""
     from runtime_loader.integrations.transformers import attention_forward, patch
 
     config = transformers.GptOssConfig(**{**TINY, "num_local_experts": 4, "intermediate_size": 32,
@@ -126,20 +126,28 @@ def test_gpt_oss_experts_are_served_and_sinks_left_to_the_model(restore_active):
                                           "sliding_window": 4}, attn_implementation="eager")
     torch.manual_seed(2)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(1.0, 1.0)  # zeros at init: make them take a share of each row
     ids = torch.randint(1, 128, (1, 9), generator=torch.Generator().manual_seed(6))
     d = Dispatcher(None)
     with torch.no_grad():
         reference = model(ids).logits
         report = patch(model, d)
         served = model(ids).logits
-    assert "attention sinks" in report.left["GptOssAttention"], report
-    assert report.replaced["GptOssTopKRouter"] == 2, "a router with a bias: softmax over its top-k logits"
-    assert report.replaced["GptOssExperts"] == 2, report
-    assert sum(d.stats()["moe.experts"].values()) == 2
+    assert not report.left.get("GptOssAttention"), report
+    assert report.replaced["GptOssTopKRouter"] == 2 and report.replaced["GptOssExperts"] == 2, report
+    stats = d.stats()
+    assert stats["attention.prefill"] == {"eager.attention (fallback)": 2}, "sinks: SDPA cannot, the reference can"
     torch.testing.assert_close(served, reference, rtol=1e-5, atol=1e-5)
-    q = torch.randn(1, 4, 3, 16)
-    with pytest.raises(ValueError, match="attention sinks"):
-        attention_forward(model.model.layers[0].self_attn, q, q[:, :2], q[:, :2], None, s_aux=torch.zeros(4))
+    attn = model.model.layers[1].self_attn
+    q, mask = torch.randn(1, 4, 3, 16), torch.zeros(1, 1, 3, 3)
+    kv = q[:, :2]
+    with torch.no_grad():
+        expected = transformers.models.gpt_oss.modeling_gpt_oss.eager_attention_forward(
+            attn, q, kv, kv, mask, scaling=0.25, s_aux=attn.sinks)[0]
+        torch.testing.assert_close(attention_forward(attn, q, kv, kv, mask, scaling=0.25, s_aux=attn.sinks)[0],
+                                   expected)
 
 
 # Mixture-of-experts model types these tests were not written around, each shrunk from transformers'

@@ -22,6 +22,9 @@ SIGS = [
     (Signature.make("attention.prefill", {"hq": 2, "hkv": 2, "d": 8, "window": 2, "softcap": 1.0}, (), "fp32"),
      {"batch": 1, "seq": 6}),
     (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, (), "fp32"), {"batch": 3, "kv_len": 9}),
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "window": 3}, ("causal", "sinks"), "fp32"),
+     {"batch": 2, "seq": 7}),
+    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, ("sinks",), "fp32"), {"batch": 3, "kv_len": 9}),
     (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8, "window": 4, "softcap": 2.0}, (), "fp32"),
      {"batch": 2, "kv_len": 9}),
     (Signature.make("norm.rms", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
@@ -56,9 +59,10 @@ SIGS = [
 ]
 
 
-def attention64(q, k, v, causal, scale, window=0, softcap=0.0):
+def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
     """Textbook attention, one (batch, head) at a time, in float64; masks as -inf triangles, the
-    window's diagonal moved to the query's position (i, or kv_len - 1 for a decode query)."""
+    window's diagonal moved to the query's position (i, or kv_len - 1 for a decode query); a
+    sink adds exp(sink) to each row's denominator."""
     q, k, v = q.double(), k.double(), v.double()
     out = torch.empty_like(q)
     groups = q.shape[1] // k.shape[1]
@@ -73,7 +77,11 @@ def attention64(q, k, v, causal, scale, window=0, softcap=0.0):
                 s = s + torch.full_like(s, -math.inf).triu(1)
             if window:
                 s = s + torch.full_like(s, -math.inf).tril(offset - window)
-            out[b, h] = s.softmax(-1) @ v[b, h // groups]
+            weights = torch.exp(s - s.max(-1, keepdim=True).values)
+            total = weights.sum(-1, keepdim=True)
+            if sinks is not None:
+                total = total + torch.exp(sinks[h].double() - s.max(-1, keepdim=True).values)
+            out[b, h] = weights / total @ v[b, h // groups]
     return out
 
 

@@ -204,6 +204,30 @@ def test_sliding_window_attention_is_gemmas(softcap):
         close(impl("sdpa.default")(decode, k, v, False, None, 5), expected)
 
 
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_sinks_are_gpt_oss(window):
+    """Every CPU kernel declaring sinks, and the reference, against GPT-OSS's own eager attention
+    (its sinks one more softmax column), prefill and decode, with and without its sliding window."""
+    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    q, k, v = torch.randn(2, 4, 12, 16), torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)
+    sinks = torch.randn(4) + 1
+    module = types.SimpleNamespace(num_key_value_groups=2, training=False, sinks=sinks)
+    keep = torch.ones(12, 12, dtype=torch.bool).tril()
+    if window:
+        keep &= ~torch.ones(12, 12, dtype=torch.bool).tril(-window)
+    for query, causal, mask in ((q, True, keep), (q[:, :, -1:], False, keep[-1:])):
+        bias = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))[None, None]
+        expected = gpt_oss.eager_attention_forward(module, query, k, v, bias, scaling=0.25, s_aux=sinks)[0]
+        args = (query, k, v, causal, 0.25, window, 0.0, sinks)
+        op = "attention.prefill" if causal else "attention.decode"
+        kernels = [s.kernel_id for s in registry.candidates(op) if "sinks" in s.features and "cpu" in s.platforms
+                   and (not window or "sliding_window" in s.features)]
+        assert "eager.attention" in kernels and (window or "sdpa.cpu_flash" in kernels), kernels
+        for kernel_id in kernels:
+            close(impl(kernel_id)(*args).transpose(1, 2), expected)
+        close(CONTRACTS[op].reference(*args).transpose(1, 2), expected)
+
+
 # --- Gated DeltaNet ----------------------------------------------------------------
 def deltanet_inputs(batch, seq, hk, hv, dk, dv, normalised: bool):
     q, k = torch.randn(batch, seq, hk, dk), torch.randn(batch, seq, hk, dk)

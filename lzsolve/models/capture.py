@@ -225,7 +225,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if _current is not None:
         sig = _sig(attention_call(query, key, value, call[0], None, *call[1:])) if call else None  # scale: no part of it
-        _current.events.append(Event("attention", _current.frame, sig, extra={"sinks": kwargs.get("s_aux") is not None}))
+        _current.events.append(Event("attention", _current.frame, sig))
     out = query.new_empty((*query.shape[:-1], value.shape[-1]))
     return out.transpose(1, 2).contiguous(), None
 
@@ -533,8 +533,7 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
         if e.op == "rope" and e.sig is None:
             notes.append(f"{_role(e.module)}: rotary embedding in a form no op computes")
         if e.op == "attention" and e.sig is None:
-            why = "attention sinks" if e.extra.get("sinks") else "options the table does not serve"
-            notes.append(f"{_role(e.module)}: attention with {why}")
+            notes.append(f"{_role(e.module)}: attention with options the table does not serve")
         if e.op == "moe" and e.sig is None:
             notes.append(f"{_role(e.module)}: experts in a form no op computes (an activation other than SwiGLU "
                          f"or GPT-OSS's, one bias without the other): not tuned")

@@ -2,9 +2,12 @@
 
 Options: a sliding window (query at position p sees keys j > p - window; a prefill's query i
 sits at i, a decode query, the newest token, at kv_len - 1) and Gemma 2's logit softcap (scaled
-scores -> softcap * tanh(scores / softcap), before the mask and softmax).
+scores -> softcap * tanh(scores / softcap), before the mask and softmax), and GPT-OSS's
+attention sinks (a learned logit per q head that joins each row's softmax denominator and
+carries no value: out = softmax([scores, sink])[:-1] v).
 The canonical call is (q, k, v, causal, scale), with (window, softcap) appended only when the
-signature sets one of them: kernels that declare neither keep their five-argument form.
+signature sets one of them, and sinks after them with the sinks flag: kernels that declare
+none keep their five-argument form.
 """
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ from .base import OpContract, itemsize
 MAX_SCORE_ELEMENTS = 1 << 26  # reference works on score blocks of at most 256 MiB in fp32
 
 
-def reference(q, k, v, causal, scale, window=0, softcap=0.0):
-    """softmax(mask(softcap(q k^T * scale))) v in fp32, one kv head (and its q group) at a time,
-    in blocks of query rows so the score matrix never needs more than 256 MiB."""
+def reference(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
+    """softmax(mask(softcap(q k^T * scale))) v in fp32 (each row's sink logit, where given, one
+    more column of the softmax), one kv head (and its q group) at a time, in blocks of query rows
+    so the score matrix never needs more than 256 MiB."""
     batch, hq, seq_q, d = q.shape
     hkv, kv_len = k.shape[1], k.shape[2]
     groups = hq // hkv
@@ -41,7 +45,12 @@ def reference(q, k, v, causal, scale, window=0, softcap=0.0):
                 if window:  # counted back from the query's position: i, or kv_len - 1 for a decode query
                     position = row if causal else row + (kv_len - seq_q)
                     scores = scores.masked_fill(col <= position - window, float("-inf"))
-                out[b, h * groups:(h + 1) * groups, r0:r1] = torch.matmul(scores.softmax(-1), v[b, h])
+                if sinks is not None:
+                    sink = sinks[h * groups:(h + 1) * groups, None, None].to(scores.dtype)
+                    probs = torch.cat([scores, sink.expand(-1, r1 - r0, 1)], dim=-1).softmax(-1)[..., :-1]
+                else:
+                    probs = scores.softmax(-1)
+                out[b, h * groups:(h + 1) * groups, r0:r1] = torch.matmul(probs, v[b, h])
     return out
 
 
@@ -75,13 +84,18 @@ PREFILL_CASES = (({"hq": 8, "hkv": 1, "d": 128}, ("causal",), {"batch": 1, "seq"
                  ({"hq": 4, "hkv": 2, "d": 128, "softcap": 1.0}, ("causal",), {"batch": 2, "seq": 33}),
                  ({"hq": 4, "hkv": 4, "d": 128, "window": 16, "softcap": 2.0}, ("causal",), {"batch": 1, "seq": 40}),
                  ({"hq": 4, "hkv": 2, "d": 64}, ("causal",), {"batch": 2, "seq": 33}),
-                 ({"hq": 2, "hkv": 1, "d": 256}, ("causal",), {"batch": 2, "seq": 40}))
+                 ({"hq": 2, "hkv": 1, "d": 256}, ("causal",), {"batch": 2, "seq": 40}),
+                 # GPT-OSS: sinks, alone and with its sliding window
+                 ({"hq": 8, "hkv": 2, "d": 64}, ("causal", "sinks"), {"batch": 2, "seq": 70}),
+                 ({"hq": 4, "hkv": 2, "d": 64, "window": 16}, ("causal", "sinks"), {"batch": 1, "seq": 70}))
 DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
                 ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
                 ({"hq": 8, "hkv": 2, "d": 128}, ("qk_norm",), {"batch": 2, "kv_len": 70}),
                 ({"hq": 8, "hkv": 2, "d": 128, "window": 32}, (), {"batch": 2, "kv_len": 70}),
                 ({"hq": 8, "hkv": 2, "d": 128, "softcap": 1.0}, (), {"batch": 2, "kv_len": 70}),
                 ({"hq": 4, "hkv": 1, "d": 64}, (), {"batch": 3, "kv_len": 70}),
-                ({"hq": 4, "hkv": 4, "d": 256}, (), {"batch": 1, "kv_len": 129}))
+                ({"hq": 4, "hkv": 4, "d": 256}, (), {"batch": 1, "kv_len": 129}),
+                ({"hq": 8, "hkv": 2, "d": 64}, ("sinks",), {"batch": 2, "kv_len": 70}),
+                ({"hq": 8, "hkv": 2, "d": 64, "window": 32}, ("sinks",), {"batch": 2, "kv_len": 70}))
 PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved, PREFILL_CASES)
 DECODE = OpContract("attention.decode", reference, flops, bytes_moved, DECODE_CASES)

@@ -41,33 +41,36 @@ NAME = "lzsolve"
 
 
 def table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs):
-    """(causal, window, softcap, qk_norm) for a call the table serves, None for one it hands to
-    SDPA: a padding mask, dropout, attention weights asked for, attention sinks, or a query that is
-    neither a whole prefill nor one decode token."""
+    """(causal, window, softcap, sinks, qk_norm) for a call the table serves, None for one it hands
+    to SDPA (or, with attention sinks, to the eager reference): a padding mask, dropout, attention
+    weights asked for, or a query that is neither a whole prefill nor one decode token."""
     seq_q, kv_len = query.shape[2], key.shape[2]
+    sinks = kwargs.get("s_aux")  # GPT-OSS's attention sinks: one logit per q head
     simple = (attention_mask is None and dropout == 0.0 and not kwargs.get("output_attentions")
-              and kwargs.get("position_bias") is None and kwargs.get("cache") is None and kwargs.get("s_aux") is None
+              and kwargs.get("position_bias") is None and kwargs.get("cache") is None
+              and (sinks is None or isinstance(sinks, torch.Tensor) and sinks.shape == query.shape[1:2])
               and query.shape[1] % key.shape[1] == 0 and (seq_q == kv_len or seq_q == 1))
     if not simple:
         return None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(is_causal) and seq_q > 1  # transformers' rule: a single query attends to every key
     qk_norm = getattr(module, "q_norm", None) is not None  # Qwen3 / Gemma 3: tuned as qk_norm signatures
-    return causal, int(kwargs.get("sliding_window") or 0), float(kwargs.get("softcap") or 0.0), qk_norm
+    return causal, int(kwargs.get("sliding_window") or 0), float(kwargs.get("softcap") or 0.0), sinks, qk_norm
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                       is_causal=None, **kwargs):
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if call is None:
-        if kwargs.get("s_aux") is not None:  # attention sinks (GPT-OSS): neither the table nor SDPA computes them
-            raise ValueError(f"{type(module).__name__} has attention sinks, which no kernel here computes: load it "
-                             "with attn_implementation='eager' (patch() leaves such attention to the model)")
+        if kwargs.get("s_aux") is not None:  # attention sinks, which SDPA cannot take: the model's own eager form
+            own = sys.modules[type(module).__module__].eager_attention_forward
+            return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    causal, window, softcap, qk_norm = call
-    out = _ops().attention(query, key, value, causal, scaling, window=window, softcap=softcap, qk_norm=qk_norm)
+    causal, window, softcap, sinks, qk_norm = call
+    out = _ops().attention(query, key, value, causal, scaling, window=window, softcap=softcap, sinks=sinks,
+                           qk_norm=qk_norm)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -376,11 +379,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
     dispatcher.traced = traced
     register(dispatcher, name)
     report = PatchReport()
-    sinks = sorted({type(m).__name__ for m in model.modules() if isinstance(getattr(m, "sinks", None), torch.Tensor)})
-    if sinks:
-        report.left[", ".join(sinks)] = "attention sinks: no kernel here computes them; left to the model's own"
-    else:
-        model.set_attn_implementation(name)
+    model.set_attn_implementation(name)
     _warn_on_graph_table(dispatcher)
     kinds = classify(model)
     # activations inside a module served whole (a gated MLP, routed experts) are not served on their own

@@ -39,8 +39,19 @@ def visible_keys(seq_q: int, kv_len: int, causal: bool, window: int, device):
     return keep
 
 
-def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
-    """window and softcap are passed only by signatures that set them (see lzsolve.ops.attention)."""
+def with_sinks(out, lse, sinks):
+    """Attention over the keys alone, made attention with sinks: each row's sink logit joins the
+    denominator, exp(lse) -> exp(lse) + exp(sink), so the row scales by sigmoid(lse - sink).
+    out (batch, heads, seq_q, d); lse (batch, heads, seq_q), the natural log-sum-exp of the row's
+    scaled scores that flash kernels return; sinks (heads,)."""
+    scale = torch.sigmoid(lse.float() - sinks.float()[None, :, None])
+    return (out.float() * scale[..., None]).to(out.dtype)
+
+
+def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+    """window and softcap are passed only by signatures that set them, sinks by those with sinks
+    (see lzsolve.ops.attention); a sink is one more column of the softmax, as GPT-OSS's eager
+    attention computes it."""
     groups = q.shape[1] // k.shape[1]
     if groups != 1:
         k = k.repeat_interleave(groups, dim=1)
@@ -52,7 +63,11 @@ def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softc
     keep = visible_keys(q.shape[2], k.shape[2], causal, window, q.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
-    return torch.matmul(scores.softmax(-1).to(q.dtype), v)
+    if sinks is None:
+        return torch.matmul(scores.softmax(-1).to(q.dtype), v)
+    sink_column = sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+    probs = torch.cat([scores, sink_column], dim=-1).softmax(-1)[..., :-1]
+    return torch.matmul(probs.to(q.dtype), v)
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):
@@ -203,9 +218,9 @@ def moe_router(logits, top_k: int, renorm: bool):
 SPECS = [
     KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm"}), graph_safe=True,
+               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks"}), graph_safe=True,
                deterministic=True, notes="matmul + fp32 softmax + matmul; materialises the score matrix; "
-                                         "the reference for what SDPA cannot do (softcap)"),
+                                         "the reference for what SDPA cannot do (softcap, sinks)"),
     KernelSpec("eager.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("eager.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add, platforms=BOTH,

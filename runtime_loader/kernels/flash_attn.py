@@ -9,6 +9,7 @@ top-left; the two agree only when seq_q == kv_len, which attention.prefill alway
 (attention.decode is not causal). A causal call with seq_q != kv_len is refused, so it
 can never silently mean something else. A sliding window is FA's window_size (left
 window - 1, right 0 under a causal mask), aligned the same way; softcap is FA's own.
+Attention sinks take the row log-sum-exps FA returns (eager.with_sinks).
 The fa3-fwd wheel is built with FLASHATTENTION_DISABLE_LOCAL (fa3_fwd_config.py), so
 FA3 declares softcap but no sliding window.
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 from ..specs import KernelSpec
 from ..dtypes import HALF
-from .sdpa import ATTENTION, ATTENTION_FEATURES
+from .eager import with_sinks
+from .sdpa import ATTENTION, ATTENTION_FEATURES, SINKS
 
 
 def fa_layout(t):
@@ -35,7 +37,7 @@ def window_size(window: int, causal: bool) -> tuple[int, int]:
     return (window - 1, 0 if causal else -1) if window else (-1, -1)
 
 
-def fa3(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
+def fa3(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
     check_causal_alignment(q, k, causal)
     if window:
         raise ValueError("the fa3-fwd wheel is built without sliding-window (local) attention")
@@ -43,29 +45,33 @@ def fa3(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: fl
 
     # num_splits=0: FA3 picks split-KV from the shape (as flash_attn_with_kvcache does by default);
     # flash_attn_func's default of 1 leaves most SMs idle on decode, where batch * kv heads is small.
+    # return_attn_probs: (out, row log-sum-exp (batch, heads, seq_q)), for sinks
     out = flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal,
-                          softcap=softcap, num_splits=0)
-    return fa_layout(out)
+                          softcap=softcap, num_splits=0, return_attn_probs=sinks is not None)
+    return fa_layout(out) if sinks is None else with_sinks(fa_layout(out[0]), out[1], sinks)
 
 
-def fa2(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
+def fa2(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
     check_causal_alignment(q, k, causal)
     from flash_attn import flash_attn_func
 
-    return fa_layout(flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal,
-                                     window_size=window_size(window, causal), softcap=softcap))
+    out = flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal,
+                          window_size=window_size(window, causal), softcap=softcap,
+                          return_attn_probs=sinks is not None)  # (out, row log-sum-exp, probabilities)
+    return fa_layout(out) if sinks is None else with_sinks(fa_layout(out[0]), out[1], sinks)
 
 
 SPECS = [
     # fa3_fwd_config.py: FP16 kernels disabled (bf16 only; fp8 is outside our dtypes), head dims
     # 64/96/128/192/256 built, a smaller d runs in the 64 kernel; mha_fwd wants d % 8 == 0, d <= 256.
     KernelSpec("fa3.attention", ATTENTION, "fa3-fwd", fa3, platforms=frozenset({"cuda"}), min_sm=90, max_sm=90,
-               dtypes=frozenset({"bf16"}), head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | {"softcap"},
+               dtypes=frozenset({"bf16"}), head_dim_max=256, head_dim_multiple=8,
+               features=ATTENTION_FEATURES | SINKS | {"softcap"},
                graph_safe=True, deterministic=True, requires=("fa3_fwd_interface",),
                notes="FlashAttention-3 forward (fa3-fwd wheel), Hopper only; split-KV chosen by FA3's heuristic"),
     KernelSpec("fa2.attention", ATTENTION, "flash-attn", fa2, platforms=frozenset({"cuda"}), min_sm=80, max_sm=90,
                dtypes=HALF, head_dim_max=256, head_dim_multiple=8,
-               features=ATTENTION_FEATURES | {"sliding_window", "softcap"},
+               features=ATTENTION_FEATURES | SINKS | {"sliding_window", "softcap"},
                graph_safe=True, deterministic=True, requires=("flash_attn",),
                notes="FlashAttention-2 (Ampere, Ada, Hopper per its README); written from the documented "
                      "flash_attn_func API, not yet run; d % 8 != 0 would be padded (a copy), so not declared"),

@@ -17,6 +17,7 @@ warmed up.
 
 The signature's options become a score mod (softcap) and a mask mod (causal, sliding
 window) in `mods`; each is built once per option value, so Dynamo's guards on them hold.
+Attention sinks take the row log-sum-exps flex returns (eager.with_sinks).
 """
 from __future__ import annotations
 
@@ -30,7 +31,13 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..specs import KernelSpec
 from ..dtypes import ALL_DTYPES
-from .sdpa import ATTENTION, ATTENTION_FEATURES
+from .eager import with_sinks
+from .sdpa import ATTENTION, ATTENTION_FEATURES, SINKS
+
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:
+    AuxRequest = None
 
 BLOCK_MASKS_KEPT = 64  # a causal block mask is (seq / 128)^2 block indices; creating one costs seq_q * kv_len bools
 
@@ -75,6 +82,16 @@ def _attend(q, k, v, score_mod, block_mask, scale, enable_gqa):
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
 
 
+def _attend_lse(q, k, v, score_mod, block_mask, scale, enable_gqa):
+    """(out, each row's natural log-sum-exp): for attention sinks (eager.with_sinks)."""
+    if AuxRequest is None:  # a torch before return_aux
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                              enable_gqa=enable_gqa, return_lse=True)
+    out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
+                              return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
 def with_own_code(fn: Callable) -> Callable:
     """A copy of fn whose code object is its own (code.replace() always makes a new one)."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
@@ -103,13 +120,17 @@ class CompiledPerShape:
 
 
 _compiled_attend = CompiledPerShape(_attend)
+_compiled_attend_lse = CompiledPerShape(_attend_lse)
 
 
-def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
+def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
     scores, visible = mods(causal, window, softcap, q.shape[2], k.shape[2])
     mask = block_mask(visible, q.shape[2], k.shape[2], q.device) if visible else None
-    compiled = _compiled_attend(shape_key(q, k, v, causal, scale, window, softcap))
-    return compiled(q, k, v, scores, mask, scale, q.shape[1] != k.shape[1])
+    key = shape_key(q, k, v, causal, scale, window, softcap)
+    if sinks is None:
+        return _compiled_attend(key)(q, k, v, scores, mask, scale, q.shape[1] != k.shape[1])
+    out, lse = _compiled_attend_lse(key)(q, k, v, scores, mask, scale, q.shape[1] != k.shape[1])
+    return with_sinks(out, lse, sinks)
 
 
 SPECS = [
@@ -119,7 +140,7 @@ SPECS = [
                head_dim_max=256, head_dim_multiple=16,
                # no sliding_window: a windowed causal prefill (seq 70, window 16) failed to lower on the H100
                # (torch 2.11: Inductor "NoValidChoicesError" for flex_attention); the mask mod is kept for it
-               features=ATTENTION_FEATURES | {"softcap"}, graph_safe=True, jit=True,
+               features=ATTENTION_FEATURES | SINKS | {"softcap"}, graph_safe=True, jit=True,
                jit_caches=("inductor", "triton"),
                notes="torch.compile(flex_attention, dynamic=False), one code object per shape: a compile per "
                      "new shape, never the unfused fallback"),

@@ -14,12 +14,13 @@ import torch.nn.functional as F
 
 from ..dtypes import ALL_DTYPES, HALF
 from ..specs import HEAD_DIM_ANY, KernelSpec
-from .eager import BOTH, effective_window, visible_keys
+from .eager import BOTH, effective_window, visible_keys, with_sinks
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
 CAUSAL_GQA = frozenset({"causal", "gqa"})
 # qk_norm only says q and k come from a per-head norm: every attention kernel that takes q and k
 # as given (all of ours) composes with it
 ATTENTION_FEATURES = CAUSAL_GQA | {"qk_norm"}
+SINKS = frozenset({"sinks"})  # kernels that return each row's log-sum-exp (eager.with_sinks)
 aten = torch.ops.aten
 
 
@@ -32,20 +33,29 @@ def sdpa(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: f
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def flash(q, k, v, causal: bool, scale: float | None):
-    return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[0]
+# The flash, efficient and cuDNN ops return each row's log-sum-exp beside the output, so with it
+# they serve attention sinks too (eager.with_sinks): one elementwise pass after the kernel.
+def flash(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+    out, lse = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
+    return out if sinks is None else with_sinks(out, lse, sinks)
 
 
-def cpu_flash(q, k, v, causal: bool, scale: float | None):
-    return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)[0]
+def cpu_flash(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    return out if sinks is None else with_sinks(out, lse, sinks)
 
 
-def efficient(q, k, v, causal: bool, scale: float | None):
-    return aten._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0, causal, scale=scale)[0]
+def efficient(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+    out, lse = aten._scaled_dot_product_efficient_attention(q, k, v, None, sinks is not None, 0.0, causal,
+                                                            scale=scale)[:2]
+    # its log-sum-exp is padded to a multiple of 32 queries
+    return out if sinks is None else with_sinks(out, lse[..., :q.shape[2]], sinks)
 
 
-def cudnn(q, k, v, causal: bool, scale: float | None):
-    return aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, 0.0, causal, False, scale=scale)[0]
+def cudnn(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+    out, lse = aten._scaled_dot_product_cudnn_attention(q, k, v, None, sinks is not None, 0.0, causal, False,
+                                                        scale=scale)[:2]
+    return out if sinks is None else with_sinks(out, lse.reshape(q.shape[:3]), sinks)
 
 
 def math_backend(q, k, v, causal: bool, scale: float | None):
@@ -58,17 +68,17 @@ SPECS = [
                head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | {"sliding_window"}, graph_safe=True,
                notes="PyTorch's own backend choice; the attention fallback; a sliding window as a boolean mask"),
     KernelSpec("sdpa.flash", ATTENTION, "torch", flash, platforms=frozenset({"cuda"}),
-               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES,
+               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | SINKS,
                graph_safe=True, notes="FlashAttention-2 inside PyTorch"),
     KernelSpec("sdpa.cpu_flash", ATTENTION, "torch", cpu_flash,
                platforms=frozenset({"cpu"}), dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=ATTENTION_FEATURES, graph_safe=True, notes="PyTorch's blocked CPU flash attention"),
+               features=ATTENTION_FEATURES | SINKS, graph_safe=True, notes="PyTorch's blocked CPU flash attention"),
     KernelSpec("sdpa.efficient", ATTENTION, "torch", efficient,
                platforms=frozenset({"cuda"}), min_sm=50, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               head_dim_multiple=8, features=frozenset({"causal", "qk_norm"}), graph_safe=True,
+               head_dim_multiple=8, features=frozenset({"causal", "qk_norm"}) | SINKS, graph_safe=True,
                notes="memory-efficient (xformers) kernel; refuses GQA without expanded K/V"),
     KernelSpec("sdpa.cudnn", ATTENTION, "torch", cudnn, platforms=frozenset({"cuda"}),
-               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES,
+               min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | SINKS,
                graph_safe=True),
     KernelSpec("sdpa.math", ATTENTION, "torch", math_backend, platforms=BOTH, dtypes=ALL_DTYPES,
                head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES, graph_safe=True, deterministic=True),

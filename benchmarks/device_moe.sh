@@ -3,7 +3,8 @@
 # case, the search spaces' corners), then benchmarks/moe_layer.py. TUNE=1 first tunes a table
 # for the benchmark's workload (TUNE_ARGS, default --trials 8) and packs it as $OUT/moe-art.tgz;
 # ARTIFACT=dir|.tgz (carried) reuses one. TOKENS= limits the token counts (comma list); PARITY=0 skips
-# the parity run.
+# the parity run; MODELS= the benchmark's models to tune and time (comma list); MOE_ARGS= more arguments
+# for moe_layer.py (e.g. --max-loop-tokens 256).
 set -u
 . benchmarks/device_setup.sh
 if [ "${PARITY:-1}" = 1 ]; then
@@ -14,12 +15,12 @@ fi
 art=${ARTIFACT:-}  # a .tgz is unpacked where TUNE=1 tunes: a tune cut short goes on from its records
 if [[ "$art" == *.tgz ]]; then mkdir -p /tmp/moe-art && tar -C /tmp/moe-art -xzf "$art" && art=/tmp/moe-art; fi
 if [ "${TUNE:-0}" = 1 ]; then
-  python3 benchmarks/moe_layer.py --write-workload /tmp/moe-wl.json
+  python3 benchmarks/moe_layer.py --write-workload /tmp/moe-wl.json ${MODELS:+--models $MODELS}
   start=$(date +%s)
   timeout "${TUNE_S:-400}" python3 -m lzsolve tune --workload /tmp/moe-wl.json ${TUNE_ARGS:---trials 8} \
     --out /tmp/moe-art > "$OUT/tune.log" 2>&1
   echo "tune rc $? $(( $(date +%s) - start )) s"; tail -5 "$OUT/tune.log"
   art=/tmp/moe-art && tar -C "$art" -czf "$OUT/moe-art.tgz" .
 fi
-python3 benchmarks/moe_layer.py ${art:+--artifact $art} ${TOKENS:+--tokens $TOKENS} --json "$OUT/moe.json" \
+python3 benchmarks/moe_layer.py ${art:+--artifact $art} ${MODELS:+--models $MODELS} ${TOKENS:+--tokens $TOKENS} ${MOE_ARGS:-} --json "$OUT/moe.json" \
   2>&1 | tee "$OUT/moe.log" | tail -40

@@ -20,7 +20,8 @@ if [ "${TUNE:-0}" = 1 ]; then
   timeout "${TUNE_S:-400}" python3 -m lzsolve tune --workload /tmp/moe-wl.json ${TUNE_ARGS:---trials 8} \
     --out /tmp/moe-art > "$OUT/tune.log" 2>&1
   echo "tune rc $? $(( $(date +%s) - start )) s"; tail -5 "$OUT/tune.log"
-  art=/tmp/moe-art && tar -C "$art" -czf "$OUT/moe-art.tgz" .
+  # without its JIT caches (tens of MB, rebuilt by a tune that goes on from it): small enough to come back
+  art=/tmp/moe-art && tar -C "$art" --exclude=./jit --exclude=./.jit-work -czf "$OUT/moe-art.tgz" .
 fi
 python3 benchmarks/moe_layer.py ${art:+--artifact $art} ${MODELS:+--models $MODELS} ${TOKENS:+--tokens $TOKENS} ${MOE_ARGS:-} --json "$OUT/moe.json" \
   2>&1 | tee "$OUT/moe.log" | tail -40

@@ -107,7 +107,8 @@ def causal_or_sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0
     the attention call then says causal and window itself; sdpa's mask otherwise."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
-    mask_function = mask_function or causal_mask_function
+    if mask_function is None:  # not `or`: Dynamo cannot take the truth of a closure (torch 2.11: a graph break)
+        mask_function = causal_mask_function
     ints = all(isinstance(v, int) for v in (q_length, kv_length, q_offset, kv_offset))
     plain = (allow_is_causal_skip and attention_mask is None and ints and (q_length == 1 or q_length == kv_length)
              and q_offset + q_length == kv_offset + kv_length

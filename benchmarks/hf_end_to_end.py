@@ -5,7 +5,10 @@ on a copy); compile (torch.compile of the sdpa model); lzsolve (runtime_loader.l
 ARTIFACTS/<model>, register(d), attn_implementation="lzsolve", patch(model, d) where it exists);
 lzsolve_compile (torch.compile of that patched model: the table's kernels are opaque custom ops,
 Inductor fuses what lies between them); lzsolve_traced (the same, patched with traced=True: the
-table's choice is made while tracing and its kernels' ops are in Inductor's graph).
+table's choice is made while tracing and its kernels' ops are in Inductor's graph);
+lzsolve_traced_fuse (lzsolve_traced with the row ops locked to their torch form, the fallback:
+Inductor then fuses norms, activations and RoPE with their neighbours, and the table serves
+attention, the GEMMs (q/k/v and gate/up fused) and the experts).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps over a DynamicCache, one explicit loop for every variant). Each variant is
 checked first, against an fp32 copy of the model: a prefill row further from it than --tol
@@ -40,6 +43,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import runtime_loader
 from runtime_loader import custom_ops
 from runtime_loader.integrations import transformers as lz_hf
+from runtime_loader.ops import OPS
 
 GQA = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
 MODELS = {  # name -> (config class, shape, Liger family)
@@ -60,7 +64,10 @@ SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000
              "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128)}  # name -> (batch, prompt tokens, decode steps)
 TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
                   "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
-VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile", "lzsolve_traced")
+VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse")
+# lzsolve_traced_fuse: ops whose torch form Inductor fuses with its neighbours, served by that form
+FUSED_BY_INDUCTOR = ("norm.rms", "norm.rms_add", "norm.qk", "norm.layer", "act.swiglu", "act.geglu", "act.gelu",
+                     "posenc.rope", "embedding")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's
 
@@ -174,19 +181,21 @@ def served(fn) -> tuple:
     return out, calls
 
 
-def setup(variant: str, model, name: str, args):
-    """(runner, None) for a variant of the sdpa `model`, or (None, why it is skipped)."""
+def setup(variant: str, model, name: str, args, lock: dict | None = None):
+    """(runner, None) for a variant of the sdpa `model`, or (None, why it is skipped); lock: the
+    lzsolve Dispatcher's op -> kernel locks (runtime_loader.policies)."""
     if variant == "sdpa":
         return model, None
     if variant == "compile":
         return torch.compile(model, backend=args.compile_backend), None
-    if variant in ("lzsolve_compile", "lzsolve_traced"):  # the patched model compiled
-        patched, why = setup("lzsolve", model, name, args)
+    if variant in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse"):  # the patched model compiled
+        lock = {op: OPS[op].fallback for op in FUSED_BY_INDUCTOR} if variant == "lzsolve_traced_fuse" else None
+        patched, why = setup("lzsolve", model, name, args, lock)
         if patched is None:
             return None, why
         # lzsolve_compile: the table's kernels as opaque custom ops, Inductor between them; lzsolve_traced:
         # the table's choice made while tracing, its kernels' ops in Inductor's graph (patch(traced=True))
-        custom_ops.active().traced = variant == "lzsolve_traced"
+        custom_ops.active().traced = variant != "lzsolve_compile"
         return torch.compile(patched, backend=args.compile_backend), None
     if variant == "liger":
         try:
@@ -211,7 +220,7 @@ def setup(variant: str, model, name: str, args):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            d = runtime_loader.load(folder, strict=True)
+            d = runtime_loader.load(folder, strict=True, lock=lock)
         except runtime_loader.TableError as e:
             return None, f"table refused: {e}"
     for w in caught:
@@ -400,8 +409,9 @@ def print_table(rows, names, scenarios, variants, shapes, args, device) -> None:
     others = [v for v in variants if v != "sdpa"]
     print(f"\n{args.layers} layers, {args.dtype}, {device}: median ms of {args.reps} reps ((p90-p10)/median); x = sdpa "
           f"ms / variant ms (>1: faster than sdpa); * tokens differ from sdpa's in the first {CHECKED_STEPS} steps")
-    print(f"{'model':10} {'scenario':8} {'shape':>12} " + "".join(f"{v:>16}" for v in variants)
-          + "".join(f"{'x ' + v:>18}" for v in others))
+    width = max(16, *(len(v) + 1 for v in variants))
+    print(f"{'model':10} {'scenario':8} {'shape':>12} " + "".join(f"{v:>{width}}" for v in variants)
+          + "".join(f"{'x ' + v:>{width + 2}}" for v in others))
     for name in names:
         for s in scenarios:
             batch, seq, steps = shapes[s]
@@ -411,8 +421,8 @@ def print_table(rows, names, scenarios, variants, shapes, args, device) -> None:
                      + "*" * (r.get("equal_first", 0) < r.get("first", 0)) for v, r in found.items()]
             ratios = [f"{ms['sdpa'] / ms[v]:.2f}" if ms.get("sdpa") and ms[v] else "-" for v in others]
             shape = f"b{batch} s{seq}" + (f" +{steps}" if steps else "")
-            print(f"{name:10} {s:8} {shape:>12} " + "".join(f"{t:>16}" for t in texts)
-                  + "".join(f"{x:>18}" for x in ratios))
+            print(f"{name:10} {s:8} {shape:>12} " + "".join(f"{t:>{width}}" for t in texts)
+                  + "".join(f"{x:>{width + 2}}" for x in ratios))
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def test_bf16_model_keeps_its_dtype_through_the_experts(restore_active):
 
 def test_gpt_oss_is_served_whole_sinks_included(restore_active):
     """GPT-OSS: its router, its biased, interleaved, clamped experts (weights stored (experts, in,
-    out)) and its attention with sinks, sliding and full layers, are served, and the model
+    out)), its RoPE and its attention with sinks, sliding and full layers, are served, and the model
     computes what it did; a call the table cannot take (a padding mask) goes to the model's own
     eager attention, which keeps the sinks."""
     from runtime_loader.integrations.transformers import attention_forward, patch
@@ -135,10 +135,11 @@ def test_gpt_oss_is_served_whole_sinks_included(restore_active):
         reference = model(ids).logits
         report = patch(model, d)
         served = model(ids).logits
-    assert not report.left.get("GptOssAttention"), report
+    assert not report.left, f"every module served: {report}"
     assert report.replaced["GptOssTopKRouter"] == 2 and report.replaced["GptOssExperts"] == 2, report
     stats = d.stats()
     assert stats["attention.prefill"] == {"eager.attention (fallback)": 2}, "sinks: SDPA cannot, the reference can"
+    assert sum(stats["posenc.rope"].values()) == 2, "its RoPE form: split halves, cos/sin with each angle once"
     torch.testing.assert_close(served, reference, rtol=1e-5, atol=1e-5)
     attn = model.model.layers[1].self_attn
     q, mask = torch.randn(1, 4, 3, 16), torch.zeros(1, 1, 3, 3)

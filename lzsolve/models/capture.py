@@ -242,7 +242,10 @@ def _call_opaque(rec: _Recorder | None, fn, *args, **kwargs):
 
 
 def _rope_wrapper(original):
-    layout = rope_layout(original)  # split_half, interleaved (Cohere), or a form no op serves (GLM's)
+    # split_half, interleaved (Cohere), split_half_once (GPT-OSS: cos/sin hold each angle once, half
+    # the rotated width), or a form no op serves (GLM's)
+    layout = rope_layout(original)
+    once = layout == "split_half_once"
 
     def apply_rotary_pos_emb(*args, **kwargs):
         rec = _current
@@ -252,11 +255,12 @@ def _rope_wrapper(original):
         # the common form, (q, k, cos, sin) -> (q, k); partial RoPE (Phi, StableLM, Qwen3.5) rotates
         # the first rotary_dim dims of each head. Other forms (CodeGen's per-tensor one) are noted.
         q, k, cos = (list(args) + [None] * 3)[:3]
+        rotated = cos.shape[-1] << once if isinstance(cos, torch.Tensor) else None
         plain = (len(args) == 4 and not kwargs and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
-                 and isinstance(cos, torch.Tensor) and cos.shape[-1] <= q.shape[-1] and layout is not None)
-        sig = (_sig(rope_call(q[..., :cos.shape[-1]], k[..., :cos.shape[-1]], interleaved=layout == "interleaved")) if plain
+                 and rotated is not None and rotated <= q.shape[-1] and layout is not None)
+        sig = (_sig(rope_call(q[..., :rotated], k[..., :rotated], interleaved=layout == "interleaved")) if plain
                else None)
-        extra = {"rotary_dim": cos.shape[-1], "head_dim": q.shape[-1]} if plain else {}
+        extra = {"rotary_dim": rotated, "head_dim": q.shape[-1]} if plain else {}
         rec.events.append(Event("rope", rec.frame, sig, extra=extra))
         return out
     return apply_rotary_pos_emb

@@ -271,23 +271,29 @@ def rope_layout(apply_rotary_pos_emb) -> str | None:
     """The pair layout a modelling module's apply_rotary_pos_emb(q, k, cos, sin) rotates in,
     found by running it against the eager reference with cos/sin in each layout's Hugging Face
     form (split_half: the angles twice, concatenated; interleaved: each angle twice in a row,
-    Cohere and GLM): "split_half", "interleaved", or None for any other form."""
+    Cohere and GLM; split_half_once: split halves with each angle once, GPT-OSS): "split_half",
+    "interleaved", "split_half_once", or None for any other form."""
     from ..kernels.eager import rope
 
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 1, 5, 8, generator=gen)
     angles = torch.rand(1, 5, 4, generator=gen) * 6
-    layouts = {"split_half": lambda t: torch.cat([t, t], dim=-1), "interleaved": lambda t: t.repeat_interleave(2, -1)}
-    for layout, form in layouts.items():
-        cos, sin = form(angles.cos()), form(angles.sin())
+    for layout, form in ROPE_FORMS.items():
         try:
-            got = apply_rotary_pos_emb(q, k, cos, sin)
+            got = apply_rotary_pos_emb(q, k, form(angles.cos()), form(angles.sin()))
         except Exception:  # noqa: BLE001 - another signature: not a form we serve
-            return None
-        expected = rope(q, k, cos, sin, layout == "interleaved")
+            continue
+        interleaved = layout == "interleaved"
+        full = ROPE_FORMS["interleaved" if interleaved else "split_half"]  # the eager kernel's form
+        expected = rope(q, k, full(angles.cos()), full(angles.sin()), interleaved)
         if isinstance(got, tuple) and len(got) == 2 and all(_close(g, e) for g, e in zip(got, expected)):
             return layout
     return None
+
+
+# cos/sin in each form a modelling module may want them, from the angles (..., d / 2)
+ROPE_FORMS = {"split_half": lambda t: torch.cat([t, t], dim=-1), "interleaved": lambda t: t.repeat_interleave(2, -1),
+              "split_half_once": lambda t: t}
 
 
 def read_together(model) -> list[tuple[str, ...]]:

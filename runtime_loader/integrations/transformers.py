@@ -274,13 +274,18 @@ def _fused_gated_mlp_forward(self, x):  # Phi-3: one gate_up projection, halves 
     return self.down_proj(getattr(_ops(), self._lzsolve_gated)(gate, up))
 
 
-def _rope_function(original, interleaved: bool):
+def _rope_function(original, layout: str):
+    interleaved, once = layout == "interleaved", layout == "split_half_once"
+
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         # the common form: q, k (batch, heads, seq, d), cos/sin (batch or 1, seq, d), unsqueezed at dim 1
+        # (GPT-OSS's: (..., d / 2), each angle once, which the op takes twice)
         plain = (not args and kwargs.get("unsqueeze_dim", 1) == 1 and set(kwargs) <= {"unsqueeze_dim"}
-                 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[-1] == q.shape[-1])
+                 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[-1] << once == q.shape[-1])
         if not plain:
             return original(q, k, cos, sin, *args, **kwargs)
+        if once:
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         return _ops().rope(q, k, cos, sin, interleaved)
     apply_rotary_pos_emb.lzsolve_original = original
     return apply_rotary_pos_emb
@@ -469,7 +474,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
             if layout is None:
                 report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
                 continue
-            setattr(module, "apply_rotary_pos_emb", _rope_function(original, layout == "interleaved"))
+            setattr(module, "apply_rotary_pos_emb", _rope_function(original, layout))
             _patched_functions.append((module, "apply_rotary_pos_emb", original))
         report.replaced["apply_rotary_pos_emb"] += 1
     return report

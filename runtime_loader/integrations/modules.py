@@ -165,10 +165,11 @@ def _experts_form(module) -> Kind | None:
     use_experts_implementation sets it on the instance, its biases, and GPT-OSS's clamp where the
     class has its own gate (limit and alpha attributes); None for a form no op computes."""
     parameters = set(module._parameters)
-    if not EXPERT_WEIGHTS <= parameters <= EXPERT_WEIGHTS | EXPERT_BIASES or len(parameters) == 3:
-        return None
+    biases = parameters & EXPERT_BIASES
+    if not EXPERT_WEIGHTS <= parameters <= EXPERT_WEIGHTS | EXPERT_BIASES or biases not in (set(), EXPERT_BIASES):
+        return None  # other weights, or one bias without the other
     form = dict(transposed=bool(getattr(module, "is_transposed", False)),
-                interleaved=not getattr(module, "is_concatenated", True), bias=len(parameters) == 4)
+                interleaved=not getattr(module, "is_concatenated", True), bias=biases == EXPERT_BIASES)
     if _own_gate(module):  # served when it is GPT-OSS's (checked by running)
         alpha, limit = getattr(module, "alpha", None), getattr(module, "limit", None)
         if not (isinstance(alpha, float) and isinstance(limit, float) and limit > 0):

@@ -141,6 +141,13 @@ def test_gpt_oss_is_served_whole_sinks_included(restore_active):
     assert stats["attention.prefill"] == {"eager.attention (fallback)": 2}, "sinks: SDPA cannot, the reference can"
     assert sum(stats["posenc.rope"].values()) == 2, "its RoPE form: split halves, cos/sin with each angle once"
     torch.testing.assert_close(served, reference, rtol=1e-5, atol=1e-5)
+    padded = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1] * 9])  # a padding mask: the model's own eager attention
+    batch = torch.cat([ids, ids])
+    with torch.no_grad():
+        d_padded = model(batch, attention_mask=padded).logits
+        model.set_attn_implementation("eager")
+        expected_padded = model(batch, attention_mask=padded).logits
+    torch.testing.assert_close(d_padded[:, 3:], expected_padded[:, 3:], rtol=1e-5, atol=1e-5)
     attn = model.model.layers[1].self_attn
     q, mask = torch.randn(1, 4, 3, 16), torch.zeros(1, 1, 3, 3)
     kv = q[:, :2]

@@ -62,8 +62,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                       is_causal=None, **kwargs):
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if call is None:
-        if kwargs.get("s_aux") is not None:  # attention sinks, which SDPA cannot take: the model's own eager form
+        if kwargs.get("s_aux") is not None:  # attention sinks, which SDPA cannot take: the model's own eager form,
             own = sys.modules[type(module).__module__].eager_attention_forward
+            if attention_mask is not None and attention_mask.dtype == torch.bool:  # which adds its mask to the scores
+                attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+                    ~attention_mask, torch.finfo(query.dtype).min)
             return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

@@ -62,6 +62,10 @@ class Entry(NamedTuple):
     from_table: bool
 
 
+def _any_cuda(kernel_args: tuple) -> bool:
+    return any(getattr(a, "is_cuda", False) for a in kernel_args)
+
+
 def _count(entry: Entry) -> int:
     """Calls counted so far (count(n) holds its next value in its repr; next() would take one)."""
     return int(repr(entry.calls)[6:-1])
@@ -205,15 +209,18 @@ class Dispatcher:
                 return registry.get(kernel_id), True, "the table's choice" if rank == 0 else f"ranked #{rank + 1}"
         return fallback, False, "no kernel of the leaf is usable here"
 
+    def _choose(self, call, op: OpSchema, kernel_args: tuple, broken: frozenset = frozenset()) -> tuple:
+        """(kernel spec, from the table) for a call: _pick's choice, or for a call no signature
+        describes (call None) op.outside's kernel or the op's fallback."""
+        if call is None:
+            return registry.get(op.outside(*kernel_args) if op.outside else op.fallback), False
+        spec, from_table, _ = self._pick(call[0], call[1], _any_cuda(kernel_args), broken)
+        return spec, from_table
+
     def _resolve(self, cache: dict, key: tuple, call, op: OpSchema, kernel_args: tuple) -> Entry:
         """call: the call's (signature, dims), None for a call no signature describes (then served
         by op.outside, or the fallback); op: the method's first op, named in stats() for such calls."""
-        from_table = False
-        if call is None:
-            spec = registry.get(op.outside(*kernel_args) if op.outside else op.fallback)
-        else:
-            on_cuda = any(getattr(a, "is_cuda", False) for a in kernel_args)
-            spec, from_table, _ = self._pick(call[0], call[1], on_cuda, self._broken.get((op.method, key), frozenset()))
+        spec, from_table = self._choose(call, op, kernel_args, self._broken.get((op.method, key), frozenset()))
         name = call[0].op if call is not None else op.name
         impl = spec.impl
         if from_table and OPS[name].consumes and not self.strict:
@@ -255,7 +262,7 @@ class Dispatcher:
         if consumes and not getattr(entry.impl, "restores_inputs", False):
             self._break(entry.op, entry.kernel_id, op.method, key, error, entry)
             raise error  # the kernel may have overwritten its inputs: nothing can serve them again
-        on_cuda = any(getattr(a, "is_cuda", False) for a in kernel_args)
+        on_cuda = _any_cuda(kernel_args)
         failed = [entry.kernel_id]
         while True:
             broken = self._broken.get((op.method, key), frozenset()) | set(failed)
@@ -308,12 +315,8 @@ class Dispatcher:
         shapes and dtypes alone, which Dynamo guards, and the kernel's ops join the graph. stats()
         does not see these calls."""
         op = METHOD_OPS[method]
-        key, kernel_args = op.front(*args, **kwargs)
-        call = op.call(*args, **kwargs)
-        if call is None:
-            spec = registry.get(op.outside(*kernel_args) if op.outside else op.fallback)
-        else:
-            spec, _, _ = self._pick(call[0], call[1], any(getattr(a, "is_cuda", False) for a in kernel_args))
+        _, kernel_args = op.front(*args, **kwargs)
+        spec, _ = self._choose(op.call(*args, **kwargs), op, kernel_args)
         return spec.impl(*kernel_args)
 
     def _entry(self, method: str, args: tuple, kwargs: dict) -> Entry:

@@ -18,13 +18,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def restore_active():
-    """After a test that patches models: the process-wide Dispatcher back to a table-less one, and
-    the modelling modules' functions (RoPE) back to theirs, so other tests' models are left alone."""
+    """After a test that patches models: tables.unpatch()."""
     yield
-    import runtime_loader
-    from runtime_loader.integrations.transformers import restore_functions
-    runtime_loader.custom_ops.activate(runtime_loader.Dispatcher(None))
-    restore_functions()
+    from .tables import unpatch
+    unpatch()
 
 
 @pytest.fixture

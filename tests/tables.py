@@ -107,7 +107,7 @@ def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
     from click.testing import CliRunner
 
     from lzsolve.cli import cli
-    from runtime_loader.integrations.transformers import patch, restore_functions
+    from runtime_loader.integrations.transformers import patch
 
     try:
         with runtime_loader.record(root / "workload.json", name=name), torch.no_grad():
@@ -115,10 +115,18 @@ def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
                 patch(model, Dispatcher(None))
                 model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
     finally:
-        runtime_loader.custom_ops.activate(Dispatcher(None))
-        restore_functions()
+        unpatch()
     result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
                                       "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",
                                       "--out", str(root / "artifact")])
     assert result.exit_code == 0, result.output
     return root / "artifact"
+
+
+def unpatch() -> None:
+    """After models were patched: the process-wide Dispatcher back to a table-less one, and the
+    modelling modules' functions (RoPE) back to theirs, so other tests' models are left alone."""
+    from runtime_loader.integrations.transformers import restore_functions
+
+    runtime_loader.custom_ops.activate(Dispatcher(None))
+    restore_functions()

@@ -392,7 +392,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
     _warn_on_graph_table(dispatcher)
     kinds = classify(model)
     # activations inside a module served whole (a gated MLP, routed experts) are not served on their own
-    mlp_parts: set[str] = {f"{name}.act_fn" for name, kind in kinds.items() if kind.op == "moe.experts"}
+    mlp_parts: set[str] = {f"{module_name}.act_fn" for module_name, kind in kinds.items() if kind.op == "moe.experts"}
     for module_name, module in model.named_modules():
         form = _mlp_form(module, kinds, module_name)
         if form is None:

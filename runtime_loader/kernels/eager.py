@@ -251,8 +251,8 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"gqa", "qk_l2norm"}), graph_safe=True,
                deterministic=True, notes="a Python loop over the sequence: a handful of launches per token"),
     KernelSpec("eager.moe_experts", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
-               dtypes=ALL_DTYPES, features=EXPERT_FORMS, notes="transformers' eager loop over the experts hit; index_add_ in the "
-                                        "activation dtype"),
+               dtypes=ALL_DTYPES, features=EXPERT_FORMS,
+               notes="transformers' eager loop over the experts hit; index_add_ in the activation dtype"),
     KernelSpec("eager.moe_router", frozenset({"moe.router"}), "torch", moe_router, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"renorm"}), graph_safe=True, deterministic=True,
                notes="softmax in fp32, topk, a division: three or four launches"),

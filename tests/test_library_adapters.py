@@ -124,6 +124,18 @@ def test_flash_attention_adapters_pass_views_and_match_the_reference(monkeypatch
         assert theirs.shape == (ours.shape[0], ours.shape[2], ours.shape[1], ours.shape[3])
 
 
+@pytest.mark.parametrize("op,dims,splits", [("attention.prefill", {"batch": 2, "seq": 530}, 1),
+                                             ("attention.decode", {"batch": 3, "kv_len": 700}, 0)])
+def test_fa3_splits_the_kv_for_decode_and_never_for_a_causal_prefill(monkeypatch, op, dims, splits):
+    """FA3's own split heuristic made cliffs on causal prefills (BENCHMARKS §10.10)."""
+    calls = []
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", types.SimpleNamespace(flash_attn_func=fake_flash_attn_func(calls)))
+    sig = Signature.make(op, {"hq": 8, "hkv": 1, "d": 64}, ("causal",) if op == "attention.prefill" else (), "fp32")
+    args = CONTRACTS[op].make_inputs(sig, dims, CPU, torch.Generator().manual_seed(0))
+    registry.get("fa3.attention").impl(*args)
+    assert calls[0]["kwargs"]["num_splits"] == splits
+
+
 def test_fa_layout_is_a_view_both_ways():
     q = torch.randn(2, 8, 5, 64)
     fa = flash_attn.fa_layout(q)

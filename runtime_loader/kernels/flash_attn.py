@@ -37,17 +37,27 @@ def window_size(window: int, causal: bool) -> tuple[int, int]:
     return (window - 1, 0 if causal else -1) if window else (-1, -1)
 
 
+def fa3_splits(causal: bool) -> int:
+    """FA3's num_splits: 0 lets FA3 split the KV from the shape, 1 never splits.
+
+    Decode (not causal) needs the split: with batch * kv heads small, one split leaves most SMs
+    idle (H100, BENCHMARKS §10.10: 1.3-20x slower unsplit). A causal prefill must not split: when
+    it fills under 0.8 of the SMs, FA3's heuristic splits it anyway and pays for a combine pass,
+    which made cliffs of up to 1.85x a few tokens wide (3 x 530 tokens: 32.5 against 17.4 µs
+    unsplit) and never gained more than noise.
+    """
+    return 1 if causal else 0
+
+
 def fa3(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
     check_causal_alignment(q, k, causal)
     if window:
         raise ValueError("the fa3-fwd wheel is built without sliding-window (local) attention")
     from fa3_fwd_interface import flash_attn_func
 
-    # num_splits=0: FA3 picks split-KV from the shape (as flash_attn_with_kvcache does by default);
-    # flash_attn_func's default of 1 leaves most SMs idle on decode, where batch * kv heads is small.
     # return_attn_probs: (out, row log-sum-exp (batch, heads, seq_q)), for sinks
     out = flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal,
-                          softcap=softcap, num_splits=0, return_attn_probs=sinks is not None)
+                          softcap=softcap, num_splits=fa3_splits(causal), return_attn_probs=sinks is not None)
     return fa_layout(out) if sinks is None else with_sinks(fa_layout(out[0]), out[1], sinks)
 
 
@@ -68,7 +78,7 @@ SPECS = [
                dtypes=frozenset({"bf16"}), head_dim_max=256, head_dim_multiple=8,
                features=ATTENTION_FEATURES | SINKS | {"softcap"},
                graph_safe=True, deterministic=True, requires=("fa3_fwd_interface",),
-               notes="FlashAttention-3 forward (fa3-fwd wheel), Hopper only; split-KV chosen by FA3's heuristic"),
+               notes="FlashAttention-3 forward (fa3-fwd wheel), Hopper only; split-KV by FA3's heuristic for decode, never for a causal prefill"),
     KernelSpec("fa2.attention", ATTENTION, "flash-attn", fa2, platforms=frozenset({"cuda"}), min_sm=80, max_sm=90,
                dtypes=HALF, head_dim_max=256, head_dim_multiple=8,
                features=ATTENTION_FEATURES | SINKS | {"sliding_window", "softcap"},

@@ -53,6 +53,7 @@ PY
     ;;&
   evaluate|retune)
     n=0
+    set -f  # EVAL_OPS holds --op globs, not file names
     for ops in ${EVAL_OPS:-*}; do
       n=$((n + 1)); left=$(( ${EVAL_LIMIT:-560} - ($(date +%s) - start) ))
       [ "$left" -gt 20 ] || break

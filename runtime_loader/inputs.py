@@ -160,6 +160,18 @@ def starts_from_state(dims) -> bool:
     return dims["seq"] == 1
 
 
+def causal_conv1d(sig, dims, device, gen):
+    """x as a projection hands it over; weights of a conv1d's default init scale (1 / sqrt(width));
+    a decode step's state holds the previous inputs (of x's scale)."""
+    channels, width = sig.dim("channels"), sig.dim("width")
+    batch, seq = dims["batch"], dims["seq"]
+    x = randn((batch, seq, channels), sig, device, gen)
+    weight = randn((channels, width), sig, device, gen, scale=width ** -0.5)
+    bias = randn((channels,), sig, device, gen, scale=0.1) if "bias" in sig.flags else None
+    state = randn((batch, channels, width), sig, device, gen) if starts_from_state(dims) else None
+    return x, weight, bias, state, "silu" in sig.flags
+
+
 def gated_deltanet(sig, dims, device, gen):
     hk, hv, dk, dv = (sig.dim(n) for n in ("hk", "hv", "dk", "dv"))
     batch, seq = dims["batch"], dims["seq"]

@@ -339,6 +339,30 @@ def gated_deltanet_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
     return v.new_empty(v.shape), v.new_empty((batch, hv, q.shape[-1], dv), dtype=torch.float32)
 
 
+def causal_conv1d_front(x: Tensor, weight: Tensor, bias: Tensor | None = None, state: Tensor | None = None,
+                        silu: bool = True):
+    """Qwen3.5's short causal depthwise conv1d: x (batch, seq, channels), weight (channels,
+    width), state (batch, channels, width) the inputs before x or None (zeros); returns (out
+    (batch, seq, channels), the new state). The state is consumed: a kernel may roll it in
+    place. See lzsolve.ops.conv for the conventions."""
+    return ((x.shape, x.stride(), weight.shape, x.dtype, x.is_cuda, bias is None, state is None, silu),
+            (x, weight, bias, state, silu))
+
+
+def causal_conv1d_call(x, weight, bias=None, state=None, silu=True):
+    if (x.dim() != 3 or weight.dim() != 2 or x.dtype not in DTYPE_NAMES or weight.shape[0] != x.shape[2]
+            or (state is not None and state.shape != (x.shape[0], x.shape[2], weight.shape[1]))):
+        return None
+    flags = [name for name, on in (("silu", silu), ("bias", bias is not None)) if on]
+    static = {"channels": x.shape[2], "width": weight.shape[1]}
+    return (Signature.make("conv.causal_depthwise", static, flags, DTYPE_NAMES[x.dtype]),
+            {"batch": x.shape[0], "seq": x.shape[1]})
+
+
+def causal_conv1d_fake(x: Tensor, weight: Tensor, *args) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape), x.new_empty((x.shape[0], x.shape[2], weight.shape[1]))
+
+
 def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor,
                       gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None, interleaved: bool = False,
                       alpha: float = 0.0, limit: float = 0.0):
@@ -452,6 +476,10 @@ OPS: dict[str, OpSchema] = {
         OpSchema("moe.experts", ("experts", "top_k", "hidden", "inter"), ("interleaved", "bias", "transposed"),
                  ("tokens",), "torch.grouped_mm", (("alpha", 0.0), ("limit", 0.0)), method="moe_experts",
                  front=moe_experts_front, call=moe_experts_call, inputs=inputs.moe_experts),
+        # the causal depthwise conv1d before it: width taps per channel; silu: SiLU after; bias: a bias per channel
+        OpSchema("conv.causal_depthwise", ("channels", "width"), ("silu", "bias"), ("batch", "seq"),
+                 "eager.causal_conv1d", method="causal_conv1d", front=causal_conv1d_front, call=causal_conv1d_call,
+                 inputs=inputs.causal_conv1d, fake=causal_conv1d_fake, consumes=("state",)),
         # Gated DeltaNet (Qwen3.5's linear attention): hk key heads, hv value heads (hv % hk == 0)
         OpSchema("recurrent.gated_deltanet", ("hk", "hv", "dk", "dv"), ("qk_l2norm",), ("batch", "seq"),
                  "eager.gated_deltanet", method="gated_deltanet", front=gated_deltanet_front, call=gated_deltanet_call,

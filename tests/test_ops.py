@@ -45,6 +45,10 @@ SIGS = [
     (Signature.make("act.gelu", {"width": 24}, (), "fp32"), {"tokens": 3}),
     (Signature.make("linear", {"k": 16, "n": 12}, ("bias",), "fp32"), {"tokens": 4}),
     (Signature.make("linear", {"k": 16, "n": 12}, (), "fp32"), {"tokens": 4}),
+    (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu",), "fp32"), {"batch": 2, "seq": 6}),
+    (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu", "bias"), "fp32"),
+     {"batch": 2, "seq": 1}),
+    (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 3}, (), "bf16"), {"batch": 1, "seq": 2}),
     (Signature.make("recurrent.gated_deltanet", {"hk": 1, "hv": 2, "dk": 8, "dv": 4}, ("qk_l2norm",), "fp32"),
      {"batch": 2, "seq": 6}),
     (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 2, "dk": 8, "dv": 8}, ("qk_l2norm",), "fp32"),
@@ -126,6 +130,19 @@ def rows64(ids, table):
     return F.one_hot(ids, table.shape[0]).double() @ table.double()
 
 
+def conv64(x, weight, bias, state, silu):
+    """Each output a dot product of the channel's weights with the last width inputs (zeros before
+    the first), written per token and channel; the new state the last width inputs."""
+    batch, seq, channels = x.shape
+    width = weight.shape[1]
+    history = torch.zeros(batch, channels, width, dtype=torch.float64) if state is None else state.double()
+    out = torch.empty(batch, seq, channels, dtype=torch.float64)
+    for t in range(seq):
+        history = torch.cat([history[..., 1:], x[:, t, :, None].double()], dim=-1)  # the window ending at t
+        out[:, t] = (history * weight.double()).sum(-1) + (0 if bias is None else bias.double())
+    return (out * torch.sigmoid(out) if silu else out), history
+
+
 def deltanet64(q, k, v, g, beta, state, qk_l2norm):
     """The gated delta rule per (batch, value head) in float64, with the state update as the
     matrix product S <- (I - beta k k^T) exp(g) S + beta k v^T."""
@@ -196,6 +213,7 @@ INDEPENDENT = {
     "act.geglu": lambda g, u: gelu64(g) * u.double(),
     "act.gelu": gelu64,
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
+    "conv.causal_depthwise": conv64,
     "recurrent.gated_deltanet": deltanet64,
     "moe.experts": moe64,
     "moe.router": router64,

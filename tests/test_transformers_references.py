@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from lzsolve.ops import CONTRACTS
 from lzsolve.ops.rope import cos_sin
 from runtime_loader import Dispatcher, registry
+from runtime_loader.kernels import eager
 
 pytest.importorskip("transformers")
 
@@ -247,6 +248,17 @@ def test_gated_deltanet_prefill_is_qwen35s_chunked_rule(with_state, qk_l2norm):
                                                  use_qk_l2norm_in_kernel=qk_l2norm)
     close(impl("eager.gated_deltanet")(q, k, v, g, beta, state, qk_l2norm), expected, tol=1e-4)
     close(CONTRACTS["recurrent.gated_deltanet"].reference(q, k, v, g, beta, state, qk_l2norm), expected, tol=1e-4)
+
+
+@pytest.mark.parametrize("form", ["gated_deltanet_chunked", "gated_deltanet_recurrent"])
+def test_both_gated_deltanet_forms_are_qwen35s_rule_over_several_chunks(form):
+    """The fallback chunks a prompt (three chunks of 64 here, the last partial) and steps a decode."""
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    q, k, v, g, beta = deltanet_inputs(1, 150, 1, 2, 16, 8, normalised=False)
+    state = torch.randn(1, 2, 16, 8) * 0.25
+    expected = qwen.torch_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
+                                                     use_qk_l2norm_in_kernel=True)
+    close(getattr(eager, form)(q, k, v, g, beta, state, True), expected, tol=1e-4)
 
 
 def test_gated_deltanet_decode_is_qwen35s_recurrent_rule():

@@ -37,6 +37,7 @@ CASES = [
     ("triton.swiglu", "act.swiglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     ("triton.geglu", "act.geglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     ("triton.gelu", "act.gelu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
+    ("triton.sigmoid_gate", "act.sigmoid_gate", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     # 6 q heads and 2 kv heads in blocks of 4: a full and a partial q block, a partial k block;
     # head_dim 48 leaves part of the pair tile (32 lanes for 24 pairs) masked.
     *[("triton.rope", "posenc.rope", {"hq": 6, "hkv": 2, "d": 48, "layout": layout}, (), {"tokens": 5},

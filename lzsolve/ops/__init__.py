@@ -7,6 +7,7 @@ from runtime_loader.ops import OPS
 
 from .act import GEGLU, GELU, SIGMOID_GATE, SWIGLU
 from .attention import DECODE, PREFILL
+from .conv import CAUSAL_DEPTHWISE
 from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
 from .embedding import EMBEDDING, LEARNED
 from .linear import LINEAR
@@ -17,7 +18,7 @@ from .rope import ROPE
 
 CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
     PREFILL, DECODE, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR,
-    GATED_DELTANET, EXPERTS, ROUTER)}
+    CAUSAL_DEPTHWISE, GATED_DELTANET, EXPERTS, ROUTER)}
 
 
 def check_contracts() -> None:

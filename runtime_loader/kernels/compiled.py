@@ -104,5 +104,11 @@ SPECS = [
     compile_variant(_EAGER["eager.swiglu"], "compile.swiglu", {0: LEADING, 1: LEADING}),
     compile_variant(_EAGER["eager.geglu"], "compile.geglu", {0: LEADING, 1: LEADING}),
     compile_variant(_EAGER["eager.gelu"], "compile.gelu", {0: LEADING}),
+    compile_variant(_EAGER["eager.sigmoid_gate"], "compile.sigmoid_gate", {0: LEADING, 1: LEADING}),
     compile_variant(_EAGER["eager.moe_router"], "compile.moe_router", {0: (0,)}),
+    # the conv's taps as multiply-adds, which Inductor fuses; x: (batch, seq, channels), primed at seq
+    # PRIME_TOKENS (priming batch too would be 256 prompts)
+    dataclasses.replace(compile_variant(dataclasses.replace(_EAGER["eager.causal_conv1d"], impl=eager.causal_conv1d_taps),
+                                        "compile.causal_conv1d", {0: (1,)}),
+                        notes="torch.compile(dynamic=True, seq unbacked) of the conv as width multiply-adds"),
 ]

@@ -148,25 +148,60 @@ def l2_normalize(x, eps: float = 1e-6):
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
-def gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
-    """The gated delta rule one token at a time, in fp32 (transformers' torch_recurrent_gated_delta_rule).
-    q, k: (batch, seq, hk, dk); v: (batch, seq, hv, dv); g (log decay), beta: (batch, seq, hv);
-    state: (batch, hv, dk, dv) or None. Per value head and token: S <- exp(g) S, then the delta
-    rule S <- S + k (beta (v - S^T k))^T, and out = S^T q / sqrt(dk).
-    Returns (out in v's dtype, final state in fp32)."""
-    batch, seq, hk, dk = k.shape
-    hv, dv = v.shape[2], v.shape[3]
-    if hv != hk:  # each q/k head serves hv // hk consecutive value heads
+def causal_conv1d(x, weight, bias, state, silu: bool):
+    """As transformers' Qwen3.5 runs it without causal-conv1d: F.conv1d over channels-first
+    inputs (zero-padded when there is no state), then SiLU. x: (batch, seq, channels); state
+    (batch, channels, width) or None. Returns (out, the new state: the last width inputs)."""
+    seq, width = x.shape[1], weight.shape[1]
+    inputs = x.transpose(1, 2)  # (batch, channels, seq): a view
+    if state is not None:
+        inputs = torch.cat([state.to(x.dtype), inputs], dim=-1)
+    # with no state, the zero history is conv1d's padding (on both sides: the first seq outputs are the causal ones)
+    out = F.conv1d(inputs, weight[:, None], bias, padding=0 if state is not None else width - 1,
+                   groups=weight.shape[0])
+    out = out[..., -seq:] if state is not None else out[..., :seq]
+    if silu:
+        out = F.silu(out)
+    new_state = inputs[..., -width:] if inputs.shape[-1] >= width else F.pad(inputs, (width - inputs.shape[-1], 0))
+    return out.transpose(1, 2), new_state.contiguous()
+
+
+def causal_conv1d_taps(x, weight, bias, state, silu: bool):
+    """The same conv as width shifted multiply-adds over (batch, seq, channels): elementwise, so
+    torch.compile fuses it into one kernel (Inductor cannot lower conv1d over an unbacked length)."""
+    seq, width = x.shape[1], weight.shape[1]
+    history = F.pad(x, (0, 0, width, 0)) if state is None else torch.cat([state.transpose(1, 2).to(x.dtype), x], 1)
+    out = sum(weight[:, j].float() * history[:, 1 + j:1 + j + seq].float() for j in range(width))
+    if bias is not None:
+        out = out + bias.float()
+    out = F.silu(out) if silu else out
+    return out.to(x.dtype), history[:, -width:].transpose(1, 2).contiguous()
+
+
+def _deltanet_heads(q, k, v, qk_l2norm: bool):
+    """q and k per value head in fp32 (each q/k head serves hv // hk consecutive value heads),
+    L2-normalised if asked, q scaled by dk ** -0.5; v in fp32."""
+    hk, dk, hv = k.shape[2], k.shape[3], v.shape[2]
+    if hv != hk:
         q = q.repeat_interleave(hv // hk, dim=2)
         k = k.repeat_interleave(hv // hk, dim=2)
     q, k = q.float(), k.float()
     if qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
-    q = q * dk ** -0.5
-    values, decay, beta = v.float(), g.float().exp(), beta.float()
-    if state is None:
-        state = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=v.device)
-    state = state.float()
+    return q * dk ** -0.5, k, v.float()
+
+
+def gated_deltanet_recurrent(q, k, v, g, beta, state, qk_l2norm: bool):
+    """The gated delta rule one token at a time, in fp32 (transformers' torch_recurrent_gated_delta_rule).
+    q, k: (batch, seq, hk, dk); v: (batch, seq, hv, dv); g (log decay), beta: (batch, seq, hv);
+    state: (batch, hv, dk, dv) or None. Per value head and token: S <- exp(g) S, then the delta
+    rule S <- S + k (beta (v - S^T k))^T, and out = S^T q / sqrt(dk).
+    Returns (out in v's dtype, final state in fp32)."""
+    batch, seq, hv, dv = v.shape
+    dk = k.shape[3]
+    q, k, values = _deltanet_heads(q, k, v, qk_l2norm)
+    decay, beta = g.float().exp(), beta.float()
+    state = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=v.device) if state is None else state.float()
     out = torch.empty(batch, seq, hv, dv, dtype=torch.float32, device=v.device)
     for t in range(seq):
         state = state * decay[:, t, :, None, None]
@@ -175,6 +210,53 @@ def gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
         state = state + k[:, t, :, :, None] * delta[:, :, None, :]
         out[:, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, t])
     return out.to(v.dtype), state
+
+
+DELTANET_CHUNK = 64
+
+
+def gated_deltanet_chunked(q, k, v, g, beta, state, qk_l2norm: bool, chunk: int = DELTANET_CHUNK):
+    """The same rule over chunks of `chunk` tokens, in fp32 (transformers' torch_chunk_gated_delta_rule,
+    the "WY" form of the DeltaNet papers): within a chunk the delta updates are one unit lower
+    triangular solve, so the sequential part is one state step per chunk, not per token."""
+    batch, seq, hv, dv = v.shape
+    dk = k.shape[3]
+    q, k, values = _deltanet_heads(q, k, v, qk_l2norm)
+    pad = -seq % chunk  # zero tokens at the end: beta 0 writes nothing, g 0 decays nothing
+
+    def chunks(t):  # (batch, seq, hv, ...) -> (batch, hv, chunks, chunk, ...)
+        t = t.transpose(1, 2)
+        t = F.pad(t, (0, 0) * (t.dim() - 3) + (0, pad))
+        return t.reshape(batch, hv, -1, chunk, *t.shape[3:])
+
+    q, k, values, beta, log_decay = (chunks(t) for t in (q, k, values, beta.float(), g.float()))
+    decay = log_decay.cumsum(-1)  # log of the decay from the chunk's start to each token
+    future = torch.ones(chunk, chunk, dtype=torch.bool, device=v.device).triu(1)
+    between = (decay[..., :, None] - decay[..., None, :]).masked_fill(future, float("-inf")).exp()
+    k_beta = k * beta[..., None]
+    system = (k_beta @ k.transpose(-1, -2)) * between  # the strictly lower part couples a chunk's updates
+    new_values = torch.linalg.solve_triangular(system, values * beta[..., None], upper=False, unitriangular=True)
+    k_decayed = torch.linalg.solve_triangular(system, k_beta * decay.exp()[..., None], upper=False,
+                                              unitriangular=True)
+    within = (q @ k.transpose(-1, -2)) * between
+    q = q * decay.exp()[..., None]
+    k = k * (decay[..., -1:] - decay).exp()[..., None]
+    chunk_decay = decay[..., -1].exp()[..., None, None]
+    state = torch.zeros(batch, hv, dk, dv, dtype=torch.float32, device=v.device) if state is None else state.float()
+    out = torch.empty_like(new_values)
+    for c in range(q.shape[2]):
+        corrected = new_values[:, :, c] - k_decayed[:, :, c] @ state  # what the state does not predict yet
+        out[:, :, c] = q[:, :, c] @ state + within[:, :, c] @ corrected
+        state = state * chunk_decay[:, :, c] + k[:, :, c].transpose(-1, -2) @ corrected
+    out = out.reshape(batch, hv, -1, dv)[:, :, :seq].transpose(1, 2)
+    return out.to(v.dtype), state
+
+
+def gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
+    """As transformers' Qwen3.5 runs it without FLA: a decode step token by token, anything
+    longer chunked. Returns (out in v's dtype, final state in fp32)."""
+    rule = gated_deltanet_recurrent if q.shape[1] == 1 else gated_deltanet_chunked
+    return rule(q, k, v, g, beta, state, qk_l2norm)
 
 
 def expert_activation(h, interleaved: bool, alpha: float, limit: float):
@@ -247,9 +329,13 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.sigmoid_gate", frozenset({"act.sigmoid_gate"}), "torch", sigmoid_gate,
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
+    KernelSpec("eager.causal_conv1d", frozenset({"conv.causal_depthwise"}), "torch", causal_conv1d, platforms=BOTH,
+               dtypes=ALL_DTYPES, features=frozenset({"silu", "bias"}), graph_safe=True, deterministic=True,
+               notes="F.conv1d (depthwise, channels first) then SiLU, as transformers runs it"),
     KernelSpec("eager.gated_deltanet", frozenset({"recurrent.gated_deltanet"}), "torch", gated_deltanet,
                platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"gqa", "qk_l2norm"}), graph_safe=True,
-               deterministic=True, notes="a Python loop over the sequence: a handful of launches per token"),
+               deterministic=True, notes="as transformers computes it without FLA: chunks of 64 tokens in fp32 (a "
+                                         "triangular solve per chunk, a Python loop over chunks); decode token by token"),
     KernelSpec("eager.moe_experts", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
                dtypes=ALL_DTYPES, features=EXPERT_FORMS,
                notes="transformers' eager loop over the experts hit; index_add_ in the activation dtype"),

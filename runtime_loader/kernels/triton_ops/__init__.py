@@ -74,6 +74,8 @@ TUNABLES = [
     family("triton.geglu", "act.geglu", "act", "geglu", ACT_PARAMS, ACT_DEFAULT,
            "gelu tanh approximation; reads gate and up through their row strides"),
     family("triton.gelu", "act.gelu", "act", "gelu", ACT_PARAMS, ACT_DEFAULT, "gelu tanh approximation"),
+    family("triton.sigmoid_gate", "act.sigmoid_gate", "act", "sigmoid_gate", ACT_PARAMS, ACT_DEFAULT,
+           "x * sigmoid(gate) in one pass, fp32 inside"),
     family("triton.rope", "posenc.rope", "rope", "rope",
            {"block_h": powers_of_two(1, 32), "warps": powers_of_two(1, 16)}, {"block_h": 8, "warps": 4},
            "q and k in one launch, block_h heads of one token per program; out of place",

@@ -1,4 +1,4 @@
-"""SwiGLU, GeGLU and GELU (tanh approximation), elementwise over (row, BLOCK-wide chunk) tiles.
+"""SwiGLU, GeGLU, GELU (tanh approximation) and the sigmoid output gate, elementwise over (row, BLOCK-wide chunk) tiles.
 
 Gate and up are read through their row strides: they usually arrive as the two halves
 of one (tokens, 2 * width) gate_up buffer, and copying them apart would cost as much
@@ -22,6 +22,8 @@ def _activation_kernel(x_ptr, up_ptr, out_ptr, x_stride_row, x_stride_col, up_st
     x = tl.load(x_ptr + row * x_stride_row + cols * x_stride_col, mask=mask, other=0.0).to(tl.float32)
     if ACTIVATION == "silu":
         y = x * tl.sigmoid(x)
+    elif ACTIVATION == "sigmoid":
+        y = tl.sigmoid(x)
     else:  # gelu_tanh, 0.5 x (1 + tanh(z)) with z = sqrt(2/pi) (x + 0.044715 x^3), written as
         # x sigmoid(2z): the same function, with no tanh to import and no cancellation near z = 0
         y = x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
@@ -55,3 +57,8 @@ def geglu(gate, up, *, block: int, warps: int):
 
 def gelu(x, *, block: int, warps: int):
     return _activation(x, None, "gelu_tanh", block, warps)
+
+
+def sigmoid_gate(x, gate, *, block: int, warps: int):
+    """x * sigmoid(gate): the gate is the activated input, x the multiplier."""
+    return _activation(gate, x, "sigmoid", block, warps)

@@ -454,3 +454,66 @@ def test_rope_layouts_are_found_by_running_the_function():
     assert rope_layout(modeling_cohere.apply_rotary_pos_emb) == "interleaved"
     assert rope_layout(lambda q, k, cos, sin: (q, k)) is None  # computes something else
     assert rope_layout(lambda q, k, cos, sin, position_ids: (q, k)) is None  # another signature
+
+
+# --- Qwen3.5: Gated DeltaNet layers (issue 20) --------------------------------------------------
+def tiny_qwen35():
+    """Three linear-attention layers and a full one, as the real model's period; 4 value heads on 2 key heads."""
+    if not hasattr(transformers, "Qwen3_5ForCausalLM"):
+        pytest.skip("this transformers has no Qwen3_5ForCausalLM")
+    torch.manual_seed(12)
+    config = transformers.Qwen3_5TextConfig(
+        **{**COMMON, "num_hidden_layers": 4}, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, pad_token_id=0,
+        layer_types=["linear_attention"] * 3 + ["full_attention"])
+    return transformers.Qwen3_5ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def qwen35_artifact(tmp_path_factory):
+    return tune_what_patched_models_call(tmp_path_factory.mktemp("qwen35"), "tiny-qwen3.5", [tiny_qwen35()])
+
+
+def test_patched_qwen35_serves_its_linear_attention_layers_from_the_table(qwen35_artifact, restore_active):
+    """The conv1d (prompt and decode step on the cache's rolling state), the delta rule (chunked
+    and recurrent), the gated norm and the linears from the table; logits and generate() equal."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_qwen35()
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=6, do_sample=False)
+    with torch.no_grad():
+        reference = model(ids).logits
+        expected = model.generate(ids, **kw)
+    d = runtime_loader.load(qwen35_artifact, strict=True)
+    report = patch(model, d)
+    assert {"causal_conv1d_fn", "causal_conv1d_update", "torch_chunk_gated_delta_rule",
+            "torch_recurrent_gated_delta_rule", "Qwen3_5RMSNormGated"} <= set(report.replaced), report
+    checks = sum(d.stats()["act.swiglu"].values())  # patch ran each MLP once to check its form
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, **kw), expected)
+    stats = d.stats()
+    fallbacks = {op: kernels for op, kernels in stats.items() if any("(fallback)" in k for k in kernels)}
+    assert not fallbacks, f"calls outside the table: {fallbacks}"
+    forwards, linear_layers = 1 + 6, 3
+    for op in ("conv.causal_depthwise", "recurrent.gated_deltanet"):
+        assert sum(stats[op].values()) == forwards * linear_layers, (op, stats[op])
+    assert sum(stats["act.swiglu"].values()) - checks == forwards * (linear_layers + 4), "gated norms and MLPs"
+
+
+def test_a_qwen35_tune_from_its_config_covers_what_the_patched_model_calls(tmp_path, restore_active):
+    from lzsolve.models.capture import capture
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_qwen35()
+    cfg = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+    captured = capture(cfg, "tiny-qwen3.5", dtype="fp32")
+    assert not [n for n in captured.notes if "conv" in n.lower()], captured.notes
+    patch(model, Dispatcher(None))
+    with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
+        model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
+    called = {call["name"] for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    tuned = {str(i.signature).replace("norm.rms_add", "norm.rms") for i in captured.instances}
+    assert {n for n in called if n.startswith(("conv.", "recurrent."))}, called
+    assert called <= tuned, sorted(called - tuned)

@@ -27,6 +27,7 @@ share of the parameters, never dropped silently.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import re
 import sys
@@ -41,7 +42,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from runtime_loader.integrations.modules import (GATED_OPS, PLAIN_OPS, Kind, classify, experts_arguments, is_experts,
                                                  rope_layout)
-from runtime_loader.ops import (DTYPES, Signature, attention_call, embedding_call, gated_deltanet_call, linear_call,
+from runtime_loader.ops import (DTYPES, Signature, attention_call, causal_conv1d_call, embedding_call,
+                                gated_deltanet_call, linear_call,
                                 moe_experts_call, moe_router_call, qk_norm_call, rope_call, rows_call)
 
 from ..errors import LzError
@@ -171,6 +173,7 @@ class _Recorder(TorchDispatchMode):
         self.sigmoids: set[int] = set()
         self.frames: list[str] = []
         self.opaque = 0  # > 0 inside a function recorded as one op: its aten ops are not looked at
+        self.owners: dict[int, str] = {}  # id of a parameter -> the module holding it
 
     def leave(self, module, args, output) -> None:  # a forward hook: returns None, so the output stands
         self.frames.pop()
@@ -279,6 +282,27 @@ def _deltanet_wrapper(original):
     return gated_delta_rule
 
 
+def _conv_wrapper(original):
+    """Qwen3.5's short causal conv1d (causal_conv1d_fn over a prompt, causal_conv1d_update for a
+    decode step), recorded as its conv1d module's op: hidden_states arrive as (batch, channels,
+    seq), the conv's weight squeezed to (channels, width)."""
+    def causal_conv1d(hidden_states, *args, **kwargs):
+        rec = _current
+        out = _call_opaque(rec, original, hidden_states, *args, **kwargs)
+        if rec is None:
+            return out
+        update = original.__name__.endswith("update")
+        bound = inspect.signature(original).bind(hidden_states, *args, **kwargs).arguments
+        weight, state = bound.get("weight"), bound.get("conv_state") if update else None
+        activation = bound.get("activation")
+        call = causal_conv1d_call(hidden_states.transpose(1, 2), weight, bound.get("bias"), state,
+                                  activation in ("silu", "swish")) if activation in (None, "silu", "swish") else None
+        owner = rec.owners.get(id(weight._base if weight._base is not None else weight), rec.frame)
+        rec.events.append(Event("conv", owner, _sig(call), extra={"activation": activation}))
+        return out
+    return causal_conv1d
+
+
 def _sdpa_wrapper(original):
     """F.scaled_dot_product_attention called by the model's own code (it bypasses transformers'
     attention interface): a mask with as many queries as keys is taken as causal."""
@@ -295,7 +319,8 @@ def _sdpa_wrapper(original):
 
 
 WRAPPED = {"apply_rotary_pos_emb": _rope_wrapper, "torch_chunk_gated_delta_rule": _deltanet_wrapper,
-           "torch_recurrent_gated_delta_rule": _deltanet_wrapper}
+           "torch_recurrent_gated_delta_rule": _deltanet_wrapper, "causal_conv1d_fn": _conv_wrapper,
+           "causal_conv1d_update": _conv_wrapper}
 
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
@@ -311,6 +336,7 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, *args, **k
 
 def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> None:
     for name, module in model.named_modules():
+        rec.owners.update((id(p), name) for p in module.parameters(recurse=False))
         if is_experts(module):
             module._lzsolve_kind = kinds.get(name)
             module.forward = _experts_forward.__get__(module)
@@ -457,6 +483,8 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
         s["width"] //= tp
     if sig.op == "moe.experts":  # every rank holds every expert, with its share of each one's width
         s["inter"] //= tp
+    if sig.op == "conv.causal_depthwise":  # its channels are q, k and v of the rank's heads
+        s["channels"] //= tp
     if sig.op == "embedding":
         s["vocab"] = -(-s["vocab"] // tp)
     if sig.op == "linear":  # a width tp does not divide (Qwen2-MoE's one-column shared expert gate) is replicated
@@ -481,6 +509,8 @@ def _check_tp(events: list[Event], tp: int, where: str) -> None:
             problems.append(f"MLP width {s['width']}")
         if e.sig.op == "moe.experts" and s["inter"] % tp:
             problems.append(f"expert width {s['inter']}")
+        if e.sig.op == "conv.causal_depthwise" and s["channels"] % tp:
+            problems.append(f"conv1d channels {s['channels']}")
     if problems:
         raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {', '.join(sorted(set(problems)))}")
 
@@ -538,6 +568,8 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
             notes.append(f"{_role(e.module)}: rotary embedding in a form no op computes")
         if e.op == "attention" and e.sig is None:
             notes.append(f"{_role(e.module)}: attention with options the table does not serve")
+        if e.op == "conv" and e.sig is None:
+            notes.append(f"{_role(e.module)}: causal conv1d with a {e.extra['activation']} activation: no op computes it")
         if e.op == "moe" and e.sig is None:
             notes.append(f"{_role(e.module)}: experts in a form no op computes (an activation other than SwiGLU "
                          f"or GPT-OSS's, one bias without the other): not tuned")

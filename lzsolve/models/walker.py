@@ -81,6 +81,8 @@ def _gated_deltanet_rows(spec: ModelSpec, calls: int) -> list[Row]:
     return [
         ("linear", {"k": spec.hidden, "n": 2 * key_width + 2 * value_width + 2 * g.value_heads}, (),
          f"{role}.in_proj", calls),
+        ("conv.causal_depthwise", {"channels": 2 * key_width + value_width, "width": g.conv_kernel}, ("silu",),
+         f"{role}.conv1d", calls),
         ("recurrent.gated_deltanet", {"hk": g.key_heads, "hv": g.value_heads, "dk": g.key_dim, "dv": g.value_dim},
          ("qk_l2norm",), f"{role}.recurrence", calls),
         ("norm.rms", {"hidden": g.value_dim}, (), f"{role}.norm", calls),
@@ -143,10 +145,7 @@ def unmodelled(spec: ModelSpec) -> list[str]:
                      f"norm.layer op fuses them")
     g = spec.linear_attn
     if g:
-        channels = 2 * g.key_heads * g.key_dim + g.value_heads * g.value_dim
-        notes += [f"{MIXER_ROLES[LINEAR]}.conv1d: causal depthwise conv1d (kernel {g.conv_kernel}, {channels} "
-                  f"channels) + SiLU over q, k and v: no op covers it",
-                  f"{MIXER_ROLES[LINEAR]}.gates: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias): "
+        notes += [f"{MIXER_ROLES[LINEAR]}.gates: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias): "
                   f"elementwise per value head, no op covers it"]
     if spec.logit_softcap:
         notes.append(f"lm_head: the final logit softcap ({spec.logit_softcap:g} * tanh(logits / "

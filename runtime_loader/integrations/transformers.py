@@ -23,6 +23,7 @@ calls take the SDPA path (same results, not the table).
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 import warnings
@@ -142,6 +143,14 @@ def register(dispatcher: Dispatcher, name: str = NAME) -> str:
 
 def _rms_forward(self, x):
     return _ops().rms_norm(x, self.weight, self._lzsolve_eps, self._lzsolve_unit_offset)
+
+
+def _rms_gated_forward(self, x, gate):
+    """Qwen3.5's gated RMSNorm, weight * rms_norm(x) * silu(gate) over each value head's rows,
+    as the table tuned it: the norm per row, then a SwiGLU per token over every head (gate, normed)."""
+    normed = _ops().rms_norm(x, self.weight, self._lzsolve_eps, False)
+    rows = (-1, x.shape[-1] * self._lzsolve_heads) if x.shape[0] % self._lzsolve_heads == 0 else x.shape
+    return _ops().swiglu(gate.reshape(rows), normed.reshape(rows)).reshape(x.shape)
 
 
 def _qk_norm_forward(self, x):
@@ -294,11 +303,59 @@ def _rope_function(original, layout: str):
     return apply_rotary_pos_emb
 
 
+def _packed(kwargs: dict) -> bool:
+    """Whether a call carries packed sequences (cu_seqlens, seq_idx): the ops take one sequence per
+    batch row. Other keywords the model passes along (use_cache) change nothing."""
+    return any(v is not None for k, v in kwargs.items() if "cu_seq" in k or "seq_idx" in k)
+
+
+def _deltanet_function(original):
+    """torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule (Qwen3.5, Qwen3-Next): the
+    op serves both (any chunk size computes the same); packed sequences keep the original."""
+    def gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+                         use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+        if cu_seqlens is not None or _packed(kwargs):
+            return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                            cu_seqlens=cu_seqlens, **kwargs)
+        out, state = _ops().gated_deltanet(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
+        return out, state if output_final_state else None
+    gated_delta_rule.lzsolve_original = original
+    return gated_delta_rule
+
+
+def _conv_function(original):
+    """causal_conv1d_fn (a prompt) / causal_conv1d_update (a decode step, rolling conv_state in
+    place): hidden_states (batch, channels, seq) as the op's (batch, seq, channels) view; other
+    activations and packed sequences keep the original."""
+    update = original.__name__.endswith("update")
+
+    def causal_conv1d(hidden_states, *args, **kwargs):
+        bound = inspect.signature(original).bind(hidden_states, *args, **kwargs).arguments
+        activation, state = bound.get("activation"), bound.get("conv_state")
+        weight = bound["weight"]
+        served = (activation in (None, "silu", "swish") and not _packed(bound.get("kwargs", {})) and weight.dim() == 2
+                  and (not update or (hidden_states.shape[-1] == 1 and state.shape[-1] == weight.shape[-1])))
+        if not served:
+            return original(hidden_states, *args, **kwargs)
+        out, new_state = _ops().causal_conv1d(hidden_states.transpose(1, 2), weight, bound.get("bias"),
+                                              state if update else None, activation is not None)
+        if update and new_state is not state:
+            state.copy_(new_state)
+        return out.transpose(1, 2)
+    causal_conv1d.lzsolve_original = original
+    return causal_conv1d
+
+
+# modelling-module functions patch() replaces, by name
+FUNCTIONS = {"torch_chunk_gated_delta_rule": _deltanet_function, "torch_recurrent_gated_delta_rule": _deltanet_function,
+             "causal_conv1d_fn": _conv_function, "causal_conv1d_update": _conv_function}
+
 _patched_functions: list[tuple] = []  # (modelling module, name, original function), for restore_functions
 
 
 def restore_functions() -> None:
-    """Put back the modelling-module functions patch() replaced (RoPE), for every model of them in
+    """Put back the modelling-module functions patch() replaced (RoPE, Gated DeltaNet), for every model in
     this process; patched module instances keep their forwards."""
     while _patched_functions:
         module, name, original = _patched_functions.pop()
@@ -366,6 +423,28 @@ def _warn_on_graph_table(dispatcher: Dispatcher) -> None:
                       "--workload --mode eager), or keep this table for CUDA-graph serving", stacklevel=3)
 
 
+def _replace(module, name: str, replacement, report: PatchReport) -> None:
+    if not hasattr(getattr(module, name), "lzsolve_original"):  # not patched already
+        _patched_functions.append((module, name, getattr(module, name)))
+        setattr(module, name, replacement)
+    report.replaced[name] += 1
+
+
+def _patch_functions(module, report: PatchReport) -> None:
+    """The modelling module's functions the table serves: RoPE, and the Gated DeltaNet's conv and recurrence."""
+    original = getattr(module, "apply_rotary_pos_emb", None)
+    if callable(original):
+        layout = rope_layout(getattr(original, "lzsolve_original", original))
+        if layout is None:
+            report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
+        else:
+            _replace(module, "apply_rotary_pos_emb", _rope_function(original, layout), report)
+    for name, wrap in FUNCTIONS.items():
+        original = getattr(module, name, None)
+        if callable(original):
+            _replace(module, name, wrap(original), report)
+
+
 def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False) -> PatchReport:
     """Serve every module of `model` the table covers from `dispatcher` (made the active one):
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
@@ -406,7 +485,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
             report.left[type(module).__name__] = "its forward is not down(act(gate(x)) * up(x))"
     text = model.config.get_text_config()
     heads = {"q_norm": getattr(text, "num_attention_heads", None),
-             "k_norm": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)}
+             "k_norm": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None),
+             "linear_v": getattr(text, "linear_num_value_heads", None)}  # the gated norm's heads (Qwen3.5)
     fused: set[str] = set()
     modules = dict(model.named_modules())
     try:
@@ -445,6 +525,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
                       heads=heads[role])
             else:
                 _bind(module, _rms_forward, report, eps=eps_of(module), unit_offset=kind.unit_offset)
+        elif kind.op == "norm.rms_gated":
+            _bind(module, _rms_gated_forward, report, eps=eps_of(module), heads=heads["linear_v"] or 1)
         elif kind.op == "norm.layer":
             if getattr(module, "weight", None) is None:
                 report.left[cls] = "a LayerNorm without a weight"
@@ -469,15 +551,5 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
                                 "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(
                                     kind.op, f"no serving forward for {kind.op}")
     for module in {sys.modules.get(type(m).__module__) for m in model.modules()}:
-        original = getattr(module, "apply_rotary_pos_emb", None)
-        if not callable(original):
-            continue
-        if not hasattr(original, "lzsolve_original"):  # not patched already
-            layout = rope_layout(original)
-            if layout is None:
-                report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
-                continue
-            setattr(module, "apply_rotary_pos_emb", _rope_function(original, layout))
-            _patched_functions.append((module, "apply_rotary_pos_emb", original))
-        report.replaced["apply_rotary_pos_emb"] += 1
+        _patch_functions(module, report)
     return report

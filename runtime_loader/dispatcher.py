@@ -77,7 +77,7 @@ def _call_restoring(impl, args: tuple, op: OpSchema):
     if args and getattr(args[0], "is_cuda", False) and torch.cuda.is_current_stream_capturing():
         return impl(*args)
     positions = [i for i, p in enumerate(op.parameters) if p.name in op.consumes and i < len(args)]
-    saved = [(args[i], args[i].clone()) for i in positions]
+    saved = [(args[i], args[i].clone()) for i in positions if isinstance(args[i], torch.Tensor)]  # a state may be None
     try:
         return impl(*args)
     except Exception:

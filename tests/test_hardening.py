@@ -8,6 +8,7 @@ import torch
 import runtime_loader
 from runtime_loader import Dispatcher, TableError, registry
 from runtime_loader.dispatcher import BREAKER_LIMIT
+from runtime_loader.kernels.eager import causal_conv1d as eager_causal_conv1d
 from runtime_loader.kernels.eager import rms_norm as eager_rms_norm
 from runtime_loader.kernels.eager import rms_norm_add as eager_rms_norm_add
 from runtime_loader.ops import Signature
@@ -157,6 +158,17 @@ def test_a_consuming_kernel_that_raises_on_the_first_call_gets_its_inputs_back()
         out = d.rms_norm_add(x, r, w)
     torch.testing.assert_close(out, want)
     assert d.stats()["norm.rms_add"] == {f"{SCRIBBLE} (failed)": 1, "eager.rms_norm_add (fallback)": 1}
+
+
+def test_a_consuming_op_whose_consumed_input_is_absent_is_served_from_the_table():
+    """conv.causal_depthwise consumes its state, which a prompt has none of (None)."""
+    sig = Signature.make("conv.causal_depthwise", {"channels": 8, "width": 4}, ("silu",), "fp32")
+    d = Dispatcher(parse_table(table([entry(sig, {"kernel_id": "compile.causal_conv1d"})])))
+    x, weight = torch.randn(2, 5, 8), torch.randn(8, 4)
+    assert d.kernel_for("causal_conv1d", x, weight) == "compile.causal_conv1d"
+    out, state = d.causal_conv1d(x, weight)
+    torch.testing.assert_close(out, eager_causal_conv1d(x, weight, None, None, True)[0])
+    assert d.stats()["conv.causal_depthwise"] == {"compile.causal_conv1d": 1}
 
 
 # --- policy --------------------------------------------------------------------------------------

@@ -517,3 +517,25 @@ def test_a_qwen35_tune_from_its_config_covers_what_the_patched_model_calls(tmp_p
     tuned = {str(i.signature).replace("norm.rms_add", "norm.rms") for i in captured.instances}
     assert {n for n in called if n.startswith(("conv.", "recurrent."))}, called
     assert called <= tuned, sorted(called - tuned)
+
+
+def test_meta_runs_never_call_what_a_kernel_library_backs(monkeypatch, restore_active):
+    """With FLA installed, transformers backs Qwen3.5's delta rules with its Triton kernels, which
+    meta tensors would launch on null pointers (an illegal memory access on the H100): the meta
+    twin of patch() and the capture call shape-only stand-ins instead."""
+    from lzsolve.models.capture import capture
+    from runtime_loader.integrations.modules import META_FUNCTIONS, read_together
+
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+
+    def library_kernel(*args, **kwargs):
+        raise AssertionError("a library kernel ran on meta tensors")
+    for name in META_FUNCTIONS:
+        monkeypatch.setattr(qwen, name, library_kernel)
+    model = tiny_qwen35()
+    assert ("model.layers.0.linear_attn.in_proj_qkv", "model.layers.0.linear_attn.in_proj_z",
+            "model.layers.0.linear_attn.in_proj_b", "model.layers.0.linear_attn.in_proj_a") in read_together(model)
+    cfg = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+    ops = {i.signature.op for i in capture(cfg, "tiny-qwen3.5", dtype="fp32").instances}
+    assert {"conv.causal_depthwise", "recurrent.gated_deltanet"} <= ops
+    assert getattr(qwen, "torch_chunk_gated_delta_rule") is library_kernel, "put back after"

@@ -26,11 +26,11 @@ share of the parameters, never dropped silently.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
 import re
-import sys
 import warnings
 from collections import Counter
 from contextlib import ExitStack, contextmanager
@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from runtime_loader.integrations.modules import (GATED_OPS, PLAIN_OPS, Kind, classify, experts_arguments, is_experts,
-                                                 rope_layout)
+from runtime_loader.integrations.modules import (GATED_OPS, META_FUNCTIONS, PLAIN_OPS, Kind, classify, experts_arguments,
+                                                 is_experts, modelling_modules, rope_layout)
 from runtime_loader.ops import (DTYPES, Signature, attention_call, causal_conv1d_call, embedding_call,
                                 gated_deltanet_call, linear_call,
                                 moe_experts_call, moe_router_call, qk_norm_call, rope_call, rows_call)
@@ -282,7 +282,7 @@ def _deltanet_wrapper(original):
     return gated_delta_rule
 
 
-def _conv_wrapper(original):
+def _conv_wrapper(original, update: bool = False):
     """Qwen3.5's short causal conv1d (causal_conv1d_fn over a prompt, causal_conv1d_update for a
     decode step), recorded as its conv1d module's op: hidden_states arrive as (batch, channels,
     seq), the conv's weight squeezed to (channels, width)."""
@@ -291,7 +291,6 @@ def _conv_wrapper(original):
         out = _call_opaque(rec, original, hidden_states, *args, **kwargs)
         if rec is None:
             return out
-        update = original.__name__.endswith("update")
         bound = inspect.signature(original).bind(hidden_states, *args, **kwargs).arguments
         weight, state = bound.get("weight"), bound.get("conv_state") if update else None
         activation = bound.get("activation")
@@ -320,7 +319,7 @@ def _sdpa_wrapper(original):
 
 WRAPPED = {"apply_rotary_pos_emb": _rope_wrapper, "torch_chunk_gated_delta_rule": _deltanet_wrapper,
            "torch_recurrent_gated_delta_rule": _deltanet_wrapper, "causal_conv1d_fn": _conv_wrapper,
-           "causal_conv1d_update": _conv_wrapper}
+           "causal_conv1d_update": functools.partial(_conv_wrapper, update=True)}
 
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights, *args, **kwargs):
@@ -347,12 +346,13 @@ def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> N
             stack.callback(module.register_forward_hook(_observer(name, kinds[name], rec)).remove)
     stack.callback(setattr, F, "scaled_dot_product_attention", F.scaled_dot_product_attention)
     F.scaled_dot_product_attention = _sdpa_wrapper(F.scaled_dot_product_attention)
-    # functions of the modelling modules, not modules: wrapped for the capture only
-    for mod in {sys.modules.get(type(m).__module__) for m in model.modules()}:
+    # functions of the modelling modules, not modules: wrapped for the capture only (those a kernel
+    # library may back run as shape-only stand-ins: the model is on the meta device)
+    for mod in modelling_modules(model):
         for fn_name, wrap in WRAPPED.items():
             original = getattr(mod, fn_name, None)
             if callable(original):
-                setattr(mod, fn_name, wrap(original))
+                setattr(mod, fn_name, wrap(META_FUNCTIONS.get(fn_name, original)))
                 stack.callback(setattr, mod, fn_name, original)
 
 

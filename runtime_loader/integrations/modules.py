@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -297,6 +299,51 @@ ROPE_FORMS = {"split_half": lambda t: torch.cat([t, t], dim=-1), "interleaved": 
               "split_half_once": lambda t: t}
 
 
+# --- meta runs -------------------------------------------------------------------------------------
+# A model built on the meta device runs its modelling module's functions on tensors with no data.
+# Where transformers backs a function with a kernel library (FLA's delta rules when installed),
+# that kernel would be launched on null pointers (an illegal memory access on the H100): meta runs
+# call these shape-only stand-ins instead, with the same parameters.
+def _deltanet_shapes(query, key, value, g=None, beta=None, chunk_size=64, initial_state=None,
+                     output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):
+    batch, _, heads, dv = value.shape
+    state = value.new_empty((batch, heads, key.shape[-1], dv), dtype=torch.float32) if output_final_state else None
+    return torch.empty_like(value), state
+
+
+def _conv_shapes(hidden_states, weight, bias=None, activation=None, **kwargs):
+    return torch.empty_like(hidden_states)
+
+
+def _conv_update_shapes(hidden_states, conv_state, weight, bias=None, activation=None):
+    return torch.empty_like(hidden_states)
+
+
+META_FUNCTIONS = {"torch_chunk_gated_delta_rule": _deltanet_shapes, "torch_recurrent_gated_delta_rule": _deltanet_shapes,
+                  "causal_conv1d_fn": _conv_shapes, "causal_conv1d_update": _conv_update_shapes}
+
+
+def modelling_modules(model) -> set:
+    """The Python modules of the model's module classes (where its functions live)."""
+    return {m for m in (sys.modules.get(type(module).__module__) for module in model.modules()) if m is not None}
+
+
+@contextmanager
+def meta_functions(model):
+    """The model's modelling functions of META_FUNCTIONS replaced by their stand-ins for the block."""
+    replaced = []
+    try:
+        for module in modelling_modules(model):
+            for name, stand_in in META_FUNCTIONS.items():
+                if callable(getattr(module, name, None)):
+                    replaced.append((module, name, getattr(module, name)))
+                    setattr(module, name, stand_in)
+        yield
+    finally:
+        for module, name, original in reversed(replaced):
+            setattr(module, name, original)
+
+
 def read_together(model) -> list[tuple[str, ...]]:
     """Names of sibling nn.Linear modules (children of one module) that read one tensor, in
     call order: q/k/v, gate/up, whatever a model's forward makes of them. Found by running a
@@ -325,7 +372,7 @@ def read_together(model) -> list[tuple[str, ...]]:
                 module.register_forward_pre_hook(reader(name))
             if is_experts(module):  # their loop follows the routing's values, which meta tensors lack
                 module.forward = lambda hidden_states, *args, **kwargs: torch.empty_like(hidden_states)
-        with torch.no_grad():
+        with torch.no_grad(), meta_functions(twin):
             twin(input_ids=torch.zeros(1, 3, dtype=torch.long), use_cache=True)
     groups = []
     for names in readers.values():

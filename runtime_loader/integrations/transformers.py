@@ -23,7 +23,6 @@ calls take the SDPA path (same results, not the table).
 """
 from __future__ import annotations
 
-import inspect
 import sys
 import types
 import warnings
@@ -35,8 +34,8 @@ import torch
 from ..dispatcher import Dispatcher
 from .. import custom_ops
 from ..kernels import eager
-from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, experts_arguments, is_experts, read_together,
-                      rope_layout)
+from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, experts_arguments, is_experts, modelling_modules,
+                      read_together, rope_layout)
 
 NAME = "lzsolve"
 
@@ -324,32 +323,38 @@ def _deltanet_function(original):
     return gated_delta_rule
 
 
-def _conv_function(original):
-    """causal_conv1d_fn (a prompt) / causal_conv1d_update (a decode step, rolling conv_state in
-    place): hidden_states (batch, channels, seq) as the op's (batch, seq, channels) view; other
-    activations and packed sequences keep the original."""
-    update = original.__name__.endswith("update")
-
-    def causal_conv1d(hidden_states, *args, **kwargs):
-        bound = inspect.signature(original).bind(hidden_states, *args, **kwargs).arguments
-        activation, state = bound.get("activation"), bound.get("conv_state")
-        weight = bound["weight"]
-        served = (activation in (None, "silu", "swish") and not _packed(bound.get("kwargs", {})) and weight.dim() == 2
-                  and (not update or (hidden_states.shape[-1] == 1 and state.shape[-1] == weight.shape[-1])))
-        if not served:
-            return original(hidden_states, *args, **kwargs)
-        out, new_state = _ops().causal_conv1d(hidden_states.transpose(1, 2), weight, bound.get("bias"),
-                                              state if update else None, activation is not None)
-        if update and new_state is not state:
-            state.copy_(new_state)
+def _conv_fn_function(original):
+    """causal_conv1d_fn (a prompt): hidden_states (batch, channels, seq) as the op's (batch, seq,
+    channels) view; other activations and packed sequences keep the original. Explicit
+    parameters (no signature bound per call): Qwen3.5's layers are host-bound at decode."""
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        if activation not in (None, "silu", "swish") or _packed(kwargs) or weight.dim() != 2:
+            return original(hidden_states, weight, bias, activation=activation, **kwargs)
+        out, _ = _ops().causal_conv1d(hidden_states.transpose(1, 2), weight, bias, None, activation is not None)
         return out.transpose(1, 2)
-    causal_conv1d.lzsolve_original = original
-    return causal_conv1d
+    causal_conv1d_fn.lzsolve_original = original
+    return causal_conv1d_fn
+
+
+def _conv_update_function(original):
+    """causal_conv1d_update (a decode step): the op rolls conv_state (a kernel may do it in place;
+    else its new state is copied back, as the cache keeps that tensor)."""
+    def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None):
+        if (activation not in (None, "silu", "swish") or weight.dim() != 2 or hidden_states.shape[-1] != 1
+                or conv_state.shape[-1] != weight.shape[-1]):
+            return original(hidden_states, conv_state, weight, bias, activation)
+        out, new_state = _ops().causal_conv1d(hidden_states.transpose(1, 2), weight, bias, conv_state,
+                                              activation is not None)
+        if new_state is not conv_state:
+            conv_state.copy_(new_state)
+        return out.transpose(1, 2)
+    causal_conv1d_update.lzsolve_original = original
+    return causal_conv1d_update
 
 
 # modelling-module functions patch() replaces, by name
 FUNCTIONS = {"torch_chunk_gated_delta_rule": _deltanet_function, "torch_recurrent_gated_delta_rule": _deltanet_function,
-             "causal_conv1d_fn": _conv_function, "causal_conv1d_update": _conv_function}
+             "causal_conv1d_fn": _conv_fn_function, "causal_conv1d_update": _conv_update_function}
 
 _patched_functions: list[tuple] = []  # (modelling module, name, original function), for restore_functions
 
@@ -550,6 +555,6 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
             report.left[cls] = {"posenc.learned": "learned positions are left to torch",
                                 "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(
                                     kind.op, f"no serving forward for {kind.op}")
-    for module in {sys.modules.get(type(m).__module__) for m in model.modules()}:
+    for module in modelling_modules(model):
         _patch_functions(module, report)
     return report

@@ -48,7 +48,8 @@ def causal_conv1d(x, weight, bias, state, silu: bool):
 
     activation = "silu" if silu else None
     if state is not None and x.shape[1] == 1:
-        return causal_conv1d_update(x, state, weight=weight, bias=bias, activation=activation), state
+        out = causal_conv1d_update(x, state, weight=weight, bias=bias, activation=activation)
+        return (out[0] if isinstance(out, tuple) else out), state  # 0.6.0 returns (out, the rolled cache)
     return conv(x, weight=weight, bias=bias, initial_state=state, output_final_state=True, activation=activation)
 
 

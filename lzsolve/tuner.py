@@ -36,7 +36,7 @@ from .grid import Grid, as_grid, probe_points, workloads
 from .limits import check_fits
 from .measure import CeilingTask, ParityTask, TimingTask
 from .models import OpInstance
-from .models.capture import Captured
+from .models.capture import UNSERVED, Captured
 from .ops import CONTRACTS
 from .perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
 from .solve import Points, points_from
@@ -150,7 +150,7 @@ def check_inputs_fit(sig: Signature, points: tuple[dict, ...], device: torch.dev
 def notes(plan: Plan) -> list[str]:
     """Lines a user must read before trusting the plan: what the model computes that no op models
     (so nothing tunes it), and ops only a reference fallback computes."""
-    return ([f"{plan.model.name}: not tuned: {part}" for part in plan.model.notes]
+    return ([f"{plan.model.name}: {'' if UNSERVED in part else 'not tuned: '}{part}" for part in plan.model.notes]
             + [line for sp in plan.signatures if (line := sp.diagnostic())])
 
 

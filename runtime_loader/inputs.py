@@ -172,6 +172,16 @@ def causal_conv1d(sig, dims, device, gen):
     return x, weight, bias, state, "silu" in sig.flags
 
 
+def deltanet_gates(sig, dims, device, gen):
+    """a and b as the columns of one projection output (in_proj_a and in_proj_b read the same
+    input: patch runs them as one GEMM), A_log and dt_bias as Qwen3.5 initialises them."""
+    heads, tokens = sig.dim("heads"), dims["tokens"]
+    ab = randn((tokens, 2 * heads), sig, device, gen)
+    a_log = torch.log(torch.rand((heads,), generator=gen, device=device) * 16 + 0.01).to(DTYPES[sig.dtype])
+    dt_bias = (torch.rand((heads,), generator=gen, device=device) + 0.5).to(DTYPES[sig.dtype])
+    return ab[:, :heads], ab[:, heads:], a_log, dt_bias
+
+
 def gated_deltanet(sig, dims, device, gen):
     hk, hv, dk, dv = (sig.dim(n) for n in ("hk", "hv", "dk", "dv"))
     batch, seq = dims["batch"], dims["seq"]

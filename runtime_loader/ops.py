@@ -363,6 +363,24 @@ def causal_conv1d_fake(x: Tensor, weight: Tensor, *args) -> tuple[Tensor, Tensor
     return x.new_empty(x.shape), x.new_empty((x.shape[0], x.shape[2], weight.shape[1]))
 
 
+def deltanet_gates_front(a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor):
+    """Qwen3.5's Gated DeltaNet gates from the a and b projections (..., heads): (g = -exp(a_log)
+    * softplus(a + dt_bias) in fp32, beta = sigmoid(b) in b's dtype)."""
+    return (a.shape, a.stride(), b.stride(), a.dtype, a.is_cuda), (a, b, a_log, dt_bias)
+
+
+def deltanet_gates_call(a, b, a_log=None, dt_bias=None):
+    if a.dim() == 0 or a.shape != b.shape or a.dtype not in DTYPE_NAMES:
+        return None
+    heads = a.shape[-1]
+    return (Signature.make("recurrent.deltanet_gates", {"heads": heads}, (), DTYPE_NAMES[a.dtype]),
+            {"tokens": a.numel() // max(heads, 1)})
+
+
+def deltanet_gates_fake(a: Tensor, b: Tensor, *args) -> tuple[Tensor, Tensor]:
+    return a.new_empty(a.shape, dtype=torch.float32), torch.empty_like(b)
+
+
 def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor,
                       gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None, interleaved: bool = False,
                       alpha: float = 0.0, limit: float = 0.0):
@@ -480,6 +498,10 @@ OPS: dict[str, OpSchema] = {
         OpSchema("conv.causal_depthwise", ("channels", "width"), ("silu", "bias"), ("batch", "seq"),
                  "eager.causal_conv1d", method="causal_conv1d", front=causal_conv1d_front, call=causal_conv1d_call,
                  inputs=inputs.causal_conv1d, fake=causal_conv1d_fake, consumes=("state",)),
+        # its gates per token and value head (heads: value heads)
+        OpSchema("recurrent.deltanet_gates", ("heads",), (), ("tokens",), "eager.deltanet_gates",
+                 method="deltanet_gates", front=deltanet_gates_front, call=deltanet_gates_call,
+                 inputs=inputs.deltanet_gates, fake=deltanet_gates_fake),
         # Gated DeltaNet (Qwen3.5's linear attention): hk key heads, hv value heads (hv % hk == 0)
         OpSchema("recurrent.gated_deltanet", ("hk", "hv", "dk", "dv"), ("qk_l2norm",), ("batch", "seq"),
                  "eager.gated_deltanet", method="gated_deltanet", front=gated_deltanet_front, call=gated_deltanet_call,

@@ -68,7 +68,8 @@ FAMILY_OPS = {"gpt2": {"embedding", "posenc.learned", "norm.layer", "act.gelu"},
               "llama": {"norm.rms_add", "posenc.rope", "act.swiglu"},
               "qwen2": {"posenc.rope", "act.swiglu"},
               "qwen3": {"norm.qk", "attention.prefill"},
-              "qwen3.5": {"recurrent.gated_deltanet", "act.sigmoid_gate", "norm.qk"},
+              "qwen3.5": {"recurrent.gated_deltanet", "recurrent.deltanet_gates", "conv.causal_depthwise",
+                          "act.sigmoid_gate", "norm.qk"},
               "gemma3": {"norm.qk", "act.geglu", "embedding"}}
 
 

@@ -320,6 +320,7 @@ def test_walker_qwen3_5_hybrid():
         # in_proj_qkv + in_proj_z (2*16*128 + 2*16*128) + in_proj_b + in_proj_a (one per value head each)
         "linear[k=1024,n=8224,bf16]": 18,
         "conv.causal_depthwise[channels=6144,width=4,silu,bf16]": 18,  # over q, k (2*16*128) and v (16*128)
+        "recurrent.deltanet_gates[heads=16,bf16]": 18,
         "recurrent.gated_deltanet[hk=16,hv=16,dk=128,dv=128,qk_l2norm,bf16]": 18,
         "norm.rms[hidden=128,bf16]": 18,  # the gated output norm, per value head...
         "act.swiglu[width=2048,bf16]": 18,  # ...times silu(z)
@@ -342,6 +343,7 @@ def test_walker_qwen3_5_hybrid():
         "norm.rms_add[hidden=1024,unit_offset,bf16]": 48,
         "linear[k=1024,n=4112,bf16]": 18,  # the four GDN input projections, sharded
         "conv.causal_depthwise[channels=3072,width=4,silu,bf16]": 18,
+        "recurrent.deltanet_gates[heads=8,bf16]": 18,
         "recurrent.gated_deltanet[hk=8,hv=8,dk=128,dv=128,qk_l2norm,bf16]": 18,
         "norm.rms[hidden=128,bf16]": 18,
         "act.swiglu[width=1024,bf16]": 18,
@@ -493,6 +495,7 @@ LLAMA_FEATURES = {
                   "attention.decode": {"gqa", "qk_norm"}}),
     ("qwen3.5-0.8b", {**LLAMA_FEATURES, "norm.rms": {"unit_offset"}, "norm.rms_add": {"unit_offset"},
                       "norm.qk": {"unit_offset"}, "recurrent.gated_deltanet": {"qk_l2norm"}, "conv.causal_depthwise": {"silu"},
+                      "recurrent.deltanet_gates": NONE,
                       "act.sigmoid_gate": NONE, "attention.prefill": {"causal", "gqa", "qk_norm"},
                       "attention.decode": {"gqa", "qk_norm"}}),
     ("gemma3-4b", {"embedding": {"scaled"}, "norm.rms": {"unit_offset"}, "norm.rms_add": {"unit_offset"},
@@ -520,7 +523,7 @@ def test_unmodelled_parts():
     assert qwen[:2] == ["vision_config: the vision tower (only the text model is walked)",
                         "mtp_num_hidden_layers=1: multi-token-prediction layers (they run only for speculative "
                         "decoding)"]
-    assert "softplus" in qwen[2] and len(qwen) == 3  # the conv1d is an op (conv.causal_depthwise)
+    assert len(qwen) == 2  # the conv1d and the gates are ops (conv.causal_depthwise, recurrent.deltanet_gates)
     assert unmodelled(from_catalogue("gemma3-4b")) == [qwen[0]]
 
 

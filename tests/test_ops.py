@@ -49,6 +49,8 @@ SIGS = [
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu", "bias"), "fp32"),
      {"batch": 2, "seq": 1}),
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 3}, (), "bf16"), {"batch": 1, "seq": 2}),
+    (Signature.make("recurrent.deltanet_gates", {"heads": 5}, (), "fp32"), {"tokens": 4}),
+    (Signature.make("recurrent.deltanet_gates", {"heads": 16}, (), "bf16"), {"tokens": 2}),
     (Signature.make("recurrent.gated_deltanet", {"hk": 1, "hv": 2, "dk": 8, "dv": 4}, ("qk_l2norm",), "fp32"),
      {"batch": 2, "seq": 6}),
     (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 2, "dk": 8, "dv": 8}, ("qk_l2norm",), "fp32"),
@@ -214,6 +216,9 @@ INDEPENDENT = {
     "act.gelu": gelu64,
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
     "conv.causal_depthwise": conv64,
+    # -A times softplus written as log(1 + e^x); the sigmoid as 1 / (1 + e^-x)
+    "recurrent.deltanet_gates": lambda a, b, a_log, dt: (-torch.exp(a_log.double()) * torch.log1p(
+        torch.exp(a.double() + dt.double())), 1 / (1 + torch.exp(-b.double()))),
     "recurrent.gated_deltanet": deltanet64,
     "moe.experts": moe64,
     "moe.router": router64,

@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from lzsolve.ops import CONTRACTS
 from lzsolve.ops.rope import cos_sin
 from runtime_loader import Dispatcher, registry
+from runtime_loader.hardware import device_info
 from runtime_loader.kernels import eager
+from runtime_loader.ops import Signature
 
 pytest.importorskip("transformers")
 
@@ -259,6 +261,55 @@ def test_both_gated_deltanet_forms_are_qwen35s_rule_over_several_chunks(form):
     expected = qwen.torch_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
                                                      use_qk_l2norm_in_kernel=True)
     close(getattr(eager, form)(q, k, v, g, beta, state, True), expected, tol=1e-4)
+
+
+@pytest.mark.parametrize("seq", [1, 3, 37])
+def test_causal_conv1d_is_qwen35s_conv_for_a_prompt_and_a_decode_step(seq):
+    """A prompt (shorter and longer than the kernel) from no state, and the decode step that rolls
+    the cache's state: every CPU kernel and the reference against transformers' functions."""
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    batch, channels, width = 2, 24, 4
+    x, weight = torch.randn(batch, seq, channels), torch.randn(channels, width) * 0.5
+    expected = qwen.causal_conv1d_fn(x.transpose(1, 2), weight, None, activation="silu").transpose(1, 2)
+    sig = Signature.make("conv.causal_depthwise", {"channels": channels, "width": width}, ("silu",), "fp32")
+    kernels = [s.kernel_id for s in registry.candidates(sig.op) if not s.check(sig, device_info("cpu"))]
+    assert {"eager.causal_conv1d", "compile.causal_conv1d"} <= set(kernels)
+    for kernel_id in kernels:
+        out, state = impl(kernel_id)(x, weight, None, None, True)
+        close(out, expected)
+        close(state, F.pad(x.transpose(1, 2), (width, 0))[..., -width:])  # the last width inputs
+    close(CONTRACTS["conv.causal_depthwise"].reference(x, weight, None, None, True)[0], expected)
+    step, cache_state = torch.randn(batch, 1, channels), torch.randn(batch, channels, width)
+    theirs_state = cache_state.clone()
+    expected = qwen.causal_conv1d_update(step.transpose(1, 2), theirs_state, weight, None, "silu").transpose(1, 2)
+    for kernel_id in kernels:
+        out, state = impl(kernel_id)(step, weight, None, cache_state.clone(), True)
+        close(out, expected)
+        close(state, theirs_state)
+
+
+def test_deltanet_gates_are_what_qwen35s_forward_hands_the_delta_rule(monkeypatch):
+    """g and beta from the module's own a and b projections, A_log and dt_bias, as its forward computes them."""
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    config = qwen.Qwen3_5TextConfig(hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                    linear_key_head_dim=8, linear_value_head_dim=8, layer_types=["linear_attention"],
+                                    num_hidden_layers=1)
+    torch.manual_seed(5)
+    module = qwen.Qwen3_5GatedDeltaNet(config, 0).eval()
+    seen = {}
+
+    def spy(query, key, value, g, beta, **kwargs):
+        seen.update(g=g, beta=beta)
+        return torch.zeros_like(value), None
+    monkeypatch.setattr(qwen, "torch_chunk_gated_delta_rule", spy)
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        module(x)
+        a, b = module.in_proj_a(x), module.in_proj_b(x)
+    for kernel_id in ("eager.deltanet_gates", "compile.deltanet_gates"):
+        close(impl(kernel_id)(a, b, module.A_log, module.dt_bias), (seen["g"], seen["beta"]))
+    close(CONTRACTS["recurrent.deltanet_gates"].reference(a, b, module.A_log.detach(), module.dt_bias.detach()),
+          (seen["g"], seen["beta"]))
 
 
 def test_gated_deltanet_decode_is_qwen35s_recurrent_rule():

@@ -38,6 +38,9 @@ CASES = [
     ("triton.geglu", "act.geglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     ("triton.gelu", "act.gelu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     ("triton.sigmoid_gate", "act.sigmoid_gate", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
+    # 6 heads in a tile of 8, 5 tokens in blocks of 2 (the last partial) and of the default's 32
+    ("triton.deltanet_gates", "recurrent.deltanet_gates", {"heads": 6}, (), {"tokens": 5},
+     [{"block_t": 2, "warps": 1}]),
     # 6 q heads and 2 kv heads in blocks of 4: a full and a partial q block, a partial k block;
     # head_dim 48 leaves part of the pair tile (32 lanes for 24 pairs) masked.
     *[("triton.rope", "posenc.rope", {"hq": 6, "hkv": 2, "d": 48, "layout": layout}, (), {"tokens": 5},

@@ -42,8 +42,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from runtime_loader.integrations.modules import (GATED_OPS, META_FUNCTIONS, PLAIN_OPS, Kind, classify, experts_arguments,
                                                  is_experts, modelling_modules, rope_layout)
-from runtime_loader.ops import (DTYPES, Signature, attention_call, causal_conv1d_call, embedding_call,
-                                gated_deltanet_call, linear_call,
+from runtime_loader.ops import (DTYPES, Signature, attention_call, causal_conv1d_call, deltanet_gates_call,
+                                embedding_call, gated_deltanet_call, linear_call,
                                 moe_experts_call, moe_router_call, qk_norm_call, rope_call, rows_call)
 
 from ..errors import LzError
@@ -56,6 +56,8 @@ from .walker import OpInstance
 BATCH, PREFILL_SEQ = 3, 7
 NAME = "lzsolve_capture"
 
+# notes on what is tuned but that patch() cannot reach (a server calling the Dispatcher can)
+UNSERVED = "tuned, but runtime_loader's transformers integration cannot serve it"
 ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
 
 
@@ -174,6 +176,8 @@ class _Recorder(TorchDispatchMode):
         self.frames: list[str] = []
         self.opaque = 0  # > 0 inside a function recorded as one op: its aten ops are not looked at
         self.owners: dict[int, str] = {}  # id of a parameter -> the module holding it
+        self.softplus: set[int] = set()  # ids of softplus outputs (Gated DeltaNet's decay gate)
+        self.dtype = torch.bfloat16  # the model's activations (recording() sets it)
 
     def leave(self, module, args, output) -> None:  # a forward hook: returns None, so the output stands
         self.frames.pop()
@@ -188,6 +192,8 @@ class _Recorder(TorchDispatchMode):
             return out
         if func is torch.ops.aten.sigmoid.default:
             self.sigmoids.add(self.tensor(out))
+        elif func is torch.ops.aten.softplus.default:
+            self.softplus.add(self.tensor(out))
         elif func in (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor) and len(args) >= 2 and all(
                 isinstance(a, torch.Tensor) and a.dim() >= 2 for a in args[:2]) and args[0].shape == args[1].shape:
             self.sums.add(id(out))
@@ -198,6 +204,9 @@ class _Recorder(TorchDispatchMode):
                     self.products[id(a)] = id(b)
                 if id(a) in self.sigmoids and b.shape == a.shape:  # x * sigmoid(gate): an output gate
                     self.events.append(Event("gate", self.frame, _sig(rows_call("act.sigmoid_gate", b))))
+                if id(a) in self.softplus and b.dim() == 1:  # -exp(A_log) * softplus(a + dt_bias): the decay gate
+                    x = a.new_empty(a.shape, dtype=self.dtype)  # a (and b) arrive in the activations' dtype
+                    self.events.append(Event("gates", f"{self.frame}.gates", _sig(deltanet_gates_call(x, x))))
         return out
 
     def tensor(self, t) -> int:
@@ -394,6 +403,7 @@ def _observer(name: str, kind: Kind, rec: _Recorder):
 def recording(model, kinds, tokens: int):
     global _current
     rec = _Recorder(tokens)
+    rec.dtype = next(model.parameters()).dtype
     with ExitStack() as stack:
         _hooks(model, kinds, rec, stack)
         _current = rec
@@ -568,14 +578,16 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
             notes.append(f"{_role(e.module)}: rotary embedding in a form no op computes")
         if e.op == "attention" and e.sig is None:
             notes.append(f"{_role(e.module)}: attention with options the table does not serve")
+        if e.op == "gates" and e.sig is not None:
+            notes.append(f"{_role(e.module)}: {UNSERVED}: {e.sig.op} is computed inside the module's own forward")
         if e.op == "conv" and e.sig is None:
             notes.append(f"{_role(e.module)}: causal conv1d with a {e.extra['activation']} activation: no op computes it")
         if e.op == "moe" and e.sig is None:
             notes.append(f"{_role(e.module)}: experts in a form no op computes (an activation other than SwiGLU "
                          f"or GPT-OSS's, one bias without the other): not tuned")
         if e.op == "attention" and e.extra.get("bypass"):
-            notes.append(f"{_role(e.module)}: calls F.scaled_dot_product_attention itself, not transformers' "
-                         f"attention interface: tuned, but runtime_loader's transformers integration cannot serve it")
+            notes.append(f"{_role(e.module)}: {UNSERVED}: it calls F.scaled_dot_product_attention itself, not "
+                         f"transformers' attention interface")
     return list(dict.fromkeys(notes))
 
 

@@ -83,6 +83,7 @@ def _gated_deltanet_rows(spec: ModelSpec, calls: int) -> list[Row]:
          f"{role}.in_proj", calls),
         ("conv.causal_depthwise", {"channels": 2 * key_width + value_width, "width": g.conv_kernel}, ("silu",),
          f"{role}.conv1d", calls),
+        ("recurrent.deltanet_gates", {"heads": g.value_heads}, (), f"{role}.gates", calls),
         ("recurrent.gated_deltanet", {"hk": g.key_heads, "hv": g.value_heads, "dk": g.key_dim, "dv": g.value_dim},
          ("qk_l2norm",), f"{role}.recurrence", calls),
         ("norm.rms", {"hidden": g.value_dim}, (), f"{role}.norm", calls),
@@ -143,10 +144,6 @@ def unmodelled(spec: ModelSpec) -> list[str]:
     if spec.block.norm == "norm.layer":
         notes.append(f"layers.*: the residual adds ({2 * spec.layers} per forward): elementwise, and no "
                      f"norm.layer op fuses them")
-    g = spec.linear_attn
-    if g:
-        notes += [f"{MIXER_ROLES[LINEAR]}.gates: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias): "
-                  f"elementwise per value head, no op covers it"]
     if spec.logit_softcap:
         notes.append(f"lm_head: the final logit softcap ({spec.logit_softcap:g} * tanh(logits / "
                      f"{spec.logit_softcap:g})): elementwise, no op covers it")

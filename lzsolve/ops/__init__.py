@@ -13,12 +13,12 @@ from .embedding import EMBEDDING, LEARNED
 from .linear import LINEAR
 from .moe import EXPERTS, ROUTER
 from .norm import LAYER, QK, RMS, RMS_ADD
-from .recurrent import GATED_DELTANET
+from .recurrent import DELTANET_GATES, GATED_DELTANET
 from .rope import ROPE
 
 CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
     PREFILL, DECODE, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR,
-    CAUSAL_DEPTHWISE, GATED_DELTANET, EXPERTS, ROUTER)}
+    CAUSAL_DEPTHWISE, DELTANET_GATES, GATED_DELTANET, EXPERTS, ROUTER)}
 
 
 def check_contracts() -> None:

@@ -1,4 +1,5 @@
-"""recurrent.gated_deltanet: Qwen3.5's Gated DeltaNet core (the linear-attention layers).
+"""recurrent.gated_deltanet: Qwen3.5's Gated DeltaNet core (the linear-attention layers), and
+recurrent.deltanet_gates, the per-head gates computed before it (see gates_reference).
 
 Canonical call gated_deltanet(q, k, v, g, beta, state, qk_l2norm) with q, k (batch, seq, hk, dk),
 v (batch, seq, hv, dv), g (batch, seq, hv) the log decay (<= 0, fp32 as the model computes it),
@@ -13,6 +14,7 @@ Inputs: a prompt's chunk starts from no state (seq > 1), a decode step (seq == 1
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from runtime_loader.inputs import starts_from_state as _starts_from_state
 
@@ -63,3 +65,25 @@ CASES = (({"hk": 2, "hv": 4, "dk": 64, "dv": 32}, ("qk_l2norm",), {"batch": 2, "
          ({"hk": 2, "hv": 2, "dk": 128, "dv": 64}, ("qk_l2norm",), {"batch": 3, "seq": 1}),
          ({"hk": 1, "hv": 2, "dk": 32, "dv": 32}, (), {"batch": 1, "seq": 20}))
 GATED_DELTANET = OpContract("recurrent.gated_deltanet", reference, flops, bytes_moved, CASES)
+
+
+# --- the decay and write-strength gates that feed it -------------------------------------------------
+def gates_reference(a, b, a_log, dt_bias):
+    """Qwen3.5's gates per token and value head, in fp32: g = -exp(A_log) * softplus(a + dt_bias)
+    (the log decay), beta = sigmoid(b) (how strongly the token is written)."""
+    return -a_log.exp() * F.softplus(a + dt_bias), torch.sigmoid(b)
+
+
+def gates_flops(sig, dims):
+    """softplus (exp, log1p), the scale and the sigmoid: ~10 per token and head."""
+    return 10.0 * dims["tokens"] * sig.dim("heads")
+
+
+def gates_bytes(sig, dims):
+    """a and b read, beta written in the activation dtype; g written in fp32."""
+    return float(dims["tokens"] * sig.dim("heads") * (3 * itemsize(sig) + 4))
+
+
+# a few tokens of an odd head count; a decode batch of Qwen3.5-0.8B's 16 value heads
+DELTANET_GATES = OpContract("recurrent.deltanet_gates", gates_reference, gates_flops, gates_bytes,
+                            (({"heads": 6}, (), {"tokens": 5}), ({"heads": 16}, (), {"tokens": 3})))

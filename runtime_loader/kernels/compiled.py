@@ -105,6 +105,7 @@ SPECS = [
     compile_variant(_EAGER["eager.geglu"], "compile.geglu", {0: LEADING, 1: LEADING}),
     compile_variant(_EAGER["eager.gelu"], "compile.gelu", {0: LEADING}),
     compile_variant(_EAGER["eager.sigmoid_gate"], "compile.sigmoid_gate", {0: LEADING, 1: LEADING}),
+    compile_variant(_EAGER["eager.deltanet_gates"], "compile.deltanet_gates", {0: LEADING, 1: LEADING}),
     compile_variant(_EAGER["eager.moe_router"], "compile.moe_router", {0: (0,)}),
     # the conv's taps as multiply-adds, which Inductor fuses; no dim unbacked (torch 2.11's Inductor
     # failed to lower those slices over an unbacked seq on the H100): traced at the first call's shape,

@@ -178,6 +178,11 @@ def causal_conv1d_taps(x, weight, bias, state, silu: bool):
     return out.to(x.dtype), history[:, -width:].transpose(1, 2).contiguous()
 
 
+def deltanet_gates(a, b, a_log, dt_bias):
+    """As Qwen3.5's forward computes them: beta = sigmoid(b) in b's dtype, the log decay in fp32."""
+    return -a_log.float().exp() * F.softplus(a.float() + dt_bias), b.sigmoid()
+
+
 def _deltanet_heads(q, k, v, qk_l2norm: bool):
     """q and k per value head in fp32 (each q/k head serves hv // hk consecutive value heads),
     L2-normalised if asked, q scaled by dk ** -0.5; v in fp32."""
@@ -332,6 +337,9 @@ SPECS = [
     KernelSpec("eager.causal_conv1d", frozenset({"conv.causal_depthwise"}), "torch", causal_conv1d, platforms=BOTH,
                dtypes=ALL_DTYPES, features=frozenset({"silu", "bias"}), graph_safe=True, deterministic=True,
                notes="F.conv1d (depthwise, channels first) then SiLU, as transformers runs it"),
+    KernelSpec("eager.deltanet_gates", frozenset({"recurrent.deltanet_gates"}), "torch", deltanet_gates,
+               platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True,
+               notes="as the model's forward: six elementwise launches"),
     KernelSpec("eager.gated_deltanet", frozenset({"recurrent.gated_deltanet"}), "torch", gated_deltanet,
                platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"gqa", "qk_l2norm"}), graph_safe=True,
                deterministic=True, notes="as transformers computes it without FLA: chunks of 64 tokens in fp32 (a "

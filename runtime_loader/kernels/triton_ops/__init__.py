@@ -76,6 +76,10 @@ TUNABLES = [
     family("triton.gelu", "act.gelu", "act", "gelu", ACT_PARAMS, ACT_DEFAULT, "gelu tanh approximation"),
     family("triton.sigmoid_gate", "act.sigmoid_gate", "act", "sigmoid_gate", ACT_PARAMS, ACT_DEFAULT,
            "x * sigmoid(gate) in one pass, fp32 inside"),
+    # heads <= 256 (the whole row in one tile): Qwen3.5 has 16-64 value heads
+    family("triton.deltanet_gates", "recurrent.deltanet_gates", "gates", "deltanet_gates",
+           {"block_t": powers_of_two(1, 256), "warps": powers_of_two(1, 8)}, {"block_t": 32, "warps": 1},
+           "both gates in one launch, block_t tokens per program; a and b read through their row strides"),
     family("triton.rope", "posenc.rope", "rope", "rope",
            {"block_h": powers_of_two(1, 32), "warps": powers_of_two(1, 16)}, {"block_h": 8, "warps": 4},
            "q and k in one launch, block_h heads of one token per program; out of place",

@@ -33,7 +33,7 @@ PY
 echo "parity rc=$? after $(( $(date +%s) - start )) s"; grep -E "FAIL|agree" "$OUT/parity.txt" | head -12
 python3 benchmarks/qwen35_linear_attention.py --record /tmp/w.json 2> "$OUT/record.err" || tail -5 "$OUT/record.err"
 timeout "${TUNE_LIMIT:-240}" python3 -m lzsolve tune --workload /tmp/w.json --mode eager --no-probe --validate 0 \
-  --trials 3 --kernels "${KERNELS:-*}" --exclude 'compile.*,triton.linear' --out /tmp/art > /dev/null 2> "$OUT/tune.err"
+  --trials "${TRIALS:-0}" --kernels "${KERNELS:-*}" --exclude 'compile.*,triton.linear' --out /tmp/art > /dev/null 2> "$OUT/tune.err"
 echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "error|wrote|in [0-9]+ s" "$OUT/tune.err" | tail -4
 cp /tmp/art/report.md "$OUT/" 2> /dev/null
 python3 benchmarks/qwen35_linear_attention.py --artifact /tmp/art --json "$OUT/qwen35.json" 2> "$OUT/bench.err" \

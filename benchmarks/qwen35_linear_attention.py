@@ -2,8 +2,8 @@
 
 One Qwen3_5GatedDeltaNet layer of Qwen3.5-0.8B's shape (hidden 1024, 16 key and 16 value heads of
 128, conv kernel 4), random weights, bf16, run eagerly as transformers runs it, three ways:
-- reference: patch(model, Dispatcher(None)), every op on its fallback: transformers' own torch
-  code (the chunked rule for a prompt, the token step for decode, F.conv1d);
+- reference: patch(model, d) with d's ops locked to their eager kernels: transformers' own torch
+  code (the chunked rule for a prompt, the token step for decode, F.conv1d), whatever is installed;
 - transformers: the module as transformers runs it here (with flash-linear-attention installed
   its hub/FLA kernels where transformers picks them; the torch code otherwise: see `paths`);
 - lzsolve: patch(model, load(artifact)) with a table tuned for these calls (--artifact).
@@ -28,8 +28,10 @@ import torch
 import runtime_loader
 from lzsolve.bench import Budget, make_harness
 from runtime_loader import Dispatcher
+from runtime_loader.policies import Policy
 
 PREFILL = ({"batch": 1, "seq": 2048}, {"batch": 8, "seq": 512})
+REFERENCE = {"recurrent.gated_deltanet": "eager.gated_deltanet", "conv.causal_depthwise": "eager.causal_conv1d"}
 DECODE_BATCHES = (1, 8, 32, 128)
 TINY = dict(hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
             linear_value_head_dim=16)
@@ -72,7 +74,10 @@ def serve(model, variant: str, artifact):
     from runtime_loader.integrations.transformers import patch
     if variant == "transformers":
         return None
-    d = Dispatcher(None) if variant == "reference" else runtime_loader.load(artifact)
+    # the reference: locked to the eager kernels (calls outside a table go to the function patch() replaced,
+    # which is FLA's where transformers picks it)
+    d = Dispatcher(None, policy=Policy(lock=REFERENCE)) if variant == "reference" else \
+        runtime_loader.load(artifact, strict=True)  # a missing or stale table is an error here, not fallbacks
     patch(model, d)
     return d
 

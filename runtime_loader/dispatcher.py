@@ -359,6 +359,13 @@ class Dispatcher:
     def cached_keys(self) -> int:
         return sum(len(cache) for cache in self._caches.values())
 
+    def serves(self, method: str, *args, **kwargs) -> bool:
+        """Whether the table (or a policy lock) serves this call of `method`; False: the op's
+        fallback would. An integration that replaced a client's function keeps the client's own
+        code for such calls, which may be faster than the fallback (transformers backs Qwen3.5's
+        delta rules with FLA when it is installed). While recording, every call counts as served."""
+        return _recording is not None or self._entry(method, args, kwargs).from_table
+
     def kernel_for(self, method: str, *args, **kwargs) -> str:
         """The kernel id a call of `method` ('attention', 'rms_norm', ...) with these args would use."""
         return self._entry(method, args, kwargs).kernel_id

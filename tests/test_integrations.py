@@ -539,3 +539,31 @@ def test_meta_runs_never_call_what_a_kernel_library_backs(monkeypatch, restore_a
     ops = {i.signature.op for i in capture(cfg, "tiny-qwen3.5", dtype="fp32").instances}
     assert {"conv.causal_depthwise", "recurrent.gated_deltanet"} <= ops
     assert getattr(qwen, "torch_chunk_gated_delta_rule") is library_kernel, "put back after"
+
+
+def test_calls_outside_the_table_keep_transformers_own_conv_and_delta_rules(monkeypatch, restore_active):
+    """Where no table serves a call, patch() hands it to the function it replaced: transformers'
+    choice there may be FLA's or causal-conv1d's kernels, faster than the op's torch fallback."""
+    from collections import Counter
+
+    from runtime_loader.integrations.transformers import patch
+
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    calls = Counter()
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                 "causal_conv1d_update"):
+        def counted(*args, _original=getattr(qwen, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(qwen, name, counted)
+    model = tiny_qwen35()
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=3, do_sample=False)
+        calls.clear()
+        d = Dispatcher(None)
+        patch(model, d)
+        assert torch.equal(model.generate(ids, max_new_tokens=3, do_sample=False), expected)
+    assert set(calls) == {"torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                          "causal_conv1d_update"}, calls
+    assert not {"recurrent.gated_deltanet", "conv.causal_depthwise"} & set(d.stats())

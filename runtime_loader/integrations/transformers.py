@@ -308,12 +308,20 @@ def _packed(kwargs: dict) -> bool:
     return any(v is not None for k, v in kwargs.items() if "cu_seq" in k or "seq_idx" in k)
 
 
+def _served(method: str, *args) -> bool:
+    """Whether the active table serves this call (see Dispatcher.serves); always, while compiling
+    (the choice is then the custom op's or the traced dispatcher's)."""
+    return torch.compiler.is_compiling() or custom_ops.active().serves(method, *args)
+
+
 def _deltanet_function(original):
     """torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule (Qwen3.5, Qwen3-Next): the
-    op serves both (any chunk size computes the same); packed sequences keep the original."""
+    op serves both (any chunk size computes the same); packed sequences and calls outside the
+    table keep the original (transformers' choice: FLA's kernels where installed)."""
     def gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
                          use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-        if cu_seqlens is not None or _packed(kwargs):
+        if (cu_seqlens is not None or _packed(kwargs)
+                or not _served("gated_deltanet", query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)):
             return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
                             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                             cu_seqlens=cu_seqlens, **kwargs)
@@ -325,13 +333,15 @@ def _deltanet_function(original):
 
 def _conv_fn_function(original):
     """causal_conv1d_fn (a prompt): hidden_states (batch, channels, seq) as the op's (batch, seq,
-    channels) view; other activations and packed sequences keep the original. Explicit
+    channels) view; other activations, packed sequences and calls outside the table keep the
+    original (transformers' choice: causal-conv1d's kernel where installed). Explicit
     parameters (no signature bound per call): Qwen3.5's layers are host-bound at decode."""
     def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
-        if activation not in (None, "silu", "swish") or _packed(kwargs) or weight.dim() != 2:
+        x, silu = hidden_states.transpose(1, 2), activation is not None
+        if (activation not in (None, "silu", "swish") or _packed(kwargs) or weight.dim() != 2
+                or not _served("causal_conv1d", x, weight, bias, None, silu)):
             return original(hidden_states, weight, bias, activation=activation, **kwargs)
-        out, _ = _ops().causal_conv1d(hidden_states.transpose(1, 2), weight, bias, None, activation is not None)
-        return out.transpose(1, 2)
+        return _ops().causal_conv1d(x, weight, bias, None, silu)[0].transpose(1, 2)
     causal_conv1d_fn.lzsolve_original = original
     return causal_conv1d_fn
 
@@ -340,11 +350,12 @@ def _conv_update_function(original):
     """causal_conv1d_update (a decode step): the op rolls conv_state (a kernel may do it in place;
     else its new state is copied back, as the cache keeps that tensor)."""
     def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None):
+        x, silu = hidden_states.transpose(1, 2), activation is not None
         if (activation not in (None, "silu", "swish") or weight.dim() != 2 or hidden_states.shape[-1] != 1
-                or conv_state.shape[-1] != weight.shape[-1]):
+                or conv_state.shape[-1] != weight.shape[-1] or not _served("causal_conv1d", x, weight, bias,
+                                                                           conv_state, silu)):
             return original(hidden_states, conv_state, weight, bias, activation)
-        out, new_state = _ops().causal_conv1d(hidden_states.transpose(1, 2), weight, bias, conv_state,
-                                              activation is not None)
+        out, new_state = _ops().causal_conv1d(x, weight, bias, conv_state, silu)
         if new_state is not conv_state:
             conv_state.copy_(new_state)
         return out.transpose(1, 2)

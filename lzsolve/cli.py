@@ -5,6 +5,7 @@ nothing written.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import functools
@@ -232,6 +233,9 @@ def cli():
 @click.option("--skip-behind", type=click.FloatRange(min=0), default=SearchBudget.skip_behind, show_default=True,
               help="skip the search at a bucket where the family's best is more than this fraction slower than the "
                    "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
+@click.option("--refine", type=click.IntRange(min=0), default=SearchBudget.refine, show_default=True,
+              help="after each bucket's search, up to this many more trials climbing from its best configuration "
+                   "one parameter step at a time while that gains; 0: off")
 @click.option("--full-search", is_flag=True,
               help="spend every study's whole budget: no patience, no skipped buckets, no seeding with the "
                    "neighbours' winners (to check the smarter budget against)")
@@ -253,8 +257,8 @@ def cli():
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, devices,
-         plugins, trials, spaces, patience, skip_behind, full_search, baseline, max_regression, min_ms, probe, validate_shapes,
-         as_json):
+         plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline, max_regression, min_ms, probe,
+         validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -296,7 +300,7 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
         phases[name] = round(time.perf_counter() - started - sum(phases.values()), 1)
 
     try:
-        budget = FULL_BUDGET if full_search else SearchBudget(patience, skip_behind)
+        budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind), refine=refine)
         plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials, budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "

@@ -118,6 +118,9 @@ class SearchBudget:
     patience: int = 0  # stop after this many finished trials without a gain beyond NOISE (0: never)
     skip_behind: float = 0.0  # skip a bucket where the family trails the best kernel by more at every neighbour (0: never)
     seed_neighbours: bool = True  # enqueue the winners of the buckets searched nearby first
+    # after a study, up to this many more trials climbing from its best one parameter step at a time
+    # (0: off; opt-in until a GPU tune shows it pays: issue 15's vLLM tiles were two such steps away)
+    refine: int = 0
 
 
 FULL_BUDGET = SearchBudget(patience=0, skip_behind=0.0, seed_neighbours=False)
@@ -130,14 +133,17 @@ class SearchStats:
     """What the search spent (`tune --json` and report.md)."""
     budgeted: int = 0  # the spaces' budgets over every study of the plan
     run: int = 0  # trials run by this run (a continued study counts only its new ones)
+    refined: int = 0  # of which hill-climbing steps (SearchBudget.refine)
     stopped: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(STOP_REASONS, 0))
 
     def as_dict(self) -> dict:
-        return {"trials_budgeted": self.budgeted, "trials_run": self.run, "studies_stopped_by": dict(self.stopped)}
+        return {"trials_budgeted": self.budgeted, "trials_run": self.run, "trials_refining": self.refined,
+                "studies_stopped_by": dict(self.stopped)}
 
     def line(self) -> str:
         why = ", ".join(f"{n} by {reason}" for reason, n in self.stopped.items() if n)
-        return f"{self.run} of {self.budgeted} budgeted trials run; studies stopped: {why or 'none'}"
+        refined = f" ({self.refined} of them hill-climbing)" if self.refined else ""
+        return f"{self.run} of {self.budgeted} budgeted trials run{refined}; studies stopped: {why or 'none'}"
 
 
 def grid_index(points: list[dict]) -> list[tuple[int, ...]]:
@@ -157,6 +163,16 @@ def near(points: list[dict], i: int, steps: int) -> list[int]:
     """The points within `steps` grid steps of point i (i itself excluded)."""
     index = grid_index(points)
     return [j for j, at in enumerate(index) if 0 < sum(abs(a - b) for a, b in zip(at, index[i])) <= steps]
+
+
+def one_steps(config: dict, params: dict[str, list]) -> list[dict]:
+    """The configurations one step away: one parameter moved to the next value of its list, down
+    or up (the space's lists are ordered: block sizes, warps, stages)."""
+    steps = []
+    for name, values in params.items():
+        at = values.index(config[name])
+        steps += [{**config, name: values[j]} for j in (at - 1, at + 1) if 0 <= j < len(values)]
+    return steps
 
 
 def stale_trials(trials, noise: float = NOISE) -> int:
@@ -227,17 +243,47 @@ class BucketSearch:
                                                                               state.FAIL))) >= patience:
                 s.stop()
 
+        objective = Objective(self.sp, dims, self.space, self.runner, self.mode, self.seeds)
         if patience and stale_trials(finished) >= patience:
             self.stats.stopped["patience"] += 1
         elif trials - len(finished) > 0:
             before = self.stats.run
-            study.optimize(Objective(self.sp, dims, self.space, self.runner, self.mode, self.seeds),
-                           n_trials=trials - len(finished), callbacks=[after_trial])
+            study.optimize(objective, n_trials=trials - len(finished), callbacks=[after_trial])
             ran = len(finished) + self.stats.run - before
             self.stats.stopped["budget" if ran >= trials else "patience"] += 1
         else:
             self.stats.stopped["budget"] += 1
+        if self.budget.refine:
+            self.climb(study, objective, after_trial)
         return best_config(study)
+
+    def climb(self, study, objective, after_trial) -> None:
+        """From the study's best, every one-step neighbour not tried yet; again from a better best,
+        until a round gains no more than NOISE or budget.refine trials are spent. TPE samples the
+        space at large and can stop one step short of a better tile (a block_k, a stage count)."""
+        import optuna
+
+        spent = 0
+        while spent < self.budget.refine:
+            done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+            if not done:
+                return
+            best = min(done, key=lambda t: t.value)
+            tried = {tuple(sorted(t.params.items())) for t in study.trials}
+            steps = [c for c in one_steps(best.params, self.space.params) if tuple(sorted(c.items())) not in tried]
+            steps = steps[:self.budget.refine - spent]
+            if not steps:
+                return
+            for config in steps:
+                study.enqueue_trial(config)
+            before = self.stats.run
+            study.optimize(objective, n_trials=len(steps), callbacks=[after_trial])
+            spent += len(steps)
+            self.stats.refined += self.stats.run - before
+            better = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+                      and t.value < best.value * (1 - NOISE)]
+            if not better:
+                return
 
     def neighbour_winners(self, i: int) -> list[dict]:
         if not self.budget.seed_neighbours:

@@ -145,9 +145,9 @@ def norm_plan():
     return dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms"))
 
 
-def searched(tmp_path, name, runner, budget):
+def searched(tmp_path, name, runner, budget, trials=10):
     plan, stats = search(norm_plan(), {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}, runner,
-                         tmp_path / f"{name}.sqlite3", "eager", "fake", trials=10, budget=budget)
+                         tmp_path / f"{name}.sqlite3", "eager", "fake", trials=trials, budget=budget)
     family = {c.spec.kernel_id for sp in plan.signatures for c in sp.candidates if c.spec.kernel_id.startswith("demo.")}
     return family, stats
 
@@ -198,3 +198,17 @@ def test_checkerboard_order_searches_every_neighbour_first():
     for n, i in enumerate(order):
         if sum(grid_index(points)[i]) % 2:
             assert set(near(points, i, 1)) <= set(order[:n])
+
+
+def test_hill_climbing_walks_from_the_searched_best_to_a_better_neighbour(tmp_path):
+    """Two trials per bucket (the default, rows=1, and one TPE sample) leave most buckets short of
+    their best rows; climbing one step at a time reaches it (the fake cost has one minimum in rows)."""
+    runner = FakeRunner()
+    plain, plain_stats = searched(tmp_path, "plain", runner, dataclasses.replace(FULL_BUDGET), trials=2)
+    climbed, stats = searched(tmp_path, "climbed", runner, dataclasses.replace(FULL_BUDGET, refine=8), trials=2)
+    every = [f"demo.rms_norm[rows={rows},exact=1]" for rows in (1, 2, 4, 64, 1024)]
+    for tokens in TOKENS:
+        assert best_at(runner, climbed, tokens) == best_at(runner, every, tokens), tokens
+    assert any(best_at(runner, plain, t) > best_at(runner, every, t) for t in TOKENS), "TPE alone stops short"
+    assert 0 < stats.refined <= 8 * len(TOKENS) and stats.run == plain_stats.run + stats.refined
+    assert "hill-climbing" in stats.line()

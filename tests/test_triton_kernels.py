@@ -9,11 +9,12 @@ import pytest
 import yaml
 
 from runtime_loader import registry
+from runtime_loader.kernels import ALL_TUNABLES
 from runtime_loader.kernels.triton_ops import TUNABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"
-FAMILIES = dict(registry.TUNABLES)  # every family with a search space: ours, and FLA's chunk sizes
+FAMILIES = {t.base_id: t for t in ALL_TUNABLES}  # every built-in family: ours, and FLA's chunk sizes
 
 
 def run_python(*args, env=None):

@@ -155,6 +155,19 @@ def linear(sig, dims, device, gen):
     return x, weight, bias
 
 
+def linear_fp8(sig, dims, device, gen):
+    """A bf16-like weight quantised as FP8 checkpoints store it: e4m3 with a scale per output
+    channel (amax / 448) or one for the whole tensor."""
+    k, n = sig.dim("k"), sig.dim("n")
+    x = randn((dims["tokens"], k), sig, device, gen)
+    weight = torch.randn((n, k), generator=gen, device=device) * k ** -0.5
+    amax = weight.abs().amax(-1) if "per_channel" in sig.flags else weight.abs().amax().reshape(1)
+    scale = amax.clamp(min=1e-12) / 448.0
+    quantized = (weight / scale.reshape(-1, 1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    bias = randn((n,), sig, device, gen) if "bias" in sig.flags else None
+    return x, quantized, scale, bias
+
+
 def starts_from_state(dims) -> bool:
     """A prompt's chunk starts from no state (seq > 1), a decode step (seq == 1) from one."""
     return dims["seq"] == 1

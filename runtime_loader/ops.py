@@ -314,6 +314,23 @@ def linear_fake(x: Tensor, weight: Tensor, *args) -> Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def linear_fp8_front(x: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None = None):
+    """x @ dequant(weight).T (+ bias) with weight (n, k) in float8 e4m3 and weight_scale (n,) per
+    output channel or (1,) per tensor (fp32); x is quantised per token on the fly (W8A8). Returns x's dtype."""
+    return ((x.shape, weight.shape, weight_scale.numel(), bias is None, x.dtype, x.is_cuda),
+            (x, weight, weight_scale, bias))
+
+
+def linear_fp8_call(x, weight, weight_scale, bias=None):
+    if (x.dtype not in DTYPE_NAMES or weight.dim() != 2 or weight.dtype != torch.float8_e4m3fn or x.dim() == 0
+            or weight_scale.numel() not in (1, weight.shape[0])):
+        return None
+    n, k = weight.shape
+    flags = [name for name, on in (("per_channel", weight_scale.numel() > 1), ("bias", bias is not None)) if on]
+    return (Signature.make("linear.fp8", {"k": k, "n": n}, flags, DTYPE_NAMES[x.dtype]),
+            {"tokens": x.numel() // max(k, 1)})
+
+
 def gated_deltanet_front(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None,
                          qk_l2norm: bool = True):
     """Qwen3.5's Gated DeltaNet: q, k (batch, seq, hk, dk), v (batch, seq, hv, dv), g (log
@@ -483,6 +500,11 @@ OPS: dict[str, OpSchema] = {
         _rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, inputs.two_rows),
         OpSchema("linear", ("k", "n"), ("bias",), ("tokens",), "torch.linear", method="linear", front=linear_front,
                  call=linear_call, inputs=inputs.linear, fake=linear_fake),
+        # weights in float8 e4m3 (W8A8, activations quantised per token); per_channel: one weight scale per
+        # output channel, else one per tensor
+        OpSchema("linear.fp8", ("k", "n"), ("per_channel", "bias"), ("tokens",), "eager.linear_fp8",
+                 method="linear_fp8", front=linear_fp8_front, call=linear_fp8_call, inputs=inputs.linear_fp8,
+                 fake=linear_fake),
         # renorm: the top_k weights divided by their sum (Mixtral, Qwen3-MoE; GraniteMoE's softmax over the top_k)
         OpSchema("moe.router", ("experts", "top_k"), ("renorm",), ("tokens",), "eager.moe_router",
                  method="moe_router", front=moe_router_front, call=moe_router_call, inputs=inputs.moe_router,

@@ -1,6 +1,7 @@
 """Capture from transformers' module tree: the same ops as the hand-written walker for every
 catalogue model (sharded too), and decoder model types of transformers' causal-LM mapping that no
 walker describes either plan or are refused in one line, never with a traceback."""
+import re
 import warnings
 
 import pytest
@@ -158,3 +159,63 @@ def test_plan_config_of_a_new_type_and_bad_input(tmp_path):
     path.write_text(json.dumps({**default_config("jetmoe"), "num_hidden_layers": 2}))
     result = CliRunner().invoke(cli, ["plan", "--config", str(path), "--device", "cpu"])
     assert isinstance(result.exception, LzError) and "mixture-of-experts" in str(result.exception)
+
+
+# --- FP8 checkpoints (issue 18) ----------------------------------------------------------------------
+def compressed_tensors(strategy: str, dynamic: bool = True) -> dict:
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                                          "weights": {"num_bits": 8, "type": "float", "strategy": strategy},
+                                          "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                                                "dynamic": dynamic}}}}
+
+
+@pytest.mark.parametrize("quant,flags", [
+    ({"quant_method": "fbgemm_fp8", "modules_to_not_convert": ["lm_head"]}, ("per_channel",)),
+    (compressed_tensors("channel"), ("per_channel",)),
+    (compressed_tensors("tensor"), ()),
+])
+def test_fp8_checkpoints_tune_their_linears_as_linear_fp8(quant, flags):
+    from tests.test_cli import TINY_LLAMA
+
+    captured = capture({**TINY_LLAMA, "quantization_config": quant}, "tiny-fp8", tp=2)
+    linears = {str(i.signature): i.roles for i in captured.instances if i.signature.op.startswith("linear")}
+    fp8 = [s for s in linears if s.startswith("linear.fp8")]
+    assert len(fp8) == 3 and all(set(flags) <= set(s[s.index("[") + 1:-1].split(",")) for s in fp8), linears
+    assert "linear.fp8[k=128,n=256" in " ".join(fp8), "o_proj row-parallel: k sharded, as a dense linear"
+    assert [s for s in linears if s.startswith("linear[")] == ["linear[k=256,n=500,bf16]"], "the ignored lm_head"
+    assert any("linear.fp8" in n and "cannot serve" in n for n in captured.notes), captured.notes
+
+
+@pytest.mark.parametrize("quant,what", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "quantized weights (fp8)"),  # block-wise scales
+    (compressed_tensors("channel", dynamic=False), "quantized weights (compressed-tensors)"),  # static activation scales
+    ({"quant_method": "awq", "bits": 4}, "quantized weights (awq)"),
+])
+def test_other_quantized_checkpoints_are_refused_by_format(quant, what):
+    from tests.test_cli import TINY_LLAMA
+
+    with pytest.raises(LzError, match=rf"not supported yet: {re.escape(what)}: only FP8 W8A8"):
+        capture({**TINY_LLAMA, "quantization_config": quant}, "tiny-q")
+
+
+def test_a_cpu_tune_of_an_fp8_checkpoint_serves_its_linears_from_the_table(tmp_path):
+    """The dequantising baseline is the CPU's kernel; the CUDA-only FP8 GEMM says why it is not here."""
+    import json
+
+    from tests.tables import assert_replays_references
+    from tests.test_cli import TINY_LLAMA
+
+    config = tmp_path / "tiny-fp8" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({**TINY_LLAMA, "quantization_config": compressed_tensors("channel")}))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--device", "cpu",
+                                      "--no-isolate", "--exclude", "compile.*", "--no-probe", "--validate", "0",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    fp8 = [e for e in json.loads((out / "dispatch.json").read_text())["ops"] if e["op"] == "linear.fp8"]
+    assert len(fp8) == 4, "q/k/v as one GEMM, o_proj, gate/up as one, down_proj"
+    assert_replays_references(out)
+    plan = CliRunner().invoke(cli, ["plan", "--config", str(config), "--device", "cpu"])
+    assert "torch.scaled_mm_fp8" in plan.output and "PLATFORM_MISMATCH" in plan.output, plan.output

@@ -40,3 +40,24 @@ def oom(*args):
 def test_misbehaving_kernels_get_reasons(impl, code):
     p = run(impl)
     assert p.reason is not None and p.reason.code == code, p
+
+
+FP8 = Signature.make("linear.fp8", {"k": 64, "n": 48}, ("per_channel",), "bf16")
+FP8_LINEAR = registry.get("eager.linear_fp8").impl
+
+
+@pytest.mark.parametrize("impl,code", [
+    (FP8_LINEAR, None),
+    # a per-tensor kernel handed per-channel scales: the first channel's scale for every row
+    (lambda x, w, scale, bias: FP8_LINEAR(x, w, scale[:1], bias), "PARITY_FAILED"),
+    # the scales applied along the input dim instead of the output channels
+    (lambda x, w, scale, bias: x @ (w.to(x.dtype) * scale[:1].to(x.dtype)).T, "PARITY_FAILED"),
+    # the activations left unquantised (W8A16: another format, ~2.5% from W8A8's result)
+    (lambda x, w, scale, bias: torch.nn.functional.linear(x, w.to(x.dtype) * scale.to(x.dtype)[:, None], bias),
+     "PARITY_FAILED"),
+])
+def test_an_fp8_kernel_with_the_wrong_scale_layout_is_rejected(impl, code):
+    spec = dataclasses.replace(registry.get("eager.linear_fp8"), kernel_id="test.fp8", impl=impl)
+    args = CONTRACTS[FP8.op].make_inputs(FP8, {"tokens": 5}, torch.device("cpu"), torch.Generator().manual_seed(0))
+    p = parity_gate(CONTRACTS[FP8.op], spec, FP8, args, CpuHarness())
+    assert (p.reason.code if p.reason else None) == code, p

@@ -45,6 +45,8 @@ SIGS = [
     (Signature.make("act.gelu", {"width": 24}, (), "fp32"), {"tokens": 3}),
     (Signature.make("linear", {"k": 16, "n": 12}, ("bias",), "fp32"), {"tokens": 4}),
     (Signature.make("linear", {"k": 16, "n": 12}, (), "fp32"), {"tokens": 4}),
+    (Signature.make("linear.fp8", {"k": 32, "n": 12}, ("per_channel", "bias"), "bf16"), {"tokens": 4}),
+    (Signature.make("linear.fp8", {"k": 32, "n": 12}, (), "fp32"), {"tokens": 3}),
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu",), "fp32"), {"batch": 2, "seq": 6}),
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu", "bias"), "fp32"),
      {"batch": 2, "seq": 1}),
@@ -132,6 +134,15 @@ def rows64(ids, table):
     return F.one_hot(ids, table.shape[0]).double() @ table.double()
 
 
+def fp8_linear64(x, weight, scale, bias):
+    """Each token's row divided by its amax / 448 and cast to e4m3 (in fp32, as the format is
+    defined), then every product and sum in float64."""
+    step = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448.0
+    q = (x.float() / step).clamp(-448, 448).to(torch.float8_e4m3fn).double() * step.double()
+    out = q @ (weight.double() * scale.double().reshape(-1, 1)).T
+    return out + bias.double() if bias is not None else out
+
+
 def conv64(x, weight, bias, state, silu):
     """Each output a dot product of the channel's weights with the last width inputs (zeros before
     the first), written per token and channel; the new state the last width inputs."""
@@ -215,6 +226,7 @@ INDEPENDENT = {
     "act.geglu": lambda g, u: gelu64(g) * u.double(),
     "act.gelu": gelu64,
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
+    "linear.fp8": fp8_linear64,
     "conv.causal_depthwise": conv64,
     # -A times softplus written as log(1 + e^x); the sigmoid as 1 / (1 + e^-x)
     "recurrent.deltanet_gates": lambda a, b, a_log, dt: (-torch.exp(a_log.double()) * torch.log1p(
@@ -255,7 +267,7 @@ def test_inputs_are_random_and_match_the_runtime_signature(sig, dims, gen):
     a = contract.make_inputs(sig, dims, CPU, gen)
     b = contract.make_inputs(sig, dims, CPU, gen)
     tensors = [t for t in a if isinstance(t, torch.Tensor)]
-    assert all(t.abs().sum() > 0 for t in tensors), "never zeros"
+    assert all(t.float().abs().sum() > 0 for t in tensors), "never zeros"
     assert not torch.equal(a[0], b[0]), "drawn afresh each time"
     # the kernel call is the method call without qk_norm, a marker no kernel is handed
     assert derive(sig.op, a) == (Signature(sig.op, sig.static, sig.flags - {"qk_norm"}, sig.dtype), dims)

@@ -49,7 +49,7 @@ from runtime_loader.ops import (DTYPES, Signature, attention_call, causal_conv1d
 from ..errors import LzError
 from ..limits import check_config_sizes
 from .catalogue import CATALOGUE
-from .spec import read_config, refuse_unsupported
+from .spec import fp8_scheme, read_config, refuse_unsupported
 from .walker import OpInstance
 
 # meta shapes: any sizes give the same signatures; odd ones, so a token count is never mistaken for a head count
@@ -497,7 +497,7 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
         s["channels"] //= tp
     if sig.op == "embedding":
         s["vocab"] = -(-s["vocab"] // tp)
-    if sig.op == "linear":  # a width tp does not divide (Qwen2-MoE's one-column shared expert gate) is replicated
+    if sig.op in ("linear", "linear.fp8"):  # a width tp does not divide (Qwen2-MoE's one-column shared expert gate) is replicated
         if lm_head:
             s["n"] = -(-s["n"] // tp)
         elif row_parallel:
@@ -591,6 +591,25 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
     return list(dict.fromkeys(notes))
 
 
+def _ignored(module: str, patterns: tuple[str, ...]) -> bool:
+    """A module a quantization_config leaves unquantised: by name, by a trailing part of it, or by a
+    "re:" regular expression (compressed-tensors' form)."""
+    return any(re.fullmatch(p[3:], module) if p.startswith("re:") else module == p or module.endswith("." + p)
+               for p in patterns)
+
+
+def fp8_linears(events: list[Event], granularity: str, ignored: tuple[str, ...]) -> list[Event]:
+    """The linears an FP8 W8A8 checkpoint quantises, as linear.fp8 (the same dims and bias; per_channel
+    when its weight scales are); those it leaves (lm_head, usually) stay linear."""
+    out = []
+    for e in events:
+        if e.op == "linear" and e.sig is not None and not any(_ignored(m, ignored) for m in _fused_names(e.module)):
+            flags = e.sig.flags | ({"per_channel"} if granularity == "per_channel" else set())
+            e = replace(e, sig=Signature.make("linear.fp8", dict(e.sig.static), tuple(flags), e.sig.dtype))
+        out.append(e)
+    return out
+
+
 def _fused_names(module: str) -> list[str]:
     head, _, tail = module.rpartition(".")
     parts = tail.split("+")
@@ -666,10 +685,17 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     if not any(e.op == "attention" for e in prefill):
         raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
     _check_tp(prefill, tp, name)
+    fp8 = fp8_scheme(cfg)  # transformers writes it at the top of config.json
+    if fp8:
+        if any(e.op == "moe" for e in prefill):
+            raise LzError(f"{where}: not supported yet: FP8 experts (moe.experts takes bf16/fp16 weights)")
+        prefill = fp8_linears(prefill, *fp8)
     layers = getattr(text, "num_hidden_layers", "?")
     summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
     notes = filled + _outside_text_model(cfg, text) + uncovered(model, prefill)
+    if fp8:
+        notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8) run transformers' own FP8 modules")
     return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp)), tuple(notes),
                     config_hash, summary)
 

@@ -211,8 +211,39 @@ def _text_config(cfg: dict, where: str) -> dict:
     return {**outer, **inner}
 
 
-def _unsupported_parts(cfg: dict) -> list[str]:
-    return [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items() if cfg.get(key)]
+def fp8_scheme(cfg: dict) -> tuple[str, tuple[str, ...]] | None:
+    """(the weight scales' granularity, "per_channel" or "per_tensor"; the modules left unquantised)
+    when the quantization_config is FP8 W8A8 with per-token dynamic activation scales, which
+    linear.fp8 computes (fbgemm_fp8; compressed-tensors' float8 with channel or tensor weight
+    scales); None for any other (block-wise FP8, static activation scales, integer formats)."""
+    quant = cfg.get("quantization_config")
+    if not isinstance(quant, dict):
+        return None
+    method = quant.get("quant_method")
+    if method == "fbgemm_fp8":
+        return "per_channel", tuple(quant.get("modules_to_not_convert") or ())
+    groups = list((quant.get("config_groups") or {}).values()) if method == "compressed-tensors" else []
+    if len(groups) != 1 or not isinstance(groups[0], dict):
+        return None
+    weights, acts = groups[0].get("weights") or {}, groups[0].get("input_activations") or {}
+    if ((weights.get("type"), weights.get("num_bits"), acts.get("type"), acts.get("num_bits")) != ("float", 8, "float", 8)
+            or not acts.get("dynamic") or acts.get("strategy") != "token"):
+        return None
+    granularity = {"channel": "per_channel", "tensor": "per_tensor"}.get(weights.get("strategy"))
+    return (granularity, tuple(quant.get("ignore") or ())) if granularity else None
+
+
+def _unsupported_parts(cfg: dict, fp8: bool = False) -> list[str]:
+    """fp8: FP8 W8A8 checkpoints are supported (capture tunes their linears as linear.fp8)."""
+    parts = [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items()
+             if cfg.get(key) and not (key == "quantization_config" and fp8)]
+    if fp8 and cfg.get("quantization_config") and fp8_scheme(cfg) is None:
+        method = (cfg["quantization_config"] or {}).get("quant_method") if isinstance(
+            cfg["quantization_config"], dict) else None
+        parts.append(f"quantized weights ({method or 'unknown method'}): only FP8 W8A8 with per-channel or "
+                     f"per-tensor weight scales and per-token dynamic activation scales (fbgemm_fp8, "
+                     f"compressed-tensors float8) has ops")
+    return parts
 
 
 def _refuse_unsupported(cfg: dict, model_type, where: str) -> None:
@@ -366,7 +397,7 @@ def from_config_file(path: str | Path) -> ModelSpec:
 
 def refuse_unsupported(cfg: dict, where: str) -> None:
     """Parts no op computes, named from the config's keys (the text model's, for a multimodal one)."""
-    found = _unsupported_parts(_text_config(cfg, where))
+    found = _unsupported_parts(_text_config(cfg, where), fp8=True)
     if found:
         raise LzError(f"{where}: not supported yet: {'; '.join(found)}")
 

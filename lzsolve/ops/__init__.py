@@ -10,14 +10,14 @@ from .attention import DECODE, PREFILL
 from .conv import CAUSAL_DEPTHWISE
 from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
 from .embedding import EMBEDDING, LEARNED
-from .linear import LINEAR
+from .linear import LINEAR, LINEAR_FP8
 from .moe import EXPERTS, ROUTER
 from .norm import LAYER, QK, RMS, RMS_ADD
 from .recurrent import DELTANET_GATES, GATED_DELTANET
 from .rope import ROPE
 
 CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
-    PREFILL, DECODE, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR,
+    PREFILL, DECODE, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR, LINEAR_FP8,
     CAUSAL_DEPTHWISE, DELTANET_GATES, GATED_DELTANET, EXPERTS, ROUTER)}
 
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from ..specs import HEAD_DIM_ANY, KernelSpec
 from ..dtypes import ALL_DTYPES
-from .eager import BOTH, EXPERT_FORMS, UNIT_OFFSET, expert_activation, scaled
+from .eager import BOTH, EXPERT_FORMS, UNIT_OFFSET, expert_activation, quantize_per_token, scaled
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):
@@ -73,6 +73,17 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, dow
     return in_token_order.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # float32 routing weights promote
 
 
+def scaled_mm_fp8(x, weight, weight_scale, bias=None):
+    """cuBLASLt's FP8 GEMM (torch._scaled_mm) with row-wise scales: x quantised per token (one
+    more launch, timed with it: a server pays it), the weight's scales per output channel (a
+    per-tensor scale repeated)."""
+    rows = x.reshape(-1, x.shape[-1])
+    q, scale = quantize_per_token(rows)
+    scale_b = weight_scale.float().expand(weight.shape[0]).reshape(1, -1).contiguous()
+    out = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=scale_b, bias=bias, out_dtype=x.dtype)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
 SPECS = [
     KernelSpec("torch.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                features=UNIT_OFFSET, graph_safe=True, deterministic=True),
@@ -95,4 +106,8 @@ SPECS = [
     KernelSpec("torch.grouped_mm", frozenset({"moe.experts"}), "torch", moe_experts, platforms=BOTH,
                dtypes=ALL_DTYPES, features=EXPERT_FORMS, graph_safe=True, deterministic=True,
                notes="sort by expert, F.grouped_mm for gate_up and down, weighted sum over the slots"),
+    # row-wise scaled FP8 GEMMs need Hopper in cuBLASLt; K and N multiples of 16
+    KernelSpec("torch.scaled_mm_fp8", frozenset({"linear.fp8"}), "torch", scaled_mm_fp8, platforms=frozenset({"cuda"}),
+               min_sm=90, dtypes=frozenset({"bf16", "fp16"}), features=frozenset({"per_channel", "bias"}),
+               graph_safe=True, notes="torch._scaled_mm (cuBLASLt FP8) after a per-token quantisation of x"),
 ]

@@ -126,6 +126,24 @@ def linear(x, weight, bias=None):
     return out + bias if bias is not None else out
 
 
+E4M3_MAX = 448.0  # the largest finite float8 e4m3fn value
+
+
+def quantize_per_token(x):
+    """x (..., k) as float8 e4m3 with one fp32 scale per row (amax / 448): an FP8 linear's
+    dynamic activation quantisation. Returns (q, scale (..., 1))."""
+    scale = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
+    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def linear_fp8(x, weight, weight_scale, bias=None):
+    """The baseline any device runs: x quantised per token and dequantised (the format's rounding),
+    the weight dequantised, both in x's dtype, then one GEMM (a full pass over the weight per call)."""
+    q, scale = quantize_per_token(x)
+    w = (weight.to(x.dtype) * weight_scale.to(x.dtype).reshape(-1, 1))
+    return F.linear((q.float() * scale).to(x.dtype), w, bias)
+
+
 def scaled(rows, scale: float | None):
     """Gemma's embedding scale: sqrt(hidden) rounded to the table's dtype, then multiplied in."""
     return rows if scale is None else rows * torch.tensor(scale, dtype=rows.dtype)
@@ -328,6 +346,9 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.linear", frozenset({"linear"}), "torch", linear, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"bias"}), graph_safe=True, notes="matmul, then a separate bias add"),
+    KernelSpec("eager.linear_fp8", frozenset({"linear.fp8"}), "torch", linear_fp8, platforms=BOTH, dtypes=ALL_DTYPES,
+               features=frozenset({"per_channel", "bias"}), graph_safe=True,
+               notes="dequantise x (quantised per token) and the weight, then a GEMM in x's dtype"),
     KernelSpec("eager.embedding", frozenset({"embedding"}), "torch", embedding, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"scaled"}), graph_safe=True, deterministic=True),
     KernelSpec("eager.learned_positions", frozenset({"posenc.learned"}), "torch", learned_positions,

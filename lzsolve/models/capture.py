@@ -497,7 +497,8 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
         s["channels"] //= tp
     if sig.op == "embedding":
         s["vocab"] = -(-s["vocab"] // tp)
-    if sig.op in ("linear", "linear.fp8"):  # a width tp does not divide (Qwen2-MoE's one-column shared expert gate) is replicated
+    # a width tp does not divide (Qwen2-MoE's one-column shared expert gate) is replicated
+    if sig.op in ("linear", "linear.fp8"):
         if lm_head:
             s["n"] = -(-s["n"] // tp)
         elif row_parallel:

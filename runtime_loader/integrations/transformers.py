@@ -467,7 +467,9 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
     QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
     activations, token embeddings (with Gemma's scale), mixture-of-experts routers (softmax top-k)
-    and experts (SwiGLU, as transformers stores them) and nn.Linear layers, lm_head included
+    and experts (SwiGLU, as transformers stores them), Qwen3.5's linear attention (its conv1d, delta
+    rules and gated norm; calls the table does not hold keep transformers' functions, which may be
+    FLA's) and nn.Linear layers, lm_head included
     (its sliced input folded into one matrix); linears that read one tensor (q/k/v,
     gate/up) as one GEMM over their concatenated weights (their weights become views of it:
     patch after loading and moving the model, save before patching). Calls outside the table

@@ -111,7 +111,10 @@ def _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude) ->
     grid = grid or default_grid(dev.type)
     if recorded is None:
         spec = _model(model, config, tp, dtype)
+        dtype = "bf16" if dtype == capture.FP8 else dtype  # fp8 names the linears' weights, not the activations
     else:
+        if dtype == capture.FP8:
+            raise LzError("--dtype fp8 describes a model (--model, --config); a workload recorded its own dtypes")
         calls = _recorded(recorded, model, config, tp, dtype)
         spec, grid, (dtype,) = workload.captured(calls), workload.grid(calls, grid), calls.dtypes
     only, skip = _patterns(kernels), _patterns(exclude)
@@ -178,7 +181,9 @@ def model_options(f):
                           "signatures it recorded, with buckets placed at its shapes (as many per dim as --grid has)"),
         click.option("--tp", default=1, show_default=True, type=int,
                      help="tensor-parallel degree: shards heads, kv heads (never below 1) and the MLP"),
-        click.option("--dtype", default="bf16", show_default=True, type=click.Choice(list(DTYPES))),
+        click.option("--dtype", default="bf16", show_default=True, type=click.Choice([*DTYPES, capture.FP8]),
+                     help="the activations' dtype; fp8: an FP8 W8A8 deployment (bf16 activations, linears with "
+                          "e4m3 weights and per-channel scales, activations quantised per token; lm_head in bf16)"),
         click.option("--device", default=None, metavar="cpu|cuda[:i]",
                      help="where to measure  [default: cuda if available, else cpu]"),
         click.option("--grid", type=click.Choice(list(GRIDS)), default=None,

@@ -219,3 +219,15 @@ def test_a_cpu_tune_of_an_fp8_checkpoint_serves_its_linears_from_the_table(tmp_p
     assert_replays_references(out)
     plan = CliRunner().invoke(cli, ["plan", "--config", str(config), "--device", "cpu"])
     assert "torch.scaled_mm_fp8" in plan.output and "PLATFORM_MISMATCH" in plan.output, plan.output
+
+
+def test_dtype_fp8_plans_the_model_as_its_fp8_deployment(tmp_path):
+    result = CliRunner().invoke(cli, ["plan", "--model", "llama3-70b", "--tp", "8", "--dtype", "fp8", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("llama3-70b-fp8:") and ", bf16 on cpu" in result.output.splitlines()[0]
+    assert "linear.fp8[k=8192,n=1280,per_channel,bf16]" in result.output  # q/k/v as one FP8 GEMM
+    assert "\nlinear[k=8192,n=16032,bf16]" in result.output, "the lm_head stays bf16"
+    recorded = tmp_path / "w.json"
+    recorded.write_text("{}")
+    refused = CliRunner().invoke(cli, ["plan", "--workload", str(recorded), "--dtype", "fp8"])
+    assert isinstance(refused.exception, LzError) and "--dtype fp8 describes a model" in str(refused.exception)

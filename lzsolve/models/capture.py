@@ -701,14 +701,25 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
                     config_hash, summary)
 
 
+FP8 = "fp8"  # --dtype fp8: bf16 activations, the linears as an FP8 W8A8 checkpoint of the model has them
+FP8_W8A8 = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": ["lm_head"]}  # the common scheme
+
+
 def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16") -> Captured:
-    """--model NAME (the catalogue) or --config PATH (a config.json or its folder), captured."""
+    """--model NAME (the catalogue) or --config PATH (a config.json or its folder), captured.
+    dtype fp8: the model as an FP8 W8A8 deployment runs it, "<name>-fp8": linear.fp8 with
+    per-channel weight scales, lm_head left in bf16 (a config with a quantization_config keeps its own)."""
     if (model is None) == (config is None):
         raise LzError("pass exactly one of --model NAME, --config PATH or --workload FILE "
                       f"(built-in models: {', '.join(CATALOGUE)})")
     if model is not None:
         if model not in CATALOGUE:
             raise LzError(f"unknown model {model!r}; known: {', '.join(CATALOGUE)} (or pass --config PATH)")
-        return capture(CATALOGUE[model], model, tp, dtype)
-    cfg, name = read_config(config)
-    return capture(cfg, name, tp, dtype, where=str(config))
+        cfg, name, where = CATALOGUE[model], model, None
+    else:
+        (cfg, name), where = read_config(config), str(config)
+    if dtype == FP8:
+        if not cfg.get("quantization_config"):
+            cfg, name = {**cfg, "quantization_config": FP8_W8A8}, f"{name}-fp8"
+        dtype = "bf16"
+    return capture(cfg, name, tp, dtype, where=where)

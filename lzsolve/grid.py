@@ -23,6 +23,7 @@ GRIDS: dict[str, dict[str, dict[str, list[int]]]] = {
     "tiny": {
         "attention.prefill": {"batch": [1], "seq": [16, 64]},
         "attention.decode": {"batch": [1, 2], "kv_len": [64]},
+        "attention.decode_fp8kv": {"batch": [1, 2], "kv_len": [64]},
         "recurrent.gated_deltanet": {"batch": [1], "seq": [1, 16]},
         "conv.causal_depthwise": {"batch": [1], "seq": [1, 16]},
         "*": {"tokens": [1, 8]},
@@ -31,6 +32,7 @@ GRIDS: dict[str, dict[str, dict[str, list[int]]]] = {
     "small": {
         "attention.prefill": {"batch": [1, 2], "seq": [32, 128, 512]},
         "attention.decode": {"batch": [1, 8], "kv_len": [128, 1024]},
+        "attention.decode_fp8kv": {"batch": [1, 8], "kv_len": [128, 1024]},
         "recurrent.gated_deltanet": {"batch": [1, 8], "seq": [1, 64]},  # seq 1: a decode step on the state
         "conv.causal_depthwise": {"batch": [1, 8], "seq": [1, 64]},
         "*": {"tokens": [1, 8, 64]},
@@ -42,6 +44,7 @@ GRIDS: dict[str, dict[str, dict[str, list[int]]]] = {
     "full": {
         "attention.prefill": {"batch": [1, 2, 8], "seq": [128, 512, 2048, 8192]},
         "attention.decode": {"batch": [1, 8, 32, 128], "kv_len": [512, 2048, 8192]},
+        "attention.decode_fp8kv": {"batch": [1, 8, 32, 128], "kv_len": [512, 2048, 8192]},
         "recurrent.gated_deltanet": {"batch": [1, 8, 32], "seq": [1, 512, 2048]},
         "conv.causal_depthwise": {"batch": [1, 8, 32], "seq": [1, 512, 2048]},
         "*": {"tokens": [1, 4, 16, 64, 256, 1024, 4096, 16384]},

@@ -53,6 +53,19 @@ def attention(sig, dims, device, gen):
     return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
 
 
+def attention_fp8kv(sig, dims, device, gen):
+    """A cache written as FP8 caches are: k and v scaled by amax / 448 into e4m3, the scale kept."""
+    batch, hq, hkv, d, _, kv_len = attention_shapes(sig, dims)
+    q = randn((batch, hq, 1, d), sig, device, gen)
+    cache = []
+    for _ in range(2):
+        values = torch.randn((batch, hkv, kv_len, d), generator=gen, device=device)
+        scale = values.abs().amax().item() / 448.0
+        cache += [(values / scale).to(torch.float8_e4m3fn), scale]
+    k, k_scale, v, v_scale = cache
+    return q, k, v, k_scale, v_scale, None
+
+
 # --- norms ------------------------------------------------------------------------------------------
 def _norm_weight(sig, size, device, gen):
     """Trained norms scale by about 1: weight near 1, or near 0 under (1 + weight)."""

@@ -183,6 +183,24 @@ def attention_fake(q: Tensor, k: Tensor, v: Tensor, *args) -> Tensor:
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
+def attention_fp8kv_front(q: Tensor, k: Tensor, v: Tensor, k_scale: float = 1.0, v_scale: float = 1.0,
+                          scale: float | None = None):
+    """A decode step over an FP8 KV cache: q (batch, q heads, 1, d) in the activation dtype, k and
+    v (batch, kv heads, kv_len, d) in float8 e4m3, each dequantised by its scale (per tensor, as
+    vLLM's and FlashInfer's FP8 caches keep them); GQA when kv heads divide q heads."""
+    return (q.shape, v.shape, q.dtype, q.is_cuda), (q, k, v, k_scale, v_scale, scale)
+
+
+def attention_fp8kv_call(q, k, v, k_scale=1.0, v_scale=1.0, scale=None):
+    if (q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES or k.dtype != torch.float8_e4m3fn
+            or v.dtype != torch.float8_e4m3fn or q.shape[2] != 1):
+        return None
+    batch, hq, _, d = q.shape
+    static = {"hq": hq, "hkv": k.shape[1], "d": d}
+    return (Signature.make("attention.decode_fp8kv", static, (), DTYPE_NAMES[q.dtype]),
+            {"batch": batch, "kv_len": k.shape[2]})
+
+
 def rows_call(op: str, x, flags: tuple[str, ...] = ()):
     """Ops over the last dim of x with every leading dim a token: norms, activations and learned
     positions, whose one static dim (hidden, width) is that last dim."""
@@ -477,6 +495,10 @@ OPS: dict[str, OpSchema] = {
                  "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", **ATTENTION),
         OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks"), ("batch", "kv_len"), "sdpa.default",
                  ATTENTION_OPTIONAL, "eager.attention", **ATTENTION),
+        # a decode step over an FP8 (e4m3) KV cache with a scale for k and one for v
+        OpSchema("attention.decode_fp8kv", ("hq", "hkv", "d"), (), ("batch", "kv_len"), "eager.attention_fp8kv",
+                 method="attention_fp8kv", front=attention_fp8kv_front, call=attention_fp8kv_call,
+                 inputs=inputs.attention_fp8kv, fake=attention_fake),
         # unit_offset: Gemma's norms scale by (1 + weight)
         OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm", method="rms_norm",
                  front=rms_norm_front, call=rms_norm_call, inputs=inputs.rms_norm),

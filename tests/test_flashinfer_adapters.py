@@ -25,9 +25,11 @@ SIGNATURES = {  # one signature per op, inside every flashinfer spec's declared 
     "norm.layer": Signature.make("norm.layer", {"hidden": 4096}, (), "bf16"),
     "act.swiglu": Signature.make("act.swiglu", {"width": 11008}, (), "bf16"),
     "act.geglu": Signature.make("act.geglu", {"width": 11008}, (), "bf16"),
+    "attention.decode_fp8kv": Signature.make("attention.decode_fp8kv", {"hq": 8, "hkv": 2, "d": 128}, (), "bf16"),
 }
 KERNEL_IDS = {"flashinfer.prefill", "flashinfer.decode", "flashinfer.decode_tc", "flashinfer.rms_norm",
-              "flashinfer.rms_norm_add", "flashinfer.layer_norm", "flashinfer.swiglu", "flashinfer.geglu"}
+              "flashinfer.rms_norm_add", "flashinfer.layer_norm", "flashinfer.swiglu", "flashinfer.geglu",
+              "flashinfer.decode_fp8kv", "flashinfer.decode_tc_fp8kv"}
 
 
 def codes(reasons):
@@ -202,11 +204,13 @@ class FakeDecodeWrapper:
         assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
         assert bool((last_page_len == page_size).all())
         self.plans += 1
-        self.indptr, self.indices, self.sm_scale = indptr, indices, sm_scale
+        self.indptr, self.indices, self.sm_scale, self.kv_data_type = indptr, indices, sm_scale, kv_data_type
 
-    def run(self, q, paged_kv_cache):
+    def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):
         self.cache = paged_kv_cache
-        k, v = (unpage(cache, self.indptr, self.indices) for cache in paged_kv_cache)
+        assert (k_scale is None) == (self.kv_data_type != torch.float8_e4m3fn), "scales with an FP8 cache only"
+        k, v = (unpage(cache, self.indptr, self.indices).to(q.dtype) * (scale or 1.0)
+                for cache, scale in zip(paged_kv_cache, (k_scale, v_scale)))
         return eager.attention(q.unsqueeze(2), k, v, False, self.sm_scale).squeeze(2)
 
 
@@ -326,6 +330,20 @@ def test_decode_plans_once_per_layout_and_pages_k_v_as_they_are(fake, kernel_id)
     impl(*attention_inputs(3, 4, 1, 1, 71), False, None)
     impl(*attention_inputs(3, 4, 1, 1, 70), False, 0.5)  # the scale is fixed at plan time too
     assert len(fi._PLANS) == len(fi.PLAN_MS) == 3
+
+
+@pytest.mark.parametrize("kernel_id", ["flashinfer.decode_fp8kv", "flashinfer.decode_tc_fp8kv"])
+def test_fp8_cache_decode_plans_with_the_cache_dtype_and_hands_run_its_scales(fake, kernel_id):
+    sig = SIGNATURES["attention.decode_fp8kv"]
+    q, k, v, k_scale, v_scale, scale = CONTRACTS[sig.op].make_inputs(
+        Signature.make(sig.op, {"hq": 4, "hkv": 2, "d": 64}, (), "fp32"), {"batch": 2, "kv_len": 70},
+        torch.device("cpu"), torch.Generator().manual_seed(0))
+    out = registry.get(kernel_id).impl(q, k, v, k_scale, v_scale, scale)
+    torch.testing.assert_close(out, eager.attention_fp8kv(q, k, v, k_scale, v_scale, scale))
+    (key, wrapper), = fi._PLANS.items()
+    assert wrapper.kv_data_type == torch.float8_e4m3fn and [p.data_ptr() for p in wrapper.cache] == [
+        k.data_ptr(), v.data_ptr()], "planned for the e4m3 cache, paged as views of it"
+    assert registry.get(kernel_id).setup_ms(q, k, v, k_scale, v_scale, scale) == fi.PLAN_MS[key]
 
 
 def test_least_recently_used_plans_are_dropped_with_their_plan_cost(fake, monkeypatch):

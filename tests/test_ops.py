@@ -27,6 +27,7 @@ SIGS = [
     (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, ("sinks",), "fp32"), {"batch": 3, "kv_len": 9}),
     (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8, "window": 4, "softcap": 2.0}, (), "fp32"),
      {"batch": 2, "kv_len": 9}),
+    (Signature.make("attention.decode_fp8kv", {"hq": 6, "hkv": 2, "d": 8}, (), "bf16"), {"batch": 2, "kv_len": 9}),
     (Signature.make("norm.rms", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
     (Signature.make("norm.rms", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 5}),
     (Signature.make("norm.rms_add", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 3}),
@@ -213,6 +214,8 @@ def router64(logits, top_k, renorm):
 INDEPENDENT = {
     "attention.prefill": attention64,
     "attention.decode": attention64,
+    "attention.decode_fp8kv": lambda q, k, v, k_scale, v_scale, scale: attention64(
+        q, k.double() * k_scale, v.double() * v_scale, False, scale),
     "norm.rms": rms64,
     "norm.rms_add": lambda x, r, w, eps, unit_offset=False: (rms64(x.double() + r.double(), w, eps, unit_offset),
                                                              x.double() + r.double()),

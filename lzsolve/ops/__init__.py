@@ -6,7 +6,7 @@ its kernels on; a plugin's op adds its contract with register_contract.
 from runtime_loader.ops import OPS
 
 from .act import GEGLU, GELU, SIGMOID_GATE, SWIGLU
-from .attention import DECODE, PREFILL
+from .attention import DECODE, DECODE_FP8KV, PREFILL
 from .conv import CAUSAL_DEPTHWISE
 from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
 from .embedding import EMBEDDING, LEARNED
@@ -17,7 +17,7 @@ from .recurrent import DELTANET_GATES, GATED_DELTANET
 from .rope import ROPE
 
 CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
-    PREFILL, DECODE, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR, LINEAR_FP8,
+    PREFILL, DECODE, DECODE_FP8KV, RMS, RMS_ADD, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU, GEGLU, GELU, SIGMOID_GATE, LINEAR, LINEAR_FP8,
     CAUSAL_DEPTHWISE, DELTANET_GATES, GATED_DELTANET, EXPERTS, ROUTER)}
 
 

@@ -99,3 +99,26 @@ DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300})
                 ({"hq": 8, "hkv": 2, "d": 64, "window": 32}, ("sinks",), {"batch": 2, "kv_len": 70}))
 PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved, PREFILL_CASES)
 DECODE = OpContract("attention.decode", reference, flops, bytes_moved, DECODE_CASES)
+
+
+# --- decode over an FP8 KV cache (issue 18): k and v stored in float8 e4m3, one scale each ----------
+def fp8kv_reference(q, k, v, k_scale, v_scale, scale):
+    """In fp32 from the dequantised cache (its rounding is the format's, not a kernel's)."""
+    return reference(q, k.float() * k_scale, v.float() * v_scale, False, scale)
+
+
+def fp8kv_flops(sig, dims):
+    return 4.0 * dims["batch"] * sig.dim("hq") * dims["kv_len"] * sig.dim("d")
+
+
+def fp8kv_bytes(sig, dims):
+    """q and out in the activation dtype; the keys and values at one byte each."""
+    batch, hq, hkv, d, kv_len = dims["batch"], sig.dim("hq"), sig.dim("hkv"), sig.dim("d"), dims["kv_len"]
+    return float(batch * d * (2 * itemsize(sig) * hq + 2 * hkv * kv_len))
+
+
+# GQA with an odd cache length, plain MHA, and head dim 64
+DECODE_FP8KV = OpContract("attention.decode_fp8kv", fp8kv_reference, fp8kv_flops, fp8kv_bytes,
+                          (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
+                           ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
+                           ({"hq": 4, "hkv": 2, "d": 64}, (), {"batch": 3, "kv_len": 70})))

@@ -126,6 +126,12 @@ def linear(x, weight, bias=None):
     return out + bias if bias is not None else out
 
 
+def attention_fp8kv(q, k, v, k_scale: float, v_scale: float, scale=None):
+    """The baseline any device runs: the cache dequantised to q's dtype, then SDPA's default."""
+    k, v = k.to(q.dtype) * k_scale, v.to(q.dtype) * v_scale
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
 E4M3_MAX = 448.0  # the largest finite float8 e4m3fn value
 
 
@@ -346,6 +352,9 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.linear", frozenset({"linear"}), "torch", linear, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"bias"}), graph_safe=True, notes="matmul, then a separate bias add"),
+    KernelSpec("eager.attention_fp8kv", frozenset({"attention.decode_fp8kv"}), "torch", attention_fp8kv, platforms=BOTH,
+               dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY, features=frozenset({"gqa"}), graph_safe=True,
+               notes="dequantise the whole cache to q's dtype, then SDPA"),
     KernelSpec("eager.linear_fp8", frozenset({"linear.fp8"}), "torch", linear_fp8, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"per_channel", "bias"}), graph_safe=True,
                notes="dequantise x (quantised per token) and the weight, then a GEMM in x's dtype"),

@@ -200,30 +200,43 @@ def prefill(q, k, v, causal: bool, scale: float | None):
     return wrapper.run(token_rows(q), (k_pages, v_pages)).view(batch, seq, hq, d).transpose(1, 2)
 
 
+def _decode(kernel_id: str, use_tensor_cores: bool, q, k, v, scale: float | None, **run_options):
+    flashinfer = _flashinfer()
+
+    batch, hq, _, d = q.shape
+    hkv, kv_len = k.shape[1], k.shape[2]
+    _check_head_dim(d)
+    if not use_tensor_cores and hq // hkv not in DECODE_GROUP_SIZES:
+        raise ValueError(f"CUDA-core decode supports GQA group sizes {DECODE_GROUP_SIZES}, not {hq // hkv}")
+    k_pages, v_pages, sequence_pages = paged_kv(k, v)
+    key = _plan_key(kernel_id, q, k, False, scale, sequence_pages)
+
+    def make():
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "HND",
+                                                             use_tensor_cores=use_tensor_cores)
+
+    def plan(wrapper):
+        page_size = k_pages.shape[2]
+        wrapper.plan(*page_table(batch, kv_len, page_size, sequence_pages), hq, hkv, d, page_size,
+                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=key.sm_scale)
+
+    return _planned(key, make, plan).run(q.squeeze(2), (k_pages, v_pages), **run_options).unsqueeze(2)
+
+
 def batch_decode(kernel_id: str, use_tensor_cores: bool):
     def decode(q, k, v, causal: bool = False, scale: float | None = None):
-        flashinfer = _flashinfer()
-
         if causal:  # SDPA's top-left causal mask would leave a single query only key 0
             raise ValueError("attention.decode is not causal")
-        batch, hq, _, d = q.shape
-        hkv, kv_len = k.shape[1], k.shape[2]
-        _check_head_dim(d)
-        if not use_tensor_cores and hq // hkv not in DECODE_GROUP_SIZES:
-            raise ValueError(f"CUDA-core decode supports GQA group sizes {DECODE_GROUP_SIZES}, not {hq // hkv}")
-        k_pages, v_pages, sequence_pages = paged_kv(k, v)
-        key = _plan_key(kernel_id, q, k, False, scale, sequence_pages)
+        return _decode(kernel_id, use_tensor_cores, q, k, v, scale)
 
-        def make():
-            return flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "HND",
-                                                                 use_tensor_cores=use_tensor_cores)
+    decode.__name__ = kernel_id.replace(".", "_")
+    return decode
 
-        def plan(wrapper):
-            page_size = k_pages.shape[2]
-            wrapper.plan(*page_table(batch, kv_len, page_size, sequence_pages), hq, hkv, d, page_size,
-                         q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=key.sm_scale)
 
-        return _planned(key, make, plan).run(q.squeeze(2), (k_pages, v_pages)).unsqueeze(2)
+def batch_decode_fp8kv(kernel_id: str, use_tensor_cores: bool):
+    """The same over an FP8 cache: planned with the cache's dtype, the scales handed to run()."""
+    def decode(q, k, v, k_scale: float, v_scale: float, scale: float | None = None):
+        return _decode(kernel_id, use_tensor_cores, q, k, v, scale, k_scale=k_scale, v_scale=v_scale)
 
     decode.__name__ = kernel_id.replace(".", "_")
     return decode
@@ -305,6 +318,12 @@ def plan_ms(kernel_id: str) -> Callable:
     return setup_ms
 
 
+def fp8kv_plan_ms(kernel_id: str) -> Callable:
+    def setup_ms(q, k, v, k_scale: float, v_scale: float, scale: float | None = None) -> float | None:
+        return plan_ms(kernel_id)(q, k, v, False, scale)
+    return setup_ms
+
+
 def _spec(kernel_id: str, op: str, impl: Callable, notes: str, dtypes=HALF, **capabilities) -> KernelSpec:
     return KernelSpec(kernel_id, frozenset({op}), "flashinfer-python", impl, platforms=frozenset({"cuda"}),
                       min_sm=80, dtypes=dtypes, graph_safe=True, jit=True, jit_caches=("flashinfer",),
@@ -329,6 +348,15 @@ SPECS = [
           setup_ms=plan_ms("flashinfer.decode_tc"), notes=
           "tensor-core decode (FA2 prefill kernels), for large GQA groups; head_dim 64/128/256; " + _DECODE_NOTES,
           head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm"})),
+    # FP8 caches: not yet run on a GPU here (issue 18); the parity gate decides
+    _spec("flashinfer.decode_fp8kv", "attention.decode_fp8kv", batch_decode_fp8kv("flashinfer.decode_fp8kv", False),
+          setup_ms=fp8kv_plan_ms("flashinfer.decode_fp8kv"), notes=
+          f"CUDA-core decode over an e4m3 cache (k_scale, v_scale to run()); GQA group sizes {DECODE_GROUP_SIZES}; "
+          + _DECODE_NOTES, head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa"})),
+    _spec("flashinfer.decode_tc_fp8kv", "attention.decode_fp8kv",
+          batch_decode_fp8kv("flashinfer.decode_tc_fp8kv", True), setup_ms=fp8kv_plan_ms("flashinfer.decode_tc_fp8kv"),
+          notes="tensor-core decode over an e4m3 cache; " + _DECODE_NOTES, head_dim_max=256, head_dim_multiple=64,
+          features=frozenset({"gqa"})),
     _spec("flashinfer.rms_norm", "norm.rms", rms_norm, "one CTA per row, fixed-order reduction; "
           "gemma_rmsnorm for unit_offset", deterministic=True, features=frozenset({"unit_offset"})),
     _spec("flashinfer.rms_norm_add", "norm.rms_add", rms_norm_add,

@@ -72,8 +72,8 @@ def _device(value: str | None) -> torch.device:
     return device
 
 
-def _model(model: str | None, config: str | None, tp: int, dtype: str) -> Captured:
-    return capture.load(model, config, tp, dtype)
+def _model(model: str | None, config: str | None, tp: int, dtype: str, fp8_kv: bool = False) -> Captured:
+    return capture.load(model, config, tp, dtype, fp8_kv)
 
 
 def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: str) -> workload.Workload:
@@ -106,15 +106,16 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
-def _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude) -> Plan:
+def _plan(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude) -> Plan:
     dev = _device(device)
     grid = grid or default_grid(dev.type)
     if recorded is None:
-        spec = _model(model, config, tp, dtype)
+        spec = _model(model, config, tp, dtype, fp8_kv)
         dtype = "bf16" if dtype == capture.FP8 else dtype  # fp8 names the linears' weights, not the activations
     else:
-        if dtype == capture.FP8:
-            raise LzError("--dtype fp8 describes a model (--model, --config); a workload recorded its own dtypes")
+        if dtype == capture.FP8 or fp8_kv:
+            raise LzError(f"{'--fp8-kv' if fp8_kv else '--dtype fp8'} describes a model (--model, --config); a "
+                          f"workload recorded its own calls")
         calls = _recorded(recorded, model, config, tp, dtype)
         spec, grid, (dtype,) = workload.captured(calls), workload.grid(calls, grid), calls.dtypes
     only, skip = _patterns(kernels), _patterns(exclude)
@@ -184,6 +185,9 @@ def model_options(f):
         click.option("--dtype", default="bf16", show_default=True, type=click.Choice([*DTYPES, capture.FP8]),
                      help="the activations' dtype; fp8: an FP8 W8A8 deployment (bf16 activations, linears with "
                           "e4m3 weights and per-channel scales, activations quantised per token; lm_head in bf16)"),
+        click.option("--fp8-kv", is_flag=True,
+                     help="the KV cache in FP8 (e4m3, a scale for k and one for v): decode steps as "
+                          "attention.decode_fp8kv; the artifact is <model>-fp8kv"),
         click.option("--device", default=None, metavar="cpu|cuda[:i]",
                      help="where to measure  [default: cuda if available, else cpu]"),
         click.option("--grid", type=click.Choice(list(GRIDS)), default=None,
@@ -261,7 +265,7 @@ def cli():
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
-def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, devices,
+def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, devices,
          plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline, max_regression, min_ms, probe,
          validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
@@ -285,7 +289,8 @@ def tune(model, config, recorded, tp, dtype, device, grid, kernels, exclude, out
     _load_plugins(plugins)
     lanes = parse_devices(devices) if devices else []
     check_same_model(lanes)
-    plan = _plan(model, config, recorded, tp, dtype, str(lanes[0]) if lanes else device, grid, kernels, exclude)
+    plan = _plan(model, config, recorded, tp, dtype, fp8_kv, str(lanes[0]) if lanes else device, grid, kernels,
+                 exclude)
     mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
     if mode == "graph" and plan.device.type != "cuda":
         raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
@@ -433,10 +438,10 @@ def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: in
 @cli.command()
 @model_options
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
-def plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude, plugins):
+def plan(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
     _load_plugins(plugins)
-    p = _plan(model, config, recorded, tp, dtype, device, grid, kernels, exclude)
+    p = _plan(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude)
     click.echo(f"{p.model.summary()}, tp={p.model.tp}, {p.dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
     for sp in p.signatures:
         sig = sp.instance.signature

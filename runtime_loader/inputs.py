@@ -54,16 +54,16 @@ def attention(sig, dims, device, gen):
 
 
 def attention_fp8kv(sig, dims, device, gen):
-    """A cache written as FP8 caches are: k and v scaled by amax / 448 into e4m3, the scale kept."""
+    """A cache written as FP8 caches are: k and v divided by their scale into e4m3 (a fixed scale
+    that maps N(0, 1) values well inside e4m3's range: no device sync to measure an amax)."""
     batch, hq, hkv, d, _, kv_len = attention_shapes(sig, dims)
     q = randn((batch, hq, 1, d), sig, device, gen)
-    cache = []
-    for _ in range(2):
-        values = torch.randn((batch, hkv, kv_len, d), generator=gen, device=device)
-        scale = values.abs().amax().item() / 448.0
-        cache += [(values / scale).to(torch.float8_e4m3fn), scale]
-    k, k_scale, v, v_scale = cache
-    return q, k, v, k_scale, v_scale, None
+    k_scale, v_scale = 1 / 64, 1 / 48
+
+    def cached(scale):
+        values = torch.randn((batch, hkv, kv_len, d), generator=gen, device=device) / scale
+        return values.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q, cached(k_scale), cached(v_scale), k_scale, v_scale, None
 
 
 # --- norms ------------------------------------------------------------------------------------------

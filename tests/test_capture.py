@@ -200,7 +200,8 @@ def test_other_quantized_checkpoints_are_refused_by_format(quant, what):
 
 
 def test_a_cpu_tune_of_an_fp8_checkpoint_serves_its_linears_from_the_table(tmp_path):
-    """The dequantising baseline is the CPU's kernel; the CUDA-only FP8 GEMM says why it is not here."""
+    """With an FP8 KV cache too: the dequantising baselines are the CPU's kernels; the CUDA-only FP8
+    GEMM says why it is not here."""
     import json
 
     from tests.tables import assert_replays_references
@@ -210,12 +211,13 @@ def test_a_cpu_tune_of_an_fp8_checkpoint_serves_its_linears_from_the_table(tmp_p
     config.parent.mkdir()
     config.write_text(json.dumps({**TINY_LLAMA, "quantization_config": compressed_tensors("channel")}))
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--device", "cpu",
+    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--fp8-kv", "--grid", "tiny", "--device", "cpu",
                                       "--no-isolate", "--exclude", "compile.*", "--no-probe", "--validate", "0",
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
-    fp8 = [e for e in json.loads((out / "dispatch.json").read_text())["ops"] if e["op"] == "linear.fp8"]
-    assert len(fp8) == 4, "q/k/v as one GEMM, o_proj, gate/up as one, down_proj"
+    ops = [e["op"] for e in json.loads((out / "dispatch.json").read_text())["ops"]]
+    assert ops.count("linear.fp8") == 4, "q/k/v as one GEMM, o_proj, gate/up as one, down_proj"
+    assert "attention.decode_fp8kv" in ops and "attention.decode" not in ops, "the decode over the FP8 cache"
     assert_replays_references(out)
     plan = CliRunner().invoke(cli, ["plan", "--config", str(config), "--device", "cpu"])
     assert "torch.scaled_mm_fp8" in plan.output and "PLATFORM_MISMATCH" in plan.output, plan.output
@@ -231,3 +233,17 @@ def test_dtype_fp8_plans_the_model_as_its_fp8_deployment(tmp_path):
     recorded.write_text("{}")
     refused = CliRunner().invoke(cli, ["plan", "--workload", str(recorded), "--dtype", "fp8"])
     assert isinstance(refused.exception, LzError) and "--dtype fp8 describes a model" in str(refused.exception)
+
+
+def test_fp8_kv_decodes_over_the_fp8_cache_where_an_op_computes_it():
+    from lzsolve.models.capture import load
+
+    llama = load("llama3-8b", None, 1, "bf16", fp8_kv=True)
+    decodes = {str(i.signature): i.calls_per_forward for i in llama.instances if "decode" in i.signature.op}
+    assert decodes == {"attention.decode_fp8kv[hq=32,hkv=8,d=128,bf16]": 32} and llama.name == "llama3-8b-fp8kv"
+    assert llama.summary_line.startswith("llama3-8b-fp8kv:")
+    gemma = load("gemma3-1b", None, 1, "bf16", fp8_kv=True)  # sliding layers: a window no FP8-cache op takes
+    decodes = {str(i.signature): i.calls_per_forward for i in gemma.instances if "decode" in i.signature.op}
+    assert decodes == {"attention.decode[hq=4,hkv=1,d=256,window=512,qk_norm,bf16]": 22,
+                       "attention.decode_fp8kv[hq=4,hkv=1,d=256,bf16]": 4}
+    assert any("over an FP8 KV cache" in n and "window=512" in n for n in gemma.notes)

@@ -26,6 +26,7 @@ share of the parameters, never dropped silently.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -701,14 +702,40 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
                     config_hash, summary)
 
 
+def fp8_kv_cache(captured: Captured) -> Captured:
+    """The model served with its KV cache in FP8 (e4m3, a scale for k and one for v), "<name>-fp8kv":
+    its decode steps as attention.decode_fp8kv, except those with a window, a softcap or sinks,
+    which no FP8-cache op computes (they keep their decode signature, and a note says so)."""
+    merged: dict[Signature, tuple[tuple[str, ...], int]] = {}
+    kept = []
+    for instance in captured.instances:
+        sig = instance.signature
+        if sig.op == "attention.decode":
+            if sig.dim("window") or sig.dim("softcap") or "sinks" in sig.flags:
+                kept.append(str(sig))
+            else:
+                sig = Signature.make("attention.decode_fp8kv", {d: sig.dim(d) for d in ("hq", "hkv", "d")}, (),
+                                     sig.dtype)
+        roles, calls = merged.get(sig, ((), 0))
+        merged[sig] = (roles + tuple(r for r in instance.roles if r not in roles), calls + instance.calls_per_forward)
+    notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap or sinks): "
+                                   f"the decode is tuned over a cache in the activations' dtype instead" for s in kept)
+    name = f"{captured.name}-fp8kv"
+    return dataclasses.replace(captured, name=name, notes=notes, summary_line=name + captured.summary_line[
+                                   len(captured.name):] if captured.summary_line.startswith(captured.name) else
+                               captured.summary_line,
+                               instances=tuple(OpInstance(sig, roles, calls) for sig, (roles, calls) in merged.items()))
+
+
 FP8 = "fp8"  # --dtype fp8: bf16 activations, the linears as an FP8 W8A8 checkpoint of the model has them
 FP8_W8A8 = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": ["lm_head"]}  # the common scheme
 
 
-def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16") -> Captured:
+def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16", fp8_kv: bool = False) -> Captured:
     """--model NAME (the catalogue) or --config PATH (a config.json or its folder), captured.
     dtype fp8: the model as an FP8 W8A8 deployment runs it, "<name>-fp8": linear.fp8 with
-    per-channel weight scales, lm_head left in bf16 (a config with a quantization_config keeps its own)."""
+    per-channel weight scales, lm_head left in bf16 (a config with a quantization_config keeps its own).
+    fp8_kv: its KV cache in FP8 (fp8_kv_cache)."""
     if (model is None) == (config is None):
         raise LzError("pass exactly one of --model NAME, --config PATH or --workload FILE "
                       f"(built-in models: {', '.join(CATALOGUE)})")
@@ -722,4 +749,5 @@ def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16"
         if not cfg.get("quantization_config"):
             cfg, name = {**cfg, "quantization_config": FP8_W8A8}, f"{name}-fp8"
         dtype = "bf16"
-    return capture(cfg, name, tp, dtype, where=where)
+    captured = capture(cfg, name, tp, dtype, where=where)
+    return fp8_kv_cache(captured) if fp8_kv else captured

@@ -1,0 +1,110 @@
+"""FP8 on Hopper (issue 18): FP8 linears against bf16 cuBLAS, decode over an FP8 KV cache against bf16.
+
+The four projections of llama3-70b at TP8 (q/k/v as one GEMM, o_proj, gate/up as one, down_proj)
+and its lm_head, at 1 to 16384 tokens: each linear.fp8 kernel admitted here (per-channel weight
+scales, activations quantised per token inside the timed call, as a server pays it) is checked
+against the op's fp32 reference first, then timed interleaved with torch.linear in bf16 on the
+same shape by lzsolve's harness (graph replay on CUDA, median us). The ratio is bf16 / fp8.
+Then llama3-70b TP8's decode attention (8 q heads, 1 kv head, d 128) at batch 8-128 and 2048-8192
+keys: each attention.decode_fp8kv kernel, checked first, against SDPA's default and FlashInfer's
+decode over a bf16 cache.
+
+    python benchmarks/fp8.py [--json out.json]
+    python benchmarks/fp8.py --device cpu --tiny   # a smoke test of the script
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+
+import torch
+
+from lzsolve.bench import Budget, make_harness
+from lzsolve.ops import CONTRACTS, compare, to_fp32
+from runtime_loader import registry
+from runtime_loader.hardware import device_info
+from runtime_loader.ops import Signature
+
+SHAPES = {"qkv_proj": (8192, 1280), "o_proj": (1024, 8192), "gate_up_proj": (8192, 7168), "down_proj": (3584, 8192),
+          "lm_head": (8192, 16032)}  # (k, n) per rank
+TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
+DECODES = [{"batch": b, "kv_len": n} for b in (8, 32, 128) for n in (2048, 8192)]
+BF16_DECODE = ("sdpa.default", "flashinfer.decode", "flashinfer.decode_tc")
+
+
+def checked(op: str, sig, dims, kernels, device, gen, harness, extra: dict) -> dict:
+    """Each kernel checked against the op's reference, then every one that agrees (and `extra`,
+    calls of another op) timed interleaved: {"us": {name: median us}, "errors": {kernel: why}}."""
+    contract = CONTRACTS[op]
+    inputs = contract.make_inputs(sig, dims, device, gen)
+    reference = contract.reference(*to_fp32(inputs))
+    calls, errors = dict(extra), {}
+    for spec in kernels:
+        try:
+            ok, _, message = compare(spec.impl(*inputs), reference, contract.tolerances[sig.dtype])
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot run here is reported, not timed
+            ok, message = False, f"{type(e).__name__}: {str(e)[:160]}"
+        if ok:
+            calls[spec.kernel_id] = [lambda impl=spec.impl: impl(*inputs)]
+        else:
+            errors[spec.kernel_id] = message
+    del reference
+    us = {}
+    for name, m in harness.measure(calls).items():
+        timing = None if isinstance(m, Exception) else (m.graph or m.eager)
+        us[name] = timing.median_ms * 1e3 if timing else None
+    return {"us": us, "errors": errors}
+
+
+def show(label: str, row: dict, base: str) -> None:
+    us = row["us"]
+    print(f"{label}: " + "  ".join(f"{k}={v:.1f}" + (f" ({us[base] / v:.2f}x)" if us.get(base) and k != base else "")
+                                   for k, v in sorted(((k, v) for k, v in us.items() if v), key=lambda kv: kv[1])))
+    for kernel_id, message in row["errors"].items():
+        print(f"    {kernel_id}: {message}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="small shapes (a smoke test)")
+    parser.add_argument("--json", help="write every figure here")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    harness = make_harness(device, Budget(min_samples=10, max_samples=40))
+    gen = torch.Generator(device=device).manual_seed(0)
+    shapes = {"proj": (64, 48)} if args.tiny else SHAPES
+    tokens = (1, 33) if args.tiny else TOKENS
+    here, rows = device_info(device), []
+    for name, (k, n) in shapes.items():
+        fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
+        dense = Signature.make("linear", {"k": k, "n": n}, (), "bf16")
+        kernels = [s for s in registry.candidates("linear.fp8") if not s.check(fp8, here)]
+        for t in tokens:
+            dims = {"tokens": t}
+            bf16 = CONTRACTS["linear"].make_inputs(dense, dims, device, gen)
+            row = checked("linear.fp8", fp8, dims, kernels, device, gen, harness,
+                          {"torch.linear (bf16)": [lambda: registry.get("torch.linear").impl(*bf16)]})
+            rows.append({"shape": name, "k": k, "n": n, "tokens": t, **row})
+            show(f"{name:12} k={k:5} n={n:5} tokens={t:5}", row, "torch.linear (bf16)")
+    static = {"hq": 2, "hkv": 1, "d": 64} if args.tiny else {"hq": 8, "hkv": 1, "d": 128}
+    fp8kv = Signature.make("attention.decode_fp8kv", static, (), "bf16")
+    plain = Signature.make("attention.decode", static, (), "bf16")
+    for dims in ([{"batch": 2, "kv_len": 70}] if args.tiny else DECODES):
+        kernels = [s for s in registry.candidates(fp8kv.op) if not s.check(fp8kv, here)]
+        inputs = CONTRACTS[plain.op].make_inputs(plain, dims, device, gen)
+        extra = {f"{k} (bf16 cache)": [lambda impl=registry.get(k).impl: impl(*inputs)] for k in BF16_DECODE
+                 if not registry.get(k).check(plain, here)}
+        row = checked(fp8kv.op, fp8kv, dims, kernels, device, gen, harness, extra)
+        rows.append({"decode": dims, **row})
+        show(f"decode batch={dims['batch']:4} kv_len={dims['kv_len']:5}", row, "sdpa.default (bf16 cache)")
+    if args.json:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__,
+                                               "date": str(dt.date.today()), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

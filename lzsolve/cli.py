@@ -265,8 +265,8 @@ def cli():
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
-def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate, devices,
-         plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline, max_regression, min_ms, probe,
+def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
+         devices, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline, max_regression, min_ms, probe,
          validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 

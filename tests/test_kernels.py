@@ -20,9 +20,11 @@ JIT_HEAD_DIMS = (128,)
 
 
 def selected(kernel_id: str) -> bool:
-    """LZSOLVE_TEST_KERNELS / LZSOLVE_TEST_EXCLUDE (globs) split a device session's parity run."""
-    only, exclude = os.environ.get("LZSOLVE_TEST_KERNELS", "*"), os.environ.get("LZSOLVE_TEST_EXCLUDE", "")
-    return fnmatch.fnmatchcase(kernel_id, only) and not (exclude and fnmatch.fnmatchcase(kernel_id, exclude))
+    """LZSOLVE_TEST_KERNELS / LZSOLVE_TEST_EXCLUDE (comma-separated globs) split a device session's parity run."""
+    def matches(variable: str, default: str) -> bool:
+        globs = [g.strip() for g in os.environ.get(variable, default).split(",") if g.strip()]
+        return any(fnmatch.fnmatchcase(kernel_id, g) for g in globs)
+    return matches("LZSOLVE_TEST_KERNELS", "*") and not matches("LZSOLVE_TEST_EXCLUDE", "")
 
 
 def cases(device_type):

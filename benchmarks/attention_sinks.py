@@ -12,14 +12,11 @@ transformers runs for it (SDPA cannot take sinks).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-from pathlib import Path
 
 import torch
 
+from checked_timing import checked, write_figures
 from lzsolve.bench import Budget, make_harness
-from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
 from runtime_loader.hardware import device_info
 from runtime_loader.ops import Signature
@@ -46,25 +43,9 @@ def main() -> None:
     for op, flags, dims in CALLS:
         dims = {k: TINY[k] for k in dims} if args.tiny else dims
         sig = Signature.make(op, static, flags, dtype)
-        inputs = CONTRACTS[op].make_inputs(sig, dims, device, gen)
-        reference = CONTRACTS[op].reference(*to_fp32(inputs))
-        calls, errors = {}, {}
-        for spec in registry.candidates(op):
-            if spec.check(sig, here):  # the capability gate: not for this signature or machine
-                continue
-            try:
-                ok, _, message = compare(spec.impl(*inputs), reference, CONTRACTS[op].tolerances[dtype])
-            except Exception as e:  # noqa: BLE001 - a kernel that cannot run here is reported, not timed
-                ok, message = False, f"{type(e).__name__}: {str(e)[:120]}"
-            if ok:
-                calls[spec.kernel_id] = [lambda impl=spec.impl: impl(*inputs)]
-            else:
-                errors[spec.kernel_id] = message
-        del reference
-        us = {}
-        for kernel_id, m in harness.measure(calls).items():
-            timing = None if isinstance(m, Exception) else (m.graph or m.eager)
-            us[kernel_id] = timing.median_ms * 1e3 if timing else None
+        kernels = [spec for spec in registry.candidates(op) if not spec.check(sig, here)]  # the capability gate
+        row = checked(op, sig, dims, kernels, device, gen, harness)
+        us, errors = row["us"], row["errors"]
         rows.append({"signature": str(sig), "dims": dims, "us": us, "errors": errors})
         eager = us.get("eager.attention")
         print(f"{sig} {dims}: " + "  ".join(
@@ -73,9 +54,7 @@ def main() -> None:
         for kernel_id, message in errors.items():
             print(f"    {kernel_id}: {message}")
     if args.json:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                               "date": str(dt.date.today()), "rows": rows}, indent=1))
+        write_figures(args.json, device, rows)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,12 @@ decode over a bf16 cache.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-from pathlib import Path
 
 import torch
 
+from checked_timing import checked, write_figures
 from lzsolve.bench import Budget, make_harness
-from lzsolve.ops import CONTRACTS, compare, to_fp32
+from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.hardware import device_info
 from runtime_loader.ops import Signature
@@ -32,30 +30,6 @@ SHAPES = {"qkv_proj": (8192, 1280), "o_proj": (1024, 8192), "gate_up_proj": (819
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 DECODES = [{"batch": b, "kv_len": n} for b in (8, 32, 128) for n in (2048, 8192)]
 BF16_DECODE = ("sdpa.default", "flashinfer.decode", "flashinfer.decode_tc")
-
-
-def checked(op: str, sig, dims, kernels, device, gen, harness, extra: dict) -> dict:
-    """Each kernel checked against the op's reference, then every one that agrees (and `extra`,
-    calls of another op) timed interleaved: {"us": {name: median us}, "errors": {kernel: why}}."""
-    contract = CONTRACTS[op]
-    inputs = contract.make_inputs(sig, dims, device, gen)
-    reference = contract.reference(*to_fp32(inputs))
-    calls, errors = dict(extra), {}
-    for spec in kernels:
-        try:
-            ok, _, message = compare(spec.impl(*inputs), reference, contract.tolerances[sig.dtype])
-        except Exception as e:  # noqa: BLE001 - a kernel that cannot run here is reported, not timed
-            ok, message = False, f"{type(e).__name__}: {str(e)[:160]}"
-        if ok:
-            calls[spec.kernel_id] = [lambda impl=spec.impl: impl(*inputs)]
-        else:
-            errors[spec.kernel_id] = message
-    del reference
-    us = {}
-    for name, m in harness.measure(calls).items():
-        timing = None if isinstance(m, Exception) else (m.graph or m.eager)
-        us[name] = timing.median_ms * 1e3 if timing else None
-    return {"us": us, "errors": errors}
 
 
 def show(label: str, row: dict, base: str) -> None:
@@ -101,9 +75,7 @@ def main() -> None:
         rows.append({"decode": dims, **row})
         show(f"decode batch={dims['batch']:4} kv_len={dims['kv_len']:5}", row, "sdpa.default (bf16 cache)")
     if args.json:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                               "date": str(dt.date.today()), "rows": rows}, indent=1))
+        write_figures(args.json, device, rows)
 
 
 if __name__ == "__main__":

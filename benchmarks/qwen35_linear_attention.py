@@ -19,13 +19,12 @@ Shapes: prefill b1 s2048 and b8 s512 from no state; decode steps at batch 1-128 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-from pathlib import Path
+import warnings
 
 import torch
 
 import runtime_loader
+from checked_timing import write_figures
 from lzsolve.bench import Budget, make_harness
 from runtime_loader import Dispatcher
 from runtime_loader.policies import Policy
@@ -76,8 +75,12 @@ def serve(model, variant: str, artifact):
         return None
     # the reference: locked to the eager kernels (calls outside a table go to the function patch() replaced,
     # which is FLA's where transformers picks it)
-    d = Dispatcher(None, policy=Policy(lock=REFERENCE)) if variant == "reference" else \
-        runtime_loader.load(artifact, strict=True)  # a missing or stale table is an error here, not fallbacks
+    if variant == "reference":
+        d = Dispatcher(None, policy=Policy(lock=REFERENCE))
+    else:  # a missing table, or one whose kernels are stale here, is an error, not fallbacks timed as "lzsolve"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            d = runtime_loader.load(artifact, strict=True)
     patch(model, d)
     return d
 
@@ -167,9 +170,7 @@ def main() -> None:
     if "lzsolve" in dispatchers:
         print("lzsolve kernels:", {op: sorted(k) for op, k in dispatchers["lzsolve"].stats().items()})
     if args.json:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                               "date": str(dt.date.today()), "rows": rows}, indent=1))
+        write_figures(args.json, device, rows)
 
 
 if __name__ == "__main__":

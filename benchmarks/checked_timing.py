@@ -1,0 +1,45 @@
+"""What the kernel benchmarks share: every kernel checked against its op's fp32 reference on the
+inputs it is then timed on, the ones that agree timed interleaved by lzsolve's harness (graph
+replay on CUDA), the others reported with why; and the JSON their figures are written to. Imported by the scripts beside it (run as
+`python benchmarks/<script>.py`, which puts this folder on the path)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import torch
+
+from lzsolve.ops import CONTRACTS, compare, to_fp32
+
+
+def checked(op: str, sig, dims, kernels, device, gen, harness, extra: dict | None = None) -> dict:
+    """Each kernel of `kernels` (specs) checked on fresh inputs of `sig` at `dims`, then every one that
+    agrees (and `extra`, calls of another op to compare with) timed interleaved:
+    {"us": {name: median us, None where it failed}, "errors": {kernel id: why it was not timed}}."""
+    contract = CONTRACTS[op]
+    inputs = contract.make_inputs(sig, dims, device, gen)
+    reference = contract.reference(*to_fp32(inputs))
+    calls, errors = dict(extra or {}), {}
+    for spec in kernels:
+        try:
+            ok, _, message = compare(spec.impl(*inputs), reference, contract.tolerances[sig.dtype])
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot run here is reported, not timed
+            ok, message = False, f"{type(e).__name__}: {str(e)[:120]}"
+        if ok:
+            calls[spec.kernel_id] = [lambda impl=spec.impl: impl(*inputs)]
+        else:
+            errors[spec.kernel_id] = message
+    del reference
+    us = {}
+    for name, m in harness.measure(calls).items():
+        timing = None if isinstance(m, Exception) else (m.graph or m.eager)
+        us[name] = timing.median_ms * 1e3 if timing else None
+    return {"us": us, "errors": errors}
+
+
+def write_figures(path: str, device, rows: list) -> None:
+    """The figures as JSON with the device, torch version and date they were measured on."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    Path(path).write_text(json.dumps({"device": name, "torch": torch.__version__, "date": str(dt.date.today()),
+                                      "rows": rows}, indent=1))

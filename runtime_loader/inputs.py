@@ -56,13 +56,15 @@ def attention(sig, dims, device, gen):
 def attention_fp8kv(sig, dims, device, gen):
     """A cache written as FP8 caches are: k and v divided by their scale into e4m3 (a fixed scale
     that maps N(0, 1) values well inside e4m3's range: no device sync to measure an amax)."""
+    from .kernels.eager import E4M3_MAX  # the kernels import this module
+
     batch, hq, hkv, d, _, kv_len = attention_shapes(sig, dims)
     q = randn((batch, hq, 1, d), sig, device, gen)
     k_scale, v_scale = 1 / 64, 1 / 48
 
     def cached(scale):
         values = torch.randn((batch, hkv, kv_len, d), generator=gen, device=device) / scale
-        return values.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return values.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, cached(k_scale), cached(v_scale), k_scale, v_scale, None
 
 
@@ -171,10 +173,10 @@ def linear(sig, dims, device, gen):
 def linear_fp8(sig, dims, device, gen):
     """A bf16-like weight quantised as FP8 checkpoints store it: e4m3 with a scale per output
     channel (amax / 448) or one for the whole tensor."""
-    k, n = sig.dim("k"), sig.dim("n")
-    x = randn((dims["tokens"], k), sig, device, gen)
     from .kernels.eager import quantize_per_token  # the kernels import this module
 
+    k, n = sig.dim("k"), sig.dim("n")
+    x = randn((dims["tokens"], k), sig, device, gen)
     weight = torch.randn((n, k), generator=gen, device=device) * k ** -0.5
     quantized, scale = quantize_per_token(weight if "per_channel" in sig.flags else weight.reshape(1, -1))
     bias = randn((n,), sig, device, gen) if "bias" in sig.flags else None

@@ -439,26 +439,30 @@ def _warn_on_graph_table(dispatcher: Dispatcher) -> None:
                       "--workload --mode eager), or keep this table for CUDA-graph serving", stacklevel=3)
 
 
-def _replace(module, name: str, replacement, report: PatchReport) -> None:
-    if not hasattr(getattr(module, name), "lzsolve_original"):  # not patched already
-        _patched_functions.append((module, name, getattr(module, name)))
-        setattr(module, name, replacement)
+def _replace(module, name: str, wrap, report: PatchReport) -> None:
+    """module.name replaced by wrap(module.name), once: a function patched already (another model
+    of this modelling module) keeps its replacement, and is counted again."""
+    original = getattr(module, name)
+    if not hasattr(original, "lzsolve_original"):
+        _patched_functions.append((module, name, original))
+        setattr(module, name, wrap(original))
     report.replaced[name] += 1
 
 
 def _patch_functions(module, report: PatchReport) -> None:
-    """The modelling module's functions the table serves: RoPE, and the Gated DeltaNet's conv and recurrence."""
-    original = getattr(module, "apply_rotary_pos_emb", None)
-    if callable(original):
-        layout = rope_layout(getattr(original, "lzsolve_original", original))
-        if layout is None:
-            report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
+    """The modelling module's functions the table serves: RoPE (in a form an op computes, found by
+    running it, once), and the Gated DeltaNet's conv and recurrence."""
+    rope = getattr(module, "apply_rotary_pos_emb", None)
+    if callable(rope):
+        patched = hasattr(rope, "lzsolve_original")
+        layout = None if patched else rope_layout(rope)
+        if patched or layout is not None:
+            _replace(module, "apply_rotary_pos_emb", lambda original: _rope_function(original, layout), report)
         else:
-            _replace(module, "apply_rotary_pos_emb", _rope_function(original, layout), report)
+            report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
     for name, wrap in FUNCTIONS.items():
-        original = getattr(module, name, None)
-        if callable(original):
-            _replace(module, name, wrap(original), report)
+        if callable(getattr(module, name, None)):
+            _replace(module, name, wrap, report)
 
 
 def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False) -> PatchReport:

@@ -721,9 +721,8 @@ def fp8_kv_cache(captured: Captured) -> Captured:
     notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap or sinks): "
                                    f"the decode is tuned over a cache in the activations' dtype instead" for s in kept)
     name = f"{captured.name}-fp8kv"
-    return dataclasses.replace(captured, name=name, notes=notes, summary_line=name + captured.summary_line[
-                                   len(captured.name):] if captured.summary_line.startswith(captured.name) else
-                               captured.summary_line,
+    return dataclasses.replace(captured, name=name, notes=notes,
+                               summary_line=captured.summary_line.replace(captured.name, name, 1),
                                instances=tuple(OpInstance(sig, roles, calls) for sig, (roles, calls) in merged.items()))
 
 

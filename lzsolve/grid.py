@@ -4,7 +4,8 @@ unaligned probe points between them, and random shapes for validation and evalua
 Every bucket is a power of two, and kernels with tile-alignment cliffs look better there
 than on the lengths real requests have (FA3 at batch 1 ran 1.36x slower than SDPA at
 lengths between 512 and 2048 that are not multiples of 128, where the grid saw it win).
-So tuning also measures odd values inside each bucket and one past the last, the value just
+So tuning also measures odd values inside each bucket interval (mid-tile, never a power of two
+plus one) and one past the last, the value just
 past each bucket (where a tile sized to the bucket no longer covers a request), and, for row
 counts on a GPU, just past the waves that fill its multiprocessors.
 """
@@ -94,12 +95,21 @@ def _odd(value: float) -> int:
     return n if n % 2 else n + 1
 
 
+# Where inside a bucket interval (as fractions of its log width) the probes sit: the golden
+# section points, 1 - 1/phi and 1/phi. Never a power of two between power-of-two buckets (the
+# geometric middle of 128 and 512 is 256, and its odd neighbour 257 is where every 128-wide tile
+# kernel, the fallback too, has just paid for one more tile: probes placed there alone showed
+# SDPA at its worst and let FA3 take small prefills where it runs 3-6% slower mid-tile,
+# BENCHMARKS §10.11); those tile edges are edge_values' job.
+INSIDE = ((3 - math.sqrt(5)) / 2, (math.sqrt(5) - 1) / 2)
+
+
 def probe_values(values: list[int]) -> list[int]:
-    """Per interval between neighbouring buckets, the odd value at its geometric middle (where a
-    tree would put its threshold), and one odd value past the largest bucket."""
+    """Per interval between neighbouring buckets, the odd values at its golden section points
+    (INSIDE), and one odd value past the largest bucket."""
     values = sorted(values)
-    inside = [_odd(math.sqrt(lo * hi)) for lo, hi in zip(values, values[1:])]
-    probes = {p for (lo, hi), p in zip(zip(values, values[1:]), inside) if lo < p < hi}
+    inside = {_odd(lo * (hi / lo) ** f) for lo, hi in zip(values, values[1:]) for f in INSIDE}
+    probes = {p for p in inside if values[0] < p < values[-1]}
     probes.add(_odd(values[-1] * PAST_GRID))
     return sorted(probes - set(values))
 

@@ -10,15 +10,16 @@ def power_of_two(n: int) -> bool:
     return n & (n - 1) == 0
 
 
-def test_probe_values_are_odd_inside_each_bucket_interval_and_one_past_the_last():
-    assert probe_values([1, 4, 16, 64]) == [3, 9, 33, 97]
-    assert probe_values([1, 2, 8]) == [5, 13]  # no integer strictly inside (1, 2)
+def test_probe_values_are_odd_mid_tile_inside_each_bucket_interval_and_one_past_the_last():
+    assert probe_values([1, 4, 16, 64]) == [3, 7, 9, 27, 39, 97]
+    assert probe_values([1, 2, 8]) == [3, 5, 13]  # no integer strictly inside (1, 2)
+    # never where a 128-wide tile has just been paid for (257 = 2 x 128 + 1 was the old middle)
+    assert probe_values([128, 512]) == [217, 303, 769] and all(p % 128 > 16 for p in probe_values([128, 512, 2048])[:-1])
     for values in ([128, 512, 2048, 8192], [1, 8, 32, 128], [1, 4, 16, 64, 256, 1024, 4096, 16384]):
         probes = probe_values(values)
         assert all(p % 2 == 1 and not power_of_two(p) for p in probes)
-        inside = [p for p in probes if p < max(values)]
-        assert len(inside) == len(values) - 1
-        assert all(lo < p < hi for p, lo, hi in zip(inside, values, values[1:]))
+        for lo, hi in zip(values, values[1:]):
+            assert 1 <= len([p for p in probes if lo < p < hi]) <= 2
         assert max(values) < probes[-1] <= max(values) * PAST_GRID + 2
 
 
@@ -32,8 +33,8 @@ def test_probe_points_move_one_or_every_dim_off_the_grid():
             off = [sum(p[d] not in dims[d] for d in dims) for p in points]
             assert all(list(p) == list(dims) for p in points) and min(off) == 1 and max(off) == len(dims)
     prefill = probe_points("full", "attention.prefill")
-    # midpoints in every combination (5 x 8 - 12), edges at the other dim's buckets (2 x 4 + 4 x 3)
-    assert len(prefill) == 5 * 8 - 12 + 2 * 4 + 4 * 3 and {"batch": 5, "seq": 257} in prefill
+    # probes in every combination (6 x 11 - 12), edges at the other dim's buckets (9 x 4 + 4 x 3; 3 is a probe)
+    assert len(prefill) == 6 * 11 - 12 + 1 * 4 + 4 * 3 and {"batch": 5, "seq": 217} in prefill
     assert {"batch": 3, "seq": 512} in prefill and {"batch": 2, "seq": 2049} in prefill
     assert {"batch": 3, "seq": 2049} not in prefill
     assert probe_points("full", "attention.prefill", units=132) == prefill, "SM waves are for rows only"
@@ -47,7 +48,7 @@ def test_edges_are_just_past_each_bucket_and_each_wave_of_the_sms():
     assert edge_values([1, 2, 8]) == [3, 9] and edge_values([1, 8], units=64) == [2, 9]  # waves past the grid: none
     rows = probe_points("full", "norm.rms", units=132)
     assert {"tokens": 17} in rows and {"tokens": 265} in rows and {"tokens": 265} not in probe_points("full", "norm.rms")
-    assert len(rows) == len({p["tokens"] for p in rows}) == 8 + 8 + 8
+    assert len(rows) == len({p["tokens"] for p in rows}) == 14 + 8 + 8  # probes, bucket edges, SM waves
 
 
 def test_random_points_are_seeded_distinct_and_mostly_unaligned():

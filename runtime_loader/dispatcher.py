@@ -473,6 +473,27 @@ def bind(self):
     {name}.__qualname__, {name}.__doc__, {name}.__annotations__ = qualname, doc, dict(annotations)
     return {name}
 """
+TEMPLATE_NAMES = frozenset({"self", "cache", "get", "key", "kernel_args", "entry", "error", "front", "call", "op"})
+
+
+class _Method:
+    """Dispatcher.<method>: bound to a Dispatcher on its first read (dispatchers made before the op
+    was added included) and kept in its __dict__, where later reads find it first (this descriptor
+    has no __set__). Where a subclass overrides the method, the override is what the instance's reads
+    find, and its super().<method> gets the bound one, kept under another name. A race binds twice,
+    to one cache."""
+
+    def __init__(self, name: str, bind, doc: str | None):
+        self.name, self.bind, self.__doc__ = name, bind, doc
+
+    def __get__(self, dispatcher, owner=None):
+        if dispatcher is None:
+            return self
+        name = self.name if getattr(type(dispatcher), self.name) is self else f"_{self.name}_bound"
+        method = dispatcher.__dict__.get(name)
+        if method is None:
+            method = dispatcher.__dict__[name] = self.bind(dispatcher)
+        return method
 
 
 def _inlined(op: OpSchema) -> str | None:
@@ -499,10 +520,13 @@ def _inlined(op: OpSchema) -> str | None:
     return ", ".join(f"({ast.unparse(e)})" for e in returned.elts)
 
 
-def _method(op: OpSchema) -> functools.cached_property:
+def _method(op: OpSchema) -> _Method:
     parameters = op.parameters
     if not all(p.name.isidentifier() and p.kind == p.POSITIONAL_OR_KEYWORD for p in parameters):
         raise ValueError(f"{op.name}: a front takes named parameters only, got {inspect.signature(op.front)}")
+    taken = TEMPLATE_NAMES.intersection(p.name for p in parameters)
+    if taken:  # such a parameter would stand in for the template's own name
+        raise ValueError(f"{op.name}: the method template uses the names of its front's parameters {sorted(taken)}")
     defaults = {f"_default_{p.name}": p.default for p in parameters if p.default is not p.empty}
     params = ", ".join(p.name if p.default is p.empty else f"{p.name}=_default_{p.name}" for p in parameters)
     args = ", ".join(p.name for p in parameters)
@@ -511,12 +535,7 @@ def _method(op: OpSchema) -> functools.cached_property:
     namespace = {"front": op.front, "call": op.call, "op": op, "qualname": f"Dispatcher.{op.method}",
                  "doc": op.front.__doc__, "annotations": op.front.__annotations__, **defaults}
     exec(source, namespace)  # noqa: S102 - our own records' names and fronts, never an artifact's
-    # bound on a Dispatcher's first read of the method, then found in its __dict__ (dispatchers made
-    # before the op was added included); a race binds twice, to one cache
-    method = functools.cached_property(namespace["bind"])
-    method.__set_name__(Dispatcher, op.method)
-    method.__doc__ = op.front.__doc__
-    return method
+    return _Method(op.method, namespace["bind"], op.front.__doc__)
 
 
 def serve_op(op: OpSchema) -> None:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime_loader import Dispatcher, registry
-from runtime_loader.dispatcher import _inlined
+from runtime_loader.dispatcher import _inlined, _method
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.table import parse_table
 
@@ -262,6 +262,28 @@ def test_each_dispatcher_binds_its_own_methods(d):
     assert inspect.signature(other.rms_norm) == inspect.signature(front)
     assert other.rms_norm.__doc__ == Dispatcher.rms_norm.__doc__ == front.__doc__
     assert other.rms_norm.__qualname__ == "Dispatcher.rms_norm" and other.rms_norm is not d.rms_norm
+
+
+def test_a_subclass_overrides_a_method_and_calls_it_through_super():
+    class Counting(Dispatcher):
+        calls = 0
+
+        def rms_norm(self, *args, **kwargs):
+            self.calls += 1
+            return super().rms_norm(*args, **kwargs)
+
+    d = Counting()
+    for _ in range(3):
+        d.rms_norm(torch.randn(2, 8), torch.randn(8))
+    assert d.calls == 3 and d.stats() == {"norm.rms": {"eager.rms_norm (fallback)": 3}}
+
+
+def test_a_front_may_not_take_the_method_templates_names():
+    def takes_get(x, get):
+        return (x.shape,), (x, get)
+
+    with pytest.raises(ValueError, match=r"\['get'\]"):
+        _method(dataclasses.replace(OPS["act.swiglu"], front=takes_get))
 
 
 GLOBAL_FLAG = False

@@ -46,7 +46,9 @@ class OpSchema:
     method: str = ""  # the Dispatcher method and the custom op torch.ops.lzsolve.<method>
     # the method's parameters (annotated, with defaults; its docstring is the method's) -> (cache key,
     # the kernel's arguments); the hot path, so plain attribute reads. The key holds everything that
-    # changes the signature: shapes, dtypes, is_cuda (not device.type, which builds an object) and options
+    # changes the signature: shapes, dtypes, is_cuda (not device.type, which builds an object) and options.
+    # A body that is one `return key, kernel_args` reading only the parameters is compiled into the
+    # method instead of called (runtime_loader.dispatcher._inlined): a call less per op call
     front: Callable | None = None
     # the method's parameters -> (Signature, dynamic dims), or None for a call no table can hold
     call: Callable | None = None
@@ -150,10 +152,9 @@ def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
     denominator and carries no value (GPT-OSS's attention sinks); qk_norm: q and k come from a
     per-head norm (no change to the math, only to which kernels may serve the call)."""
     # v.shape, not k.shape: a valid SDPA call has k.shape == v.shape but for the last dim, which must equal q's
-    key = (q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, qk_norm)
-    if sinks is not None:
-        return key, (q, k, v, causal, scale, window, softcap, sinks)
-    return key, ((q, k, v, causal, scale, window, softcap) if window or softcap else (q, k, v, causal, scale))
+    return ((q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, qk_norm),
+            (q, k, v, causal, scale, window, softcap, sinks) if sinks is not None
+            else (q, k, v, causal, scale, window, softcap) if window or softcap else (q, k, v, causal, scale))
 
 
 def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sinks=None, qk_norm=False):
@@ -427,11 +428,11 @@ def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up
     2 * inter) and down_bias (experts, hidden). Returns sum over k of weight_k * (down[e_k] @
     act(gate, up) + down_bias[e_k]) with act silu(gate) * up, or with limit > 0 GPT-OSS's
     clamped form: min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clamp(up, +-limit) + 1)."""
-    plain = gate_up_bias is None and down_bias is None and not interleaved and not limit
-    key = (x.shape, topk_ids.shape, gate_up.shape, x.dtype, x.is_cuda, gate_up.stride(), down.stride(),
-           gate_up_bias is None, down_bias is None, interleaved, alpha, limit)
-    args = (x, topk_ids, topk_weights, gate_up, down)
-    return key, (args if plain else (*args, gate_up_bias, down_bias, interleaved, alpha, limit))
+    return ((x.shape, topk_ids.shape, gate_up.shape, x.dtype, x.is_cuda, gate_up.stride(), down.stride(),
+             gate_up_bias is None, down_bias is None, interleaved, alpha, limit),
+            (x, topk_ids, topk_weights, gate_up, down)
+            if gate_up_bias is None and down_bias is None and not interleaved and not limit
+            else (x, topk_ids, topk_weights, gate_up, down, gate_up_bias, down_bias, interleaved, alpha, limit))
 
 
 def is_transposed(weight: Tensor) -> bool:

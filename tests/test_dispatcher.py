@@ -1,4 +1,7 @@
 """The Dispatcher: table replay, fallbacks, SDPA semantics."""
+import dataclasses
+import functools
+import inspect
 import warnings
 
 import pytest
@@ -6,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime_loader import Dispatcher, registry
+from runtime_loader.dispatcher import _inlined, _method
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.table import parse_table
 
@@ -242,3 +246,67 @@ def test_stats_are_exact_under_threads(d):
     for t in threads:
         t.join()
     assert d.stats()["norm.rms"]["torch.rms_norm"] == 8001
+
+
+def test_each_dispatcher_binds_its_own_methods(d):
+    """A method is bound to its Dispatcher (a closure over its cache) on first use: each counts its
+    own calls, and the method keeps the front's parameters, annotations and docstring."""
+    other = Dispatcher()
+    x, w = torch.randn(2, 64), torch.randn(64)
+    d.rms_norm(x, w)
+    other.rms_norm(x, w, eps=1e-5)
+    other.rms_norm(x, weight=w)
+    assert d.stats() == {"norm.rms": {"torch.rms_norm": 1}}
+    assert other.stats() == {"norm.rms": {"eager.rms_norm (fallback)": 2}}
+    front = OPS["norm.rms"].front
+    assert inspect.signature(other.rms_norm) == inspect.signature(front)
+    assert other.rms_norm.__doc__ == Dispatcher.rms_norm.__doc__ == front.__doc__
+    assert other.rms_norm.__qualname__ == "Dispatcher.rms_norm" and other.rms_norm is not d.rms_norm
+
+
+def test_a_subclass_overrides_a_method_and_calls_it_through_super():
+    class Counting(Dispatcher):
+        calls = 0
+
+        def rms_norm(self, *args, **kwargs):
+            self.calls += 1
+            return super().rms_norm(*args, **kwargs)
+
+    d = Counting()
+    for _ in range(3):
+        d.rms_norm(torch.randn(2, 8), torch.randn(8))
+    assert d.calls == 3 and d.stats() == {"norm.rms": {"eager.rms_norm (fallback)": 3}}
+
+
+def test_a_front_may_not_take_the_method_templates_names():
+    def takes_get(x, get):
+        return (x.shape,), (x, get)
+
+    with pytest.raises(ValueError, match=r"\['get'\]"):
+        _method(dataclasses.replace(OPS["act.swiglu"], front=takes_get))
+
+
+GLOBAL_FLAG = False
+
+
+def test_only_a_front_that_reads_its_parameters_alone_is_inlined():
+    """Any other front is called by its method (tests/toy_op.py's calls another front)."""
+    rms = OPS["norm.rms"]
+
+    def calls_another(x, weight, eps=1e-6, unit_offset=False):
+        return rms.front(x, weight, eps, unit_offset)
+
+    def reads_a_global(x, weight, eps=1e-6, unit_offset=False):
+        return (x.shape, x.dtype, x.is_cuda, GLOBAL_FLAG), (x, weight, eps)
+
+    def two_statements(x, weight, eps=1e-6, unit_offset=False):
+        key = (x.shape, x.dtype, x.is_cuda, unit_offset)
+        return key, (x, weight, eps)
+
+    @functools.wraps(rms.front)
+    def wrapped(x, weight, eps=1e-6, unit_offset=False):
+        return (x.shape, x.dtype, x.is_cuda, unit_offset), (x, weight, eps)
+
+    assert _inlined(rms) is not None  # (what it computes: tests/test_ops.py)
+    for front in (calls_another, reads_a_global, two_statements, wrapped):
+        assert _inlined(dataclasses.replace(rms, front=front)) is None, front.__name__

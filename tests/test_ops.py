@@ -1,4 +1,5 @@
 """Op contracts: references against independent float64 formulas, inputs, signatures, compare."""
+import inspect
 import math
 
 import pytest
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from lzsolve.ops import CONTRACTS, TOLERANCES, compare, to_fp32
 from lzsolve.ops.rope import cos_sin
 from runtime_loader import ops as rops
+from runtime_loader.dispatcher import _inlined
 from runtime_loader.ops import Signature
 
 CPU = torch.device("cpu")
@@ -279,6 +281,19 @@ def test_inputs_are_random_and_match_the_runtime_signature(sig, dims, gen):
 @pytest.mark.parametrize("sig,dims", SIGS, ids=[str(s) for s, _ in SIGS])
 def test_example_args_call_the_method_of_their_signature(sig, dims):
     assert derive(sig.op, rops.example_args(sig, dims, CPU)) == (sig, dims)
+
+
+@pytest.mark.parametrize("sig,dims", SIGS, ids=[str(s) for s, _ in SIGS])
+def test_each_method_computes_its_fronts_key_and_arguments_inline(sig, dims):
+    """Every op's front is compiled into its Dispatcher method (a call less per call), and the
+    inlined expressions give what calling the front gives."""
+    op = rops.OPS[sig.op]
+    args = rops.example_args(sig, dims, CPU)
+    bound = inspect.signature(op.front).bind(*args)
+    bound.apply_defaults()
+    inlined = _inlined(op)
+    assert inlined is not None, f"{op.name}: its front is called on every call (see _inlined)"
+    assert eval(inlined, {}, dict(bound.arguments)) == op.front(*args)  # noqa: S307 - our own records
 
 
 def test_realistic_recurrent_inputs(gen):

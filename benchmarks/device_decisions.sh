@@ -52,6 +52,7 @@ PY
     echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "in [0-9]+ s|interrupted|wrote|error" "$OUT/tune.err" | tail -8
     ;;&
   evaluate|retune)
+    LITE=1 pack > /dev/null  # the artifact first, in case the evaluation runs into the call's limit
     n=0
     set -f  # EVAL_OPS holds --op globs, not file names
     for ops in ${EVAL_OPS:-*}; do

@@ -10,6 +10,7 @@ here, and only when --ray is given.
 from __future__ import annotations
 
 import functools
+import socket
 import time
 from typing import Callable
 
@@ -120,6 +121,8 @@ class Cluster:
         # already connected (a test, a notebook): use that instance, and leave it running
         self.owned = not ray.is_initialized()
         if self.owned:
+            if address not in ("local", "auto") and "://" not in address:
+                _check_reachable(address)
             options = {"include_dashboard": False} if address == "local" else {}
             try:
                 ray.init(address=address, log_to_driver=False, **options)
@@ -162,6 +165,18 @@ class Cluster:
     def close(self) -> None:
         if self.owned:
             self.ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """ray.init waits minutes on an address where no head listens: ask the port first."""
+    host, _, port = address.rpartition(":")
+    if not (host and port.isdigit()):
+        raise LzError(f"--ray {address}: not HOST:PORT (the head's address), auto or local")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except (OSError, ValueError) as e:
+        raise LzError(f"--ray {address}: no Ray head answers there ({e}); pass HOST:PORT of a node that ran "
+                      f"`ray start --head` (port 6379 unless told), auto, or local") from None
 
 
 def _errors_to_stderr(ray) -> None:

@@ -118,3 +118,21 @@ def test_without_ray_installed_ray_is_one_line_and_exit_2(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "error: --ray needs Ray, which is not installed here: pip install 'lzsolve[ray]'")
     assert "Traceback" not in result.stderr and not (tmp_path / "artifacts").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--ray", "local", "--devices", "cpu,cpu"), "leave out --devices and --device"),
+    (("--ray-workers", "2",), "--ray-workers applies to --ray only"),
+])
+def test_bad_ray_options_are_refused(tmp_path, args, message):
+    result = run_tune(tmp_path, *args)
+    assert isinstance(result.exception, LzError) and message in str(result.exception), result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("address,message", [("127.0.0.1:1", "no Ray head answers there"), ("head", "not HOST:PORT")])
+def test_an_address_where_no_head_listens_is_refused_at_once(address, message):
+    started = time.monotonic()
+    with pytest.raises(LzError, match=message):
+        cluster._check_reachable(address)
+    assert time.monotonic() - started < 15, "not Ray's minutes of waiting"

@@ -26,6 +26,7 @@ from runtime_loader.ops import DTYPES, required_features
 from . import __version__, tuner
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
+from .cluster import CPU_WORKERS, Cluster
 from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
 from .errors import STORAGE_ERRNOS, LzError, WriteError
 from .fsutil import atomic_write_text
@@ -33,7 +34,6 @@ from .grid import GRIDS, default_grid
 from .models import CATALOGUE, capture, from_catalogue, workload
 from .models.capture import Captured
 from .perfdb import PerfDB
-from .cluster import CPU_WORKERS, Cluster
 from .devices import check_same_model, parse_devices
 from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces,
                      planned_trials, search)
@@ -276,8 +276,8 @@ def cli():
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
-         devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline, max_regression, min_ms, probe,
-         validate_shapes, as_json):
+         devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
+         max_regression, min_ms, probe, validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an

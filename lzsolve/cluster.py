@@ -41,8 +41,7 @@ class Measurer:
     alone, as cuda:0."""
 
     def __init__(self, kind: str, isolate: bool, plugins: tuple[str, ...], timeout_s: float):
-        device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
-        self.device = device
+        device = self.device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
         self.runner = (WorkerRunner(device, plugins=plugins, timeout_s=timeout_s) if isolate
                        else InProcessRunner(device, plugins=plugins))
 
@@ -68,8 +67,9 @@ class RayRunner:
         # no index: records' device_index is then the lane's position, one per actor of the cluster
         self.device = torch.device(kind)
         self.timer = timer_name(self.device)
-        # a safety net over the actor's own timeout: a hung actor (--no-isolate, a stuck node) is killed
-        self.timeout_s = timeout_s + STARTUP_TIMEOUT_S
+        # a safety net over the actor's own timeouts (its worker's start, then the measurement): a hung
+        # actor (--no-isolate, a stuck node) is killed
+        self.timeout_s = timeout_s + STARTUP_TIMEOUT_S + 60
         self.restarts = 0
         self._actor = start()
 
@@ -84,8 +84,8 @@ class RayRunner:
             try:
                 ray.get(self.where(), timeout=STARTUP_TIMEOUT_S)
             except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
-                raise LzError(f"--ray: a measurement actor did not restart within {STARTUP_TIMEOUT_S:.0f} s "
-                              f"({type(e).__name__}); records so far are kept: run the same command to continue") from None
+                raise LzError(f"--ray: a measurement actor could not be started again ({type(e).__name__}); records "
+                              f"so far are kept: run the same command to continue") from None
         started = time.monotonic()
         try:
             return ray.get(self._actor.run.remote(task), timeout=self.timeout_s)

@@ -38,6 +38,7 @@ def registry_restored():
     registry.REGISTRY.update(kernels)
     if not imported:
         sys.modules.pop("tests.faulty_kernels", None)
+        vars(sys.modules["tests"]).pop("faulty_kernels", None)  # `from . import faulty_kernels` looks here first
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from runtime_loader.ops import DTYPES, required_features
 from . import __version__, tuner
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
+from .cluster import CPU_WORKERS, Cluster
 from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
 from .errors import STORAGE_ERRNOS, LzError, WriteError
 from .fsutil import atomic_write_text
@@ -229,6 +230,15 @@ def cli():
               help="measure on several devices of this host, one worker each (they must be the same model): "
                    "each bucket's candidates go, whole, to the next free device, largest first; one table is "
                    "solved from every record  [default: --device alone]")
+@click.option("--ray", "ray_address", default=None, metavar="local|auto|HOST:PORT",
+              help="measure on the GPUs of a Ray cluster, one worker (a Ray actor) each, scheduled as with "
+                   "--devices; this host plans the run and alone writes the PerfDB, so run it on a node like "
+                   "the others (nodes of other hardware are refused). local: start Ray on this host alone; "
+                   "auto: the cluster this host joined with `ray start`; HOST:PORT: its head. Needs "
+                   "pip install 'lzsolve[ray]'")
+@click.option("--ray-workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help=f"with --ray: how many workers  [default: one per GPU of the cluster, {CPU_WORKERS} on a "
+                   "CPU-only one]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
 @click.option("--trials", type=click.IntRange(min=0), default=None,
@@ -266,8 +276,8 @@ def cli():
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
-         devices, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline, max_regression, min_ms, probe,
-         validate_shapes, as_json):
+         devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
+         max_regression, min_ms, probe, validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -287,10 +297,15 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
+    if ray_address is not None and (devices or device):
+        raise LzError("--ray measures on the cluster's devices: leave out --devices and --device")
+    if ray_workers is not None and ray_address is None:
+        raise LzError("--ray-workers applies to --ray only")
     lanes = parse_devices(devices) if devices else []
     check_same_model(lanes)
-    plan = _plan(model, config, recorded, tp, dtype, fp8_kv, str(lanes[0]) if lanes else device, grid, kernels,
-                 exclude)
+    cluster = Cluster(ray_address) if ray_address is not None else None
+    plan = _plan(model, config, recorded, tp, dtype, fp8_kv,
+                 str(lanes[0]) if lanes else cluster.kind if cluster else device, grid, kernels, exclude)
     mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
     if mode == "graph" and plan.device.type != "cuda":
         raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
@@ -298,8 +313,13 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
     ensure_writable(out_dir)
     db = PerfDB(out_dir / "perfdb")
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
-    runner, *more = [WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else
-                     InProcessRunner(dev, plugins=plugins) for dev in lanes or [plan.device]]
+    if cluster:
+        runner, *more = cluster.runners(ray_workers, isolate, plugins, timeout, plan.hardware)
+        where = f"Ray cluster, {1 + len(more)} workers"
+    else:
+        runner, *more = [WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else
+                         InProcessRunner(dev, plugins=plugins) for dev in lanes or [plan.device]]
+        where = ", ".join(map(str, lanes)) or str(plan.device)
     _print_notes(plan)
     session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
     _say_incremental(session, plan)
@@ -314,7 +334,7 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
         plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials, budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
-                   f"({', '.join(map(str, lanes)) or plan.device}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
+                   f"({where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
         with progress(plan.measurements, "measuring") as bar:
             records = tuner.tune(plan, session, on_step=lambda label: bar.update(1, label))
@@ -335,6 +355,8 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
     finally:
         for lane in session.lanes:
             lane.runner.close()
+        if cluster:
+            cluster.close()
     table = build_table(plan, records, mode, session.run_id, validation)
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None))

@@ -5,9 +5,9 @@ Every bucket is a power of two, and kernels with tile-alignment cliffs look bett
 than on the lengths real requests have (FA3 at batch 1 ran 1.36x slower than SDPA at
 lengths between 512 and 2048 that are not multiples of 128, where the grid saw it win).
 So tuning also measures odd values inside each bucket interval (mid-tile, never a power of two
-plus one) and one past the last, the value just
-past each bucket (where a tile sized to the bucket no longer covers a request), and, for row
-counts on a GPU, just past the waves that fill its multiprocessors.
+plus one) and one past the last, the value just past each bucket (where a tile sized to the
+bucket no longer covers a request), and, for row counts on a GPU, just past the waves that fill
+its multiprocessors.
 """
 from __future__ import annotations
 

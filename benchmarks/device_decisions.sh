@@ -7,7 +7,7 @@
 #             stopped (SIGINT, records kept) after TUNE_LIMIT s and continued by the next call
 #             (the PerfDB and optuna studies travel as $OUT/d.tgz.* parts; carry them back as
 #             .devrun/parts); each call's log is $OUT/tune.err;
-#   evaluate: `lzsolve evaluate --random ${RANDOM_N:-40} --seed 1` on the finished artifact, for
+#   evaluate: `lzsolve evaluate --random ${RANDOM_N:-40} --seed ${SEED:-1}` on the finished artifact, for
 #             the signatures matching each glob of EVAL_OPS (default all), into $OUT/eval-N.json;
 #   retune:   the tune run again on the artifact (its records reused: only what the code now
 #             plans anew is measured), then `evaluate` as above.
@@ -58,7 +58,7 @@ PY
     for ops in ${EVAL_OPS:-*}; do
       n=$((n + 1)); left=$(( ${EVAL_LIMIT:-560} - ($(date +%s) - start) ))
       [ "$left" -gt 20 ] || break
-      timeout -s INT "$left" "${lz[@]}" evaluate .devrun/d --random "${RANDOM_N:-40}" --seed 1 --op "$ops" \
+      timeout -s INT "$left" "${lz[@]}" evaluate .devrun/d --random "${RANDOM_N:-40}" --seed "${SEED:-1}" --op "$ops" \
         --json "$OUT/eval-$n.json" > /tmp/eval.txt 2> /tmp/eval.err
       echo "evaluate $ops rc=$? after $(( $(date +%s) - start )) s"; cat /tmp/eval.txt
       cat /tmp/eval.txt /tmp/eval.err >> "$OUT/eval.log"; grep -E "^(error|note)" /tmp/eval.err | head -10

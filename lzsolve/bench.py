@@ -19,6 +19,7 @@ compile, autotune), which never enters the steady-state numbers.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import statistics
 import time
@@ -197,9 +198,34 @@ class _Base:
         return results
 
 
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEEP_FREED_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed memory on the heap, for allocations and for the heap's top, up to
+    KEEP_FREED_BYTES. By default it serves an allocation over its mmap threshold (128 KiB, raised
+    only by some frees) with fresh pages and unmaps them on free, so an eager op with a few MB of
+    fp32 temporaries pays a page fault per 4 KiB on every call, and what a call costs depends on
+    the allocator's history: eager RMSNorm + add at 80 x 8192 on a 2-core VM ran 2.0 ms with
+    1600 faults a call, 0.24 ms with none (BENCHMARKS §10.13). The faulting time was a tune's
+    and the other one the evaluation's, and they chose differently. Kernels are timed in the
+    steady state of a server whose heap is warm; False where the C library is not glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, KEEP_FREED_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+
+
 class CpuHarness(_Base):
     name = "cpu_perf_counter"
     cache_bytes = 32 << 20  # a typical last-level cache; sizes the rotation only
+
+    def __init__(self, budget: Budget = Budget()):
+        super().__init__(budget)
+        keep_freed_memory()
 
     def _eager_sampler(self, calls):
         def sample() -> float:

@@ -129,20 +129,18 @@ def edge_values(values: list[int], units: int | None = None) -> list[int]:
 
 
 def probe_points(grid: Grid | str, op: str, units: int | None = None) -> list[dict[str, int]]:
-    """Off-grid points for `op`: every combination of bucket and probe values with at least one
-    dim at a probe value (one dim off the grid, and all of them: cliffs that depend on several
-    dims at once, such as tiles x heads x batch against the SM count, show only there), then each
-    dim's edge values (with `units` for row dims) at the buckets of the others: the cliffs there
-    sit on one dim, and their product would triple attention's probes."""
+    """Off-grid points for `op`: every combination of the values each dim takes (its buckets,
+    probe values and edge values, with `units` for row dims) with at least one dim off the grid.
+    Cliffs depend on several dims at once (tiles x heads x batch against the SM count), so an edge
+    is probed at every value of the other dims, not at their buckets alone: past the largest batch
+    bucket, SDPA's second tile at seq 129 spills into a second wave that FA3's persistent
+    scheduler does not pay (1.26x at 11x145, BENCHMARKS §10.12), and only an edge probe at batch
+    9 or 13 shows it."""
     dims = buckets(grid, op)
-    values = {d: sorted(set(v) | set(probe_values(v))) for d, v in dims.items()}
-    points = [dict(zip(values, point)) for point in itertools.product(*values.values())
-              if any(point[i] not in dims[d] for i, d in enumerate(dims))]
-    for d, v in dims.items():
-        for edge in edge_values(v, units if d in ROW_DIMS else None):
-            at = {**dims, d: [edge]}
-            points += [dict(zip(at, point)) for point in itertools.product(*at.values())]
-    return list({tuple(p.values()): p for p in points}.values())  # an edge may be a probe too (9 between 8 and 10)
+    values = {d: sorted({*v, *probe_values(v), *edge_values(v, units if d in ROW_DIMS else None)})
+              for d, v in dims.items()}
+    return [dict(zip(values, point)) for point in itertools.product(*values.values())
+            if any(point[i] not in dims[d] for i, d in enumerate(dims))]
 
 
 def random_points(dims: dict[str, list[int]], n: int, rng: random.Random) -> list[dict[str, int]]:

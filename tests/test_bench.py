@@ -1,5 +1,7 @@
 """The harness: statistics, rotation sets, warm-up and first-call separation, adaptive stop, graph mode."""
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -140,3 +142,31 @@ def test_eager_mode_counts_the_host_cost_of_launches():
     torch.cuda.synchronize()
     eager = harness.measure({"launches": [launches]}, ("eager",))["launches"].eager
     assert eager.median_ms >= 0.8 * statistics.median(host_ms), (eager.median_ms, statistics.median(host_ms))
+
+
+FAULTS = """
+import resource, sys, torch
+from lzsolve.bench import CpuHarness
+if sys.argv[1] == "harness":
+    CpuHarness()
+x = torch.randn(1200, 8192, dtype=torch.bfloat16)
+def rms_add():  # an eager op with fp32 temporaries over glibc's largest adaptive threshold (32 MiB)
+    h = x.float() + x.float()
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+for _ in range(5):  # the heap grows to its working size
+    rms_add()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    rms_add()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator")
+def test_cpu_kernels_are_timed_without_a_page_fault_per_call():
+    """With glibc's defaults each call maps its temporaries afresh (a fault per 4 KiB); the
+    harness keeps freed memory on the heap, as a warm server's allocator would."""
+    faults = {how: int(subprocess.run([sys.executable, "-c", FAULTS, how], capture_output=True, text=True,
+                                      check=True).stdout) for how in ("default", "harness")}
+    temporaries = 40 << 20 >> 12  # pages in one
+    assert faults["default"] > 20 * temporaries and faults["harness"] * 20 < faults["default"], faults

@@ -33,10 +33,13 @@ def test_probe_points_move_one_or_every_dim_off_the_grid():
             off = [sum(p[d] not in dims[d] for d in dims) for p in points]
             assert all(list(p) == list(dims) for p in points) and min(off) == 1 and max(off) == len(dims)
     prefill = probe_points("full", "attention.prefill")
-    # probes in every combination (6 x 11 - 12), edges at the other dim's buckets (9 x 4 + 4 x 3; 3 is a probe)
-    assert len(prefill) == 6 * 11 - 12 + 1 * 4 + 4 * 3 and {"batch": 5, "seq": 217} in prefill
+    # every combination of buckets, probes and edges (batch 1 2 3 5 8 9 13, seq 4 buckets + 7 probes
+    # + 4 edges), less the 12 grid points
+    assert len(prefill) == 7 * 15 - 12 and {"batch": 5, "seq": 217} in prefill
     assert {"batch": 3, "seq": 512} in prefill and {"batch": 2, "seq": 2049} in prefill
-    assert {"batch": 3, "seq": 2049} not in prefill
+    # an edge at the other dim's probe and edge values too: past the largest batch bucket, seq 129
+    # is where SDPA's second tile spills into a second wave of CTAs (BENCHMARKS §10.12)
+    assert {"batch": 13, "seq": 129} in prefill and {"batch": 9, "seq": 129} in prefill
     assert probe_points("full", "attention.prefill", units=132) == prefill, "SM waves are for rows only"
 
 

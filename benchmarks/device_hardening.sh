@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 17's H100 host figures: replay overhead (benchmarks/replay_overhead.py, twice) and the
+# load time of the llama3-70b TP8 artifact in fresh processes (carried as .devrun/parts/d-lite.tgz,
+# from benchmarks/device_decisions.sh: no JIT archive, so restore_jit has nothing to restore).
+set -u
+. benchmarks/device_setup.sh > "$OUT/setup.txt"
+for run in 1 2; do
+  python3 benchmarks/replay_overhead.py --device cuda --json "$OUT/replay-$run.json" | tee "$OUT/replay-$run.txt"
+done
+[ -d .devrun/d ] || tar xzf .devrun/parts/d-lite.tgz
+cat > /tmp/load.py <<'PY'
+import sys, time
+start = time.perf_counter()
+import runtime_loader
+d = runtime_loader.load(".devrun/d")
+loaded = time.perf_counter() - start
+libraries = sorted({m.split(".")[0] for m in sys.modules} & {"flashinfer", "flash_attn", "flash_attn_interface", "liger_kernel", "fla", "triton"})
+print(f"load {loaded:.3f} s (import and load); kernel libraries imported: {', '.join(libraries) or 'none'}")
+PY
+for run in 1 2 3; do python3 /tmp/load.py; done | tee "$OUT/load.txt"

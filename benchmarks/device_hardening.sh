@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 17's H100 host figures: replay overhead (benchmarks/replay_overhead.py, twice) and the
+# Issue 17's H100 host figures: what a call's pieces cost in Python there (host_floor.py), replay
+# overhead (benchmarks/replay_overhead.py, twice; REPLAY_RUNS="1" for one) and the
 # load time of the llama3-70b TP8 artifact in fresh processes (carried as .devrun/parts/d-lite.tgz,
 # from benchmarks/device_decisions.sh: no JIT archive, so restore_jit has nothing to restore).
 set -u

@@ -5,7 +5,8 @@
 # from benchmarks/device_decisions.sh: no JIT archive, so restore_jit has nothing to restore).
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
-for run in 1 2; do
+python3 benchmarks/host_floor.py --device cuda --json "$OUT/host_floor.json" | tee "$OUT/host_floor.txt"
+for run in ${REPLAY_RUNS-1 2}; do
   python3 benchmarks/replay_overhead.py --device cuda --json "$OUT/replay-$run.json" | tee "$OUT/replay-$run.txt"
 done
 [ -d .devrun/d ] || tar xzf .devrun/parts/d-lite.tgz
@@ -13,9 +14,10 @@ cat > /tmp/load.py <<'PY'
 import sys, time
 start = time.perf_counter()
 import runtime_loader
+imported = time.perf_counter()
 d = runtime_loader.load(".devrun/d")
-loaded = time.perf_counter() - start
+loaded = time.perf_counter() - imported
 libraries = sorted({m.split(".")[0] for m in sys.modules} & {"flashinfer", "flash_attn", "flash_attn_interface", "liger_kernel", "fla", "triton"})
-print(f"load {loaded:.3f} s (import and load); kernel libraries imported: {', '.join(libraries) or 'none'}")
+print(f"import runtime_loader (torch) {imported - start:.3f} s, load() {loaded:.3f} s; kernel libraries imported: {', '.join(libraries) or 'none'}")
 PY
 for run in 1 2 3; do python3 /tmp/load.py; done | tee "$OUT/load.txt"

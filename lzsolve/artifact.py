@@ -206,16 +206,35 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
     return "\n".join(lines)
 
 
-def write_artifact(out: Path, table: dict, report_md: str) -> None:
-    """jit/ (the caches the chosen kernels compiled into), dispatch.json, report.md, and last
-    manifest.json with every file's sha256: a reader that finds the manifest finds it all. Each
-    file is replaced whole; when a write fails (WriteError), the manifest left behind lists the
-    previous files' checksums, so `load` refuses the mix."""
+def jit_files(table: dict, records: list[dict]) -> dict[str, list[str]]:
+    """Per JIT cache kind, the files the table's kernels wrote there (their records' jit_files). A
+    kind is left out, and packed whole, when one of the table's kernels that keeps it has no such
+    record (it compiled in a run that did not record them, or too fast to be walked)."""
+    kernels = {k: v["jit_caches"] for k, v in table["kernels"].items() if v["jit_caches"]}
+    written: dict[str, set[str]] = {}
+    for r in records:
+        if r.get("kernel_id") in kernels and r.get("jit_files") is not None:
+            written.setdefault(r["kernel_id"], set()).update(json.loads(r["jit_files"]))
+    files: dict[str, list[str]] = {}
+    for kind in {kind for kinds in kernels.values() for kind in kinds}:
+        users = [k for k, kinds in kernels.items() if kind in kinds]
+        if all(k in written for k in users):
+            files[kind] = sorted(f for k in users for f in written[k] if f.startswith(f"{kind}/"))
+    return files
+
+
+def write_artifact(out: Path, table: dict, report_md: str, records: list[dict] | None = None) -> None:
+    """jit/ (the caches the chosen kernels compiled into: with `records`, only the files their
+    first calls wrote, see jit_files), dispatch.json, report.md, and last manifest.json with every
+    file's sha256: a reader that finds the manifest finds it all. Each file is replaced whole; when
+    a write fails (WriteError), the manifest left behind lists the previous files' checksums, so
+    `load` refuses the mix."""
     kinds = {kind for k in table["kernels"].values() for kind in k["jit_caches"]}
+    files = jit_files(table, records) if records is not None else None
     tmp = out / "jit" / ".caches.tar.tmp"
     try:
         tmp.parent.mkdir(exist_ok=True)
-        packed = jit.pack(out / JIT_WORK, kinds, tmp) if kinds else []
+        packed = jit.pack(out / JIT_WORK, kinds, tmp, files) if kinds else []
         if packed:
             tmp.replace(out / JIT_ARCHIVE)
         else:

@@ -359,7 +359,8 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
             cluster.close()
     table = build_table(plan, records, mode, session.run_id, validation)
     wall = time.perf_counter() - started
-    write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None))
+    write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None),
+                   records)
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
     say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
         f"{session.restarts} worker restart(s))")

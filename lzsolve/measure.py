@@ -12,12 +12,14 @@ is replaced before the next task.
 from __future__ import annotations
 
 import functools
+import json
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from runtime_loader import registry
+from runtime_loader import jit, registry
 from runtime_loader.ops import DTYPES, Signature
 from runtime_loader.specs import CRASHED
 
@@ -102,7 +104,16 @@ def _reference(task: ParityTask, contract, args: tuple):
     return _last_reference[key]
 
 
+# A first call faster than this compiled nothing (a cache hit, or no JIT): the caches are not walked.
+JIT_FLOOR_MS = 20.0
+# File times come from a coarse kernel clock: look this far back from the first call's start.
+MTIME_SLACK_S = 0.05
+
+
 def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict:
+    """The kernel's first call on the workload, checked against the reference. For a kernel that
+    keeps a JIT cache, the cache files that first call wrote (jit_files, JSON), so the artifact
+    packs the entries of the kernels its table chose."""
     sig = task.signature
     contract = CONTRACTS[sig.op]
     spec = registry.get(task.kernel_id)
@@ -111,8 +122,11 @@ def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict
         reference = _reference(task, contract, args)
     except Exception as e:  # the inputs or the reference do not fit at this shape: no kernel can be judged
         return _failure("parity", e, device)
+    started = time.time() - MTIME_SLACK_S
     parity = parity_gate(contract, spec, sig, args, harness, reference)
     result = {"jit_ms": parity.first_call_ms, **parity.errors}
+    if spec.jit_caches and (parity.first_call_ms or 0) >= JIT_FLOOR_MS:
+        result["jit_files"] = json.dumps(jit.written_since(spec.jit_caches, started))
     if spec.setup_ms is not None and parity.first_call_ms is not None:
         result["setup_ms"] = spec.setup_ms(*args)
     if parity.reason is None:

@@ -59,6 +59,7 @@ SCHEMA = pa.schema([
     ("graph_error", pa.string()),  # why a CUDA graph could not be captured
     ("rotation_sets", pa.int32()),  # input sets cycled per sample so caches do not flatter
     ("jit_ms", pa.float64()),  # first call on the workload, never mixed into the above
+    ("jit_files", pa.string()),  # JSON list of the JIT cache files that first call wrote (artifact packs these)
     ("setup_ms", pa.float64()),  # one-time setup per call layout the adapter reports (FlashInfer's plan)
     ("rel_l2", pa.float64()),
     ("max_rel", pa.float64()),

@@ -119,16 +119,55 @@ def restore(archive: Path, digest: str, root: Path | None = None) -> Path:
     return target
 
 
-def pack(root: Path, kinds, archive: Path) -> list[str]:
-    """Tar the non-empty caches `kinds` under `root` into `archive`; returns the kinds packed."""
+def written_since(kinds, since: float) -> list[str]:
+    """The files ('kind/relative/path') of the caches `kinds`, where this process points them, written
+    at or after `since` (time.time()): what a kernel's first call compiled, so that an artifact
+    can carry its own kernels' entries rather than whole caches."""
+    files = []
+    for kind in kinds:
+        root = os.environ.get(JIT_CACHES[kind])
+        if not root or not os.path.isdir(root):
+            continue
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(folder, name)
+                try:
+                    if not os.path.islink(path) and os.stat(path).st_mtime >= since:
+                        files.append(f"{kind}/{Path(os.path.relpath(path, root)).as_posix()}")
+                except OSError:  # removed while we walked (a lock file)
+                    continue
+    return sorted(files)
+
+
+def pack(root: Path, kinds, archive: Path, files: dict[str, list[str]] | None = None) -> list[str]:
+    """Tar the non-empty caches `kinds` under `root` into `archive`; returns the kinds packed. A kind
+    named in `files` contributes those files alone ('kind/relative/path', where they still exist),
+    any other kind the whole of its cache."""
     packed = []
+    files = files or {}
     with tarfile.open(archive, "w") as tar:
         for kind in sorted(set(kinds)):
             folder = Path(root) / kind
-            if folder.is_dir() and any(folder.rglob("*")):
+            if kind in files:
+                present = [f for f in sorted(set(files[kind])) if _cache_file(root, kind, f)]
+                for f in present:
+                    tar.add(Path(root) / f, arcname=f, filter=_plain_files_only)
+                if present:
+                    packed.append(kind)
+            elif folder.is_dir() and any(folder.rglob("*")):
                 tar.add(folder, arcname=kind, filter=_plain_files_only)
                 packed.append(kind)
     return packed
+
+
+def _cache_file(root: Path, kind: str, name: str) -> bool:
+    """`name` ('kind/...', read from a PerfDB) is a regular file inside root/kind, reached without
+    '..' or links."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or path.parts[:1] != (kind,):
+        return False
+    full = Path(root) / name
+    return full.is_file() and not full.is_symlink() and full.resolve().is_relative_to((Path(root) / kind).resolve())
 
 
 def _plain_files_only(info: tarfile.TarInfo) -> tarfile.TarInfo | None:

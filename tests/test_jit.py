@@ -135,3 +135,72 @@ def test_restored_caches_mean_the_first_request_compiles_nothing(tmp_path):
     assert restored["hit"] > 0 and restored["miss"] == 0, "Inductor found every graph in the restored cache"
     cold = json.loads(run(LOAD_AND_CALL, artifact, "cold", tmp_path / "jit2", cwd=tmp_path, env=env))
     assert cold["miss"] > 0, "without the artifact's caches Inductor compiles from scratch"
+
+
+def test_pack_takes_the_named_files_of_a_kind_and_the_whole_of_the_others(tmp_path):
+    fake_caches(tmp_path / "work")
+    (tmp_path / "work" / "triton" / "cd34").mkdir()
+    (tmp_path / "work" / "triton" / "cd34" / "other.cubin").write_bytes(b"other")
+    (tmp_path / "secret").write_text("no")
+    archive = tmp_path / "caches.tar"
+    files = {"triton": ["triton/ab12/kernel.cubin", "triton/gone.cubin",  # removed since: skipped
+                        "triton/../secret", "/etc/passwd", "inductor/fxgraph/entry"]}  # never outside triton/
+    assert jit.pack(tmp_path / "work", ["inductor", "triton"], archive, files) == ["inductor", "triton"]
+    with tarfile.open(archive) as tar:
+        names = sorted(m.name for m in tar if m.isfile())
+    assert names == ["inductor/fxgraph/entry", "triton/ab12/kernel.cubin"]
+
+
+def test_written_since_lists_what_a_first_call_wrote(tmp_path, monkeypatch):
+    import time
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    (tmp_path / "triton" / "old").mkdir(parents=True)
+    (tmp_path / "triton" / "old" / "k.json").write_text("{}")
+    os.utime(tmp_path / "triton" / "old" / "k.json", (1, 1))
+    since = time.time() - 0.05
+    (tmp_path / "triton" / "new").mkdir()
+    (tmp_path / "triton" / "new" / "k.cubin").write_bytes(b"x")
+    assert jit.written_since(["triton"], since) == ["triton/new/k.cubin"]
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert jit.written_since(["inductor"], since) == [], "a cache this process does not point anywhere"
+
+
+COMPILE_TWO_AND_PACK_ONE = """
+import json, sys, time, torch
+from pathlib import Path
+from runtime_loader import jit, registry
+from runtime_loader.ops import Signature
+out = Path(sys.argv[1])
+jit.point_caches(out / ".jit-work")
+records = []
+# the kernel the table leaves out compiles first: whatever its first compile shares with later ones
+# (Inductor's headers, say) is written then, and must not be what the chosen kernel's restore needs
+for kernel_id, args in (("compile.gelu", (torch.randn(8, 64),)),
+                        ("compile.rms_norm", (torch.randn(8, 64), torch.randn(64), 1e-6))):
+    since = time.time() - 0.05
+    registry.get(kernel_id).impl(*args)
+    records.append({"kernel_id": kernel_id, "jit_files": json.dumps(jit.written_since(["inductor", "triton"], since))})
+sys.path.insert(0, sys.argv[2])
+from tests.tables import entry, table
+from lzsolve.artifact import kernel_provenance, write_artifact
+sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
+raw = table(ops=[entry(sig, {"kernel_id": "compile.rms_norm"})], kernels=kernel_provenance(["compile.rms_norm"]),
+            buckets={"norm.rms": {"tokens": [4, 8]}})
+write_artifact(out, raw, "report", records)
+print(json.dumps({r["kernel_id"]: json.loads(r["jit_files"]) for r in records}))
+"""
+
+
+def test_the_archive_carries_the_chosen_kernels_entries_alone_and_they_suffice(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-default-cache"),
+           "TRITON_CACHE_DIR": str(tmp_path / "empty-default-triton")}
+    artifact = tmp_path / "artifact"
+    written = json.loads(run(COMPILE_TWO_AND_PACK_ONE, artifact, repo, cwd=repo, env=env))
+    assert written["compile.gelu"] and written["compile.rms_norm"], "each first call compiled something"
+    with tarfile.open(artifact / "jit" / "caches.tar") as tar:
+        packed = {m.name for m in tar if m.isfile()}
+    assert packed == set(written["compile.rms_norm"]), "the files the chosen kernel's first call wrote"
+    assert set(written["compile.gelu"]) - packed, "the other kernel's entries stay out"
+    restored = json.loads(run(LOAD_AND_CALL, artifact, "restore", tmp_path / "jit", cwd=tmp_path, env=env))
+    assert restored["compiled_on_request"] == 0 and restored["hit"] > 0 and restored["miss"] == 0

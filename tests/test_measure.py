@@ -105,3 +105,32 @@ def test_the_reference_is_computed_once_per_workload(monkeypatch):
     assert len(calls) == 1
     run_task(ParityTask(SIG, "torch.rms_norm", {"tokens": 4}, seed=8), CPU, harness, Sensor())
     assert len(calls) == 2, "new inputs, new reference"
+
+
+FIRST_COMPILE = """
+import json, sys, torch
+from lzsolve.bench import CpuHarness
+from lzsolve.env import Sensor
+from lzsolve.measure import ParityTask, run_task
+from runtime_loader import jit
+from runtime_loader.ops import Signature
+jit.point_caches(sys.argv[1])
+sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
+out = [run_task(ParityTask(sig, kernel, {"tokens": 4}, seed=1), torch.device("cpu"), CpuHarness(), Sensor())
+       for kernel in ("compile.rms_norm", "torch.rms_norm")]
+print(json.dumps(out))
+"""
+
+
+def test_a_first_call_that_compiles_records_the_cache_files_it_wrote(tmp_path):
+    import json
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-c", FIRST_COMPILE, str(tmp_path / "caches")], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    compiled, plain = json.loads(result.stdout.strip().splitlines()[-1])
+    files = json.loads(compiled["jit_files"])
+    assert files and all(f.startswith("inductor/") for f in files)
+    assert all((tmp_path / "caches" / f).is_file() for f in files)
+    assert "jit_files" not in plain, "a kernel without a JIT cache has none"

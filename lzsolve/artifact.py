@@ -207,18 +207,25 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
 
 
 def jit_files(table: dict, records: list[dict]) -> dict[str, list[str]]:
-    """Per JIT cache kind, the files the table's kernels wrote there (their records' jit_files). A
-    kind is left out, and packed whole, when one of the table's kernels that keeps it has no such
-    record (it compiled in a run that did not record them, or too fast to be walked)."""
+    """Per JIT cache kind, the files the table's kernels wrote there at their first calls (their
+    records' jit_files). A kind is left out, and packed whole, unless every table kernel that keeps
+    it has such files and never had a slow first call that wrote nothing: that call loaded what
+    another kernel had compiled (FlashInfer's norm module serves several kernels), which only the
+    whole cache is sure to hold."""
     kernels = {k: v["jit_caches"] for k, v in table["kernels"].items() if v["jit_caches"]}
     written: dict[str, set[str]] = {}
+    borrowed: set[str] = set()
     for r in records:
         if r.get("kernel_id") in kernels and r.get("jit_files") is not None:
-            written.setdefault(r["kernel_id"], set()).update(json.loads(r["jit_files"]))
+            found = json.loads(r["jit_files"])
+            written.setdefault(r["kernel_id"], set()).update(found)
+            if not found:
+                borrowed.add(r["kernel_id"])
+    own = {k for k, found in written.items() if found} - borrowed
     files: dict[str, list[str]] = {}
     for kind in {kind for kinds in kernels.values() for kind in kinds}:
         users = [k for k, kinds in kernels.items() if kind in kinds]
-        if all(k in written for k in users):
+        if all(k in own for k in users):
             files[kind] = sorted(f for k in users for f in written[k] if f.startswith(f"{kind}/"))
     return files
 

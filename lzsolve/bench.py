@@ -209,9 +209,9 @@ def keep_freed_memory() -> bool:
     only by some frees) with fresh pages and unmaps them on free, so an eager op with a few MB of
     fp32 temporaries pays a page fault per 4 KiB on every call, and what a call costs depends on
     the allocator's history: eager RMSNorm + add at 80 x 8192 on a 2-core VM ran 2.0 ms with
-    1600 faults a call, 0.24 ms with none (BENCHMARKS §10.13). The faulting time was a tune's
-    and the other one the evaluation's, and they chose differently. Kernels are timed in the
-    steady state of a server whose heap is warm; False where the C library is not glibc."""
+    1600 faults a call, 0.24 ms with none (BENCHMARKS §10.13): a tune timed one, its evaluation
+    the other, and they disagreed on the choice. Kernels are timed in the steady state of a server
+    whose heap is warm. False where the C library is not glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

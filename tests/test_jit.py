@@ -204,3 +204,19 @@ def test_the_archive_carries_the_chosen_kernels_entries_alone_and_they_suffice(t
     assert set(written["compile.gelu"]) - packed, "the other kernel's entries stay out"
     restored = json.loads(run(LOAD_AND_CALL, artifact, "restore", tmp_path / "jit", cwd=tmp_path, env=env))
     assert restored["compiled_on_request"] == 0 and restored["hit"] > 0 and restored["miss"] == 0
+
+
+def test_a_cache_goes_whole_unless_every_kernel_of_it_wrote_its_own_files():
+    from lzsolve.artifact import jit_files
+    kernels = {"a": {"jit_caches": ["triton"]}, "b": {"jit_caches": ["triton", "inductor"]}, "c": {"jit_caches": []}}
+    own = [{"kernel_id": "a", "jit_files": json.dumps(["triton/a1"])},
+           {"kernel_id": "b", "jit_files": json.dumps(["triton/b1", "inductor/b2"])},
+           {"kernel_id": "z", "jit_files": json.dumps(["triton/z1"])},  # not in the table
+           {"kernel_id": "a", "jit_files": None}]  # a fast first call: nothing to say
+    assert jit_files({"kernels": kernels}, own) == {"triton": ["triton/a1", "triton/b1"], "inductor": ["inductor/b2"]}
+    # b once took its time and wrote nothing: it loaded what another kernel compiled
+    borrowed = own + [{"kernel_id": "b", "jit_files": "[]"}]
+    assert jit_files({"kernels": kernels}, borrowed) == {}
+    # a never recorded what it wrote (an older run): triton goes whole, inductor (b's alone) by file
+    older = [r for r in own if r["kernel_id"] != "a"]
+    assert jit_files({"kernels": kernels}, older) == {"inductor": ["inductor/b2"]}

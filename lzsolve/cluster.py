@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from runtime_loader.hardware import MATCH_FIELDS, hardware_signature
+from runtime_loader.hardware import differing, hardware_signature
 from runtime_loader.specs import CRASHED, TIMEOUT
 
 from .bench import timer_name
@@ -210,7 +210,7 @@ def check_same_hardware(here: dict, places: list[tuple[str, dict]]) -> None:
     whose hardware (the fields a table must match where it is loaded) differs."""
     differ = {}
     for node, sig in places:
-        fields = [k for k in MATCH_FIELDS if sig.get(k) != here.get(k)]
+        fields = differing(sig, here)
         if fields:
             differ[node] = f"{node} ({describe(sig)}: {'/'.join(fields)} differ)"
     if differ:

@@ -88,6 +88,10 @@ def slug(sig: dict) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text).strip("-")
 
 
+def differing(a: dict, b: dict) -> list[str]:
+    """The fields a table must match where it is loaded (MATCH_FIELDS) that differ between a and b."""
+    return [k for k in MATCH_FIELDS if a.get(k) != b.get(k)]
+
+
 def mismatches(table_sig: dict, here: dict) -> list[str]:
-    return [f"{k}: table {table_sig.get(k)!r} vs here {here.get(k)!r}"
-            for k in MATCH_FIELDS if table_sig.get(k) != here.get(k)]
+    return [f"{k}: table {table_sig.get(k)!r} vs here {here.get(k)!r}" for k in differing(table_sig, here)]

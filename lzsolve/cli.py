@@ -228,8 +228,9 @@ def cli():
               help="measure in a worker process, so a crash or hang costs one record, not the run")
 @click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
               help="measure on several devices of this host, one worker each (they must be the same model): "
-                   "each bucket's candidates go, whole, to the next free device, largest first; one table is "
-                   "solved from every record  [default: --device alone]")
+                   "each bucket's candidates go, whole, to the next free device, largest first, as do each "
+                   "search study's buckets and each signature's validation; one table is solved from every "
+                   "record  [default: --device alone]")
 @click.option("--ray", "ray_address", default=None, metavar="local|auto|HOST:PORT",
               help="measure on the GPUs of a Ray cluster, one worker (a Ray actor) each, scheduled as with "
                    "--devices; this host plans the run and alone writes the PerfDB, so run it on a node like "
@@ -331,7 +332,8 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
 
     try:
         budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind), refine=refine)
-        plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, runner, out_dir, mode, trials, budget)
+        plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, [lane.runner for lane in session.lanes],
+                                 out_dir, mode, trials, budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
                    f"({where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
@@ -435,7 +437,7 @@ def _print_notes(plan: Plan) -> None:
         click.echo(f"note: {line}", err=True)
 
 
-def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: int | None,
+def _search(plan, spaces_dir: Path, runners, out_dir: Path, mode: str, trials: int | None,
             budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
     """Search the tunable kernels' configurations (when any is a candidate); the plan gains the
     winners. Returns what the search spent too (None when there was nothing to search)."""
@@ -447,7 +449,7 @@ def _search(plan, spaces_dir: Path, runner, out_dir: Path, mode: str, trials: in
                f"(studies in {out_dir / STORAGE_NAME})", err=True)
     with progress(total, "searching") as bar:
         try:
-            plan, stats = search(plan, spaces, runner, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
+            plan, stats = search(plan, spaces, runners, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
                                  on_trial=lambda label: bar.update(1, label), budget=budget)
         except Exception as e:
             # optuna's SQLite storage reports a full disk as its own error type, with SQLite's words

@@ -11,6 +11,10 @@ a re-run continues each study instead of restarting it.
 The winners of a signature's buckets then join that signature's candidates at
 every bucket, timed interleaved with the rest: the solver sees each searched
 configuration across the whole grid, next to its family's default.
+
+On several devices (`tune --devices`, `--ray`) each (signature, family) search, all of its
+buckets, goes whole to the next free device, the largest first: its buckets seed each
+other in order, and a study's trials are compared on one GPU.
 """
 from __future__ import annotations
 
@@ -21,13 +25,14 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import yaml
 
 from runtime_loader import registry
 from runtime_loader.specs import config_id
 
+from .devices import run_sharded
 from .errors import LzError
 from .measure import ParityTask, TimingTask
 from .perfdb import dims_key
@@ -136,6 +141,12 @@ class SearchStats:
     refined: int = 0  # of which hill-climbing steps (SearchBudget.refine)
     stopped: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(STOP_REASONS, 0))
 
+    def add(self, other: "SearchStats") -> None:
+        self.budgeted, self.run, self.refined = (self.budgeted + other.budgeted, self.run + other.run,
+                                                 self.refined + other.refined)
+        for reason, n in other.stopped.items():
+            self.stopped[reason] += n
+
     def as_dict(self) -> dict:
         return {"trials_budgeted": self.budgeted, "trials_run": self.run, "trials_refining": self.refined,
                 "studies_stopped_by": dict(self.stopped)}
@@ -191,9 +202,9 @@ def stale_trials(trials, noise: float = NOISE) -> int:
 class BucketSearch:
     """The studies of one signature and tunable family, bucket by bucket in `bucket_order`."""
 
-    def __init__(self, sp: SignaturePlan, space: SearchSpace, runner: Runner, url: str, mode: str, hw_slug: str,
+    def __init__(self, sp: SignaturePlan, space: SearchSpace, runner: Runner, storage, mode: str, hw_slug: str,
                  budget: SearchBudget, stats: SearchStats, seeds, on_trial: Callable[[str], None]):
-        self.sp, self.space, self.runner, self.url, self.mode, self.hw_slug = sp, space, runner, url, mode, hw_slug
+        self.sp, self.space, self.runner, self.storage, self.mode, self.hw_slug = sp, space, runner, storage, mode, hw_slug
         self.budget, self.stats, self.seeds, self.on_trial = budget, stats, seeds, on_trial
         self.default = registry.TUNABLES[space.kernel].default
         self.points = list(sp.workloads)
@@ -226,7 +237,7 @@ class BucketSearch:
 
         dims, sig = self.points[i], self.sp.instance.signature
         study = optuna.create_study(
-            study_name=study_name(self.sp, dims, self.space, self.hw_slug, self.mode), storage=self.url,
+            study_name=study_name(self.sp, dims, self.space, self.hw_slug, self.mode), storage=self.storage,
             load_if_exists=True, direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
         if not study.trials:  # the default configuration is the baseline every search starts from
             study.enqueue_trial(self.default)
@@ -309,31 +320,42 @@ class BucketSearch:
             self.behind[i] = times[ours] / best_other
 
 
-def search(plan: Plan, spaces: dict[str, SearchSpace], runner: Runner, storage: Path, mode: str, hw_slug: str,
-           trials: int | None = None, on_trial: Callable[[str], None] = lambda label: None,
+def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner], storage: Path, mode: str,
+           hw_slug: str, trials: int | None = None, on_trial: Callable[[str], None] = lambda label: None,
            budget: SearchBudget = SearchBudget()) -> tuple[Plan, SearchStats]:
     """Run (or continue) every study of the plan; returns the plan with each signature's searched
     winners added as candidates, and what the search spent. `trials` overrides the spaces' own
-    budgets; `budget` says when a study stops before them."""
+    budgets; `budget` says when a study stops before them. With several runners (one per device),
+    each (signature, family) search goes whole to the next free one, the largest first."""
     import optuna
 
     optuna.logging.set_verbosity(logging.WARNING)
-    url = f"sqlite:///{storage}"
-    seeds, stats = fresh_seeds(), SearchStats()
+    # one storage for every thread: optuna's RDBStorage is shared by its own n_jobs threads
+    db = optuna.storages.RDBStorage(f"sqlite:///{storage}")
+    seeds = fresh_seeds()  # itertools.count: next() is atomic under the GIL
+    units = [(n, space, trials if trials is not None else space.trials)
+             for n, sp in enumerate(plan.signatures) for cand in sp.candidates
+             if cand.admitted and (space := spaces.get(cand.spec.kernel_id)) is not None]
+    units.sort(key=lambda u: len(plan.signatures[u[0]].workloads) * u[2], reverse=True)  # trials bound its cost
+
+    def run(runner: Runner, unit) -> list[tuple[int, SearchStats, list[Candidate]]]:
+        n, space, budgeted = unit
+        stats = SearchStats()
+        searched = BucketSearch(plan.signatures[n], space, runner, db, mode, hw_slug, budget, stats, seeds, on_trial)
+        winners = [Candidate(registry.get(config_id(space.kernel, best)), ())
+                   for best in searched.run(budgeted) if best != searched.default]
+        return [(n, stats, winners)]
+
+    done = run_sharded(units, runners, run)
+    stats, winners = SearchStats(), [dict() for _ in plan.signatures]
+    for n, unit_stats, found in done:
+        stats.add(unit_stats)
+        winners[n].update((c.spec.kernel_id, c) for c in found)
     signatures = []
-    for sp in plan.signatures:
-        winners: dict[str, Candidate] = {}
-        for cand in sp.candidates:
-            space = spaces.get(cand.spec.kernel_id)
-            if space is None or not cand.admitted:
-                continue
-            searched = BucketSearch(sp, space, runner, url, mode, hw_slug, budget, stats, seeds, on_trial)
-            for best in searched.run(trials if trials is not None else space.trials):
-                if best != searched.default:
-                    spec = registry.get(config_id(space.kernel, best))
-                    winners[spec.kernel_id] = Candidate(spec, ())
-        added = tuple(c for k, c in sorted(winners.items()) if k not in {c.spec.kernel_id for c in sp.candidates})
-        signatures.append(dataclasses.replace(sp, candidates=sp.candidates + added))
+    for sp, found in zip(plan.signatures, winners):
+        known = {c.spec.kernel_id for c in sp.candidates}
+        signatures.append(dataclasses.replace(sp, candidates=sp.candidates + tuple(
+            c for k, c in sorted(found.items()) if k not in known)))
     return dataclasses.replace(plan, signatures=tuple(signatures)), stats
 
 

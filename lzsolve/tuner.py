@@ -377,7 +377,7 @@ class Session:
         workload (one bucket's candidates, never split) goes to the next free device, largest first."""
         if len(self.lanes) == 1:
             return [r for sp, work in jobs for r in self.measure(sp, work, phase, modes, on_step)]
-        units = sorted(((sp, [item]) for sp, work in jobs for item in work), key=workload_size, reverse=True)
+        units = first_calls_apart([(sp, [item]) for sp, work in jobs for item in work])
         return run_sharded(units, self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane))
 
     def changes(self, plan: Plan) -> tuple[list[str], list[str]]:
@@ -402,6 +402,20 @@ def workload_size(unit: tuple[SignaturePlan, Work]) -> float:
     sig = sp.instance.signature
     contract = CONTRACTS[sig.op]
     return sum(c.admitted for c in candidates) * (contract.flops(sig, dims) + contract.bytes_moved(sig, dims))
+
+
+def first_calls_apart(units: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:
+    """The order in which several devices take workloads: the largest first, except that every
+    signature's largest comes before any signature's second. A kernel's first call compiles it
+    (FlashInfer's prefill module: 71 s on the H100) and the workloads of one signature share their
+    kernels, so devices that all start on the largest signature wait on one compile in turn; started
+    on different signatures, they compile different kernels at once (BENCHMARKS §15)."""
+    first, rest, seen = [], [], set()
+    for unit in sorted(units, key=workload_size, reverse=True):
+        signature = str(unit[0].instance.signature)
+        (rest if signature in seen else first).append(unit)
+        seen.add(signature)
+    return first + rest
 
 
 def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda label: None) -> list[dict]:

@@ -23,10 +23,11 @@ from typing import Callable
 
 from runtime_loader.ops import OPS
 
+from .devices import run_sharded
 from .grid import buckets, points_near, random_points
 from .perfdb import dims_key
 from .solve import pick, points_from, solve_signature
-from .tuner import Plan, Session, SignaturePlan, Work, by_signature, contenders
+from .tuner import Lane, Plan, Session, SignaturePlan, Work, by_signature, contenders
 
 VALIDATION_SHAPES = 8  # random shapes per dynamic dim of each op signature in every tune: a plane of
 # (batch, seq) needs more than a line of tokens to meet its rough spots (FA3's small prefills, BENCHMARKS §10.7)
@@ -146,23 +147,27 @@ def validate(session: Session, planned: list[Planned], records: list[dict], mode
     """Time the planned shapes; returns their records and, per signature, the validation summary:
     figures before refinement (the tree as solved without these shapes), after (solved with
     them), and whether the tree changed. `on_more` hears of each second round's measurements
-    before they start (a progress bar's total)."""
+    before they start (a progress bar's total). On several devices each signature goes whole
+    to the next free one (its second round depends on its first), the largest first."""
     recs = by_signature(records)
-    new, summaries = [], {}
-    for p in planned:
+
+    def one(lane: Lane, p: Planned) -> list[tuple[str, list[dict], dict]]:
         sp = p.signature
         sig, dynamic = str(sp.instance.signature), OPS[sp.instance.signature.op].dynamic
-        measured = session.measure(sp, p.work, "validation", (mode,), on_step)
+        measured = session.measure(sp, p.work, "validation", (mode,), on_step, lane)
         judged = _judge_all(sig, p.tree, sp.fallback, p.work, measured, mode)
         near = _around_losses(sp, p.tree, judged, recs[sig] + measured, mode)
         on_more(sum(len(candidates) for _, candidates in near))
-        measured += session.measure(sp, near, "validation", (mode,), on_step)
+        measured += session.measure(sp, near, "validation", (mode,), on_step, lane)
         after = solve_signature(recs[sig] + measured, dynamic, sp.fallback, mode)["tree"]
-        summaries[sig] = {"shapes": len(p.work), "near_shapes": len(near), "before": stats(judged),
-                          "after": stats(_judge_all(sig, after, sp.fallback, p.work + near, measured, mode)),
-                          "refined": _structure(after) != _structure(p.tree)}
-        new += measured
-    return new, summaries
+        return [(sig, measured, {"shapes": len(p.work), "near_shapes": len(near), "before": stats(judged),
+                                 "after": stats(_judge_all(sig, after, sp.fallback, p.work + near, measured, mode)),
+                                 "refined": _structure(after) != _structure(p.tree)})]
+
+    units = sorted(planned, key=lambda p: sum(len(c) for _, c in p.work), reverse=True)
+    done = {sig: (measured, summary) for sig, measured, summary in run_sharded(units, session.lanes, one)}
+    order = [str(p.signature.instance.signature) for p in planned]  # records and summaries in the plan's order
+    return [r for sig in order for r in done[sig][0]], {sig: done[sig][1] for sig in order}
 
 
 def _judge_all(sig: str, tree: dict, fallback: str, work: Work, measured: list[dict], mode: str) -> list[PointResult]:

@@ -7,6 +7,7 @@ registry (plus any --plugin modules) and runs `measure.run_task`.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing as mp
 import signal
@@ -42,12 +43,21 @@ class InProcessRunner:
 
     def __post_init__(self):
         load_plugins(self.plugins)
-        self.harness = make_harness(self.device, self.budget)
+        with self.current():
+            self.harness = make_harness(self.device, self.budget)
         self.sensor = Sensor.for_device(self.device)
         self.timer = self.harness.name
 
+    def current(self):
+        """Its device made the current one while it works: Triton and FlashInfer launch, and CUDA
+        events and graphs record, on the current device, not on the one their tensors name (a
+        worker for cuda:1 would otherwise time device 0's stream). Per thread, as --no-isolate's
+        lanes are."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
     def run(self, task: ParityTask | TimingTask | CeilingTask) -> dict:
-        return run_task(task, self.device, self.harness, self.sensor)
+        with self.current():
+            return run_task(task, self.device, self.harness, self.sensor)
 
     def close(self) -> None:
         pass

@@ -18,6 +18,7 @@ from lzsolve.measure import CeilingTask, ParityTask
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import SCHEMA, PerfDB
 from lzsolve.tuner import Session, make_plan, tune
+from lzsolve.validate import plan_validation, validate
 from tests.test_cli import TINY_LLAMA, run_cli
 
 
@@ -78,13 +79,15 @@ def test_an_error_in_one_lane_stops_the_others_after_their_unit():
 
 
 class LaneRunner:
-    """Admits every kernel and times it at 1 ms, remembering which device ran what."""
+    """Admits every kernel and times it at 1 ms, remembering which device ran what (taking `delay`
+    seconds over each task, so that one lane cannot drain the queue before the other starts)."""
 
-    def __init__(self, device: str):
-        self.device, self.timer, self.restarts, self.seen = torch.device(device), "fake", 0, []
+    def __init__(self, device: str, delay: float = 0.0):
+        self.device, self.timer, self.restarts, self.seen, self.delay = torch.device(device), "fake", 0, [], delay
 
     def run(self, task):
         self.seen.append(task)
+        time.sleep(self.delay)
         if isinstance(task, ParityTask):
             return {"stage": "parity"}
         if isinstance(task, CeilingTask):
@@ -109,6 +112,45 @@ def test_records_are_tagged_with_their_device_and_a_workload_stays_on_one(tmp_pa
     assert all(len(d) == 1 for d in per_workload.values()), "a workload's candidates never split"
     stored = PerfDB(tmp_path / "two").rows("SELECT device_index, count(*) AS n FROM records GROUP BY 1")
     assert {r["device_index"] for r in stored} >= {0, 1}
+
+
+def test_validation_shares_out_its_signatures_whole_over_the_devices(tmp_path):
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
+    lanes = LaneRunner("cpu", 0.002), LaneRunner("cpu", 0.002)
+    session = Session(plan, PerfDB(tmp_path / "perfdb"), lanes[0], reuse=False, more=(lanes[1],))
+    records = tune(plan, session)
+    planned = plan_validation(plan, records, "eager", shapes=2)
+    assert len(planned) >= 2
+    before = [len(lane.seen) for lane in lanes]
+    checked, summaries = validate(session, planned, records, "eager")
+    assert all(len(lane.seen) > n for lane, n in zip(lanes, before)), "both devices validated"
+    assert list(summaries) == [str(p.signature.instance.signature) for p in planned], "in the plan's order"
+    where = {}
+    for r in checked:  # (a validation shape that is a grid bucket reuses the grid's record, from either device)
+        if r["phase"] == "validation" and r["stage"] != "capability":
+            where.setdefault(r["signature"], set()).add(r["device_index"])
+    assert all(len(d) == 1 for d in where.values()), "a signature's rounds stay on one device"
+    assert {d for ds in where.values() for d in ds} == {0, 1}
+
+
+def test_devices_start_on_different_signatures_then_take_the_largest_workloads():
+    """Every signature's largest workload first (its kernels' first calls compile: on different
+    devices at once), then the rest largest first."""
+    from lzsolve.tuner import first_calls_apart, workload_size
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
+    units = [(sp, [(dims, sp.candidates)]) for sp in plan.signatures for dims in sp.workloads]
+    order = first_calls_apart(units)
+    signatures = [str(sp.instance.signature) for sp, _ in order]
+    n = len(plan.signatures)
+    assert len(order) == len(units) > n and len(set(signatures[:n])) == n, "one workload of each signature first"
+    for part in (order[:n], order[n:]):
+        sizes = [workload_size(u) for u in part]
+        assert sizes == sorted(sizes, reverse=True)
+    for sp in plan.signatures:  # and that one is the signature's largest
+        mine = [u for u in units if u[0] is sp]
+        assert workload_size(next(u for u in order if u[0] is sp)) == max(map(workload_size, mine))
 
 
 def test_a_perfdb_from_before_device_index_stays_readable(tmp_path):
@@ -169,3 +211,22 @@ def test_a_rerun_measures_only_the_kernels_whose_version_changed(tmp_path, monke
     fresh = [r for r in again if r["run_id"] == session.run_id and r["stage"] != "capability"]
     assert fresh and {r["kernel_id"] for r in fresh} == {upgraded.kernel_id}
     assert len(again) == len(first)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_runner_for_the_second_gpu_checks_and_times_there():
+    """Triton launches, and CUDA events and graphs record, on the current device: a runner for
+    cuda:1 must make it current, or its kernels fault on cuda:1's tensors and its timings are
+    device 0's stream."""
+    from lzsolve.measure import TimingTask
+    from lzsolve.worker import InProcessRunner
+    from runtime_loader.ops import Signature
+
+    sig = Signature.make("norm.rms", {"hidden": 4096}, (), "bf16")
+    runner = InProcessRunner(torch.device("cuda", 1))
+    for kernel in ("triton.rms_norm", "eager.rms_norm"):
+        assert not runner.run(ParityTask(sig, kernel, {"tokens": 64}, 0)).get("reason_code"), kernel
+    timed = runner.run(TimingTask(sig, ("triton.rms_norm", "eager.rms_norm"), {"tokens": 64}, 1))["per_kernel"]
+    assert all(timed[k]["graph_ms"] > 0 and timed[k]["eager_ms"] > 0 for k in timed), timed
+    assert torch.cuda.current_device() == 0, "the caller's current device is left as it was"

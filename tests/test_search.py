@@ -146,7 +146,7 @@ def norm_plan():
 
 
 def searched(tmp_path, name, runner, budget, trials=10):
-    plan, stats = search(norm_plan(), {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}, runner,
+    plan, stats = search(norm_plan(), {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}, [runner],
                          tmp_path / f"{name}.sqlite3", "eager", "fake", trials=trials, budget=budget)
     family = {c.spec.kernel_id for sp in plan.signatures for c in sp.candidates if c.spec.kernel_id.startswith("demo.")}
     return family, stats
@@ -212,3 +212,37 @@ def test_hill_climbing_walks_from_the_searched_best_to_a_better_neighbour(tmp_pa
     assert any(best_at(runner, plain, t) > best_at(runner, every, t) for t in TOKENS), "TPE alone stops short"
     assert 0 < stats.refined <= 8 * len(TOKENS) and stats.run == plain_stats.run + stats.refined
     assert "hill-climbing" in stats.line()
+
+
+class CountingRunner(FakeRunner):
+    """FakeRunner that remembers how many trials it ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.trials = 0
+
+    def run(self, task):
+        self.trials += isinstance(task, ParityTask)
+        return super().run(task)
+
+
+def test_studies_are_shared_out_over_the_devices_with_the_same_winners(tmp_path):
+    """tune --devices: each (signature, family) search goes whole to the next free device; the
+    winners and the trials spent are those of one device."""
+    wider = capture({**TINY_LLAMA, "hidden_size": 512, "intermediate_size": 1024}, "wider", dtype="fp32")
+    grid = Grid("fake", {**GRIDS["tiny"], "*": {"tokens": TOKENS}})
+    two_signatures = dataclasses.replace(norm_plan(), signatures=norm_plan().signatures + tuple(
+        sp for sp in make_plan(wider, "fp32", torch.device("cpu"), grid, only=("demo.*",)).signatures
+        if sp.instance.signature.op == "norm.rms"))
+    space = {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}
+
+    def run(name, runners):
+        plan, stats = search(two_signatures, space, runners, tmp_path / f"{name}.sqlite3", "eager", "fake", trials=4,
+                             budget=FULL_BUDGET)
+        return [tuple(c.spec.kernel_id for c in sp.candidates) for sp in plan.signatures], stats
+
+    one = run("one", [CountingRunner()])
+    lanes = [CountingRunner(), CountingRunner()]
+    two = run("two", lanes)
+    assert len(two[0]) == 2 and two == one
+    assert all(lane.trials == 4 * len(TOKENS) for lane in lanes), "one signature's studies on each device"

@@ -20,6 +20,7 @@ compile, autotune), which never enters the steady-state numbers.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import statistics
 import time
@@ -41,6 +42,14 @@ class Budget:
     max_sample_s: float = 0.005  # rotate fewer sets when one pass would take longer: a call this
     # long refills the cache itself, so more sets would only slow the tuning
 
+    def shared_by(self, rounds: int) -> "Budget":
+        """This budget split over `rounds` timings of one workload: each round gets its part of the
+        time cap and of the minimum samples (3 at least), so the rounds together cost about one."""
+        if rounds == 1:
+            return self
+        return dataclasses.replace(self, time_cap_s=self.time_cap_s / rounds, min_samples=min(
+            self.max_samples, max(3, math.ceil(self.min_samples / rounds))))
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -58,6 +67,20 @@ class Measurement:
     graph_error: str | None = None
     sets: int = 1  # input sets rotated per sample
     graph_tried: bool = True  # whether graph timing was asked for (graph_error then says why it is missing)
+
+
+def slowest(rounds: list[Measurement]) -> Measurement:
+    """Several rounds of one kernel's timing, each on newly allocated inputs, as one measurement:
+    per mode the slowest round's figures (its spread too: the slower round is already the
+    cautious figure, and a wider spread would only excuse more of a loss), the samples of all."""
+    def combine(timings: list[Timing | None]) -> Timing | None:
+        if any(t is None for t in timings):
+            return None
+        slow = max(timings, key=lambda t: t.median_ms)
+        return dataclasses.replace(slow, samples=sum(t.samples for t in timings))
+    first = rounds[0]
+    return Measurement(combine([m.eager for m in rounds]), combine([m.graph for m in rounds]), first.graph_error,
+                       first.sets, first.graph_tried)
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -85,6 +108,7 @@ class Harness(Protocol):
     name: str
     cache_bytes: int
     budget: Budget
+    placements: int  # rounds of timing per workload, each on newly allocated inputs (measure.run_timing)
 
     def first_call(self, fn: Callable[[], object]) -> tuple[object, float]: ...
 
@@ -104,6 +128,7 @@ class _Base:
 
     name = "abstract"
     cache_bytes = 0
+    placements = 1
     no_graph = "CUDA graphs need a CUDA device"
 
     def __init__(self, budget: Budget = Budget()):
@@ -222,9 +247,9 @@ def keep_freed_memory() -> bool:
 class CpuHarness(_Base):
     name = "cpu_perf_counter"
     cache_bytes = 32 << 20  # a typical last-level cache; sizes the rotation only
-
-    def __init__(self, budget: Budget = Budget()):
-        super().__init__(budget)
+    def __init__(self, budget: Budget = Budget(), placements: int = 1):
+        super().__init__(budget.shared_by(placements))
+        self.placements = placements
         keep_freed_memory()
 
     def _eager_sampler(self, calls):
@@ -300,6 +325,14 @@ def timer_name(device: torch.device) -> str:
     return CudaHarness.name if device.type == "cuda" else CpuHarness.name
 
 
+# A kernel's CPU time can depend on where its buffers happen to lie: Inductor's fused RMSNorm + add
+# at 49 x 8192 ran near 120 or near 175 us from one timing task to the next, each with newly
+# allocated inputs, while torch's stayed at 150-165 (BENCHMARKS §10.13); a tune that saw the fast
+# mode chose it, and a server could get the slow one. So on CPU a workload is timed in this many
+# rounds, each on inputs placed anew, and a kernel counts at its slowest (measure.run_timing).
+CPU_PLACEMENTS = 2
+
+
 def make_harness(device: torch.device, budget: Budget | None = None) -> Harness:
     budget = budget or Budget()
-    return CudaHarness(budget, device) if device.type == "cuda" else CpuHarness(budget)
+    return CudaHarness(budget, device) if device.type == "cuda" else CpuHarness(budget, CPU_PLACEMENTS)

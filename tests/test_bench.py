@@ -170,3 +170,14 @@ def test_cpu_kernels_are_timed_without_a_page_fault_per_call():
                                       check=True).stdout) for how in ("default", "harness")}
     temporaries = 40 << 20 >> 12  # pages in one
     assert faults["default"] > 20 * temporaries and faults["harness"] * 20 < faults["default"], faults
+
+
+def test_the_rounds_of_one_workload_share_its_budget():
+    """On CPU the tuner times each workload in CPU_PLACEMENTS rounds (measure.run_timing); together
+    they get about the time one round had."""
+    from lzsolve.bench import CPU_PLACEMENTS, make_harness
+    budget = Budget(min_samples=5, max_samples=200, time_cap_s=0.5)
+    assert budget.shared_by(1) is budget
+    assert (budget.shared_by(2).min_samples, budget.shared_by(2).time_cap_s) == (3, 0.25)
+    harness = make_harness(torch.device("cpu"), budget)
+    assert harness.placements == CPU_PLACEMENTS == 2 and harness.budget == budget.shared_by(2)

@@ -74,6 +74,37 @@ def test_timing_task_record_fields():
     assert harness.sets == {32}
 
 
+def test_cpu_kernels_count_at_their_slower_placement(monkeypatch):
+    """On CPU a workload is timed in two rounds, each on inputs allocated anew (earlier ones kept, so
+    they lie elsewhere); a kernel that is fast on one placement and slow on the other counts as slow."""
+    import dataclasses
+    import time
+
+    from runtime_loader import registry
+    seen: dict[int, set] = {1: set(), 2: set()}
+
+    class Rounds(CpuHarness):
+        round = 0
+
+        def measure(self, candidates, modes=("eager", "graph")):
+            self.round += 1
+            return super().measure(candidates, modes)
+
+    harness = Rounds(Budget(warmup_s=0.0, min_samples=3, max_samples=3), placements=2)
+
+    def placed(x, weight, eps):
+        seen[harness.round].add(x.data_ptr())
+        time.sleep(0.004 if harness.round == 2 else 0.001)
+        return registry.get("torch.rms_norm").impl(x, weight, eps)
+    monkeypatch.setitem(registry.REGISTRY, "test.placed",
+                        dataclasses.replace(registry.get("torch.rms_norm"), kernel_id="test.placed", impl=placed))
+    out = timing(["test.placed", "torch.rms_norm"], harness=harness)
+    assert harness.round == 2 and seen[1] and seen[2] and not seen[1] & seen[2], "new inputs, new addresses"
+    slow = out["test.placed"]
+    assert slow["eager_ms"] > 3.5, "the slower round counts"
+    assert slow["eager_samples"] == 6 and out["torch.rms_norm"]["eager_ms"] < 1
+
+
 def test_throttled_measurement_is_retried_once_then_marked():
     harness = CountingHarness()
     out = timing(["torch.rms_norm"], ScriptedSensor([SW_POWER_CAP, 0, 0, 0]), harness)

@@ -146,7 +146,9 @@ class Dispatcher:
         self._dropped: set[str] = set()  # kernels used for no call any more (BREAKER_LIMIT failures, warm-up)
         self._warned: set = set()
         _live.add(self)
-        here = device_info("cuda" if self._on_cuda else "cpu")
+        # a dispatcher without a table (policy alone) serves calls on any device: its locks are
+        # checked against the GPU where there is one
+        here = device_info("cuda" if self._on_cuda or (table is None and torch.cuda.is_available()) else "cpu")
         self._apply_locks(here)
         if table is None:
             return
@@ -190,7 +192,7 @@ class Dispatcher:
         fallback = registry.fallback_for(sig)
         if self.policy.disable:
             return fallback, False, "policy: disabled"
-        if on_cuda != self._on_cuda:
+        if self.table is not None and on_cuda != self._on_cuda:
             return fallback, False, "another device than the table's"
         locked = self._locks.get(sig.op)
         if locked is not None:

@@ -219,6 +219,17 @@ def test_a_lock_that_cannot_serve_a_call_falls_back_with_a_warning(tmp_path):
         loaded(tmp_path, lock={"norm.rms": "nope.kernel"}, strict=True)
 
 
+def test_a_dispatcher_without_a_table_honours_its_locks_on_any_device():
+    """Dispatcher(None, policy=...) has no table's device: a lock serves GPU calls too, so a patched
+    model locked to the eager kernels runs them (benchmarks/qwen35_linear_attention.py's reference
+    ran transformers' FLA path instead: every CUDA call was "another device than the table's")."""
+    d = Dispatcher(None, policy=runtime_loader.Policy(lock={"norm.rms": "torch.rms_norm"}))
+    sig = Signature.make("norm.rms", {"hidden": 64}, (), "bf16")
+    for on_cuda in (False, True):
+        spec, from_table, reason = d._pick(sig, {"tokens": 4}, on_cuda)
+        assert (spec.kernel_id, from_table) == ("torch.rms_norm", True), reason
+
+
 def test_a_malformed_environment_policy_is_ignored_with_a_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("LZSOLVE_LOCK", "norm.rms")
     with pytest.warns(RuntimeWarning, match="policy ignored: .*not op=kernel_id"):

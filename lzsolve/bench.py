@@ -247,6 +247,7 @@ def keep_freed_memory() -> bool:
 class CpuHarness(_Base):
     name = "cpu_perf_counter"
     cache_bytes = 32 << 20  # a typical last-level cache; sizes the rotation only
+
     def __init__(self, budget: Budget = Budget(), placements: int = 1):
         super().__init__(budget.shared_by(placements))
         self.placements = placements

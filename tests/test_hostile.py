@@ -33,6 +33,7 @@ from lzsolve.perfdb import PerfDB
 from lzsolve.worker import _serve
 from runtime_loader import jit
 from runtime_loader.manifest import MANIFEST, build_manifest
+from runtime_loader.safeio import parse_json
 from runtime_loader.table import TableError
 
 from .tables import RMS, entry, table
@@ -302,20 +303,13 @@ def test_table_at_the_size_limit_is_refused_in_bounded_time(base, tmp_path, shap
     d, seconds, warned = guarded_load(artifact)
     assert d.table is None and len(warned) == 1
     # Bounded in what the content forces, at this machine's Python speed: a plain parse and one walk
-    # over every node are the least any check does; refusing took about 7 of those on a 2-core VM
-    # (2.6 s there, where the VM this test was written on took under 2 s).
+    # over every node (safeio.parse_json with no depth to stop at) are the least any check does;
+    # refusing took about 7 of those on a 2-core VM (2.6 s there, where the VM this test was
+    # written on took under 2 s).
     started = time.perf_counter()
-    _count_nodes(json.loads((artifact / "dispatch.json").read_bytes()))
+    parse_json((artifact / "dispatch.json").read_bytes(), 1 << 30, AssertionError, "the table")
     least = time.perf_counter() - started
     assert seconds < max(2 * LOAD_SECONDS, 10 * least), f"{seconds:.2f} s (parse and walk alone: {least:.2f} s)"
-
-
-def _count_nodes(value) -> int:
-    if isinstance(value, dict):
-        return 1 + sum(_count_nodes(k) + _count_nodes(v) for k, v in value.items())
-    if isinstance(value, list):
-        return 1 + sum(map(_count_nodes, value))
-    return 1
 
 
 # --- hostile configs and workloads ---------------------------------------------------------------

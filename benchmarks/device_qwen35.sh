@@ -2,6 +2,7 @@
 # BENCHMARKS.md §13 on the lent H100 (issue 20: Qwen3.5's Gated DeltaNet layers), in one device call:
 # the GPU parity tests of the new kernels, then what the patched layer calls at the benchmark's
 # shapes recorded and tuned (eager mode, as the layer is served), then the benchmark itself.
+# PARITY_KERNELS narrows the parity tests, PROFILE=1 adds the benchmark's profiles ($OUT/prof).
 # Everything it writes is under $OUT: parity.txt, tune.err, report.md, q35.tgz (the table: carry it back as
 # .devrun/parts/q35.tgz and the next call benchmarks it without tuning again), bench.txt, qwen35.json.
 set -u
@@ -10,7 +11,7 @@ grep -E "^torch|fla\.|triton\.sigmoid" "$OUT/setup.txt"
 python3 -c "import transformers, fla; print('transformers', transformers.__version__, 'fla', fla.__version__)"
 start=$(date +%s)
 # tests/test_kernels.py's GPU parity checks, for the new kernels only (FLA's chunk sizes at the corners of its space)
-LZSOLVE_TEST_KERNELS='fla.*,*sigmoid_gate,*causal_conv1d,*deltanet*' timeout "${PARITY_LIMIT:-240}" \
+LZSOLVE_TEST_KERNELS="${PARITY_KERNELS:-fla.*,*sigmoid_gate,*causal_conv1d,*deltanet*}" timeout "${PARITY_LIMIT:-240}" \
   python3 -m pytest -q -m gpu -s -p no:cacheprovider --tb=short tests/test_kernels.py \
   -k "cuda_kernel_parity or searched_configs" > "$OUT/parity.txt" 2>&1
 echo "parity rc=$? after $(( $(date +%s) - start )) s"; grep -vE "^ok " "$OUT/parity.txt" | tail -12
@@ -24,7 +25,7 @@ else
   tar cz -C /tmp --exclude=.jit-work art > "$OUT/q35.tgz"
 fi
 cp /tmp/art/report.md "$OUT/" 2> /dev/null
-python3 benchmarks/qwen35_linear_attention.py --artifact /tmp/art --json "$OUT/qwen35.json" 2> "$OUT/bench.err" \
+python3 benchmarks/qwen35_linear_attention.py --artifact /tmp/art --json "$OUT/qwen35.json" ${PROFILE:+--profile "$OUT/prof"} 2> "$OUT/bench.err" \
   | tee "$OUT/bench.txt"  # each scenario's line as it is measured: a call cut by its limit keeps them
 [ "${PIPESTATUS[0]}" = 0 ] || tail -8 "$OUT/bench.err"
 echo "done after $(( $(date +%s) - start )) s"

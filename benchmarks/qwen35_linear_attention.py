@@ -68,7 +68,7 @@ def layer_call(model, x, cache=None):
     return lambda: layer(x, cache=cache)
 
 
-def serve(model, variant: str, artifact):
+def serve(model, variant: str, artifact, locks=None):
     """Patch the model for a variant (none for transformers' own path); the dispatcher or None."""
     from runtime_loader.integrations.transformers import patch
     if variant == "transformers":
@@ -80,7 +80,7 @@ def serve(model, variant: str, artifact):
     else:  # a missing table, or one whose kernels are stale here, is an error, not fallbacks timed as "lzsolve"
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            d = runtime_loader.load(artifact, strict=True)
+            d = runtime_loader.load(artifact, strict=True, lock=locks if variant == "lzsolve+lock" else None)
     patch(model, d)
     return d
 
@@ -109,6 +109,37 @@ class Switch:
         return call
 
 
+def profile(folder: str, case: str, calls: dict, repeats: int = 5) -> None:
+    """Each variant's calls under torch.profiler: its busy GPU time per call against the wall, the
+    top kernels to DIR/<case>.txt (why one variant is slower: its kernels, or the host between them)."""
+    import os
+    import time
+    from torch.profiler import ProfilerActivity
+    os.makedirs(folder, exist_ok=True)
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    with open(os.path.join(folder, f"{case}.txt"), "w") as out:
+        for variant, (call,) in calls.items():
+            host_us = []
+            for _ in range(10):  # the host's time to issue one call from an idle GPU
+                sync()
+                start = time.perf_counter()
+                call()
+                host_us.append((time.perf_counter() - start) * 1e6)
+            sync()
+            with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    call()
+                sync()
+                wall_us = (time.perf_counter() - start) / repeats * 1e6
+            events = prof.key_averages()
+            gpu_us = sum(e.self_device_time_total for e in events) / repeats
+            line = (f"{case} {variant}: host {sorted(host_us)[5]:.0f} us/call, wall {wall_us:.0f} us/call (profiled), "
+                    f"GPU busy {gpu_us:.0f} us/call")
+            print(line)
+            out.write(f"## {line}\n{events.table(sort_by='self_device_time_total', row_limit=25)}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -116,6 +147,10 @@ def main() -> None:
     parser.add_argument("--record", help="record what the patched layer calls into this workload file, and stop")
     parser.add_argument("--artifact", help="the table for the lzsolve variant")
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--lock", action="append", default=[], metavar="OP=KERNEL",
+                        help="add a variant 'lzsolve+lock': the table with these ops locked (which choice costs)")
+    parser.add_argument("--profile", metavar="DIR", help="also profile each variant at each shape: where its time goes "
+                        "(top kernels, GPU busy time against wall) into DIR/<case>.txt")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -138,9 +173,11 @@ def main() -> None:
         return
 
     variants = ["reference", "transformers"] + (["lzsolve"] if args.artifact else [])
+    variants += ["lzsolve+lock"] if args.artifact and args.lock else []
+    locks = dict(item.split("=", 1) for item in args.lock)
     models = {v: model_of(args.tiny, dtype, device) for v in variants}  # the same weights (seed 0)
     golden = model_of(args.tiny, torch.float32, device)
-    dispatchers = {v: serve(models[v], v, args.artifact) for v in variants}
+    dispatchers = {v: serve(models[v], v, args.artifact, locks) for v in variants}
     serve(golden, "reference", None)
     switch = Switch(dispatchers)
     harness = make_harness(device, Budget(min_samples=10, max_samples=40))
@@ -163,6 +200,9 @@ def main() -> None:
             for v, m in harness.measure(calls, modes=("eager",)).items():
                 us[v] = None if isinstance(m, Exception) else m.eager.median_ms * 1e3
         rows.append({"case": name, "dims": dims, "us": us, "rel_l2_vs_fp32": errors})
+        if args.profile:
+            with torch.no_grad():
+                profile(args.profile, f"{name}-b{dims['batch']}-s{dims['seq']}", calls)
         base = us.get("transformers")
         print(f"{name} {dims}: " + "  ".join(
             f"{v}={t:.0f}us" + (f" ({base / t:.2f}x)" if base and t else "") for v, t in us.items() if t)

@@ -41,6 +41,13 @@ CASES = [
     # 6 heads in a tile of 8, 5 tokens in blocks of 2 (the last partial) and of the default's 32
     ("triton.deltanet_gates", "recurrent.deltanet_gates", {"heads": 6}, (), {"tokens": 5},
      [{"block_t": 2, "warps": 1}]),
+    # 40 channels in blocks of 16 (the last partial); 19 tokens in blocks of 4 (taps before the first
+    # token read zeros); a decode step on a state, rolled in place; width 3 without bias or SiLU
+    ("triton.causal_conv1d", "conv.causal_depthwise", {"channels": 40, "width": 4}, ("silu", "bias"),
+     {"batch": 2, "seq": 19}, [{"block_t": 4, "block_c": 16, "warps": 1}]),
+    ("triton.causal_conv1d", "conv.causal_depthwise", {"channels": 40, "width": 4}, ("silu",), {"batch": 3, "seq": 1},
+     [{"block_t": 1, "block_c": 16, "warps": 1}]),
+    ("triton.causal_conv1d", "conv.causal_depthwise", {"channels": 40, "width": 3}, (), {"batch": 2, "seq": 1}, []),
     # 6 q heads and 2 kv heads in blocks of 4: a full and a partial q block, a partial k block;
     # head_dim 48 leaves part of the pair tile (32 lanes for 24 pairs) masked.
     *[("triton.rope", "posenc.rope", {"hq": 6, "hkv": 2, "d": 48, "layout": layout}, (), {"tokens": 5},
@@ -79,9 +86,17 @@ def with_leading_dims(args):
     return tuple(a.unsqueeze(0) if isinstance(a, torch.Tensor) and a.shape == rows else a for a in args)
 
 
+def strided_rows(args):
+    """x as the first columns of wider rows, as it arrives from the fused q/k/v projection."""
+    x, *rest = args
+    wide = torch.zeros(*x.shape[:-1], x.shape[-1] + 7, dtype=x.dtype)
+    wide[..., :x.shape[-1]] = x
+    return (wide[..., :x.shape[-1]], *rest)
+
+
 DOT_OPS = ("linear", "moe.experts")  # tl.dot: fp16, not bf16, in the interpreter (see above)
 VARIANTS = {"act.swiglu": separate, "act.geglu": separate, "norm.rms_add": with_leading_dims,
-            "linear": with_leading_dims}
+            "linear": with_leading_dims, "conv.causal_depthwise": strided_rows}
 
 
 def check(kernel_id: str, sig: Signature, dims: dict, variant=None) -> list[str]:

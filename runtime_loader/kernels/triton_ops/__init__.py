@@ -80,6 +80,12 @@ TUNABLES = [
     family("triton.deltanet_gates", "recurrent.deltanet_gates", "gates", "deltanet_gates",
            {"block_t": powers_of_two(1, 256), "warps": powers_of_two(1, 8)}, {"block_t": 32, "warps": 1},
            "both gates in one launch, block_t tokens per program; a and b read through their row strides"),
+    # one launch with the new state: FLA's conv wrapper costs ~200 us of host time a call (kernels/triton_ops/conv.py)
+    family("triton.causal_conv1d", "conv.causal_depthwise", "conv", "causal_conv1d",
+           {"block_t": powers_of_two(1, 128), "block_c": powers_of_two(16, 1024), "warps": powers_of_two(1, 8)},
+           {"block_t": 8, "block_c": 128, "warps": 4},
+           "block_t tokens x block_c channels per program; x read through its strides; a decode step rolls the "
+           "state in place", features=frozenset({"silu", "bias"})),
     family("triton.rope", "posenc.rope", "rope", "rope",
            {"block_h": powers_of_two(1, 32), "warps": powers_of_two(1, 16)}, {"block_h": 8, "warps": 4},
            "q and k in one launch, block_h heads of one token per program; out of place",

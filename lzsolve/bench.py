@@ -19,8 +19,10 @@ compile, autotune), which never enters the steady-state numbers.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import gc
 import math
 import statistics
 import time
@@ -121,6 +123,20 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
+@contextlib.contextmanager
+def garbage_collection_paused():
+    """Python's cyclic collector off while samples are taken, as timeit does: a full collection
+    in a process holding many objects (a tune in a long-lived process, a test session) costs
+    tens of ms, and whichever candidate's sample it lands in looks slower for it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class _Base:
     """Times several candidates of one workload interleaved: each round takes one sample of
     every candidate (and mode) still sampling, in a rotating order, so that clock, power
@@ -209,7 +225,8 @@ class _Base:
             if graph is not None:
                 samplers[(name, "graph")] = graph
         try:
-            timings, errors = self._interleaved(samplers)
+            with garbage_collection_paused():
+                timings, errors = self._interleaved(samplers)
         finally:
             keep.clear()  # release the captured graphs
         for name in graph_errors:

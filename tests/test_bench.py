@@ -60,6 +60,38 @@ def test_candidates_are_interleaved_in_rotating_order():
     assert sampled == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
 
 
+def test_no_garbage_collection_lands_in_a_sample(monkeypatch):
+    """Cyclic garbage made by the calls is not collected while samples are taken (a full
+    collection in a big process is tens of ms in one candidate's sample), and the collector
+    is back on afterwards."""
+    import gc
+    collections, sampling = [], [False]
+
+    def cyclic_garbage():
+        for _ in range(200):
+            node = {}
+            node["self"] = node
+
+    def interleaved(self, samplers, original=CpuHarness._interleaved):
+        sampling[0] = True
+        try:
+            return original(self, samplers)
+        finally:
+            sampling[0] = False
+
+    def on_collection(phase, info):
+        if phase == "start" and sampling[0]:
+            collections.append(info["generation"])
+
+    monkeypatch.setattr(CpuHarness, "_interleaved", interleaved)
+    gc.callbacks.append(on_collection)  # the list the collector holds: not one to replace
+    try:
+        CpuHarness(Budget(warmup_s=0.0, min_samples=50, max_samples=50)).measure({"garbage": [cyclic_garbage]})
+    finally:
+        gc.callbacks.remove(on_collection)
+    assert collections == [] and gc.isenabled()
+
+
 def test_a_raising_candidate_does_not_stop_the_others():
     calls = {"n": 0}
 

@@ -4,7 +4,7 @@ over (block_t tokens, block_c channels) tiles, the new state written by the last
 Why our own beside FLA's: in an eager layer the conv's cost is mostly the host's. FLA's wrapper
 (an autograd Function, input guards, its own launcher) takes some 200 us of host time a call on the
 H100 host, more than the GPU time it saves at prompt lengths up to a few thousand tokens
-(BENCHMARKS §13.3); one Triton launch costs a tenth of that, at FLA's GPU time.
+(BENCHMARKS §13.3); ours costs a fifth to a half of FLA's time per call there, at FLA's GPU time.
 
 x is read through its batch and token strides (it arrives as columns of the fused q/k/v
 projection); taps before the first token read the state (the last `width` inputs, oldest
@@ -62,6 +62,7 @@ def _conv_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, new_state_ptr, seq,
         new_state_base = new_state_ptr + batch * channels * WIDTH + cols * WIDTH
         tl.store(new_state_base[None, :] + slots[:, None], kept.to(new_state_ptr.dtype.element_ty), mask=slot_mask)
 
+
 def causal_conv1d(x, weight, bias, state, silu: bool, *, block_t: int, block_c: int, warps: int):
     batch, seq, channels = x.shape
     width = weight.shape[1]
@@ -69,6 +70,9 @@ def causal_conv1d(x, weight, bias, state, silu: bool, *, block_t: int, block_c: 
         x = x.contiguous()
     weight = weight.contiguous()
     out = torch.empty((batch, seq, channels), dtype=x.dtype, device=x.device)
+    if seq == 0:  # no input: the state stays what it was (zeros without one)
+        kept = state if state is not None else torch.zeros((batch, channels, width), device=x.device)
+        return out, kept.to(x.dtype)
     token_blocks = triton.cdiv(seq, block_t)
     # one token block reads the state and writes the new one in the same program: in place is safe
     in_place = (state is not None and token_blocks == 1 and state.is_contiguous() and state.dtype == x.dtype)

@@ -2,9 +2,8 @@
 
 Times the given kernels of one op signature at one point in N timing tasks in one process, as a
 tune would (lzsolve's CPU harness, the tune's budget, inputs allocated anew for each task) and
-prints each task's medians: a kernel whose time has modes shows them here. --between runs other
-kernels' tasks between the tasks (a tune's history), --calls N then replays each kernel N times
-back to back after the tasks, as a server would, and times that. --offsets instead places the
+prints each task's medians: a kernel whose time has modes shows them here. --calls N then
+replays each kernel N times back to back after the tasks, as a server would, and times that. --offsets instead places the
 first two inputs in one buffer at gaps of 0 .. 4096 bytes and times every kernel at each gap
 (whether a kernel's mode follows where its operands lie relative to each other, mod 4 KiB).
 
@@ -30,6 +29,17 @@ def pairs(text: str) -> dict:
     return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
 
 
+def back_to_back_us(call, calls: int) -> float:
+    """Median us of `calls` calls in a bare loop, after one untimed call."""
+    call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
 def by_offset(contract, sig, dims, kernels, calls: int) -> None:
     """Median us per kernel with the second input placed `gap` bytes after the end of the first."""
     x, second, *rest = contract.make_inputs(sig, dims, torch.device("cpu"), torch.Generator().manual_seed(0))
@@ -44,14 +54,7 @@ def by_offset(contract, sig, dims, kernels, calls: int) -> None:
         for k in kernels:
             a.copy_(x)
             b.copy_(second)
-            call = functools.partial(registry.get(k).impl, a, b, *rest)
-            call()
-            times = []
-            for _ in range(calls):
-                begin = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - begin)
-            row.append(statistics.median(times) * 1e6)
+            row.append(back_to_back_us(functools.partial(registry.get(k).impl, a, b, *rest), calls))
         print(f"{gap:>4} " + " ".join(f"{t:>22.0f}" for t in row))
 
 
@@ -88,15 +91,8 @@ def main() -> None:
                 row.setdefault(k, []).append(m.eager.median_ms * 1e3 if not isinstance(m, Exception) else float("nan"))
         print(f"{task:>4} " + " ".join(f"{'/'.join(f'{t:.0f}' for t in row[k]):>24}" for k in kernels))
     inputs = contract.make_inputs(sig, dims, cpu, gen)
-    line = []
-    for k in kernels:
-        call = functools.partial(registry.get(k).impl, *inputs)
-        times = []
-        for _ in range(args.calls):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        line.append(f"{k} {statistics.median(times) * 1e6:.0f}")
+    line = [f"{k} {back_to_back_us(functools.partial(registry.get(k).impl, *inputs), args.calls):.0f}"
+            for k in kernels]
     print(f"{args.calls} calls back to back, median us: " + ", ".join(line))
 
 

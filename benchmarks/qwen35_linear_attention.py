@@ -19,9 +19,12 @@ Shapes: prefill b1 s2048 and b8 s512 from no state; decode steps at batch 1-128 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 import warnings
 
 import torch
+from torch.profiler import ProfilerActivity
 
 import runtime_loader
 from checked_timing import write_figures
@@ -112,9 +115,6 @@ class Switch:
 def profile(folder: str, case: str, calls: dict, repeats: int = 5) -> None:
     """Each variant's calls under torch.profiler: its busy GPU time per call against the wall, the
     top kernels to DIR/<case>.txt (why one variant is slower: its kernels, or the host between them)."""
-    import os
-    import time
-    from torch.profiler import ProfilerActivity
     os.makedirs(folder, exist_ok=True)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     with open(os.path.join(folder, f"{case}.txt"), "w") as out:

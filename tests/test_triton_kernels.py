@@ -30,7 +30,8 @@ def test_kernels_agree_with_the_references_in_the_interpreter():
 def test_every_op_has_a_family():
     ops = {op for tunable in TUNABLES for op in tunable.spec.ops}
     assert ops == {"norm.rms", "norm.rms_add", "norm.qk", "norm.layer", "act.swiglu", "act.geglu", "act.gelu",
-                   "act.sigmoid_gate", "recurrent.deltanet_gates", "conv.causal_depthwise", "posenc.rope", "linear", "moe.experts", "moe.router"}
+                   "act.sigmoid_gate", "recurrent.deltanet_gates", "conv.causal_depthwise", "posenc.rope", "linear",
+                   "moe.experts", "moe.router"}
 
 
 @pytest.mark.parametrize("base_id", sorted(FAMILIES))

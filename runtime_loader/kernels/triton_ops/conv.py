@@ -27,14 +27,14 @@ def _conv_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, new_state_ptr, seq,
     in_cols = cols < channels
     x_base = x_ptr + batch * x_stride_b
     state_base = state_ptr + batch * channels * WIDTH + cols * WIDTH  # state (batch, channels, width)
+    valid = (tokens < seq)[:, None] & in_cols[None, :]
     acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
     for tap in tl.static_range(WIDTH):
         source = tokens + (tap + 1 - WIDTH)  # the input position tap reads; < 0: the state's
-        mask = (tokens < seq)[:, None] & in_cols[None, :]
-        value = tl.load(x_base + source[:, None] * x_stride_t + cols[None, :], mask=mask & (source >= 0)[:, None],
+        value = tl.load(x_base + source[:, None] * x_stride_t + cols[None, :], mask=valid & (source >= 0)[:, None],
                         other=0.0).to(tl.float32)
         if HAS_STATE:
-            past = tl.load(state_base[None, :] + (source + WIDTH)[:, None], mask=mask & (source < 0)[:, None],
+            past = tl.load(state_base[None, :] + (source + WIDTH)[:, None], mask=valid & (source < 0)[:, None],
                            other=0.0).to(tl.float32)
             value += past
         weight = tl.load(w_ptr + cols * WIDTH + tap, mask=in_cols, other=0.0).to(tl.float32)
@@ -43,9 +43,8 @@ def _conv_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, new_state_ptr, seq,
         acc += tl.load(bias_ptr + cols, mask=in_cols, other=0.0).to(tl.float32)[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    out_mask = (tokens < seq)[:, None] & in_cols[None, :]
     tl.store(out_ptr + batch * seq * channels + tokens[:, None] * channels + cols[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+             acc.to(out_ptr.dtype.element_ty), mask=valid)
     # the new state: inputs seq - width .. seq - 1 (state, then x). Names of their own: a runtime `if`
     # may not give a variable of the tap loop another shape
     if pid_t == tl.num_programs(0) - 1:

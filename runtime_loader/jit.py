@@ -14,6 +14,7 @@ verifies. lzsolve itself never imports or unpickles anything from an artifact.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tarfile
@@ -31,6 +32,11 @@ JIT_CACHES = {
     "inductor": "TORCHINDUCTOR_CACHE_DIR",
     "flashinfer": "FLASHINFER_WORKSPACE_BASE",
 }
+# What a restore needs of a cache, where that is less than all of it. A restored FlashInfer loads
+# each op from its AOT folder as cached_ops/<name>/<name>.so, without ninja (kernels/flashinfer.
+# _flashinfer); its object files, generated sources and build files are the build's leftovers,
+# and were most of the 40 MiB it took in an H100 artifact (BENCHMARKS §14).
+RESTORED_FILES = {"flashinfer": ("*.so",)}
 MAX_ARCHIVE_FILE_BYTES = MAX_FILE_BYTES  # the tar itself (a real one: 72 MB)
 MAX_ARCHIVE_BYTES = 8 << 30  # what its members unpack to
 MAX_ARCHIVE_MEMBERS = 200_000  # past this, listing the members alone takes seconds
@@ -101,6 +107,7 @@ def restore(archive: Path, digest: str, root: Path | None = None) -> Path:
                         tar.extract(m, staging, filter="data")
                     else:
                         tar.extract(m, staging)
+            _relocate_triton_groups(staging, target)
             (staging / ".complete").write_text("")
             if not (target / ".complete").exists():  # another process may have won the race
                 shutil.rmtree(target, ignore_errors=True)
@@ -117,6 +124,28 @@ def restore(archive: Path, digest: str, root: Path | None = None) -> Path:
         from .kernels.flashinfer import PREBUILT_ENV
         os.environ[PREBUILT_ENV] = "1"
     return target
+
+
+def _relocate_triton_groups(staging: Path, target: Path) -> None:
+    """Point every Triton cache group at its restored files. A group (__grp__<kernel>.json, Triton's
+    own caches and Inductor's) names its files by the absolute paths where the tuning run compiled
+    them; Triton takes a group whose files are not there for a miss and compiles the kernel again
+    (seen with triton 3.9 on a moved cache). Its files share its folder, so each name maps to
+    that folder in `target`, where the staging folder lands."""
+    for group in staging.rglob("__grp__*.json"):
+        if group.is_symlink() or not group.is_file():
+            continue
+        try:
+            data = safeio.read_json(group, 1 << 20, 4, TableError)
+        except TableError:
+            continue  # Triton takes a group it cannot read for a miss, as it would have anyway
+        children = data.get("child_paths") if isinstance(data, dict) else None
+        if not isinstance(children, dict):
+            continue
+        folder = target / group.parent.relative_to(staging)
+        data["child_paths"] = {name: str(folder / name) for name in children
+                               if isinstance(name, str) and name == PurePosixPath(name).name and name not in ("", ".", "..")}
+        group.write_text(json.dumps(data))
 
 
 def written_since(kinds, since: float) -> list[str]:
@@ -142,22 +171,28 @@ def written_since(kinds, since: float) -> list[str]:
 def pack(root: Path, kinds, archive: Path, files: dict[str, list[str]] | None = None) -> list[str]:
     """Tar the non-empty caches `kinds` under `root` into `archive`; returns the kinds packed. A kind
     named in `files` contributes those files alone ('kind/relative/path', where they still exist),
-    any other kind the whole of its cache."""
+    any other kind the whole of its cache; of either, only what a restore needs (RESTORED_FILES)."""
     packed = []
     files = files or {}
     with tarfile.open(archive, "w") as tar:
         for kind in sorted(set(kinds)):
-            folder = Path(root) / kind
             if kind in files:
-                present = [f for f in sorted(set(files[kind])) if _cache_file(root, kind, f)]
-                for f in present:
-                    tar.add(Path(root) / f, arcname=f, filter=_plain_files_only)
-                if present:
-                    packed.append(kind)
-            elif folder.is_dir() and any(folder.rglob("*")):
-                tar.add(folder, arcname=kind, filter=_plain_files_only)
+                chosen = [f for f in sorted(set(files[kind])) if _cache_file(root, kind, f)]
+            else:
+                folder = Path(root) / kind
+                chosen = sorted(f"{kind}/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*")
+                                if p.is_file() and not p.is_symlink()) if folder.is_dir() else []
+            chosen = [f for f in chosen if _needed_on_restore(kind, f)]
+            for f in chosen:
+                tar.add(Path(root) / f, arcname=f, filter=_plain_files_only)
+            if chosen:
                 packed.append(kind)
     return packed
+
+
+def _needed_on_restore(kind: str, name: str) -> bool:
+    patterns = RESTORED_FILES.get(kind)
+    return patterns is None or any(PurePosixPath(name).match(p) for p in patterns)
 
 
 def _cache_file(root: Path, kind: str, name: str) -> bool:

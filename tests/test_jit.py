@@ -151,6 +151,59 @@ def test_pack_takes_the_named_files_of_a_kind_and_the_whole_of_the_others(tmp_pa
     assert names == ["inductor/fxgraph/entry", "triton/ab12/kernel.cubin"]
 
 
+def test_pack_keeps_only_the_shared_objects_of_flashinfer(tmp_path):
+    """A restored FlashInfer loads <name>/<name>.so from its AOT folder without ninja: the
+    build's object files, sources and ninja files stay out of the archive, packed whole or by name."""
+    ops = tmp_path / "work" / "flashinfer" / ".cache" / "flashinfer" / "0.5.3" / "90a" / "cached_ops"
+    (ops / "norm").mkdir(parents=True)
+    for name in ("norm.so", "norm.cuda.o", "build.ninja", ".ninja_log"):
+        (ops / "norm" / name).write_bytes(b"x" * 10)
+    so = (ops / "norm" / "norm.so").relative_to(tmp_path / "work").as_posix()
+    for files in (None, {"flashinfer": [so, so.replace("norm.so", "norm.cuda.o")]}):
+        archive = tmp_path / "caches.tar"
+        assert jit.pack(tmp_path / "work", ["flashinfer"], archive, files) == ["flashinfer"]
+        with tarfile.open(archive) as tar:
+            assert [m.name for m in tar if m.isfile()] == [so]
+    (ops / "norm" / "norm.so").unlink()
+    assert jit.pack(tmp_path / "work", ["flashinfer"], tmp_path / "caches.tar") == [], "nothing a restore needs"
+
+
+RELOCATED_COMPILE = """
+import os, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def copy(x, y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + i, tl.load(x + i, mask=i < n), mask=i < n)
+
+source = ASTSource(copy, signature={"x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"}, constexprs={"BLOCK": 128})
+triton.compile(source, target=GPUTarget("cuda", 90, 32))  # compiles for Hopper with no GPU here
+"""
+
+
+def test_a_restored_triton_cache_is_a_hit_where_it_lands(tmp_path):
+    """Triton's cache groups name their files by absolute path, where the tuning run compiled them:
+    restored elsewhere, each is a miss and the server compiles again. restore points them home."""
+    pytest.importorskip("triton.backends.nvidia")
+    work, script = tmp_path / "work", tmp_path / "compile.py"  # Triton reads a kernel's source from its file
+    script.write_text(RELOCATED_COMPILE)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(work / "triton")}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True)
+    archive = tmp_path / "caches.tar"
+    assert jit.pack(work, ["triton"], archive) == ["triton"]
+    target = jit.restore(archive, "e" * 64, tmp_path / "restored")
+    before = {p: p.stat().st_mtime_ns for p in (target / "triton").rglob("*")}
+    env["TRITON_CACHE_DIR"] = str(target / "triton")
+    subprocess.run([sys.executable, str(script)], env=env, check=True, capture_output=True)
+    after = {p: p.stat().st_mtime_ns for p in (target / "triton").rglob("*")}
+    assert after == before, "the second compile found every file where the group says"
+    groups = list((target / "triton").rglob("__grp__*.json"))
+    assert groups and all(str(target) in g.read_text() for g in groups)
+
+
 def test_written_since_lists_what_a_first_call_wrote(tmp_path, monkeypatch):
     import time
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))

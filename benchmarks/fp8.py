@@ -9,7 +9,7 @@ Then llama3-70b TP8's decode attention (8 q heads, 1 kv head, d 128) at batch 8-
 keys: each attention.decode_fp8kv kernel, checked first, against SDPA's default and FlashInfer's
 decode over a bf16 cache.
 
-    python benchmarks/fp8.py [--json out.json]
+    python benchmarks/fp8.py [--json out.json] [--no-decode]
     python benchmarks/fp8.py --device cpu --tiny   # a smoke test of the script
 """
 from __future__ import annotations
@@ -24,12 +24,18 @@ from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.hardware import device_info
 from runtime_loader.ops import Signature
+from runtime_loader.specs import config_id
 
 SHAPES = {"qkv_proj": (8192, 1280), "o_proj": (1024, 8192), "gate_up_proj": (8192, 7168), "down_proj": (3584, 8192),
           "lm_head": (8192, 16032)}  # (k, n) per rank
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 DECODES = [{"batch": b, "kv_len": n} for b in (8, 32, 128) for n in (2048, 8192)]
 BF16_DECODE = ("sdpa.default", "flashinfer.decode", "flashinfer.decode_tc")
+# triton.linear_fp8 beside its default (128 x 128 x 128): a tile for decode-sized M, a middle one,
+# and a wide one for prompts (an untuned look: a tune searches search_spaces/triton.linear_fp8.yaml)
+TRITON_FP8_CONFIGS = ({"block_m": 16, "block_n": 64, "block_k": 256, "warps": 4, "stages": 4},
+                      {"block_m": 64, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4},
+                      {"block_m": 128, "block_n": 256, "block_k": 128, "warps": 8, "stages": 3})
 
 
 def show(label: str, row: dict, base: str) -> None:
@@ -45,6 +51,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="small shapes (a smoke test)")
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--no-decode", action="store_true", help="the linears alone")
     args = parser.parse_args()
     device = torch.device(args.device)
     harness = make_harness(device, Budget(min_samples=10, max_samples=40))
@@ -55,7 +62,8 @@ def main() -> None:
     for name, (k, n) in shapes.items():
         fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
         dense = Signature.make("linear", {"k": k, "n": n}, (), "bf16")
-        kernels = [s for s in registry.candidates("linear.fp8") if not s.check(fp8, here)]
+        configs = [registry.get(config_id("triton.linear_fp8", c)) for c in TRITON_FP8_CONFIGS]
+        kernels = [s for s in registry.candidates("linear.fp8") + configs if not s.check(fp8, here)]
         for t in tokens:
             dims = {"tokens": t}
             bf16 = CONTRACTS["linear"].make_inputs(dense, dims, device, gen)
@@ -66,7 +74,7 @@ def main() -> None:
     static = {"hq": 2, "hkv": 1, "d": 64} if args.tiny else {"hq": 8, "hkv": 1, "d": 128}
     fp8kv = Signature.make("attention.decode_fp8kv", static, (), "bf16")
     plain = Signature.make("attention.decode", static, (), "bf16")
-    for dims in ([{"batch": 2, "kv_len": 70}] if args.tiny else DECODES):
+    for dims in [] if args.no_decode else [{"batch": 2, "kv_len": 70}] if args.tiny else DECODES:
         kernels = [s for s in registry.candidates(fp8kv.op) if not s.check(fp8kv, here)]
         inputs = CONTRACTS[plain.op].make_inputs(plain, dims, device, gen)
         extra = {f"{k} (bf16 cache)": [lambda impl=registry.get(k).impl: impl(*inputs)] for k in BF16_DECODE

@@ -122,8 +122,62 @@ def split_k_is_deterministic() -> list[str]:
     return [] if torch.equal(impl(*args), impl(*args)) else ["triton.linear with split_k=4 is not deterministic"]
 
 
+def fp8_quantisation() -> list[str]:
+    """The per-token e4m3 quantisation against eager's (the reference and the FP8 GEMMs take it as
+    the format): the scales exactly, each element to eager's value. The interpreter's cast to e4m3
+    is not a GPU's (round to nearest even): it rounds ties away from zero (10.5 gives 11) and, where
+    the rounding carries into the next power of two, drops the carry (31.76 gives 16, not 32), a
+    Triton 3.9 interpreter bug. So an element may also be the other e4m3 neighbour of x / scale,
+    or half of a power of two it should have reached; nothing else."""
+    from runtime_loader.kernels.eager import quantize_per_token as eager_quantisation
+    from runtime_loader.kernels.triton_ops import fp8
+
+    failures = []
+    gen = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(7, 300, generator=gen) * 3).to(dtype)
+        x[2] = 0  # an all-zero row: the scale's floor
+        strided = torch.zeros(7, 307, dtype=dtype)
+        strided[:, :300] = x
+        for rows in (x, strided[:, :300]):
+            q, scale = fp8.quantize_per_token(rows, 2)
+            expected_q, expected_scale = eager_quantisation(x)
+            got, expected, exact = q.float(), expected_q.float(), x.float() / expected_scale
+            step = torch.exp2(exact.abs().clamp(min=2.0 ** -6).log2().floor() - 3)  # e4m3: 3 mantissa bits
+            power_of_two = expected.abs().log2() == expected.abs().log2().round()
+            allowed = (got == expected) | ((got - exact).abs() <= step) | ((got * 2 == expected) & power_of_two)
+            if not torch.equal(scale, expected_scale) or not bool(allowed.all()):
+                failures.append(f"fp8 quantisation of {dtype} rows (row stride {rows.stride(0)}) differs from eager's")
+    return failures
+
+
+def fp8_gemm() -> list[str]:
+    """triton.linear_fp8's GEMM on x quantised by eager (see fp8_quantisation), against the
+    reference: 20 x 48 outputs in 16 x 16 tiles, K = 80 in 32s (the last partial), per channel
+    with a bias and per tensor."""
+    from runtime_loader.kernels.eager import quantize_per_token as eager_quantisation
+    from runtime_loader.kernels.triton_ops import TUNABLES, fp8
+
+    default = next(t.default for t in TUNABLES if t.spec.kernel_id == "triton.linear_fp8")
+    small = {"block_m": 16, "block_n": 16, "block_k": 32, "warps": 2, "stages": 2}
+    failures = []
+    for flags in (("per_channel", "bias"), ()):
+        for dtype in ("fp32", "bf16"):
+            sig = Signature.make("linear.fp8", {"k": 80, "n": 48}, flags, dtype)
+            contract = CONTRACTS["linear.fp8"]
+            x, weight, weight_scale, bias = contract.make_inputs(sig, {"tokens": 20}, CPU, torch.Generator().manual_seed(3))
+            reference = contract.reference(*to_fp32((x, weight, weight_scale, bias)))
+            q, scale = eager_quantisation(x)
+            for config in (default, small):
+                out = fp8.fp8_matmul(q, scale, weight, weight_scale, bias, x.dtype, **config)
+                ok, _, message = compare(out, reference, contract.tolerances[dtype])
+                if not ok:
+                    failures.append(f"triton.linear_fp8's GEMM {config} on {sig}: {message}")
+    return failures
+
+
 def main() -> int:
-    failures, checked = split_k_is_deterministic(), 1
+    failures, checked = split_k_is_deterministic() + fp8_quantisation() + fp8_gemm(), 1 + 4 + 8
     for base, op, static, flags, dims, configs in CASES:
         for dtype in ("fp32", "fp16" if op in DOT_OPS else "bf16"):
             sig = Signature.make(op, static, flags, dtype)

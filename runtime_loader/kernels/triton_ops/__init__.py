@@ -43,9 +43,10 @@ class DeferredKernel:
 def family(base_id: str, op: str, module: str, function: str, params: dict, default: dict, notes: str,
            **capabilities) -> Tunable:
     build = functools.partial(DeferredKernel, module, function)
-    spec = KernelSpec(base_id, frozenset({op}), "triton", build(default), platforms=frozenset({"cuda"}), min_sm=80,
-                      dtypes=ALL_DTYPES, graph_safe=True, deterministic=True, jit=True, jit_caches=("triton",),
-                      requires=("triton",), notes=notes, **capabilities)
+    capabilities = {"min_sm": 80, "dtypes": ALL_DTYPES, **capabilities}
+    spec = KernelSpec(base_id, frozenset({op}), "triton", build(default), platforms=frozenset({"cuda"}),
+                      graph_safe=True, deterministic=True, jit=True, jit_caches=("triton",), requires=("triton",),
+                      notes=notes, **capabilities)
     return Tunable(spec=spec, params=params, default=default, build=build)
 
 
@@ -96,6 +97,17 @@ TUNABLES = [
            {"block_m": 128, "block_n": 128, "block_k": 64, "warps": 8, "stages": 3, "split_k": 1},
            "tiled GEMM, fp32 accumulation, bias in the epilogue; split_k > 1 reduces fp32 partials in order",
            features=frozenset({"bias"})),
+    # FP8 tensor cores from sm89; one Triton pass quantises x per token (eager takes ~7 launches)
+    family("triton.linear_fp8", "linear.fp8", "fp8", "linear_fp8",
+           {"block_m": powers_of_two(16, 256), "block_n": powers_of_two(16, 256), "block_k": powers_of_two(32, 256),
+            "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6)},
+           {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 8, "stages": 3},
+           "x quantised per token in one pass, then a tiled e4m3 GEMM with both scales and the bias in its epilogue",
+           min_sm=89, features=frozenset({"per_channel", "bias"})),
+    # cuBLASLt's row-wise scaled FP8 GEMM needs Hopper
+    family("triton.scaled_mm_fp8", "linear.fp8", "fp8", "scaled_mm_fp8", {"warps": powers_of_two(1, 16)},
+           {"warps": 8}, "x quantised per token in one Triton pass, then torch._scaled_mm (cuBLASLt FP8)",
+           min_sm=90, dtypes=frozenset({"bf16", "fp16"}), features=frozenset({"per_channel", "bias"})),
     # block_m 16 for decode-sized segments (a token's top_k pairs each open an expert's block)
     family("triton.moe_experts", "moe.experts", "moe", "moe_experts",
            {"block_m": powers_of_two(16, 128), "block_n": powers_of_two(16, 256), "block_k": powers_of_two(16, 256),

@@ -1,0 +1,134 @@
+"""linear.fp8 (W8A8): x quantised per token to float8 e4m3 in one Triton pass, then an FP8 GEMM
+with both scales applied to the fp32 accumulator: cuBLASLt's (torch._scaled_mm) or our own.
+
+The eager quantisation (kernels/eager.quantize_per_token) is about seven launches with fp32
+temporaries of the whole activation; it cost more than the FP8 GEMM saved, so FP8 linears ran
+0.2-0.9x bf16 on the H100 (BENCHMARKS §16). Here it is one read of x and one write of a byte per
+element. The rounding is the format's, as the reference does it: scale = amax / 448 per row
+(at least 1e-12 / 448), x / scale with IEEE division, clamped, rounded to nearest even.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..eager import E4M3_MAX
+from .layout import as_rows
+
+GROUP_M = 8  # output tiles walked in bands of 8 row-blocks, as kernels/triton_ops/linear.py
+QUANT_BLOCK_MAX = 8192  # a row up to this wide is read once for its amax and once to quantise, from L2
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, rows, K, x_stride, E4M3: tl.constexpr, BLOCK: tl.constexpr):
+    """q[row] = x[row] / scale[row] in e4m3, scale[row] = amax(|x[row]|) / E4M3; a program per row."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in range(0, K, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)))
+    scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+    tl.store(scale_ptr + row, scale)
+    for k in range(0, K, BLOCK):
+        cols = k + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        q = tl.clamp(tl.math.div_rn(x, scale), -E4M3, E4M3)
+        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+
+
+def quantize_per_token(rows: torch.Tensor, warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q (m, k) e4m3 contiguous, scale (m, 1) fp32) of a 2-D x read through its row stride."""
+    m, k = rows.shape
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=rows.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=rows.device)
+    if m and k:
+        block = min(triton.next_power_of_2(k), QUANT_BLOCK_MAX)
+        _quantize_rows_kernel[(m,)](rows, q, scale, m, k, rows.stride(0), E4M3=E4M3_MAX, BLOCK=block, num_warps=warps)
+    return q, scale
+
+
+def _checked(x, weight, weight_scale, bias):
+    rows = as_rows(x)
+    n, k = weight.shape
+    if rows.shape[1] != k or weight_scale.numel() not in (1, n) or (bias is not None and bias.shape != (n,)):
+        raise ValueError(f"linear.fp8: x (..., {rows.shape[1]}) needs weight (n, {rows.shape[1]}), weight_scale (n,) "
+                         f"or (1,), bias (n,); got weight {tuple(weight.shape)}, weight_scale "
+                         f"{tuple(weight_scale.shape)}, bias {None if bias is None else tuple(bias.shape)}")
+    return rows, n
+
+
+def scaled_mm_fp8(x, weight, weight_scale, bias=None, *, warps: int):
+    """The Triton quantisation, then cuBLASLt's FP8 GEMM with row-wise scales."""
+    rows, n = _checked(x, weight, weight_scale, bias)
+    q, scale = quantize_per_token(rows, warps)
+    scale_b = weight_scale.float().expand(n).reshape(1, n).contiguous()
+    out = torch._scaled_mm(q, weight.t(), scale_a=scale, scale_b=scale_b, bias=bias, out_dtype=x.dtype)
+    return out.reshape(*x.shape[:-1], n)
+
+
+# M is the token count: not specialised on, so one compile serves every token count.
+@triton.jit(do_not_specialize=["M"])
+def _fp8_matmul_kernel(q_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K, w_stride_n,
+                       w_scale_stride, bias_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """out = (q @ w.T) * x_scale[m] * w_scale[n] (+ bias), q (M, K) and w (N, K) in e4m3, fp32
+    accumulation; w_scale_stride 0 for one scale of the whole weight."""
+    pid = tl.program_id(0)
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    tiles_per_group = GROUP_M * n_tiles
+    first_m = (pid // tiles_per_group) * GROUP_M
+    group_m = tl.minimum(m_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % tiles_per_group) % group_m
+    pid_n = (pid % tiles_per_group) // group_m
+
+    out_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows and columns past the edge re-read valid data and are never stored: masks on K only
+    q_rows = q_ptr + (out_rows % M).to(tl.int64)[:, None] * K
+    w_cols = w_ptr + (out_cols % N).to(tl.int64)[None, :] * w_stride_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        a = tl.load(q_rows + ks[None, :], mask=ks[None, :] < K, other=0.0)
+        b = tl.load(w_cols + ks[:, None], mask=ks[:, None] < K, other=0.0)
+        acc = tl.dot(a, b, acc)
+
+    acc *= tl.load(x_scale_ptr + out_rows % M)[:, None]
+    acc *= tl.load(w_scale_ptr + (out_cols % N) * w_scale_stride)[None, :]
+    if bias_ptr is not None:
+        acc += tl.load(bias_ptr + (out_cols % N) * bias_stride).to(tl.float32)[None, :]
+    out = out_ptr + out_rows.to(tl.int64)[:, None] * N + out_cols[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
+
+
+def linear_fp8(x, weight, weight_scale, bias=None, *, block_m: int, block_n: int, block_k: int, warps: int,
+               stages: int):
+    """The Triton quantisation, then our FP8 GEMM: two launches."""
+    rows, n = _checked(x, weight, weight_scale, bias)
+    q, scale = quantize_per_token(rows, 4 if rows.shape[1] <= 4096 else 8)
+    out = fp8_matmul(q, scale, weight, weight_scale, bias, x.dtype, block_m=block_m, block_n=block_n,
+                     block_k=block_k, warps=warps, stages=stages)
+    return out.view(*x.shape[:-1], n)
+
+
+def fp8_matmul(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m: int, block_n: int, block_k: int,
+               warps: int, stages: int):
+    """(q @ weight.T) * x_scale * weight_scale (+ bias) in out_dtype: q (m, k) e4m3 contiguous,
+    x_scale (m, 1) fp32, weight (n, k) e4m3, weight_scale (n,) or (1,)."""
+    (m, k), n = q.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=q.device)
+    if out.numel():
+        if weight.stride(1) != 1:
+            weight = weight.contiguous()
+        scales = weight_scale.reshape(-1).float()
+        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+        _fp8_matmul_kernel[grid](q, weight, x_scale, scales, bias, out, m, n, k, weight.stride(0),
+                                 1 if scales.numel() > 1 else 0, bias.stride(0) if bias is not None else 0,
+                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
+                                 num_warps=warps, num_stages=stages)
+    return out

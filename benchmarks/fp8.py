@@ -31,11 +31,14 @@ SHAPES = {"qkv_proj": (8192, 1280), "o_proj": (1024, 8192), "gate_up_proj": (819
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 DECODES = [{"batch": b, "kv_len": n} for b in (8, 32, 128) for n in (2048, 8192)]
 BF16_DECODE = ("sdpa.default", "flashinfer.decode", "flashinfer.decode_tc")
-# triton.linear_fp8 beside its default (128 x 128 x 128): a tile for decode-sized M, a middle one,
-# and a wide one for prompts (an untuned look: a tune searches search_spaces/triton.linear_fp8.yaml)
-TRITON_FP8_CONFIGS = ({"block_m": 16, "block_n": 64, "block_k": 256, "warps": 4, "stages": 4},
-                      {"block_m": 64, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4},
-                      {"block_m": 128, "block_n": 256, "block_k": 128, "warps": 8, "stages": 3})
+# triton.linear_fp8 beside its default (128 x 128 x 128): tiles for decode-sized M, with K split
+# 4 and 8 ways, a middle one and a wide one for prompts (an untuned look: a tune searches
+# search_spaces/triton.linear_fp8.yaml)
+TRITON_FP8_CONFIGS = ({"block_m": 16, "block_n": 64, "block_k": 256, "warps": 4, "stages": 4, "split_k": 1},
+                      {"block_m": 16, "block_n": 64, "block_k": 256, "warps": 4, "stages": 4, "split_k": 4},
+                      {"block_m": 16, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4, "split_k": 8},
+                      {"block_m": 64, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4, "split_k": 1},
+                      {"block_m": 128, "block_n": 256, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1})
 
 
 def show(label: str, row: dict, base: str) -> None:

@@ -153,13 +153,14 @@ def fp8_quantisation() -> list[str]:
 
 def fp8_gemm() -> list[str]:
     """triton.linear_fp8's GEMM on x quantised by eager (see fp8_quantisation), against the
-    reference: 20 x 48 outputs in 16 x 16 tiles, K = 80 in 32s (the last partial), per channel
-    with a bias and per tensor."""
+    reference: 20 x 48 outputs in 16 x 16 tiles, K = 80 in 32s (the last partial), whole and split
+    4 ways (the last split empty: it must still write its zeros), per channel with a bias and per
+    tensor."""
     from runtime_loader.kernels.eager import quantize_per_token as eager_quantisation
     from runtime_loader.kernels.triton_ops import TUNABLES, fp8
 
     default = next(t.default for t in TUNABLES if t.spec.kernel_id == "triton.linear_fp8")
-    small = {"block_m": 16, "block_n": 16, "block_k": 32, "warps": 2, "stages": 2}
+    small = {"block_m": 16, "block_n": 16, "block_k": 32, "warps": 2, "stages": 2, "split_k": 1}
     failures = []
     for flags in (("per_channel", "bias"), ()):
         for dtype in ("fp32", "bf16"):
@@ -168,7 +169,7 @@ def fp8_gemm() -> list[str]:
             x, weight, weight_scale, bias = contract.make_inputs(sig, {"tokens": 20}, CPU, torch.Generator().manual_seed(3))
             reference = contract.reference(*to_fp32((x, weight, weight_scale, bias)))
             q, scale = eager_quantisation(x)
-            for config in (default, small):
+            for config in (default, small, dict(small, split_k=4)):
                 out = fp8.fp8_matmul(q, scale, weight, weight_scale, bias, x.dtype, **config)
                 ok, _, message = compare(out, reference, contract.tolerances[dtype])
                 if not ok:
@@ -177,7 +178,7 @@ def fp8_gemm() -> list[str]:
 
 
 def main() -> int:
-    failures, checked = split_k_is_deterministic() + fp8_quantisation() + fp8_gemm(), 1 + 4 + 8
+    failures, checked = split_k_is_deterministic() + fp8_quantisation() + fp8_gemm(), 1 + 4 + 12
     for base, op, static, flags, dims, configs in CASES:
         for dtype in ("fp32", "fp16" if op in DOT_OPS else "bf16"):
             sig = Signature.make(op, static, flags, dtype)

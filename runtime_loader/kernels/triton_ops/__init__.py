@@ -100,9 +100,10 @@ TUNABLES = [
     # FP8 tensor cores from sm89; one Triton pass quantises x per token (eager takes ~7 launches)
     family("triton.linear_fp8", "linear.fp8", "fp8", "linear_fp8",
            {"block_m": powers_of_two(16, 256), "block_n": powers_of_two(16, 256), "block_k": powers_of_two(32, 256),
-            "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6)},
-           {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 8, "stages": 3},
-           "x quantised per token in one pass, then a tiled e4m3 GEMM with both scales and the bias in its epilogue",
+            "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6), "split_k": powers_of_two(1, 16)},
+           {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1},
+           "x quantised per token in one pass, then a tiled e4m3 GEMM with both scales and the bias in its epilogue; "
+           "split_k > 1 reduces fp32 partials in order",
            min_sm=89, features=frozenset({"per_channel", "bias"})),
     # cuBLASLt's row-wise scaled FP8 GEMM needs Hopper
     family("triton.scaled_mm_fp8", "linear.fp8", "fp8", "scaled_mm_fp8", {"warps": powers_of_two(1, 16)},

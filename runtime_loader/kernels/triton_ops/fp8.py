@@ -15,6 +15,7 @@ import triton.language as tl
 
 from ..eager import E4M3_MAX
 from .layout import as_rows
+from .linear import REDUCE_BLOCK, _sum_splits_kernel
 
 GROUP_M = 8  # output tiles walked in bands of 8 row-blocks, as kernels/triton_ops/linear.py
 QUANT_BLOCK_MAX = 8192  # a row up to this wide is read once for its amax and once to quantise, from L2
@@ -74,10 +75,14 @@ def scaled_mm_fp8(x, weight, weight_scale, bias=None, *, warps: int):
 @triton.jit(do_not_specialize=["M"])
 def _fp8_matmul_kernel(q_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K, w_stride_n,
                        w_scale_stride, bias_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """out = (q @ w.T) * x_scale[m] * w_scale[n] (+ bias), q (M, K) and w (N, K) in e4m3, fp32
-    accumulation; w_scale_stride 0 for one scale of the whole weight."""
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr):
+    """out[split] = (q @ w.T) * x_scale[m] * w_scale[n] (+ bias) over this split's share of K, q
+    (M, K) and w (N, K) in e4m3, fp32 accumulation; w_scale_stride 0 for one scale of the whole
+    weight. out is a contiguous (SPLIT_K, M, N); with SPLIT_K == 1 it is the result itself. The
+    scales apply to each split's partial sum (they are linear), as kernels/triton_ops/linear.py
+    splits K: a decode-sized M over few output tiles (q/k/v: 1280 columns) needs the programs."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     m_tiles = tl.cdiv(M, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     tiles_per_group = GROUP_M * n_tiles
@@ -91,8 +96,11 @@ def _fp8_matmul_kernel(q_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
     # rows and columns past the edge re-read valid data and are never stored: masks on K only
     q_rows = q_ptr + (out_rows % M).to(tl.int64)[:, None] * K
     w_cols = w_ptr + (out_cols % N).to(tl.int64)[None, :] * w_stride_n
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range(k_begin, k_end, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         a = tl.load(q_rows + ks[None, :], mask=ks[None, :] < K, other=0.0)
         b = tl.load(w_cols + ks[:, None], mask=ks[:, None] < K, other=0.0)
@@ -102,22 +110,22 @@ def _fp8_matmul_kernel(q_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
     acc *= tl.load(w_scale_ptr + (out_cols % N) * w_scale_stride)[None, :]
     if bias_ptr is not None:
         acc += tl.load(bias_ptr + (out_cols % N) * bias_stride).to(tl.float32)[None, :]
-    out = out_ptr + out_rows.to(tl.int64)[:, None] * N + out_cols[None, :]
+    out = out_ptr + split.to(tl.int64) * M * N + out_rows.to(tl.int64)[:, None] * N + out_cols[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
 
 
 def linear_fp8(x, weight, weight_scale, bias=None, *, block_m: int, block_n: int, block_k: int, warps: int,
-               stages: int):
-    """The Triton quantisation, then our FP8 GEMM: two launches."""
+               stages: int, split_k: int):
+    """The Triton quantisation, then our FP8 GEMM: two launches (three with split_k > 1)."""
     rows, n = _checked(x, weight, weight_scale, bias)
     q, scale = quantize_per_token(rows, 4 if rows.shape[1] <= 4096 else 8)
     out = fp8_matmul(q, scale, weight, weight_scale, bias, x.dtype, block_m=block_m, block_n=block_n,
-                     block_k=block_k, warps=warps, stages=stages)
+                     block_k=block_k, warps=warps, stages=stages, split_k=split_k)
     return out.view(*x.shape[:-1], n)
 
 
 def fp8_matmul(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m: int, block_n: int, block_k: int,
-               warps: int, stages: int):
+               warps: int, stages: int, split_k: int):
     """(q @ weight.T) * x_scale * weight_scale (+ bias) in out_dtype: q (m, k) e4m3 contiguous,
     x_scale (m, 1) fp32, weight (n, k) e4m3, weight_scale (n,) or (1,)."""
     (m, k), n = q.shape, weight.shape[0]
@@ -126,9 +134,14 @@ def fp8_matmul(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m: in
         if weight.stride(1) != 1:
             weight = weight.contiguous()
         scales = weight_scale.reshape(-1).float()
-        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-        _fp8_matmul_kernel[grid](q, weight, x_scale, scales, bias, out, m, n, k, weight.stride(0),
-                                 1 if scales.numel() > 1 else 0, bias.stride(0) if bias is not None else 0,
-                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M,
+        bias_stride = bias.stride(0) if bias is not None else 0
+        target = out if split_k == 1 else torch.empty((split_k, m, n), dtype=torch.float32, device=q.device)
+        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k)
+        _fp8_matmul_kernel[grid](q, weight, x_scale, scales, bias if split_k == 1 else None, target, m, n, k,
+                                 weight.stride(0), 1 if scales.numel() > 1 else 0, bias_stride, BLOCK_M=block_m,
+                                 BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=GROUP_M, SPLIT_K=split_k,
                                  num_warps=warps, num_stages=stages)
+        if split_k > 1:
+            _sum_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](target, bias, out, m * n, n, bias_stride,
+                                                                   SPLIT_K=split_k, BLOCK=REDUCE_BLOCK)
     return out

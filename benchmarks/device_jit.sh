@@ -43,6 +43,6 @@ with tempfile.TemporaryDirectory() as tmp:
         print("  by suffix (MiB): " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in sorted(suffixes.items(), key=lambda kv: -kv[1])[:8]))
 print("table kernels with JIT caches:", sorted(k for k, v in table["kernels"].items() if v["jit_caches"]))
 PY
-for run in 1 2 3; do
+for run in ${RESTORE_RUNS-1 2 3}; do
   timeout 120 python3 benchmarks/jit_restore.py .devrun/j --modes restored,lazy --json "$OUT/restore-$run.json" | tail -2
 done | tee "$OUT/restore.txt"

@@ -52,6 +52,8 @@ print(json.dumps({"load_s": load_s, "first_request_ms": sum(first_ms), "worst_en
                   "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
                   "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "written_on_request": {k: sum(f.startswith(k + "/") for f in written) for k in jit.JIT_CACHES},
+                  "written_files": [f for f in written if not f.startswith("flashinfer/")][:8]
+                                   + [f for f in written if f.startswith("flashinfer/")][:3],
                   "slowest_entries": dict(sorted(slowest.items(), key=lambda kv: -kv[1])[:3])}))
 """
 
@@ -74,7 +76,8 @@ def main() -> None:
     for mode, r in results.items():
         print(f"{mode:9} {r['load_s']:7.2f} {r['first_request_ms']:17.1f} {r['worst_entry_ms']:15.1f} "
               f"{r['compiled_on_request']:9d} {r['fxgraph_hit']:7d} {r['fxgraph_miss']:8d}  "
-              f"files compiled on the request: {r['written_on_request']}; slowest: {r['slowest_entries']}")
+              f"files compiled on the request: {r['written_on_request']} {r['written_files']}; "
+              f"slowest: {r['slowest_entries']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -108,7 +108,8 @@ class Points:
         if kernel == self.fallback or not both:
             return True  # nothing says the fallback is there to keep
         faster_at = sum(self.times[kernel][i] < self.times[self.fallback][i] for i in both)
-        return faster_at >= self.min_switch_points and self.ratio(self.fallback, kernel, both) >= 1 + SWITCH_GAIN * math.sqrt(4 / min(len(both), 4))
+        gain_needed = 1 + SWITCH_GAIN * math.sqrt(4 / min(len(both), 4))
+        return faster_at >= self.min_switch_points and self.ratio(self.fallback, kernel, both) >= gain_needed
 
     def leading(self, dims: dict, margin: float) -> set[str]:
         """The kernels within `margin` of the best at any measured point around `dims`: per dim

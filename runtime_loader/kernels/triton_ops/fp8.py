@@ -118,7 +118,7 @@ def linear_fp8(x, weight, weight_scale, bias=None, *, block_m: int, block_n: int
                stages: int, split_k: int):
     """The Triton quantisation, then our FP8 GEMM: two launches (three with split_k > 1)."""
     rows, n = _checked(x, weight, weight_scale, bias)
-    q, scale = quantize_per_token(rows, 4 if rows.shape[1] <= 4096 else 8)
+    q, scale = quantize_per_token(rows, 4 if rows.shape[1] <= 4096 else 8)  # a warp per 1024 of the row, 8 at most
     out = fp8_matmul(q, scale, weight, weight_scale, bias, x.dtype, block_m=block_m, block_n=block_n,
                      block_k=block_k, warps=warps, stages=stages, split_k=split_k)
     return out.view(*x.shape[:-1], n)

@@ -9,16 +9,19 @@ Then llama3-70b TP8's decode attention (8 q heads, 1 kv head, d 128) at batch 8-
 keys: each attention.decode_fp8kv kernel, checked first, against SDPA's default and FlashInfer's
 decode over a bf16 cache.
 
-    python benchmarks/fp8.py [--json out.json] [--no-decode]
+    python benchmarks/fp8.py [--json out.json] [--no-decode] [--table ARTIFACT]
     python benchmarks/fp8.py --device cpu --tiny   # a smoke test of the script
 """
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 
 from checked_timing import checked, write_figures
+from lzsolve.artifact import leaf_ids
 from lzsolve.bench import Budget, make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
@@ -41,6 +44,12 @@ TRITON_FP8_CONFIGS = ({"block_m": 16, "block_n": 64, "block_k": 256, "warps": 4,
                       {"block_m": 128, "block_n": 256, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1})
 
 
+def table_kernels(artifact: Path) -> dict[str, list[str]]:
+    """signature -> the kernels its tree chooses in the artifact's dispatch.json."""
+    raw = json.loads((artifact / "dispatch.json").read_text())
+    return {entry["signature"]: sorted(set(leaf_ids(entry["tree"]))) for entry in raw["ops"]}
+
+
 def show(label: str, row: dict, base: str) -> None:
     us = row["us"]
     print(f"{label}: " + "  ".join(f"{k}={v:.1f}" + (f" ({us[base] / v:.2f}x)" if us.get(base) and k != base else "")
@@ -55,6 +64,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="small shapes (a smoke test)")
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--no-decode", action="store_true", help="the linears alone")
+    parser.add_argument("--table", type=Path,
+                        help="an artifact (lzsolve tune --dtype fp8): its linear.fp8 leaves' kernels join the candidates")
     args = parser.parse_args()
     device = torch.device(args.device)
     harness = make_harness(device, Budget(min_samples=10, max_samples=40))
@@ -62,11 +73,14 @@ def main() -> None:
     shapes = {"proj": (64, 48)} if args.tiny else SHAPES
     tokens = (1, 33) if args.tiny else TOKENS
     here, rows = device_info(device), []
+    chosen = table_kernels(args.table) if args.table else {}
     for name, (k, n) in shapes.items():
         fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
         dense = Signature.make("linear", {"k": k, "n": n}, (), "bf16")
         configs = [registry.get(config_id("triton.linear_fp8", c)) for c in TRITON_FP8_CONFIGS]
-        kernels = [s for s in registry.candidates("linear.fp8") + configs if not s.check(fp8, here)]
+        tuned = [registry.get(k) for k in chosen.get(str(fp8), ())]
+        kernels = list({s.kernel_id: s for s in registry.candidates("linear.fp8") + configs + tuned
+                        if not s.check(fp8, here)}.values())
         for t in tokens:
             dims = {"tokens": t}
             bf16 = CONTRACTS["linear"].make_inputs(dense, dims, device, gen)

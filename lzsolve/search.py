@@ -47,6 +47,7 @@ class SearchSpace:
     kernel: str  # the family's base id
     trials: int  # trials per signature and bucket
     params: dict[str, tuple[int, ...]]  # values searched, per parameter, in the family's order
+    starts: tuple[dict, ...] = ()  # configurations every study tries right after the default
 
 
 def load_space(path: Path) -> SearchSpace:
@@ -73,7 +74,13 @@ def load_space(path: Path) -> SearchSpace:
     trials = raw["trials"]
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise LzError(f"{path}: trials must be a positive integer")
-    return SearchSpace(raw["kernel"], trials, {k: tuple(v) for k, v in params.items()})
+    starts = raw.get("starts") or []
+    if not isinstance(starts, list) or not all(
+            isinstance(c, dict) and set(c) == set(params) and all(c[k] in params[k] for k in c) for c in starts):
+        raise LzError(f"{path}: starts must be a list of configurations, each a value from the space for every "
+                      f"parameter ({', '.join(params)})")
+    return SearchSpace(raw["kernel"], trials, {k: tuple(v) for k, v in params.items()},
+                       tuple({k: c[k] for k in params} for c in starts))
 
 
 def load_spaces(folder: Path = SPACES_DIR) -> dict[str, SearchSpace]:
@@ -241,6 +248,8 @@ class BucketSearch:
             load_if_exists=True, direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
         if not study.trials:  # the default configuration is the baseline every search starts from
             study.enqueue_trial(self.default)
+            for config in self.space.starts:  # tiles known to do well somewhere: cheaper than finding them
+                study.enqueue_trial(config, skip_if_exists=True)
             for config in self.neighbour_winners(i):
                 study.enqueue_trial(config, skip_if_exists=True)
         state = optuna.trial.TrialState

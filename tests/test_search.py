@@ -39,6 +39,10 @@ def test_repo_spaces_load():
     ("kernel: demo.rms_norm\ntrials: 3\nparams: {rows: [1, 3], exact: [1]}\n", "must be a list of values from"),
     ("kernel: demo.rms_norm\ntrials: 3\nparams: {rows: [2], exact: [1]}\n", "must contain the default"),
     ("kernel: demo.rms_norm\ntrials: 0\nparams: {rows: [1], exact: [1]}\n", "trials must be a positive integer"),
+    ("kernel: demo.rms_norm\ntrials: 3\nparams: {rows: [1], exact: [1]}\nstarts: [{rows: 2, exact: 1}]\n",
+     "starts must be a list of configurations"),
+    ("kernel: demo.rms_norm\ntrials: 3\nparams: {rows: [1], exact: [1]}\nstarts: [{rows: 1}]\n",
+     "starts must be a list of configurations"),
     ("kernel: [\n", "cannot read search space"),
     ("just text\n", "needs 'kernel', 'trials' and 'params'"),
 ])
@@ -83,6 +87,15 @@ def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
     assert all(r["status"] == "ok" and "exact=1" in r["kernel_id"] for r in rows), "never a wrong config"
     for kernel_id in searched:  # timed at every bucket, not only where it won (probes may add more)
         assert {r["dims"] for r in rows if r["kernel_id"] == kernel_id and r["phase"] == "grid"} == {dims_key({"tokens": 1}), dims_key({"tokens": 8})}
+
+
+def test_every_study_tries_the_spaces_starts_right_after_the_default(tmp_path):
+    """A search of a few trials missed the tiles that won by hand on the H100 (BENCHMARKS §16.2.1):
+    a space names them in `starts`, and every study tries them first."""
+    start = {"rows": 64, "exact": 1}
+    tune(tmp_path, "--trials", "3", "--full-search", space=demo.SPACE + "starts:\n  - {rows: 64, exact: 1}\n")
+    for study in studies(tmp_path).values():
+        assert [t.params for t in study.trials[:2]] == [demo.DEMO.default, start]
 
 
 def test_rerun_continues_the_studies_and_trials_zero_skips_search(tmp_path):

@@ -16,8 +16,8 @@ beats it by SWITCH_GAIN over the leaf's points (geomean; more where the leaf hol
 four points): two timings of one cuBLAS GEMM, minutes apart, differed by up to 10% on the H100
 (BENCHMARKS §10.4), far more than the spread of either run's samples, so a smaller measured gain
 is no evidence, and leaving the default for it risks a loss at the shapes between the points.
-On CPU a leaf leaves the fallback only where its kernel beats the fallback at two measured points
-or more (MIN_SWITCH_POINTS).
+On CPU a leaf leaves the fallback for a kernel that beats it at one measured point alone only if
+the gain there exceeds what a process's history moves a CPU kernel by (ONE_POINT_GAIN).
 Thresholds sit at the geometric midpoint of the neighbouring measured values (the grids are
 log-spaced).
 """
@@ -46,12 +46,12 @@ SWITCH_GAIN = 0.05  # a leaf leaves the fallback only for a kernel this much fas
 TIE_BREAK = 1e-3  # weight of raw regret (noise included): picks among trees of equal excess
 RANK_MARGIN = 0.5  # a leaf ranks the runner-ups at most this much slower than its kernel...
 RANK_MAX = 3  # ...and at most this many of them
-# On CPU one point is no evidence for leaving the fallback: the same kernel at the same shape ran
-# up to 1.3x apart between processes of one machine (Inductor's RMSNorm + add, BENCHMARKS
-# §10.13-10.15), and a one-point leaf where it had run 18% ahead lost 1.39x to the fallback when
-# evaluated (§10.14, run B). Its gain must hold at a second point. A GPU kernel's cliffs are real
-# at single points (a second wave of tiles), and GPU timings repeat: one point counts there.
-MIN_SWITCH_POINTS = {"cpu": 2}
+# On CPU a gain at one point alone is weak evidence: the same kernel at the same shape ran up to
+# 1.3x apart between processes of one machine (Inductor's RMSNorm + add, BENCHMARKS §10.13-10.15),
+# and a one-point leaf where it had run 18% ahead lost 1.39x to the fallback when evaluated
+# (§10.14, run B). Such a gain must hold at a second point, or exceed that 1.3x (a real cliff
+# does). GPU timings repeat, and a GPU kernel's single-point cliffs are real (a second wave of tiles).
+ONE_POINT_GAIN = {"cpu": 1.3}
 BARRED = 1e9  # cost of a kernel at a point where it was not measured, or loses to the fallback: above any excess
 
 
@@ -64,7 +64,7 @@ class Points:
     times: dict[str, list[float]]
     spreads: dict[str, list[float]]
     fallback: str
-    min_switch_points: int = 1  # points where a kernel must beat the fallback to replace it in a leaf
+    one_point_gain: float = 1.0  # the gain a kernel faster than the fallback at one point alone must have there
 
     @property
     def has_choice(self) -> bool:
@@ -103,13 +103,15 @@ class Points:
     def clearly_faster(self, kernel: str, idx: list[int]) -> bool:
         """Whether `kernel` beats the fallback over these points by more than timing can make up:
         SWITCH_GAIN (geomean) over four points or more, up to twice that at a single point, and
-        it is faster at min_switch_points of them at least."""
+        one_point_gain where it is faster at one of them alone."""
         both = self.timed_both(self.fallback, kernel, idx)
         if kernel == self.fallback or not both:
             return True  # nothing says the fallback is there to keep
         faster_at = sum(self.times[kernel][i] < self.times[self.fallback][i] for i in both)
         gain_needed = 1 + SWITCH_GAIN * math.sqrt(4 / min(len(both), 4))
-        return faster_at >= self.min_switch_points and self.ratio(self.fallback, kernel, both) >= gain_needed
+        if faster_at < 2:
+            gain_needed = max(gain_needed, self.one_point_gain)
+        return self.ratio(self.fallback, kernel, both) >= gain_needed
 
     def leading(self, dims: dict, margin: float) -> set[str]:
         """The kernels within `margin` of the best at any measured point around `dims`: per dim
@@ -150,7 +152,7 @@ def points_from(records: list[dict], mode: str, fallback: str) -> Points:
     device_types = {str(r.get("device") or "").split(":")[0] for r in records}
     return Points([json.loads(keys[i]) for i in measured], {k: [t[i] for i in measured] for k, t in times.items()},
                   {k: [s[i] for i in measured] for k, s in spreads.items()}, fallback,
-                  max((MIN_SWITCH_POINTS.get(d, 1) for d in device_types), default=1))
+                  max((ONE_POINT_GAIN.get(d, 1.0) for d in device_types), default=1.0))
 
 
 class _Solver:

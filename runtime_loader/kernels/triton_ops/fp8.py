@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ..eager import E4M3_MAX
 from .layout import as_rows
-from .linear import REDUCE_BLOCK, _sum_splits_kernel
+from .linear import REDUCE_BLOCK, _sum_splits_kernel, output_tile, split_share
 
 GROUP_M = 8  # output tiles walked in bands of 8 row-blocks, as kernels/triton_ops/linear.py
 QUANT_BLOCK_MAX = 8192  # a row up to this wide is read once for its amax and once to quantise, from L2
@@ -81,24 +81,15 @@ def _fp8_matmul_kernel(q_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
     weight. out is a contiguous (SPLIT_K, M, N); with SPLIT_K == 1 it is the result itself. The
     scales apply to each split's partial sum (they are linear), as kernels/triton_ops/linear.py
     splits K: a decode-sized M over few output tiles (q/k/v: 1280 columns) needs the programs."""
-    pid = tl.program_id(0)
+    pid_m, pid_n = output_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
-    m_tiles = tl.cdiv(M, BLOCK_M)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    tiles_per_group = GROUP_M * n_tiles
-    first_m = (pid // tiles_per_group) * GROUP_M
-    group_m = tl.minimum(m_tiles - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_group) % group_m
-    pid_n = (pid % tiles_per_group) // group_m
 
     out_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows and columns past the edge re-read valid data and are never stored: masks on K only
     q_rows = q_ptr + (out_rows % M).to(tl.int64)[:, None] * K
     w_cols = w_ptr + (out_cols % N).to(tl.int64)[None, :] * w_stride_n
-    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_begin = split * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
+    k_begin, k_end = split_share(split, K, BLOCK_K, SPLIT_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_begin, k_end, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)

@@ -17,6 +17,25 @@ GROUP_M = 8  # output tiles are walked in bands of 8 row-blocks, so neighbouring
 REDUCE_BLOCK = 1024
 
 
+@triton.jit
+def output_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row block, column block) of program pid, walked in bands of GROUP_M row blocks."""
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    tiles_per_group = GROUP_M * n_tiles
+    first_m = (pid // tiles_per_group) * GROUP_M
+    group_m = tl.minimum(m_tiles - first_m, GROUP_M)
+    return first_m + (pid % tiles_per_group) % group_m, (pid % tiles_per_group) // group_m
+
+
+@triton.jit
+def split_share(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[begin, end) of K for this split: whole BLOCK_K blocks, the last splits possibly empty."""
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_begin = split * k_per_split
+    return k_begin, tl.minimum(k_begin + k_per_split, K)
+
+
 # M is the token count: not specialised on, so one compile serves every token count (a CUDA
 # graph captured at a new batch size must not meet a first compile).
 @triton.jit(do_not_specialize=["M"])
@@ -25,15 +44,8 @@ def _matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride_m, x_strid
                    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """out[split] = x @ weight.T over this split's share of K, plus the bias when bias_ptr is
     given. out is a contiguous (SPLIT_K, M, N); with SPLIT_K == 1 it is the result itself."""
-    pid = tl.program_id(0)
+    pid_m, pid_n = output_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
-    m_tiles = tl.cdiv(M, BLOCK_M)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    tiles_per_group = GROUP_M * n_tiles
-    first_m = (pid // tiles_per_group) * GROUP_M
-    group_m = tl.minimum(m_tiles - first_m, GROUP_M)
-    pid_m = first_m + (pid % tiles_per_group) % group_m
-    pid_n = (pid % tiles_per_group) // group_m
 
     out_rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     out_cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -42,9 +54,7 @@ def _matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride_m, x_strid
     x_rows = x_ptr + (out_rows % M).to(tl.int64)[:, None] * x_stride_m
     w_cols = w_ptr + (out_cols % N).to(tl.int64)[None, :] * w_stride_n
 
-    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_begin = split * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
+    k_begin, k_end = split_share(split, K, BLOCK_K, SPLIT_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_begin, k_end, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)

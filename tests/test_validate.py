@@ -33,14 +33,15 @@ def norm_tree(out):
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """Both tunes solve with the GPU's rule for a gain at one point alone (it counts): the cliff
-    kernel's lead where it is aligned (F.rms_norm against the eager fallback, 1.2-1.4x on this
-    VM) is about the size of the bar CPU sets for such a gain (solve.ONE_POINT_GAIN, tested in
-    test_solve), and these tests are about the probes and validation finding the cliff."""
+    """Both tunes solve with the GPU's bars for leaving the fallback: the cliff kernel's lead where
+    it is aligned (F.rms_norm against the eager fallback, 1.2-1.4x on this VM) is about the size
+    of the bars CPU sets (solve.ONE_POINT_GAIN and DEVICE_SWITCH_GAIN, tested in test_solve), and
+    these tests are about the probes and validation finding the cliff."""
     root = tmp_path_factory.mktemp("cliff")
     config = tiny_llama_config(root)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(solve, "ONE_POINT_GAIN", {})
+        patch.setattr(solve, "DEVICE_SWITCH_GAIN", {})
         return (config, tune(config, root / "naive", "--no-probe", "--validate", "0"), tune(config, root / "checked"),
                 root)
 

@@ -126,8 +126,9 @@ def test_compiled_kernels_trace_one_graph_for_every_token_count(kernel_id, op, s
 
 @pytest.mark.gpu
 def test_cuda_searched_configs_are_right_or_refused():
-    """Configurations at the corners of each search space: a config may fail to compile (too much
-    shared memory: the search prunes it), but one that runs must agree with the reference."""
+    """Configurations at the corners of each search space and the ones every study starts from: a
+    config may fail to compile (too much shared memory: the search prunes it), but one that runs
+    must agree with the reference."""
     from lzsolve.search import load_spaces
     from runtime_loader.specs import config_id
 
@@ -137,7 +138,8 @@ def test_cuda_searched_configs_are_right_or_refused():
         if not selected(space.kernel):
             continue
         family = registry.TUNABLES[space.kernel]
-        corners = [family.default, {k: v[0] for k, v in space.params.items()}, {k: v[-1] for k, v in space.params.items()}]
+        corners = [family.default, *space.starts, {k: v[0] for k, v in space.params.items()},
+                   {k: v[-1] for k, v in space.params.items()}]
         for config in corners:
             kernel_id = config_id(space.kernel, config)
             for op in family.spec.ops:

@@ -50,6 +50,23 @@ def table_kernels(artifact: Path) -> dict[str, list[str]]:
     return {entry["signature"]: sorted(set(leaf_ids(entry["tree"]))) for entry in raw["ops"]}
 
 
+def quantisation_apart(sig: Signature, dims: dict, device, gen, here) -> dict[str, list]:
+    """Where a W8A8 linear's time goes, timed unchecked beside the kernels (whose parity covers
+    these calls): the Triton per-token quantisation alone, and cuBLASLt's FP8 GEMM on an input
+    quantised beforehand, the ceiling of a server that fuses the quantisation into the op before
+    (an RMSNorm's epilogue). CUDA with FP8 GEMMs (sm 89+) only."""
+    if device.type != "cuda" or (here.sm or 0) < 89:
+        return {}
+    from runtime_loader.kernels.triton_ops.fp8 import quantize_per_token
+    x, weight, weight_scale, _ = CONTRACTS[sig.op].make_inputs(sig, dims, device, gen)
+    rows = x.reshape(-1, x.shape[-1])
+    q, x_scale = quantize_per_token(rows, 8)
+    w_scale = weight_scale.float().reshape(1, -1).contiguous()
+    return {"quantise alone (Triton)": [lambda: quantize_per_token(rows, 8)],
+            "scaled_mm, pre-quantised": [lambda: torch._scaled_mm(q, weight.t(), scale_a=x_scale, scale_b=w_scale,
+                                                                   out_dtype=x.dtype)]}
+
+
 def show(label: str, row: dict, base: str) -> None:
     us = row["us"]
     print(f"{label}: " + "  ".join(f"{k}={v:.1f}" + (f" ({us[base] / v:.2f}x)" if us.get(base) and k != base else "")
@@ -85,7 +102,8 @@ def main() -> None:
             dims = {"tokens": t}
             bf16 = CONTRACTS["linear"].make_inputs(dense, dims, device, gen)
             row = checked("linear.fp8", fp8, dims, kernels, device, gen, harness,
-                          {"torch.linear (bf16)": [lambda: registry.get("torch.linear").impl(*bf16)]})
+                          {"torch.linear (bf16)": [lambda: registry.get("torch.linear").impl(*bf16)],
+                           **quantisation_apart(fp8, dims, device, gen, here)})
             rows.append({"shape": name, "k": k, "n": n, "tokens": t, **row})
             show(f"{name:12} k={k:5} n={n:5} tokens={t:5}", row, "torch.linear (bf16)")
     static = {"hq": 2, "hkv": 1, "d": 64} if args.tiny else {"hq": 8, "hkv": 1, "d": 128}

@@ -234,6 +234,25 @@ def rms_norm_add_call(x, residual, weight, eps=1e-6, unit_offset=False):
     return rows_call("norm.rms_add", x, UNIT_OFFSET if unit_offset else ())
 
 
+def rms_norm_fp8_call(x, weight, eps=1e-6, unit_offset=False):
+    return rows_call("norm.rms_fp8", x, UNIT_OFFSET if unit_offset else ())
+
+
+def rms_norm_add_fp8_call(x, residual, weight, eps=1e-6, unit_offset=False):
+    return rows_call("norm.rms_add_fp8", x, UNIT_OFFSET if unit_offset else ())
+
+
+def quantised_rows_fake(x: Tensor, *args) -> tuple[Tensor, Tensor]:
+    """The fake result of norm.rms_fp8: (q like x in float8 e4m3, scale (..., 1) fp32)."""
+    return torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device), \
+        torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+
+
+def quantised_rows_add_fake(x: Tensor, residual: Tensor, *args) -> tuple[Tensor, Tensor, Tensor]:
+    """The fake result of norm.rms_add_fp8: quantised_rows_fake's, then the total like residual."""
+    return (*quantised_rows_fake(x), torch.empty_like(residual))
+
+
 def two_like_first(x: Tensor, y: Tensor, *args) -> tuple[Tensor, Tensor]:
     """The fake result of ops returning two tensors shaped like their first two inputs."""
     return torch.empty_like(x), torch.empty_like(y)
@@ -506,6 +525,15 @@ OPS: dict[str, OpSchema] = {
         OpSchema("norm.rms_add", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add",
                  method="rms_norm_add", front=rms_norm_add_front, call=rms_norm_add_call, inputs=inputs.rms_norm_add,
                  fake=two_like_first, consumes=("x", "residual")),
+        # the norm before an FP8 W8A8 linear, its output quantised per token to float8 e4m3 in the same
+        # pass, as linear.fp8 quantises its input: (q, scale (..., 1) fp32), q * scale ~ the normed rows;
+        # the _add form returns the total third (written into residual's storage, as norm.rms_add may)
+        OpSchema("norm.rms_fp8", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_fp8",
+                 method="rms_norm_fp8", front=rms_norm_front, call=rms_norm_fp8_call, inputs=inputs.rms_norm,
+                 fake=quantised_rows_fake),
+        OpSchema("norm.rms_add_fp8", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add_fp8",
+                 method="rms_norm_add_fp8", front=rms_norm_add_front, call=rms_norm_add_fp8_call,
+                 inputs=inputs.rms_norm_add, fake=quantised_rows_add_fake, consumes=("x", "residual")),
         OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm", method="qk_norm",
                  front=qk_norm_front, call=qk_norm_call, inputs=inputs.qk_norm),
         # no_bias: LayerNorm without a bias (Cohere, StableLM-2 variants): bias None in the call

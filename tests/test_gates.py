@@ -61,3 +61,32 @@ def test_an_fp8_kernel_with_the_wrong_scale_layout_is_rejected(impl, code):
     args = CONTRACTS[FP8.op].make_inputs(FP8, {"tokens": 5}, torch.device("cpu"), torch.Generator().manual_seed(0))
     p = parity_gate(CONTRACTS[FP8.op], spec, FP8, args, CpuHarness())
     assert (p.reason.code if p.reason else None) == code, p
+
+
+NORM_FP8 = Signature.make("norm.rms_add_fp8", {"hidden": 256}, (), "bf16")
+NORM_FP8_KERNEL = registry.get("eager.rms_norm_add_fp8").impl
+
+
+def one_scale_for_every_row(x, residual, weight, eps):
+    """Per tensor instead of per token: the largest row's scale for all of them."""
+    q, scale, total = NORM_FP8_KERNEL(x, residual, weight, eps)
+    values = q.float() * scale
+    tensor_scale = scale.max().expand_as(scale)
+    return (values / tensor_scale).to(torch.float8_e4m3fn), tensor_scale, total
+
+
+@pytest.mark.parametrize("impl,code", [
+    (NORM_FP8_KERNEL, None),
+    (one_scale_for_every_row, "PARITY_FAILED"),
+    # the normed rows with a scale of one: no quantisation at all
+    (lambda x, r, w, eps: (registry.get("eager.rms_norm_add").impl(x, r, w, eps)[0].to(torch.float8_e4m3fn),
+                           torch.ones(*x.shape[:-1], 1), x + r), "PARITY_FAILED"),
+])
+def test_a_norm_with_fp8_output_is_checked_on_its_codes_and_scales(impl, code):
+    """norm.rms_add_fp8's q is compared by value and its scales apart: a kernel whose q * scale is
+    right but whose scale layout is not (one scale per tensor) is rejected, as linear.fp8's is."""
+    spec = dataclasses.replace(registry.get("eager.rms_norm_add_fp8"), kernel_id="test.norm_fp8", impl=impl)
+    args = CONTRACTS[NORM_FP8.op].make_inputs(NORM_FP8, {"tokens": 6}, torch.device("cpu"),
+                                               torch.Generator().manual_seed(0))
+    p = parity_gate(CONTRACTS[NORM_FP8.op], spec, NORM_FP8, args, CpuHarness())
+    assert (p.reason.code if p.reason else None) == code, p

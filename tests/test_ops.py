@@ -33,6 +33,8 @@ SIGS = [
     (Signature.make("norm.rms", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
     (Signature.make("norm.rms", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 5}),
     (Signature.make("norm.rms_add", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 3}),
+    (Signature.make("norm.rms_fp8", {"hidden": 32}, (), "fp32"), {"tokens": 3}),
+    (Signature.make("norm.rms_add_fp8", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 3}),
     (Signature.make("norm.qk", {"heads": 3, "d": 16}, (), "fp32"), {"tokens": 4}),
     (Signature.make("norm.qk", {"heads": 3, "d": 16}, ("unit_offset",), "fp32"), {"tokens": 4}),
     (Signature.make("norm.layer", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
@@ -146,6 +148,14 @@ def fp8_linear64(x, weight, scale, bias):
     return out + bias.double() if bias is not None else out
 
 
+def rms_fp8_64(x, weight, eps, unit_offset=False):
+    """rms64's rows, each divided by its amax / 448 and cast to e4m3 (in fp32, as the format is
+    defined): the values of q, and the scales."""
+    normed = rms64(x, weight, eps, unit_offset)
+    step = normed.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / 448.0
+    return (normed.float() / step).clamp(-448, 448).to(torch.float8_e4m3fn).double(), step.double()
+
+
 def conv64(x, weight, bias, state, silu):
     """Each output a dot product of the channel's weights with the last width inputs (zeros before
     the first), written per token and channel; the new state the last width inputs."""
@@ -221,6 +231,9 @@ INDEPENDENT = {
     "norm.rms": rms64,
     "norm.rms_add": lambda x, r, w, eps, unit_offset=False: (rms64(x.double() + r.double(), w, eps, unit_offset),
                                                              x.double() + r.double()),
+    "norm.rms_fp8": rms_fp8_64,
+    "norm.rms_add_fp8": lambda x, r, w, eps, unit_offset=False: (
+        *rms_fp8_64(x.double() + r.double(), w, eps, unit_offset), x.double() + r.double()),
     "norm.qk": rms64,
     "norm.layer": layer64,
     "posenc.rope": rope64,

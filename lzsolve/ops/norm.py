@@ -8,6 +8,10 @@ norm.qk: rms over each head of x (tokens, heads, d) with one weight (d,) for eve
 (Qwen3's and Gemma 3's q_norm / k_norm).
 norm.layer: (x - mean) / sqrt(var + eps) * weight + bias (no bias under the flag no_bias).
 
+norm.rms_fp8 / norm.rms_add_fp8: the same, the normed rows then quantised per token to float8
+e4m3 as an FP8 linear's input (runtime_loader.kernels.eager.quantize_per_token): (q, scale[,
+total]). The reference quantises the fp32 normed rows and returns q's values in fp32.
+
 unit_offset (Gemma, Qwen3.5): the RMS norms scale by (1 + weight), whose trained weights sit
 near 0; the canonical call appends True as a last argument only when the signature sets it.
 Inputs: runtime_loader.inputs.
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from .base import OpContract, itemsize
+from runtime_loader.kernels.eager import quantize_per_token
+
+from .base import OpContract, Tolerance, itemsize
 
 
 def rms(x, weight, eps, unit_offset=False):
@@ -57,6 +63,32 @@ RMS_CASES = (({"hidden": 256}, (), {"tokens": 9}), ({"hidden": 8192}, (), {"toke
              ({"hidden": 640}, ("unit_offset",), {"tokens": 9}))
 RMS = OpContract("norm.rms", rms, flops(4.0), bytes_moved(2, 1), RMS_CASES)
 RMS_ADD = OpContract("norm.rms_add", rms_add, flops(5.0), bytes_moved(4, 1), RMS_CASES)
+def rms_fp8(x, weight, eps, unit_offset=False):
+    q, scale = quantize_per_token(rms(x, weight, eps, unit_offset))
+    return q.float(), scale
+
+
+def rms_add_fp8(x, residual, weight, eps, unit_offset=False):
+    normed, total = rms_add(x, residual, weight, eps, unit_offset)
+    q, scale = quantize_per_token(normed)
+    return q.float(), scale, total
+
+
+def fp8_bytes(row_tensors: int):
+    """row_tensors (tokens, hidden) tensors read or written in the activation dtype, q written at a
+    byte per element, a scale per token, the weight read once."""
+    return lambda sig, dims: float((itemsize(sig) * row_tensors + 1) * sig.dim("hidden") * dims["tokens"]
+                                   + 4 * dims["tokens"] + itemsize(sig) * sig.dim("hidden"))
+
+
+# q compared by value: rounding the normed rows to bf16 first (as an unfused server does) moves a
+# few of them across an e4m3 rounding boundary, one step of 32 at most near 448 (7% of the row's
+# largest value); a wrong norm or a wrong scale moves all of them
+FP8_OUT = Tolerance(rel_l2=2e-2, max_rel=8e-2)
+RMS_FP8 = OpContract("norm.rms_fp8", rms_fp8, flops(6.0), fp8_bytes(1), RMS_CASES,
+                     tolerances={dtype: FP8_OUT for dtype in ("fp32", "fp16", "bf16")})
+RMS_ADD_FP8 = OpContract("norm.rms_add_fp8", rms_add_fp8, flops(7.0), fp8_bytes(3), RMS_CASES,
+                         tolerances={dtype: FP8_OUT for dtype in ("fp32", "fp16", "bf16")})
 QK = OpContract("norm.qk", rms, qk_flops, qk_bytes, (({"heads": 8, "d": 128}, (), {"tokens": 9}),
                                                      ({"heads": 2, "d": 256}, ("unit_offset",), {"tokens": 5})))
 LAYER = OpContract("norm.layer", layer, flops(7.0), bytes_moved(2, 2),

@@ -150,6 +150,17 @@ def linear_fp8(x, weight, weight_scale, bias=None):
     return F.linear((q.float() * scale).to(x.dtype), w, bias)
 
 
+def rms_norm_fp8(x, weight, eps: float, unit_offset: bool = False):
+    """The norm, then the per-token quantisation: two passes (about ten launches) where a fused
+    kernel makes one; the norm's output rounded to x's dtype first, as an unfused server has it."""
+    return quantize_per_token(rms_norm(x, weight, eps, unit_offset))
+
+
+def rms_norm_add_fp8(x, residual, weight, eps: float, unit_offset: bool = False):
+    normed, total = rms_norm_add(x, residual, weight, eps, unit_offset)
+    return (*quantize_per_token(normed), total)
+
+
 def scaled(rows, scale: float | None):
     """Gemma's embedding scale: sqrt(hidden) rounded to the table's dtype, then multiplied in."""
     return rows if scale is None else rows * torch.tensor(scale, dtype=rows.dtype)
@@ -335,6 +346,10 @@ SPECS = [
     KernelSpec("eager.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("eager.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add, platforms=BOTH,
+               dtypes=ALL_DTYPES, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
+    KernelSpec("eager.rms_norm_fp8", frozenset({"norm.rms_fp8"}), "torch", rms_norm_fp8, platforms=BOTH,
+               dtypes=ALL_DTYPES, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
+    KernelSpec("eager.rms_norm_add_fp8", frozenset({"norm.rms_add_fp8"}), "torch", rms_norm_add_fp8, platforms=BOTH,
                dtypes=ALL_DTYPES, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("eager.qk_norm", frozenset({"norm.qk"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET, graph_safe=True, deterministic=True),

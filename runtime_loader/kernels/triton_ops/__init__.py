@@ -65,6 +65,13 @@ TUNABLES = [
     family("triton.rms_norm_add", "norm.rms_add", "norm", "rms_norm_add", NORM_PARAMS, NORM_DEFAULT,
            "in place: total into residual, normed into x; rows wider than block take two passes",
            features=UNIT_OFFSET),
+    # the norm and an FP8 linear's per-token quantisation of its output in one pass (e4m3: sm 89+)
+    family("triton.rms_norm_fp8", "norm.rms_fp8", "norm", "rms_norm_fp8", NORM_PARAMS, NORM_DEFAULT,
+           "one row per program, quantised in the same pass; rows wider than block take three passes",
+           features=UNIT_OFFSET, min_sm=89),
+    family("triton.rms_norm_add_fp8", "norm.rms_add_fp8", "norm", "rms_norm_add_fp8", NORM_PARAMS, NORM_DEFAULT,
+           "total into residual, q and scales new; rows wider than block take three passes",
+           features=UNIT_OFFSET, min_sm=89),
     # one launch where F.rms_norm over Gemma's (1 + weight) takes five (casts, the add, the norm)
     family("triton.qk_norm", "norm.qk", "norm", "rms_norm", QK_NORM_PARAMS, QK_NORM_DEFAULT,
            "the rms_norm kernel over rows of one head", head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET),

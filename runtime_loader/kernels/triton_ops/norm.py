@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..eager import E4M3_MAX
 from .layout import as_rows
 
 
@@ -26,15 +27,26 @@ def _load_total(x_ptr, x_offsets, res_ptr, res_offsets, mask):
 
 
 @triton.jit
-def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, res_ptr, res_offsets,
-               UNIT_OFFSET: tl.constexpr):
-    if res_ptr is not None:  # the total replaces the residual (vLLM's fused_add_rms_norm does the same)
-        tl.store(res_ptr + res_offsets, total.to(res_ptr.dtype.element_ty), mask=mask)
+def _normed(total, rstd, cols, mask, w_ptr, w_stride, like_ptr, UNIT_OFFSET: tl.constexpr):
+    """A chunk of the normed row in fp32, before its final rounding."""
     weight = tl.load(w_ptr + cols * w_stride, mask=mask, other=0.0).to(tl.float32)
     if UNIT_OFFSET:  # Gemma: scaled by (1 + weight) in fp32, rounded once at the end
-        out = total * rstd * (1.0 + weight)
-    else:  # rounded to the output dtype before the weight multiplies, as Hugging Face's LlamaRMSNorm does
-        out = (total * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * weight
+        return total * rstd * (1.0 + weight)
+    # rounded to the activations' dtype before the weight multiplies, as Hugging Face's LlamaRMSNorm does
+    return (total * rstd).to(like_ptr.dtype.element_ty).to(tl.float32) * weight
+
+
+@triton.jit
+def _store_total(total, mask, res_ptr, res_offsets):
+    if res_ptr is not None:  # the total replaces the residual (vLLM's fused_add_rms_norm does the same)
+        tl.store(res_ptr + res_offsets, total.to(res_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, res_ptr, res_offsets,
+               UNIT_OFFSET: tl.constexpr):
+    _store_total(total, mask, res_ptr, res_offsets)
+    out = _normed(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, UNIT_OFFSET)
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -72,6 +84,56 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
             total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col, res_ptr, res_offsets, mask)
             _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
                        row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets, UNIT_OFFSET)
+
+
+@triton.jit
+def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, scale_ptr, x_stride_row, x_stride_col, res_stride_row,
+                         res_stride_col, w_stride, n_cols, eps, E4M3: tl.constexpr, BLOCK: tl.constexpr,
+                         ONE_TILE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """rms_norm of one row of x (or of x + residual), quantised to e4m3 with the row's scale
+    amax / E4M3 as kernels/triton_ops/fp8.py quantises (IEEE division, clamped, nearest even).
+    q is a contiguous (rows, n_cols). A row wider than BLOCK is walked three times (its sum of
+    squares, its amax, then the store), recomputing the total each time, mostly from L2."""
+    row = tl.program_id(0).to(tl.int64)
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        res_offsets = row * res_stride_row + cols * res_stride_col
+        total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col, res_ptr, res_offsets, mask)
+        rstd = tl.rsqrt(tl.sum(total * total) / n_cols + eps)
+        _store_total(total, mask, res_ptr, res_offsets)
+        out = _normed(total, rstd, cols, mask, w_ptr, w_stride, x_ptr, UNIT_OFFSET)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), 0), 1e-12), E4M3)
+        tl.store(scale_ptr + row, scale)
+        q = tl.clamp(tl.math.div_rn(out, scale), -E4M3, E4M3)
+        tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
+                                res_ptr, row * res_stride_row + cols * res_stride_col, cols < n_cols)
+            sum_sq += total * total
+        rstd = tl.rsqrt(tl.sum(sum_sq) / n_cols + eps)
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
+                                res_ptr, row * res_stride_row + cols * res_stride_col, mask)
+            amax = tl.maximum(amax, tl.abs(_normed(total, rstd, cols, mask, w_ptr, w_stride, x_ptr, UNIT_OFFSET)))
+        scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+        tl.store(scale_ptr + row, scale)
+        # the total is written in this last pass only, as _rms_norm_kernel does (see there)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            res_offsets = row * res_stride_row + cols * res_stride_col
+            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col, res_ptr, res_offsets, mask)
+            _store_total(total, mask, res_ptr, res_offsets)
+            out = _normed(total, rstd, cols, mask, w_ptr, w_stride, x_ptr, UNIT_OFFSET)
+            q = tl.clamp(tl.math.div_rn(out, scale), -E4M3, E4M3)
+            tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -150,6 +212,35 @@ def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, *, 
     _rms_rows(rows, residual_rows, weight, rows, eps, unit_offset, block, warps)
     # Views of x and residual (copies only where as_rows had to copy leading dims).
     return rows.view(x.shape), residual_rows.view(residual.shape)
+
+
+def _rms_fp8_rows(rows, residual_rows, weight, eps: float, unit_offset: bool, block: int, warps: int):
+    """(q (rows, n) e4m3, scale (rows, 1) fp32) of the normed rows; the total into residual_rows."""
+    _check_vectors(rows, weight)
+    n_rows, n_cols = rows.shape
+    q = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=rows.device)
+    scale = torch.empty((n_rows, 1), dtype=torch.float32, device=rows.device)
+    if n_rows:
+        res_strides = residual_rows.stride() if residual_rows is not None else (0, 0)
+        _rms_norm_fp8_kernel[(n_rows,)](rows, residual_rows, weight, q, scale, *rows.stride(), *res_strides,
+                                        weight.stride(0), n_cols, eps, E4M3=E4M3_MAX, BLOCK=block,
+                                        ONE_TILE=n_cols <= block, UNIT_OFFSET=unit_offset, num_warps=warps)
+    return q, scale
+
+
+def rms_norm_fp8(x, weight, eps: float, unit_offset: bool = False, *, block: int, warps: int):
+    """norm.rms_fp8 in one pass: (q shaped like x, scale (..., 1))."""
+    q, scale = _rms_fp8_rows(as_rows(x), None, weight, eps, unit_offset, block, warps)
+    return q.view(x.shape), scale.view(*x.shape[:-1], 1)
+
+
+def rms_norm_add_fp8(x, residual, weight, eps: float, unit_offset: bool = False, *, block: int, warps: int):
+    """norm.rms_add_fp8 in one pass; the total goes into residual's storage: (q, scale, total)."""
+    if residual.shape != x.shape:
+        raise ValueError(f"rms_norm_add_fp8: residual {tuple(residual.shape)} is not the shape of x {tuple(x.shape)}")
+    residual_rows = as_rows(residual)
+    q, scale = _rms_fp8_rows(as_rows(x), residual_rows, weight, eps, unit_offset, block, warps)
+    return q.view(x.shape), scale.view(*x.shape[:-1], 1), residual_rows.view(residual.shape)
 
 
 def layer_norm(x, weight, bias, eps: float, *, block: int, warps: int):

@@ -183,6 +183,15 @@ def linear_fp8(sig, dims, device, gen):
     return x, quantized.reshape(n, k), scale.reshape(-1), bias
 
 
+def linear_fp8_prequantised(sig, dims, device, gen):
+    """linear_fp8's, x quantised per token as norm.rms_fp8 leaves it; the output dtype last."""
+    from .dtypes import DTYPES
+    from .kernels.eager import quantize_per_token
+
+    x, weight, weight_scale, bias = linear_fp8(sig, dims, device, gen)
+    return (*quantize_per_token(x), weight, weight_scale, bias, DTYPES[sig.dtype])
+
+
 def starts_from_state(dims) -> bool:
     """A prompt's chunk starts from no state (seq > 1), a decode step (seq == 1) from one."""
     return dims["seq"] == 1

@@ -369,6 +369,30 @@ def linear_fp8_call(x, weight, weight_scale, bias=None):
             {"tokens": x.numel() // max(k, 1)})
 
 
+def linear_fp8_prequantised_front(q: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor,
+                                  bias: Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16):
+    """linear_fp8 of an input already quantised per token (by norm.rms_fp8, say): q (..., k) in
+    float8 e4m3 with x_scale (..., 1) fp32, so q * x_scale ~ x; returns out_dtype."""
+    return ((q.shape, weight.shape, weight_scale.numel(), bias is None, out_dtype, q.is_cuda),
+            (q, x_scale, weight, weight_scale, bias, out_dtype))
+
+
+def linear_fp8_prequantised_call(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloat16):
+    if (out_dtype not in DTYPE_NAMES or q.dtype != torch.float8_e4m3fn or weight.dim() != 2 or q.dim() == 0
+            or weight.dtype != torch.float8_e4m3fn or weight_scale.numel() not in (1, weight.shape[0])
+            or x_scale.numel() * q.shape[-1] != q.numel()):
+        return None
+    n, k = weight.shape
+    flags = [name for name, on in (("per_channel", weight_scale.numel() > 1), ("bias", bias is not None)) if on]
+    return (Signature.make("linear.fp8_prequantised", {"k": k, "n": n}, flags, DTYPE_NAMES[out_dtype]),
+            {"tokens": q.numel() // max(k, 1)})
+
+
+def linear_prequantised_fake(q: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor,
+                             bias: Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    return torch.empty((*q.shape[:-1], weight.shape[0]), dtype=out_dtype, device=q.device)
+
+
 def gated_deltanet_front(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None,
                          qk_l2norm: bool = True):
     """Qwen3.5's Gated DeltaNet: q, k (batch, seq, hk, dk), v (batch, seq, hv, dv), g (log
@@ -556,6 +580,10 @@ OPS: dict[str, OpSchema] = {
         OpSchema("linear.fp8", ("k", "n"), ("per_channel", "bias"), ("tokens",), "eager.linear_fp8",
                  method="linear_fp8", front=linear_fp8_front, call=linear_fp8_call, inputs=inputs.linear_fp8,
                  fake=linear_fake),
+        # the same with x quantised beforehand (norm.rms_fp8 fuses it into the norm): the output dtype is the signature's
+        OpSchema("linear.fp8_prequantised", ("k", "n"), ("per_channel", "bias"), ("tokens",),
+                 "eager.linear_fp8_prequantised", method="linear_fp8_prequantised", front=linear_fp8_prequantised_front,
+                 call=linear_fp8_prequantised_call, inputs=inputs.linear_fp8_prequantised, fake=linear_prequantised_fake),
         # renorm: the top_k weights divided by their sum (Mixtral, Qwen3-MoE; GraniteMoE's softmax over the top_k)
         OpSchema("moe.router", ("experts", "top_k"), ("renorm",), ("tokens",), "eager.moe_router",
                  method="moe_router", front=moe_router_front, call=moe_router_call, inputs=inputs.moe_router,

@@ -52,6 +52,7 @@ SIGS = [
     (Signature.make("linear", {"k": 16, "n": 12}, (), "fp32"), {"tokens": 4}),
     (Signature.make("linear.fp8", {"k": 32, "n": 12}, ("per_channel", "bias"), "bf16"), {"tokens": 4}),
     (Signature.make("linear.fp8", {"k": 32, "n": 12}, (), "fp32"), {"tokens": 3}),
+    (Signature.make("linear.fp8_prequantised", {"k": 32, "n": 12}, ("per_channel", "bias"), "bf16"), {"tokens": 4}),
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu",), "fp32"), {"batch": 2, "seq": 6}),
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu", "bias"), "fp32"),
      {"batch": 2, "seq": 1}),
@@ -245,6 +246,9 @@ INDEPENDENT = {
     "act.gelu": gelu64,
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
     "linear.fp8": fp8_linear64,
+    "linear.fp8_prequantised": lambda q, x_scale, w, w_scale, b, out_dtype: (
+        (q.double() * x_scale.double()) @ (w.double() * w_scale.double().reshape(-1, 1)).T
+        + (b.double() if b is not None else 0)),
     "conv.causal_depthwise": conv64,
     # -A times softplus written as log(1 + e^x); the sigmoid as 1 / (1 + e^-x)
     "recurrent.deltanet_gates": lambda a, b, a_log, dt: (-torch.exp(a_log.double()) * torch.log1p(

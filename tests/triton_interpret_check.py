@@ -59,6 +59,9 @@ CASES = [
        [{"block_m": 16, "block_n": 16, "block_k": 16, "warps": 2, "stages": 2, "split_k": 4},
         {"block_m": 16, "block_n": 32, "block_k": 32, "warps": 4, "stages": 3, "split_k": 2}])
       for flags in (("bias",), ())],
+    # our FP8 GEMM on an input quantised beforehand, through the wrapper's reshapes; K split 4 ways as above
+    ("triton.linear_fp8_prequantised", "linear.fp8_prequantised", {"k": 80, "n": 48}, ("per_channel", "bias"),
+     {"tokens": 20}, [{"block_m": 16, "block_n": 16, "block_k": 32, "warps": 2, "stages": 2, "split_k": 4}]),
     # 6 experts, 2 slots, 9 tokens: 18 pairs in segments padded to 16 (most one short of a block,
     # an idle expert); 40 and 24 columns leave partial n and k blocks; the default's block_m 64
     # puts every expert in one mostly empty block
@@ -95,7 +98,7 @@ def strided_rows(args):
     return (wide[..., :x.shape[-1]], *rest)
 
 
-DOT_OPS = ("linear", "moe.experts")  # tl.dot: fp16, not bf16, in the interpreter (see above)
+DOT_OPS = ("linear", "linear.fp8_prequantised", "moe.experts")  # tl.dot: fp16, not bf16, in the interpreter (see above)
 VARIANTS = {"act.swiglu": separate, "act.geglu": separate, "norm.rms_add": with_leading_dims,
             "norm.rms_add_fp8": with_leading_dims,
             "linear": with_leading_dims, "conv.causal_depthwise": strided_rows}

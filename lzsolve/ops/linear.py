@@ -1,5 +1,6 @@
 """linear: y = x W^T (+ b), W of shape (n, k); linear.fp8: the same with W in float8 e4m3 and x
-quantised per token (see fp8_reference)."""
+quantised per token (see fp8_reference); linear.fp8_prequantised: linear.fp8 on an x quantised
+beforehand (q and its per-token scales, as norm.rms_fp8 leaves them)."""
 from __future__ import annotations
 
 import torch
@@ -54,3 +55,22 @@ LINEAR_FP8 = OpContract("linear.fp8", fp8_reference, flops, fp8_bytes,
                          ({"k": 256, "n": 128}, (), {"tokens": 1}),
                          ({"k": 512, "n": 256}, ("per_channel",), {"tokens": 33})),
                         tolerances={**TOLERANCES, "bf16": Tolerance(rel_l2=1e-2, max_rel=2e-2)})
+
+
+def fp8_prequantised_reference(q, x_scale, weight, weight_scale, bias, out_dtype):
+    """In fp32 from what the format holds: q * x_scale, the weight dequantised, then x W^T (+ b)."""
+    w = weight.float() * weight_scale.float().reshape(-1, 1)
+    out = torch.matmul(q.float() * x_scale.float(), w.T)
+    return out + bias.float() if bias is not None else out
+
+
+def fp8_prequantised_bytes(sig, dims):
+    """q read at a byte per element with a scale per token, out written in the activation dtype,
+    the weight at a byte per element, its scales."""
+    t, k, n = dims["tokens"], sig.dim("k"), sig.dim("n")
+    scales = 4 * (n if "per_channel" in sig.flags else 1) + 4 * t
+    return float(t * k + itemsize(sig) * (t * n + (n if "bias" in sig.flags else 0)) + k * n + scales)
+
+
+LINEAR_FP8_PREQUANTISED = OpContract("linear.fp8_prequantised", fp8_prequantised_reference, flops,
+                                     fp8_prequantised_bytes, LINEAR_FP8.cases, tolerances=LINEAR_FP8.tolerances)

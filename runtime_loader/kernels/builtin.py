@@ -84,6 +84,14 @@ def scaled_mm_fp8(x, weight, weight_scale, bias=None):
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def scaled_mm(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloat16):
+    """torch._scaled_mm on an input quantised beforehand: the FP8 GEMM alone, one launch."""
+    rows, scale = q.reshape(-1, q.shape[-1]), x_scale.reshape(-1, 1).float()
+    scale_b = weight_scale.float().expand(weight.shape[0]).reshape(1, -1).contiguous()
+    out = torch._scaled_mm(rows, weight.t(), scale_a=scale, scale_b=scale_b, bias=bias, out_dtype=out_dtype)
+    return out.reshape(*q.shape[:-1], weight.shape[0])
+
+
 SPECS = [
     KernelSpec("torch.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                features=UNIT_OFFSET, graph_safe=True, deterministic=True),
@@ -110,4 +118,7 @@ SPECS = [
     KernelSpec("torch.scaled_mm_fp8", frozenset({"linear.fp8"}), "torch", scaled_mm_fp8, platforms=frozenset({"cuda"}),
                min_sm=90, dtypes=frozenset({"bf16", "fp16"}), features=frozenset({"per_channel", "bias"}),
                graph_safe=True, notes="torch._scaled_mm (cuBLASLt FP8) after a per-token quantisation of x"),
+    KernelSpec("torch.scaled_mm", frozenset({"linear.fp8_prequantised"}), "torch", scaled_mm,
+               platforms=frozenset({"cuda"}), min_sm=90, dtypes=frozenset({"bf16", "fp16"}),
+               features=frozenset({"per_channel", "bias"}), graph_safe=True, notes="torch._scaled_mm (cuBLASLt FP8)"),
 ]

@@ -161,6 +161,12 @@ def rms_norm_add_fp8(x, residual, weight, eps: float, unit_offset: bool = False)
     return (*quantize_per_token(normed), total)
 
 
+def linear_fp8_prequantised(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloat16):
+    """linear_fp8's baseline on an input quantised beforehand: both dequantised to out_dtype, one GEMM."""
+    w = weight.to(out_dtype) * weight_scale.to(out_dtype).reshape(-1, 1)
+    return F.linear((q.float() * x_scale).to(out_dtype), w, bias)
+
+
 def scaled(rows, scale: float | None):
     """Gemma's embedding scale: sqrt(hidden) rounded to the table's dtype, then multiplied in."""
     return rows if scale is None else rows * torch.tensor(scale, dtype=rows.dtype)
@@ -373,6 +379,9 @@ SPECS = [
     KernelSpec("eager.linear_fp8", frozenset({"linear.fp8"}), "torch", linear_fp8, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"per_channel", "bias"}), graph_safe=True,
                notes="dequantise x (quantised per token) and the weight, then a GEMM in x's dtype"),
+    KernelSpec("eager.linear_fp8_prequantised", frozenset({"linear.fp8_prequantised"}), "torch", linear_fp8_prequantised,
+               platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"per_channel", "bias"}), graph_safe=True,
+               notes="dequantise x and the weight, then a GEMM in the output dtype"),
     KernelSpec("eager.embedding", frozenset({"embedding"}), "torch", embedding, platforms=BOTH, dtypes=ALL_DTYPES,
                features=frozenset({"scaled"}), graph_safe=True, deterministic=True),
     KernelSpec("eager.learned_positions", frozenset({"posenc.learned"}), "torch", learned_positions,

@@ -58,6 +58,11 @@ QK_NORM_DEFAULT = {"block": 256, "warps": 1}  # rows of one head: head_dim <= 25
 ACT_PARAMS = {"block": powers_of_two(128, 8192), "warps": powers_of_two(1, 16)}
 ACT_DEFAULT = {"block": 1024, "warps": 4}
 
+FP8_GEMM_PARAMS = {"block_m": powers_of_two(16, 256), "block_n": powers_of_two(16, 256),
+                   "block_k": powers_of_two(32, 256), "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6),
+                   "split_k": powers_of_two(1, 16)}
+FP8_GEMM_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1}
+
 TUNABLES = [
     family("triton.rms_norm", "norm.rms", "norm", "rms_norm", NORM_PARAMS, NORM_DEFAULT,
            "one row per program, fp32 statistics; rows wider than block take two passes",
@@ -105,12 +110,12 @@ TUNABLES = [
            "tiled GEMM, fp32 accumulation, bias in the epilogue; split_k > 1 reduces fp32 partials in order",
            features=frozenset({"bias"})),
     # FP8 tensor cores from sm89; one Triton pass quantises x per token (eager takes ~7 launches)
-    family("triton.linear_fp8", "linear.fp8", "fp8", "linear_fp8",
-           {"block_m": powers_of_two(16, 256), "block_n": powers_of_two(16, 256), "block_k": powers_of_two(32, 256),
-            "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6), "split_k": powers_of_two(1, 16)},
-           {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1},
+    family("triton.linear_fp8", "linear.fp8", "fp8", "linear_fp8", FP8_GEMM_PARAMS, FP8_GEMM_DEFAULT,
            "x quantised per token in one pass, then a tiled e4m3 GEMM with both scales and the bias in its epilogue; "
            "split_k > 1 reduces fp32 partials in order",
+           min_sm=89, features=frozenset({"per_channel", "bias"})),
+    family("triton.linear_fp8_prequantised", "linear.fp8_prequantised", "fp8", "linear_fp8_prequantised",
+           FP8_GEMM_PARAMS, FP8_GEMM_DEFAULT, "triton.linear_fp8's GEMM alone: x quantised beforehand (norm.rms_fp8)",
            min_sm=89, features=frozenset({"per_channel", "bias"})),
     # cuBLASLt's row-wise scaled FP8 GEMM needs Hopper
     family("triton.scaled_mm_fp8", "linear.fp8", "fp8", "scaled_mm_fp8", {"warps": powers_of_two(1, 16)},

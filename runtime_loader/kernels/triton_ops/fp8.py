@@ -1,5 +1,6 @@
 """linear.fp8 (W8A8): x quantised per token to float8 e4m3 in one Triton pass, then an FP8 GEMM
-with both scales applied to the fp32 accumulator: cuBLASLt's (torch._scaled_mm) or our own.
+with both scales applied to the fp32 accumulator: cuBLASLt's (torch._scaled_mm) or our own;
+linear.fp8_prequantised: our GEMM alone, x quantised beforehand (by norm.rms_fp8).
 
 The eager quantisation (kernels/eager.quantize_per_token) is about seven launches with fp32
 temporaries of the whole activation; it cost more than the FP8 GEMM saved, so FP8 linears ran
@@ -113,6 +114,18 @@ def linear_fp8(x, weight, weight_scale, bias=None, *, block_m: int, block_n: int
     out = fp8_matmul(q, scale, weight, weight_scale, bias, x.dtype, block_m=block_m, block_n=block_n,
                      block_k=block_k, warps=warps, stages=stages, split_k=split_k)
     return out.view(*x.shape[:-1], n)
+
+
+def linear_fp8_prequantised(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloat16, *, block_m: int,
+                            block_n: int, block_k: int, warps: int, stages: int, split_k: int):
+    """Our FP8 GEMM alone, on an input quantised beforehand (norm.rms_fp8's q and scales)."""
+    rows = as_rows(q)
+    if rows.stride(1) != 1 or rows.stride(0) != rows.shape[1]:
+        rows = rows.contiguous()
+    n = weight.shape[0]
+    out = fp8_matmul(rows, x_scale.reshape(-1, 1).float(), weight, weight_scale, bias, out_dtype, block_m=block_m,
+                     block_n=block_n, block_k=block_k, warps=warps, stages=stages, split_k=split_k)
+    return out.view(*q.shape[:-1], n)
 
 
 def fp8_matmul(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m: int, block_n: int, block_k: int,

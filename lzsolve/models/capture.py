@@ -499,7 +499,7 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
     if sig.op == "embedding":
         s["vocab"] = -(-s["vocab"] // tp)
     # a width tp does not divide (Qwen2-MoE's one-column shared expert gate) is replicated
-    if sig.op in ("linear", "linear.fp8"):
+    if sig.op in ("linear", "linear.fp8", "linear.fp8_prequantised"):
         if lm_head:
             s["n"] = -(-s["n"] // tp)
         elif row_parallel:
@@ -612,6 +612,31 @@ def fp8_linears(events: list[Event], granularity: str, ignored: tuple[str, ...])
     return out
 
 
+FP8_NORMS = {"norm.rms": "norm.rms_fp8", "norm.rms_add": "norm.rms_add_fp8"}
+
+
+def quantised_in_norms(events: list[Event]) -> list[Event]:
+    """Where an RMSNorm's output is read by FP8 linears alone (q/k/v after input_layernorm, gate/up
+    after post_attention_layernorm), the norm quantises it in its own pass (norm.rms_fp8) and the
+    linears take it quantised (linear.fp8_prequantised), as servers fuse them: a linear.fp8 reads
+    its bf16 input once more to quantise it. A norm whose output anything else reads stays."""
+    readers: dict[int, list[int]] = {}
+    for i, e in enumerate(events):
+        for tensor in e.inputs:
+            readers.setdefault(tensor, []).append(i)
+    out = list(events)
+    for i, e in enumerate(events):
+        fed = readers.get(e.output, []) if e.output else []
+        if (e.sig is None or e.sig.op not in FP8_NORMS or not fed
+                or not all(events[j].sig is not None and events[j].sig.op == "linear.fp8" for j in fed)):
+            continue
+        out[i] = replace(e, sig=Signature.make(FP8_NORMS[e.sig.op], dict(e.sig.static), e.sig.flags, e.sig.dtype))
+        for j in fed:
+            s = events[j].sig
+            out[j] = replace(events[j], sig=Signature.make("linear.fp8_prequantised", dict(s.static), s.flags, s.dtype))
+    return out
+
+
 def _fused_names(module: str) -> list[str]:
     head, _, tail = module.rpartition(".")
     parts = tail.split("+")
@@ -691,13 +716,14 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     if fp8:
         if any(e.op == "moe" for e in prefill):
             raise LzError(f"{where}: not supported yet: FP8 experts (moe.experts takes bf16/fp16 weights)")
-        prefill = fp8_linears(prefill, *fp8)
+        prefill = quantised_in_norms(fp8_linears(prefill, *fp8))
     layers = getattr(text, "num_hidden_layers", "?")
     summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
     notes = filled + _outside_text_model(cfg, text) + uncovered(model, prefill)
     if fp8:
-        notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8) run transformers' own FP8 modules")
+        notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8, and the norms that quantise for them) "
+                     f"run transformers' own FP8 modules")
     return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp)), tuple(notes),
                     config_hash, summary)
 

@@ -13,29 +13,41 @@ import torch
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 
 
-def checked(op: str, sig, dims, kernels, device, gen, harness, extra: dict | None = None) -> dict:
-    """Each kernel of `kernels` (specs) checked on fresh inputs of `sig` at `dims`, then every one that
-    agrees (and `extra`, calls of another op to compare with) timed interleaved:
-    {"us": {name: median us, None where it failed}, "errors": {kernel id: why it was not timed}}."""
+def agreeing(op: str, sig, kernels, inputs: tuple) -> tuple[list, dict]:
+    """The kernels of `kernels` (specs) whose output on `inputs` agrees with the op's fp32 reference,
+    and {kernel id: why} for the others."""
     contract = CONTRACTS[op]
-    inputs = contract.make_inputs(sig, dims, device, gen)
     reference = contract.reference(*to_fp32(inputs))
-    calls, errors = dict(extra or {}), {}
+    agreed, errors = [], {}
     for spec in kernels:
         try:
             ok, _, message = compare(spec.impl(*inputs), reference, contract.tolerances[sig.dtype])
         except Exception as e:  # noqa: BLE001 - a kernel that cannot run here is reported, not timed
             ok, message = False, f"{type(e).__name__}: {str(e)[:120]}"
         if ok:
-            calls[spec.kernel_id] = [lambda impl=spec.impl: impl(*inputs)]
+            agreed.append(spec)
         else:
             errors[spec.kernel_id] = message
-    del reference
+    return agreed, errors
+
+
+def timed(harness, calls: dict) -> dict:
+    """{name: median us of the call, None where it failed}, the calls timed interleaved."""
     us = {}
     for name, m in harness.measure(calls).items():
         timing = None if isinstance(m, Exception) else (m.graph or m.eager)
         us[name] = timing.median_ms * 1e3 if timing else None
-    return {"us": us, "errors": errors}
+    return us
+
+
+def checked(op: str, sig, dims, kernels, device, gen, harness, extra: dict | None = None) -> dict:
+    """Each kernel of `kernels` (specs) checked on fresh inputs of `sig` at `dims`, then every one that
+    agrees (and `extra`, calls of another op to compare with) timed interleaved:
+    {"us": {name: median us, None where it failed}, "errors": {kernel id: why it was not timed}}."""
+    inputs = CONTRACTS[op].make_inputs(sig, dims, device, gen)
+    agreed, errors = agreeing(op, sig, kernels, inputs)
+    calls = {**(extra or {}), **{spec.kernel_id: [lambda impl=spec.impl: impl(*inputs)] for spec in agreed}}
+    return {"us": timed(harness, calls), "errors": errors}
 
 
 def write_figures(path: str, device, rows: list) -> None:

@@ -9,7 +9,7 @@ Then llama3-70b TP8's decode attention (8 q heads, 1 kv head, d 128) at batch 8-
 keys: each attention.decode_fp8kv kernel, checked first, against SDPA's default and FlashInfer's
 decode over a bf16 cache.
 
-    python benchmarks/fp8.py [--json out.json] [--no-decode] [--table ARTIFACT]
+    python benchmarks/fp8.py [--json out.json] [--no-decode] [--pairs] [--table ARTIFACT]
     python benchmarks/fp8.py --device cpu --tiny   # a smoke test of the script
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from checked_timing import checked, write_figures
+from checked_timing import agreeing, checked, timed, write_figures
 from lzsolve.artifact import leaf_ids
 from lzsolve.bench import Budget, make_harness
 from lzsolve.ops import CONTRACTS
@@ -67,6 +67,54 @@ def quantisation_apart(sig: Signature, dims: dict, device, gen, here) -> dict[st
                                                                    out_dtype=x.dtype)]}
 
 
+NORMED = ("qkv_proj", "gate_up_proj")  # the projections a norm's output feeds (norm.rms_fp8 may quantise for them)
+NORM_FP8_CONFIGS = ({"block": 4096, "warps": 8}, {"block": 8192, "warps": 16})
+
+
+def passes(op: str, kernel_ids, args: tuple, device) -> tuple[list, dict]:
+    """agreeing() over the kernels of `kernel_ids` this device admits for the call's signature."""
+    sig = CONTRACTS[op].schema.call(*args)[0]
+    return agreeing(op, sig, [s for k in kernel_ids if not (s := registry.get(k)).check(sig, device_info(device))], args)
+
+
+def norm_then_linear(k: int, n: int, tokens: int, device, gen, harness) -> dict:
+    """q/k/v or gate/up as a server runs it, the RMSNorm before it included: bf16 (F.rms_norm, then
+    cuBLAS on the dequantised weight); FP8 with the linear quantising its input (F.rms_norm, then
+    linear.fp8's kernels); FP8 with the norm quantising (norm.rms_fp8's Triton kernel, then
+    linear.fp8_prequantised's). Every kernel is checked against its op's reference on these inputs
+    first; the pairs that agree are timed interleaved. {"us": {pair: median us}, "errors": {...}}."""
+    dense = Signature.make("norm.rms", {"hidden": k}, (), "bf16")
+    x, norm_weight, eps = CONTRACTS["norm.rms"].make_inputs(dense, {"tokens": tokens}, device, gen)
+    fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
+    _, weight, weight_scale, _ = CONTRACTS["linear.fp8"].make_inputs(fp8, {"tokens": 1}, device, gen)
+    dequantised = (weight.float() * weight_scale[:, None]).to(x.dtype)
+    normed = torch.nn.functional.rms_norm(x, (k,), norm_weight, eps)
+    norms, errors = passes("norm.rms_fp8", [config_id("triton.rms_norm_fp8", c) for c in NORM_FP8_CONFIGS],
+                           (x, norm_weight, eps), device)
+    q, x_scale = norms[0].impl(x, norm_weight, eps) if norms else (None, None)
+    unfused, more = passes("linear.fp8", ["triton.scaled_mm_fp8", "torch.scaled_mm_fp8"]
+                           + [config_id("triton.linear_fp8", c) for c in TRITON_FP8_CONFIGS],
+                           (normed, weight, weight_scale, None), device)
+    errors.update(more)
+    fused, more = ([], {}) if q is None else passes(
+        "linear.fp8_prequantised", ["torch.scaled_mm"] + [config_id("triton.linear_fp8_prequantised", c)
+                                                           for c in TRITON_FP8_CONFIGS],
+        (q, x_scale, weight, weight_scale, None, x.dtype), device)
+    errors.update(more)
+
+    def rms():
+        return torch.nn.functional.rms_norm(x, (k,), norm_weight, eps)
+    calls = {"bf16: F.rms_norm + torch.linear": [lambda: torch.nn.functional.linear(rms(), dequantised)]}
+    for lin in unfused:
+        calls[f"F.rms_norm + {lin.kernel_id}"] = [lambda lin=lin: lin.impl(rms(), weight, weight_scale, None)]
+    for norm in norms:
+        for lin in fused:
+            calls[f"{norm.kernel_id} + {lin.kernel_id}"] = [
+                lambda norm=norm, lin=lin: lin.impl(*norm.impl(x, norm_weight, eps), weight, weight_scale, None,
+                                                    x.dtype)]
+    return {"us": timed(harness, calls), "errors": errors}
+
+
 def show(label: str, row: dict, base: str) -> None:
     us = row["us"]
     print(f"{label}: " + "  ".join(f"{k}={v:.1f}" + (f" ({us[base] / v:.2f}x)" if us.get(base) and k != base else "")
@@ -81,6 +129,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="small shapes (a smoke test)")
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--no-decode", action="store_true", help="the linears alone")
+    parser.add_argument("--pairs", action="store_true",
+                        help="also q/k/v and gate/up with the RMSNorm before them: bf16, FP8 quantised by the linear, "
+                             "FP8 quantised by the norm (norm.rms_fp8 + linear.fp8_prequantised)")
     parser.add_argument("--table", type=Path,
                         help="an artifact (lzsolve tune --dtype fp8): its linear.fp8 leaves' kernels join the candidates")
     args = parser.parse_args()
@@ -106,6 +157,12 @@ def main() -> None:
                            **quantisation_apart(fp8, dims, device, gen, here)})
             rows.append({"shape": name, "k": k, "n": n, "tokens": t, **row})
             show(f"{name:12} k={k:5} n={n:5} tokens={t:5}", row, "torch.linear (bf16)")
+    for name, (k, n) in [] if not args.pairs else shapes.items() if args.tiny else \
+            [(name, SHAPES[name]) for name in NORMED]:
+        for t in tokens:
+            row = norm_then_linear(k, n, t, device, gen, harness)
+            rows.append({"pair": name, "k": k, "n": n, "tokens": t, **row})
+            show(f"norm + {name:12} k={k:5} n={n:5} tokens={t:5}", row, "bf16: F.rms_norm + torch.linear")
     static = {"hq": 2, "hkv": 1, "d": 64} if args.tiny else {"hq": 8, "hkv": 1, "d": 128}
     fp8kv = Signature.make("attention.decode_fp8kv", static, (), "bf16")
     plain = Signature.make("attention.decode", static, (), "bf16")

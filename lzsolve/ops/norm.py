@@ -34,6 +34,24 @@ def rms_add(x, residual, weight, eps, unit_offset=False):
     return rms(total, weight, eps, unit_offset), total
 
 
+def rms_fp8(x, weight, eps, unit_offset=False):
+    q, scale = quantize_per_token(rms(x, weight, eps, unit_offset))
+    return q.float(), scale
+
+
+def rms_add_fp8(x, residual, weight, eps, unit_offset=False):
+    normed, total = rms_add(x, residual, weight, eps, unit_offset)
+    q, scale = quantize_per_token(normed)
+    return q.float(), scale, total
+
+
+def fp8_bytes(row_tensors: int):
+    """row_tensors (tokens, hidden) tensors read or written in the activation dtype, q written at a
+    byte per element, a scale per token, the weight read once."""
+    return lambda sig, dims: float((itemsize(sig) * row_tensors + 1) * sig.dim("hidden") * dims["tokens"]
+                                   + 4 * dims["tokens"] + itemsize(sig) * sig.dim("hidden"))
+
+
 def layer(x, weight, bias, eps):
     mean = x.mean(-1, keepdim=True)
     var = (x - mean).pow(2).mean(-1, keepdim=True)
@@ -63,24 +81,6 @@ RMS_CASES = (({"hidden": 256}, (), {"tokens": 9}), ({"hidden": 8192}, (), {"toke
              ({"hidden": 640}, ("unit_offset",), {"tokens": 9}))
 RMS = OpContract("norm.rms", rms, flops(4.0), bytes_moved(2, 1), RMS_CASES)
 RMS_ADD = OpContract("norm.rms_add", rms_add, flops(5.0), bytes_moved(4, 1), RMS_CASES)
-def rms_fp8(x, weight, eps, unit_offset=False):
-    q, scale = quantize_per_token(rms(x, weight, eps, unit_offset))
-    return q.float(), scale
-
-
-def rms_add_fp8(x, residual, weight, eps, unit_offset=False):
-    normed, total = rms_add(x, residual, weight, eps, unit_offset)
-    q, scale = quantize_per_token(normed)
-    return q.float(), scale, total
-
-
-def fp8_bytes(row_tensors: int):
-    """row_tensors (tokens, hidden) tensors read or written in the activation dtype, q written at a
-    byte per element, a scale per token, the weight read once."""
-    return lambda sig, dims: float((itemsize(sig) * row_tensors + 1) * sig.dim("hidden") * dims["tokens"]
-                                   + 4 * dims["tokens"] + itemsize(sig) * sig.dim("hidden"))
-
-
 # q compared by value: rounding the normed rows to bf16 first (as an unfused server does) moves a
 # few of them across an e4m3 rounding boundary, one step of 32 at most near 448 (7% of the row's
 # largest value); a wrong norm or a wrong scale moves all of them

@@ -67,8 +67,16 @@ def quantisation_apart(sig: Signature, dims: dict, device, gen, here) -> dict[st
                                                                    out_dtype=x.dtype)]}
 
 
-NORMED = ("qkv_proj", "gate_up_proj")  # the projections a norm's output feeds (norm.rms_fp8 may quantise for them)
-NORM_FP8_CONFIGS = ({"block": 4096, "warps": 8}, {"block": 8192, "warps": 16})
+# what runs before each projection, in bf16 and quantising for it: (label, bf16 op, the bf16 call on
+# the op's inputs, the quantising op, its Triton family and the configurations timed)
+ROW_CONFIGS = ({"block": 4096, "warps": 8}, {"block": 8192, "warps": 16})
+BEFORE = {
+    "qkv_proj": ("F.rms_norm", "norm.rms", lambda x, w, eps: torch.nn.functional.rms_norm(x, x.shape[-1:], w, eps),
+                 "norm.rms_fp8", "triton.rms_norm_fp8", ROW_CONFIGS),
+    "down_proj": ("F.silu(gate) * up", "act.swiglu", lambda gate, up: torch.nn.functional.silu(gate) * up,
+                  "act.swiglu_fp8", "triton.swiglu_fp8", ROW_CONFIGS),
+}
+BEFORE["gate_up_proj"] = BEFORE["qkv_proj"]
 
 
 def passes(op: str, kernel_ids, args: tuple, device) -> tuple[list, dict]:
@@ -77,41 +85,38 @@ def passes(op: str, kernel_ids, args: tuple, device) -> tuple[list, dict]:
     return agreeing(op, sig, [s for k in kernel_ids if not (s := registry.get(k)).check(sig, device_info(device))], args)
 
 
-def norm_then_linear(k: int, n: int, tokens: int, device, gen, harness) -> dict:
-    """q/k/v or gate/up as a server runs it, the RMSNorm before it included: bf16 (F.rms_norm, then
-    cuBLAS on the dequantised weight); FP8 with the linear quantising its input (F.rms_norm, then
-    linear.fp8's kernels); FP8 with the norm quantising (norm.rms_fp8's Triton kernel, then
-    linear.fp8_prequantised's). Every kernel is checked against its op's reference on these inputs
-    first; the pairs that agree are timed interleaved. {"us": {pair: median us}, "errors": {...}}."""
-    dense = Signature.make("norm.rms", {"hidden": k}, (), "bf16")
-    x, norm_weight, eps = CONTRACTS["norm.rms"].make_inputs(dense, {"tokens": tokens}, device, gen)
+def with_op_before(name: str, k: int, n: int, tokens: int, device, gen, harness) -> dict:
+    """A projection as a server runs it, the op before it included (the RMSNorm before q/k/v and
+    gate/up, the SwiGLU before down_proj): bf16 (that op, then cuBLAS on the dequantised weight);
+    FP8 with the linear quantising its input (the op, then linear.fp8's kernels); FP8 with the op
+    quantising (norm.rms_fp8 or act.swiglu_fp8 in Triton, then linear.fp8_prequantised's). Every
+    kernel is checked against its op's reference on these inputs first; the pairs that agree are
+    timed interleaved. {"us": {pair: median us}, "errors": {kernel id: why}}."""
+    label, op, bf16_call, quantising_op, family, configs = BEFORE[name]
+    sig = Signature.make(op, {CONTRACTS[op].schema.static[0]: k}, (), "bf16")
+    inputs = CONTRACTS[op].make_inputs(sig, {"tokens": tokens}, device, gen)
     fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
     _, weight, weight_scale, _ = CONTRACTS["linear.fp8"].make_inputs(fp8, {"tokens": 1}, device, gen)
-    dequantised = (weight.float() * weight_scale[:, None]).to(x.dtype)
-    normed = torch.nn.functional.rms_norm(x, (k,), norm_weight, eps)
-    norms, errors = passes("norm.rms_fp8", [config_id("triton.rms_norm_fp8", c) for c in NORM_FP8_CONFIGS],
-                           (x, norm_weight, eps), device)
-    q, x_scale = norms[0].impl(x, norm_weight, eps) if norms else (None, None)
+    dequantised = (weight.float() * weight_scale[:, None]).to(inputs[0].dtype)
+    quantising, errors = passes(quantising_op, [config_id(family, c) for c in configs], inputs, device)
+    q, x_scale = quantising[0].impl(*inputs) if quantising else (None, None)
     unfused, more = passes("linear.fp8", ["triton.scaled_mm_fp8", "torch.scaled_mm_fp8"]
                            + [config_id("triton.linear_fp8", c) for c in TRITON_FP8_CONFIGS],
-                           (normed, weight, weight_scale, None), device)
+                           (bf16_call(*inputs), weight, weight_scale, None), device)
     errors.update(more)
     fused, more = ([], {}) if q is None else passes(
         "linear.fp8_prequantised", ["torch.scaled_mm"] + [config_id("triton.linear_fp8_prequantised", c)
                                                            for c in TRITON_FP8_CONFIGS],
-        (q, x_scale, weight, weight_scale, None, x.dtype), device)
+        (q, x_scale, weight, weight_scale, None, inputs[0].dtype), device)
     errors.update(more)
-
-    def rms():
-        return torch.nn.functional.rms_norm(x, (k,), norm_weight, eps)
-    calls = {"bf16: F.rms_norm + torch.linear": [lambda: torch.nn.functional.linear(rms(), dequantised)]}
+    calls = {f"bf16: {label} + torch.linear": [lambda: torch.nn.functional.linear(bf16_call(*inputs), dequantised)]}
     for lin in unfused:
-        calls[f"F.rms_norm + {lin.kernel_id}"] = [lambda lin=lin: lin.impl(rms(), weight, weight_scale, None)]
-    for norm in norms:
+        calls[f"{label} + {lin.kernel_id}"] = [lambda lin=lin: lin.impl(bf16_call(*inputs), weight, weight_scale, None)]
+    for before in quantising:
         for lin in fused:
-            calls[f"{norm.kernel_id} + {lin.kernel_id}"] = [
-                lambda norm=norm, lin=lin: lin.impl(*norm.impl(x, norm_weight, eps), weight, weight_scale, None,
-                                                    x.dtype)]
+            calls[f"{before.kernel_id} + {lin.kernel_id}"] = [
+                lambda before=before, lin=lin: lin.impl(*before.impl(*inputs), weight, weight_scale, None,
+                                                        inputs[0].dtype)]
     return {"us": timed(harness, calls), "errors": errors}
 
 
@@ -130,8 +135,9 @@ def main() -> None:
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("--no-decode", action="store_true", help="the linears alone")
     parser.add_argument("--pairs", action="store_true",
-                        help="also q/k/v and gate/up with the RMSNorm before them: bf16, FP8 quantised by the linear, "
-                             "FP8 quantised by the norm (norm.rms_fp8 + linear.fp8_prequantised)")
+                        help="also q/k/v, gate/up and down_proj with the op before them (the RMSNorm, the SwiGLU): "
+                             "bf16, FP8 quantised by the linear, FP8 quantised by that op (norm.rms_fp8 or "
+                             "act.swiglu_fp8, then linear.fp8_prequantised)")
     parser.add_argument("--table", type=Path,
                         help="an artifact (lzsolve tune --dtype fp8): its linear.fp8 leaves' kernels join the candidates")
     args = parser.parse_args()
@@ -157,12 +163,13 @@ def main() -> None:
                            **quantisation_apart(fp8, dims, device, gen, here)})
             rows.append({"shape": name, "k": k, "n": n, "tokens": t, **row})
             show(f"{name:12} k={k:5} n={n:5} tokens={t:5}", row, "torch.linear (bf16)")
-    for name, (k, n) in [] if not args.pairs else shapes.items() if args.tiny else \
-            [(name, SHAPES[name]) for name in NORMED]:
+    for name, (k, n) in [] if not args.pairs else {"qkv_proj": (64, 48), "down_proj": (64, 48)}.items() \
+            if args.tiny else [(name, SHAPES[name]) for name in BEFORE]:
         for t in tokens:
-            row = norm_then_linear(k, n, t, device, gen, harness)
+            row = with_op_before(name, k, n, t, device, gen, harness)
             rows.append({"pair": name, "k": k, "n": n, "tokens": t, **row})
-            show(f"norm + {name:12} k={k:5} n={n:5} tokens={t:5}", row, "bf16: F.rms_norm + torch.linear")
+            show(f"with the op before {name:12} k={k:5} n={n:5} tokens={t:5}", row,
+                 f"bf16: {BEFORE[name][0]} + torch.linear")
     static = {"hq": 2, "hkv": 1, "d": 64} if args.tiny else {"hq": 8, "hkv": 1, "d": 128}
     fp8kv = Signature.make("attention.decode_fp8kv", static, (), "bf16")
     plain = Signature.make("attention.decode", static, (), "bf16")

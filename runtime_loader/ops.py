@@ -570,6 +570,10 @@ OPS: dict[str, OpSchema] = {
         OpSchema("embedding", ("vocab", "hidden"), ("scaled",), ("tokens",), "eager.embedding", method="embedding",
                  front=embedding_front, call=embedding_call, inputs=inputs.embedding, fake=embedding_fake),
         _rows_op("act.swiglu", "width", "eager.swiglu", "swiglu", gated_front, inputs.gated),
+        # the SwiGLU before an FP8 linear (down_proj), its output quantised per token in the same pass:
+        # (q, scale (..., 1) fp32), as norm.rms_fp8
+        OpSchema("act.swiglu_fp8", ("width",), (), ("tokens",), "eager.swiglu_fp8", method="swiglu_fp8",
+                 front=gated_front, call=rows_op_call("act.swiglu_fp8"), inputs=inputs.gated, fake=quantised_rows_fake),
         _rows_op("act.geglu", "width", "eager.geglu", "geglu", gated_front, inputs.gated),
         _rows_op("act.gelu", "width", "eager.gelu", "gelu", one_input_front, inputs.one_row),
         _rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, inputs.two_rows),

@@ -181,11 +181,11 @@ def test_fp8_checkpoints_tune_their_linears_as_linear_fp8(quant, flags):
     captured = capture({**TINY_LLAMA, "quantization_config": quant}, "tiny-fp8", tp=2)
     linears = {str(i.signature): i.roles for i in captured.instances if i.signature.op.startswith("linear")}
     fp8 = [s for s in linears if s.startswith("linear.fp8")]
-    assert len(fp8) == 4 and all(set(flags) <= set(s[s.index("[") + 1:-1].split(",")) for s in fp8), linears
+    assert len(fp8) == 3 and all(set(flags) <= set(s[s.index("[") + 1:-1].split(",")) for s in fp8), linears
     assert "linear.fp8[k=128,n=256" in " ".join(fp8), "o_proj row-parallel: k sharded, as a dense linear"
-    # q/k/v and gate/up read a norm's output alone: the norm quantises it for them
-    assert {linears[s][0].rsplit(".", 1)[1] for s in fp8 if s.startswith("linear.fp8_prequantised[")} == \
-        {"q_proj+k_proj+v_proj", "gate_proj+up_proj"}, linears
+    # q/k/v and gate/up read a norm's output alone, down_proj the SwiGLU's: those quantise it for them
+    assert {role.rsplit(".", 1)[1] for s in fp8 if s.startswith("linear.fp8_prequantised[") for role in linears[s]} \
+        == {"q_proj+k_proj+v_proj", "gate_proj+up_proj", "down_proj"}, linears
     assert [s for s in linears if s.startswith("linear[")] == ["linear[k=256,n=500,bf16]"], "the ignored lm_head"
     assert any("linear.fp8" in n and "cannot serve" in n for n in captured.notes), captured.notes
 
@@ -219,9 +219,9 @@ def test_a_cpu_tune_of_an_fp8_checkpoint_serves_its_linears_from_the_table(tmp_p
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
     ops = [e["op"] for e in json.loads((out / "dispatch.json").read_text())["ops"]]
-    assert ops.count("linear.fp8") == 2, "o_proj, down_proj"
-    assert ops.count("linear.fp8_prequantised") == 2, "q/k/v as one GEMM, gate/up as one: quantised by the norm"
-    assert {"norm.rms_fp8", "norm.rms_add_fp8"} <= set(ops), "the norms before them"
+    assert ops.count("linear.fp8") == 1, "o_proj"
+    assert ops.count("linear.fp8_prequantised") == 3, "q/k/v as one GEMM, gate/up as one, down_proj"
+    assert {"norm.rms_fp8", "norm.rms_add_fp8", "act.swiglu_fp8"} <= set(ops), "the ops that quantise for them"
     assert "attention.decode_fp8kv" in ops and "attention.decode" not in ops, "the decode over the FP8 cache"
     assert_replays_references(out)
     plan = CliRunner().invoke(cli, ["plan", "--config", str(config), "--device", "cpu"])
@@ -234,6 +234,8 @@ def test_dtype_fp8_plans_the_model_as_its_fp8_deployment(tmp_path):
     assert result.output.startswith("llama3-70b-fp8:") and ", bf16 on cpu" in result.output.splitlines()[0]
     assert "linear.fp8_prequantised[k=8192,n=1280,per_channel,bf16]" in result.output  # q/k/v as one FP8 GEMM
     assert "linear.fp8[k=1024,n=8192,per_channel,bf16]" in result.output, "o_proj quantises its input itself"
+    assert "act.swiglu_fp8[width=3584,bf16]" in result.output, "the SwiGLU quantises for down_proj"
+    assert "linear.fp8_prequantised[k=3584,n=8192,per_channel,bf16]" in result.output, "down_proj, row-parallel"
     assert "\nlinear[k=8192,n=16032,bf16]" in result.output, "the lm_head stays bf16"
     # every layer's two norms quantise for the FP8 linears after them; the final one feeds the bf16 lm_head
     assert "norm.rms_add_fp8[hidden=8192,bf16]  x159 per forward" in result.output

@@ -45,6 +45,7 @@ SIGS = [
     (Signature.make("embedding", {"vocab": 50, "hidden": 24}, (), "fp32"), {"tokens": 7}),
     (Signature.make("embedding", {"vocab": 50, "hidden": 24}, ("scaled",), "fp32"), {"tokens": 7}),
     (Signature.make("act.swiglu", {"width": 24}, (), "fp32"), {"tokens": 3}),
+    (Signature.make("act.swiglu_fp8", {"width": 24}, (), "fp32"), {"tokens": 3}),
     (Signature.make("act.sigmoid_gate", {"width": 24}, (), "fp32"), {"tokens": 3}),
     (Signature.make("act.geglu", {"width": 24}, (), "fp32"), {"tokens": 3}),
     (Signature.make("act.gelu", {"width": 24}, (), "fp32"), {"tokens": 3}),
@@ -143,18 +144,20 @@ def rows64(ids, table):
 def fp8_linear64(x, weight, scale, bias):
     """Each token's row divided by its amax / 448 and cast to e4m3 (in fp32, as the format is
     defined), then every product and sum in float64."""
-    step = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / 448.0
-    q = (x.float() / step).clamp(-448, 448).to(torch.float8_e4m3fn).double() * step.double()
-    out = q @ (weight.double() * scale.double().reshape(-1, 1)).T
+    q, step = quantised64(x)
+    out = (q * step) @ (weight.double() * scale.double().reshape(-1, 1)).T
     return out + bias.double() if bias is not None else out
 
 
+def quantised64(rows):
+    """Each row divided by its amax / 448 and cast to e4m3 (in fp32, as the format is defined): the
+    values of q, and the scales."""
+    step = rows.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / 448.0
+    return (rows.float() / step).clamp(-448, 448).to(torch.float8_e4m3fn).double(), step.double()
+
+
 def rms_fp8_64(x, weight, eps, unit_offset=False):
-    """rms64's rows, each divided by its amax / 448 and cast to e4m3 (in fp32, as the format is
-    defined): the values of q, and the scales."""
-    normed = rms64(x, weight, eps, unit_offset)
-    step = normed.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / 448.0
-    return (normed.float() / step).clamp(-448, 448).to(torch.float8_e4m3fn).double(), step.double()
+    return quantised64(rms64(x, weight, eps, unit_offset))
 
 
 def conv64(x, weight, bias, state, silu):
@@ -242,6 +245,7 @@ INDEPENDENT = {
     "embedding": lambda ids, table, scale: rows64(ids, table) * (1 if scale is None else scale),
     "act.swiglu": lambda g, u: g.double() * torch.sigmoid(g.double()) * u.double(),
     "act.sigmoid_gate": lambda x, g: x.double() / (1 + torch.exp(-g.double())),
+    "act.swiglu_fp8": lambda g, u: quantised64(g.double() * torch.sigmoid(g.double()) * u.double()),
     "act.geglu": lambda g, u: gelu64(g) * u.double(),
     "act.gelu": gelu64,
     "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),

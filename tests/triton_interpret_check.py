@@ -36,6 +36,7 @@ CASES = [
       for flags in ((), ("unit_offset",))],
     ("triton.layer_norm", "norm.layer", {"hidden": 320}, (), {"tokens": 5}, [NORM_CHUNKED]),
     ("triton.swiglu", "act.swiglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
+    ("triton.swiglu_fp8", "act.swiglu_fp8", {"width": 300}, (), {"tokens": 3}, [NORM_CHUNKED]),  # a row per program
     ("triton.geglu", "act.geglu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     ("triton.gelu", "act.gelu", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
     ("triton.sigmoid_gate", "act.sigmoid_gate", {"width": 300}, (), {"tokens": 3}, [ACT_CHUNKED]),
@@ -99,12 +100,12 @@ def strided_rows(args):
 
 
 DOT_OPS = ("linear", "linear.fp8_prequantised", "moe.experts")  # tl.dot: fp16, not bf16, in the interpreter (see above)
-VARIANTS = {"act.swiglu": separate, "act.geglu": separate, "norm.rms_add": with_leading_dims,
+VARIANTS = {"act.swiglu": separate, "act.swiglu_fp8": separate, "act.geglu": separate, "norm.rms_add": with_leading_dims,
             "norm.rms_add_fp8": with_leading_dims,
             "linear": with_leading_dims, "conv.causal_depthwise": strided_rows}
 
 
-FP8_OUT_OPS = ("norm.rms_fp8", "norm.rms_add_fp8")  # q (e4m3) first among their outputs
+FP8_OUT_OPS = ("norm.rms_fp8", "norm.rms_add_fp8", "act.swiglu_fp8")  # q (e4m3) first among their outputs
 
 
 def undo_dropped_carries(got, expected):

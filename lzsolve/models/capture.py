@@ -171,6 +171,7 @@ class _Recorder(TorchDispatchMode):
         self.events: list[Event] = []
         self.sums: set[int] = set()  # ids of tensors that are a + b of two same-shape tensors
         self.products: dict[int, int] = {}  # id of an activation output -> id of the tensor it multiplied
+        self.product_results: dict[int, int] = {}  # id of an activation output -> id of that product
         self.keep: list = []  # tensors whose ids are recorded stay alive, so ids are never reused
         self.act_outputs: set[int] = set()
         self.sigmoids: set[int] = set()
@@ -203,6 +204,7 @@ class _Recorder(TorchDispatchMode):
             for a, b in ((args[0], args[1]), (args[1], args[0])):
                 if id(a) in self.act_outputs and b.shape == a.shape:
                     self.products[id(a)] = id(b)
+                    self.product_results[id(a)] = self.tensor(out)
                 if id(a) in self.sigmoids and b.shape == a.shape:  # x * sigmoid(gate): an output gate
                     self.events.append(Event("gate", self.frame, _sig(rows_call("act.sigmoid_gate", b))))
                 if id(a) in self.softplus and b.dim() == 1:  # -exp(A_log) * softplus(a + dt_bias): the decay gate
@@ -439,7 +441,9 @@ def _resolve(rec: _Recorder) -> list[Event]:
         if e.op == "act":
             x, gated = e.extra["x"], e.output in rec.products
             op = (GATED_OPS if gated else PLAIN_OPS).get(e.extra["act"])
-            e = replace(e, sig=_sig(rows_call(op, x)) if op else None, extra={**e.extra, "gated": gated})
+            # a gated op's output is the product, what the next linear reads
+            e = replace(e, sig=_sig(rows_call(op, x)) if op else None, extra={**e.extra, "gated": gated},
+                        output=rec.product_results[e.output] if gated else e.output)
         elif e.op == "norm.rms_gated":  # walked as a norm per row, then a SwiGLU per token with the gate
             x = e.extra["x"]
             out.append(replace(e, op="norm.rms", sig=_sig(rows_call("norm.rms", x))))
@@ -612,14 +616,15 @@ def fp8_linears(events: list[Event], granularity: str, ignored: tuple[str, ...])
     return out
 
 
-FP8_NORMS = {"norm.rms": "norm.rms_fp8", "norm.rms_add": "norm.rms_add_fp8"}
+QUANTISING = {"norm.rms": "norm.rms_fp8", "norm.rms_add": "norm.rms_add_fp8", "act.swiglu": "act.swiglu_fp8"}
 
 
-def quantised_in_norms(events: list[Event]) -> list[Event]:
-    """Where an RMSNorm's output is read by FP8 linears alone (q/k/v after input_layernorm, gate/up
-    after post_attention_layernorm), the norm quantises it in its own pass (norm.rms_fp8) and the
-    linears take it quantised (linear.fp8_prequantised), as servers fuse them: a linear.fp8 reads
-    its bf16 input once more to quantise it. A norm whose output anything else reads stays."""
+def quantised_before(events: list[Event]) -> list[Event]:
+    """Where an RMSNorm's or a SwiGLU's output is read by FP8 linears alone (q/k/v after
+    input_layernorm, gate/up after post_attention_layernorm, down_proj after the SwiGLU), that op
+    quantises it in its own pass (norm.rms_fp8, act.swiglu_fp8) and the linears take it quantised
+    (linear.fp8_prequantised), as servers fuse them: a linear.fp8 reads its bf16 input once more
+    to quantise it. An op whose output anything else reads stays."""
     readers: dict[int, list[int]] = {}
     for i, e in enumerate(events):
         for tensor in e.inputs:
@@ -627,10 +632,10 @@ def quantised_in_norms(events: list[Event]) -> list[Event]:
     out = list(events)
     for i, e in enumerate(events):
         fed = readers.get(e.output, []) if e.output else []
-        if (e.sig is None or e.sig.op not in FP8_NORMS or not fed
+        if (e.sig is None or e.sig.op not in QUANTISING or not fed
                 or not all(events[j].sig is not None and events[j].sig.op == "linear.fp8" for j in fed)):
             continue
-        out[i] = replace(e, sig=Signature.make(FP8_NORMS[e.sig.op], dict(e.sig.static), e.sig.flags, e.sig.dtype))
+        out[i] = replace(e, sig=Signature.make(QUANTISING[e.sig.op], dict(e.sig.static), e.sig.flags, e.sig.dtype))
         for j in fed:
             s = events[j].sig
             out[j] = replace(events[j], sig=Signature.make("linear.fp8_prequantised", dict(s.static), s.flags, s.dtype))
@@ -716,13 +721,13 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     if fp8:
         if any(e.op == "moe" for e in prefill):
             raise LzError(f"{where}: not supported yet: FP8 experts (moe.experts takes bf16/fp16 weights)")
-        prefill = quantised_in_norms(fp8_linears(prefill, *fp8))
+        prefill = quantised_before(fp8_linears(prefill, *fp8))
     layers = getattr(text, "num_hidden_layers", "?")
     summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
     notes = filled + _outside_text_model(cfg, text) + uncovered(model, prefill)
     if fp8:
-        notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8, and the norms that quantise for them) "
+        notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8, and the ops that quantise for them) "
                      f"run transformers' own FP8 modules")
     return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp)), tuple(notes),
                     config_hash, summary)

@@ -5,7 +5,7 @@ its kernels on; a plugin's op adds its contract with register_contract.
 """
 from runtime_loader.ops import OPS
 
-from .act import GEGLU, GELU, SIGMOID_GATE, SWIGLU
+from .act import GEGLU, GELU, SIGMOID_GATE, SWIGLU, SWIGLU_FP8
 from .attention import DECODE, DECODE_FP8KV, PREFILL
 from .conv import CAUSAL_DEPTHWISE
 from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
@@ -18,7 +18,7 @@ from .rope import ROPE
 
 CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
     PREFILL, DECODE, DECODE_FP8KV, RMS, RMS_ADD, RMS_FP8, RMS_ADD_FP8, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU,
-    GEGLU, GELU, SIGMOID_GATE, LINEAR, LINEAR_FP8, LINEAR_FP8_PREQUANTISED,
+    SWIGLU_FP8, GEGLU, GELU, SIGMOID_GATE, LINEAR, LINEAR_FP8, LINEAR_FP8_PREQUANTISED,
     CAUSAL_DEPTHWISE, DELTANET_GATES, GATED_DELTANET, EXPERTS, ROUTER)}
 
 

@@ -14,7 +14,7 @@ import torch
 from runtime_loader.inputs import randn
 from runtime_loader.ops import DTYPES, OPS, OpSchema, Signature
 
-__all__ = ["OpContract", "Tolerance", "TOLERANCES", "compare", "itemsize", "randn", "to_fp32"]
+__all__ = ["FP8_OUT_TOLERANCES", "OpContract", "Tolerance", "TOLERANCES", "compare", "itemsize", "randn", "to_fp32"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,14 @@ TOLERANCES = {
     "fp16": Tolerance(rel_l2=4e-3, max_rel=8e-3),
     "bf16": Tolerance(rel_l2=2e-2, max_rel=4e-2),
 }
+
+
+# Ops whose output is an FP8 linear's quantised input (norm.rms_fp8, act.swiglu_fp8): q compared by
+# value, the scales apart. Rounding the rows to bf16 on the way (as an unfused server does: eager's
+# SiLU, then its product, each rounded) moves some of them across an e4m3 rounding boundary, one
+# step each: 1.6-2.5e-2 of L2 in bf16 (CPU, the contract's cases), one step of 32 near 448 (7% of
+# the row's largest value) at most. A wrong norm, activation or scale layout moves every element.
+FP8_OUT_TOLERANCES = dict.fromkeys(("fp32", "fp16", "bf16"), Tolerance(rel_l2=5e-2, max_rel=8e-2))
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,11 @@ def rms_norm_add_fp8(x, residual, weight, eps: float, unit_offset: bool = False)
     return (*quantize_per_token(normed), total)
 
 
+def swiglu_fp8(gate, up):
+    """The SwiGLU, then the per-token quantisation: as rms_norm_fp8, its output rounded first."""
+    return quantize_per_token(swiglu(gate, up))
+
+
 def linear_fp8_prequantised(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloat16):
     """linear_fp8's baseline on an input quantised beforehand: both dequantised to out_dtype, one GEMM."""
     w = weight.to(out_dtype) * weight_scale.to(out_dtype).reshape(-1, 1)
@@ -365,6 +370,8 @@ SPECS = [
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY, head_dim_multiple=2,
                features=frozenset({"gqa", "rope_split_half", "rope_interleaved"}),
                graph_safe=True, deterministic=True),
+    KernelSpec("eager.swiglu_fp8", frozenset({"act.swiglu_fp8"}), "torch", swiglu_fp8, platforms=BOTH,
+               dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.swiglu", frozenset({"act.swiglu"}), "torch", swiglu,
                platforms=BOTH, dtypes=ALL_DTYPES, graph_safe=True, deterministic=True),
     KernelSpec("eager.geglu", frozenset({"act.geglu"}), "torch", geglu,

@@ -84,6 +84,9 @@ TUNABLES = [
            "one row per program, two-pass fp32 variance; rows wider than block take three passes"),
     family("triton.swiglu", "act.swiglu", "act", "swiglu", ACT_PARAMS, ACT_DEFAULT,
            "reads gate and up through their row strides (halves of one gate_up buffer, no copy)"),
+    # a row per program (its scale needs the whole row), as the norms
+    family("triton.swiglu_fp8", "act.swiglu_fp8", "act", "swiglu_fp8", NORM_PARAMS, NORM_DEFAULT,
+           "one row per program, quantised in the same pass; rows wider than block take two passes", min_sm=89),
     family("triton.geglu", "act.geglu", "act", "geglu", ACT_PARAMS, ACT_DEFAULT,
            "gelu tanh approximation; reads gate and up through their row strides"),
     family("triton.gelu", "act.gelu", "act", "gelu", ACT_PARAMS, ACT_DEFAULT, "gelu tanh approximation"),

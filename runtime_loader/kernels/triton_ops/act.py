@@ -1,4 +1,5 @@
-"""SwiGLU, GeGLU, GELU (tanh approximation) and the sigmoid output gate, elementwise over (row, BLOCK-wide chunk) tiles.
+"""SwiGLU, GeGLU, GELU (tanh approximation) and the sigmoid output gate, elementwise over (row, BLOCK-wide chunk) tiles;
+the SwiGLU before an FP8 linear (act.swiglu_fp8) a row per program, for the row's scale.
 
 Gate and up are read through their row strides: they usually arrive as the two halves
 of one (tokens, 2 * width) gate_up buffer, and copying them apart would cost as much
@@ -10,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..eager import E4M3_MAX
 from .layout import as_rows
 
 @triton.jit
@@ -30,6 +32,60 @@ def _activation_kernel(x_ptr, up_ptr, out_ptr, x_stride_row, x_stride_col, up_st
     if up_ptr is not None:
         y *= tl.load(up_ptr + row * up_stride_row + cols * up_stride_col, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * out_stride_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_times_up(gate_ptr, up_ptr, gate_offsets, up_offsets, mask):
+    g = tl.load(gate_ptr + gate_offsets, mask=mask, other=0.0).to(tl.float32)
+    return g * tl.sigmoid(g) * tl.load(up_ptr + up_offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _swiglu_fp8_kernel(gate_ptr, up_ptr, q_ptr, scale_ptr, gate_stride_row, gate_stride_col, up_stride_row,
+                       up_stride_col, n_cols, E4M3: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):
+    """silu(gate) * up of one row in fp32, quantised to e4m3 with the row's scale amax / E4M3 as
+    kernels/triton_ops/fp8.py quantises; q a contiguous (rows, n_cols). A row wider than BLOCK is
+    walked twice (its amax, then the store)."""
+    row = tl.program_id(0).to(tl.int64)
+    gate_row, up_row = row * gate_stride_row, row * up_stride_row
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        y = _silu_times_up(gate_ptr, up_ptr, gate_row + cols * gate_stride_col, up_row + cols * up_stride_col, mask)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), 0), 1e-12), E4M3)
+        tl.store(scale_ptr + row, scale)
+        q = tl.clamp(tl.math.div_rn(y, scale), -E4M3, E4M3)
+        tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            y = _silu_times_up(gate_ptr, up_ptr, gate_row + cols * gate_stride_col, up_row + cols * up_stride_col,
+                               cols < n_cols)
+            amax = tl.maximum(amax, tl.abs(y))
+        scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+        tl.store(scale_ptr + row, scale)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            y = _silu_times_up(gate_ptr, up_ptr, gate_row + cols * gate_stride_col, up_row + cols * up_stride_col,
+                               mask)
+            q = tl.clamp(tl.math.div_rn(y, scale), -E4M3, E4M3)
+            tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def swiglu_fp8(gate, up, *, block: int, warps: int):
+    """act.swiglu_fp8 in one pass: (q shaped like gate, scale (..., 1))."""
+    if up.shape != gate.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
+    rows, up_rows = as_rows(gate), as_rows(up)
+    n_rows, n_cols = rows.shape
+    q = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=gate.device)
+    scale = torch.empty((n_rows, 1), dtype=torch.float32, device=gate.device)
+    if q.numel():
+        _swiglu_fp8_kernel[(n_rows,)](rows, up_rows, q, scale, *rows.stride(), *up_rows.stride(), n_cols,
+                                      E4M3=E4M3_MAX, BLOCK=block, ONE_TILE=n_cols <= block, num_warps=warps)
+    return q.view(gate.shape), scale.view(*gate.shape[:-1], 1)
 
 
 def _activation(x, up, activation: str, block: int, warps: int):

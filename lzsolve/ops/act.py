@@ -1,9 +1,10 @@
 """Gated and plain activations over the last dim.
 
-act.swiglu: silu(gate) * up; act.swiglu_fp8: the same quantised per token to float8 e4m3 as an
-FP8 linear's input, (q, scale), the reference returning q's values in fp32; act.geglu: gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh);
+act.swiglu: silu(gate) * up; act.geglu: gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh);
 act.gelu: gelu_tanh(x) (GPT-2's gelu_new); act.sigmoid_gate: x * sigmoid(gate) (Qwen3.5's
 gated attention: the attention output times the sigmoid of a gate projected along with q).
+act.swiglu_fp8: the SwiGLU quantised per token to float8 e4m3 as an FP8 linear's input,
+(q, scale); the reference returns q's values in fp32.
 Inputs (runtime_loader.inputs): gate and up as the two halves of one (tokens, 2 * width) buffer,
 because that is what a fused gate_up projection hands them over as.
 """

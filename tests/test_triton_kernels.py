@@ -29,8 +29,9 @@ def test_kernels_agree_with_the_references_in_the_interpreter():
 
 def test_every_op_has_a_family():
     ops = {op for tunable in TUNABLES for op in tunable.spec.ops}
-    assert ops == {"norm.rms", "norm.rms_add", "norm.qk", "norm.layer", "act.swiglu", "act.geglu", "act.gelu",
-                   "act.sigmoid_gate", "recurrent.deltanet_gates", "conv.causal_depthwise", "posenc.rope", "linear", "linear.fp8",
+    assert ops == {"norm.rms", "norm.rms_add", "norm.rms_fp8", "norm.rms_add_fp8", "norm.qk", "norm.layer", "act.swiglu",
+                   "act.swiglu_fp8", "act.geglu", "act.gelu", "act.sigmoid_gate", "recurrent.deltanet_gates",
+                   "conv.causal_depthwise", "posenc.rope", "linear", "linear.fp8", "linear.fp8_prequantised",
                    "moe.experts", "moe.router"}
 
 

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ..eager import E4M3_MAX
+from .fp8 import row_scale, store_quantised
 from .layout import as_rows
 
 @triton.jit
@@ -52,10 +53,9 @@ def _swiglu_fp8_kernel(gate_ptr, up_ptr, q_ptr, scale_ptr, gate_stride_row, gate
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         y = _silu_times_up(gate_ptr, up_ptr, gate_row + cols * gate_stride_col, up_row + cols * up_stride_col, mask)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), 0), 1e-12), E4M3)
+        scale = row_scale(tl.abs(y), E4M3)
         tl.store(scale_ptr + row, scale)
-        q = tl.clamp(tl.math.div_rn(y, scale), -E4M3, E4M3)
-        tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        store_quantised(q_ptr + row * n_cols + cols, y, scale, mask, E4M3)
     else:
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK):
@@ -63,15 +63,14 @@ def _swiglu_fp8_kernel(gate_ptr, up_ptr, q_ptr, scale_ptr, gate_stride_row, gate
             y = _silu_times_up(gate_ptr, up_ptr, gate_row + cols * gate_stride_col, up_row + cols * up_stride_col,
                                cols < n_cols)
             amax = tl.maximum(amax, tl.abs(y))
-        scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+        scale = row_scale(amax, E4M3)
         tl.store(scale_ptr + row, scale)
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             mask = cols < n_cols
             y = _silu_times_up(gate_ptr, up_ptr, gate_row + cols * gate_stride_col, up_row + cols * up_stride_col,
                                mask)
-            q = tl.clamp(tl.math.div_rn(y, scale), -E4M3, E4M3)
-            tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+            store_quantised(q_ptr + row * n_cols + cols, y, scale, mask, E4M3)
 
 
 def swiglu_fp8(gate, up, *, block: int, warps: int):

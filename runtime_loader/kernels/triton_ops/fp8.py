@@ -22,6 +22,19 @@ GROUP_M = 8  # output tiles walked in bands of 8 row-blocks, as kernels/triton_o
 QUANT_BLOCK_MAX = 8192  # a row up to this wide is read once for its amax and once to quantise, from L2
 
 
+@triton.jit
+def row_scale(amax, E4M3: tl.constexpr):
+    """A row's e4m3 scale from its amax (a scalar, or a block whose max is taken): amax / E4M3, at least 1e-12 / E4M3."""
+    return tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+
+
+@triton.jit
+def store_quantised(q_ptrs, values, scale, mask, E4M3: tl.constexpr):
+    """values / scale in e4m3 as the reference quantises: IEEE division, clamped, nearest even."""
+    q = tl.clamp(tl.math.div_rn(values, scale), -E4M3, E4M3)
+    tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["rows"])
 def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, rows, K, x_stride, E4M3: tl.constexpr, BLOCK: tl.constexpr):
     """q[row] = x[row] / scale[row] in e4m3, scale[row] = amax(|x[row]|) / E4M3; a program per row."""
@@ -31,13 +44,12 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, rows, K, x_stride, E4M3: tl.c
     for k in range(0, K, BLOCK):
         cols = k + tl.arange(0, BLOCK)
         amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)))
-    scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+    scale = row_scale(amax, E4M3)
     tl.store(scale_ptr + row, scale)
     for k in range(0, K, BLOCK):
         cols = k + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-        q = tl.clamp(tl.math.div_rn(x, scale), -E4M3, E4M3)
-        tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+        store_quantised(q_ptr + row * K + cols, x, scale, cols < K, E4M3)
 
 
 def quantize_per_token(rows: torch.Tensor, warps: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ..eager import E4M3_MAX
+from .fp8 import row_scale, store_quantised
 from .layout import as_rows
 
 
@@ -51,6 +52,19 @@ def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, r
 
 
 @triton.jit
+def _chunked_rstd(x_ptr, res_ptr, row, x_stride_row, x_stride_col, res_stride_row, res_stride_col, n_cols, eps,
+                  BLOCK: tl.constexpr):
+    """1 / rms of a row (of x + residual when res_ptr is given) too wide for one tile, chunk by chunk."""
+    sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
+                            res_ptr, row * res_stride_row + cols * res_stride_col, cols < n_cols)
+        sum_sq += total * total
+    return tl.rsqrt(tl.sum(sum_sq) / n_cols + eps)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
                      x_stride_row, x_stride_col, res_stride_row, res_stride_col, w_stride,
                      out_stride_row, out_stride_col, n_cols, eps,
@@ -67,14 +81,8 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
         _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
                    row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets, UNIT_OFFSET)
     else:
-        sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            mask = cols < n_cols
-            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
-                                res_ptr, row * res_stride_row + cols * res_stride_col, mask)
-            sum_sq += total * total
-        rstd = tl.rsqrt(tl.sum(sum_sq) / n_cols + eps)
+        rstd = _chunked_rstd(x_ptr, res_ptr, row, x_stride_row, x_stride_col, res_stride_row, res_stride_col, n_cols,
+                             eps, BLOCK)
         # The second pass recomputes the total from x and residual, and writes it only now: reading
         # back a total stored by the first pass could meet another thread's unsynchronised store.
         for start in range(0, n_cols, BLOCK):
@@ -103,18 +111,12 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, scale_ptr, x_stride_row, 
         rstd = tl.rsqrt(tl.sum(total * total) / n_cols + eps)
         _store_total(total, mask, res_ptr, res_offsets)
         out = _normed(total, rstd, cols, mask, w_ptr, w_stride, x_ptr, UNIT_OFFSET)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(out), 0), 1e-12), E4M3)
+        scale = row_scale(tl.abs(out), E4M3)
         tl.store(scale_ptr + row, scale)
-        q = tl.clamp(tl.math.div_rn(out, scale), -E4M3, E4M3)
-        tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        store_quantised(q_ptr + row * n_cols + cols, out, scale, mask, E4M3)
     else:
-        sum_sq = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
-                                res_ptr, row * res_stride_row + cols * res_stride_col, cols < n_cols)
-            sum_sq += total * total
-        rstd = tl.rsqrt(tl.sum(sum_sq) / n_cols + eps)
+        rstd = _chunked_rstd(x_ptr, res_ptr, row, x_stride_row, x_stride_col, res_stride_row, res_stride_col, n_cols,
+                             eps, BLOCK)
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
@@ -122,7 +124,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, scale_ptr, x_stride_row, 
             total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
                                 res_ptr, row * res_stride_row + cols * res_stride_col, mask)
             amax = tl.maximum(amax, tl.abs(_normed(total, rstd, cols, mask, w_ptr, w_stride, x_ptr, UNIT_OFFSET)))
-        scale = tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+        scale = row_scale(amax, E4M3)
         tl.store(scale_ptr + row, scale)
         # the total is written in this last pass only, as _rms_norm_kernel does (see there)
         for start in range(0, n_cols, BLOCK):
@@ -132,8 +134,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, scale_ptr, x_stride_row, 
             total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col, res_ptr, res_offsets, mask)
             _store_total(total, mask, res_ptr, res_offsets)
             out = _normed(total, rstd, cols, mask, w_ptr, w_stride, x_ptr, UNIT_OFFSET)
-            q = tl.clamp(tl.math.div_rn(out, scale), -E4M3, E4M3)
-            tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+            store_quantised(q_ptr + row * n_cols + cols, out, scale, mask, E4M3)
 
 
 @triton.jit

@@ -9,7 +9,7 @@ Then llama3-70b TP8's decode attention (8 q heads, 1 kv head, d 128) at batch 8-
 keys: each attention.decode_fp8kv kernel, checked first, against SDPA's default and FlashInfer's
 decode over a bf16 cache.
 
-    python benchmarks/fp8.py [--json out.json] [--no-decode] [--pairs] [--table ARTIFACT]
+    python benchmarks/fp8.py [--json out.json] [--no-decode] [--no-linears] [--pairs] [--table ARTIFACT]
     python benchmarks/fp8.py --device cpu --tiny   # a smoke test of the script
 """
 from __future__ import annotations
@@ -67,16 +67,19 @@ def quantisation_apart(sig: Signature, dims: dict, device, gen, here) -> dict[st
                                                                    out_dtype=x.dtype)]}
 
 
-# what runs before each projection, in bf16 and quantising for it: (label, bf16 op, the bf16 call on
-# the op's inputs, the quantising op, its Triton family and the configurations timed)
+# what runs before each projection in llama3-70b's blocks, in bf16 and quantising for it: (the bf16
+# op, the quantising op, its Triton family, the configurations timed). The norm before q/k/v and
+# gate/up is the fused residual add + RMSNorm (159 of the 160 norms a TP8 plan captures).
 ROW_CONFIGS = ({"block": 4096, "warps": 8}, {"block": 8192, "warps": 16})
-BEFORE = {
-    "qkv_proj": ("F.rms_norm", "norm.rms", lambda x, w, eps: torch.nn.functional.rms_norm(x, x.shape[-1:], w, eps),
-                 "norm.rms_fp8", "triton.rms_norm_fp8", ROW_CONFIGS),
-    "down_proj": ("F.silu(gate) * up", "act.swiglu", lambda gate, up: torch.nn.functional.silu(gate) * up,
-                  "act.swiglu_fp8", "triton.swiglu_fp8", ROW_CONFIGS),
-}
-BEFORE["gate_up_proj"] = BEFORE["qkv_proj"]
+BEFORE = {"qkv_proj": ("norm.rms_add", "norm.rms_add_fp8", "triton.rms_norm_add_fp8", ROW_CONFIGS),
+          "gate_up_proj": ("norm.rms_add", "norm.rms_add_fp8", "triton.rms_norm_add_fp8", ROW_CONFIGS),
+          "down_proj": ("act.swiglu", "act.swiglu_fp8", "triton.swiglu_fp8", ROW_CONFIGS)}
+
+
+def first(out):
+    """What the projection reads of an op's output: the tensor itself, or the first of a tuple
+    (a norm's output beside its residual total; FP8's q beside its scales)."""
+    return out[0] if isinstance(out, tuple) else out
 
 
 def passes(op: str, kernel_ids, args: tuple, device) -> tuple[list, dict]:
@@ -85,39 +88,54 @@ def passes(op: str, kernel_ids, args: tuple, device) -> tuple[list, dict]:
     return agreeing(op, sig, [s for k in kernel_ids if not (s := registry.get(k)).check(sig, device_info(device))], args)
 
 
-def with_op_before(name: str, k: int, n: int, tokens: int, device, gen, harness) -> dict:
-    """A projection as a server runs it, the op before it included (the RMSNorm before q/k/v and
-    gate/up, the SwiGLU before down_proj): bf16 (that op, then cuBLAS on the dequantised weight);
-    FP8 with the linear quantising its input (the op, then linear.fp8's kernels); FP8 with the op
-    quantising (norm.rms_fp8 or act.swiglu_fp8 in Triton, then linear.fp8_prequantised's). Every
-    kernel is checked against its op's reference on these inputs first; the pairs that agree are
-    timed interleaved. {"us": {pair: median us}, "errors": {kernel id: why}}."""
-    label, op, bf16_call, quantising_op, family, configs = BEFORE[name]
+def with_op_before(name: str, k: int, n: int, tokens: int, device, gen, harness, chosen: dict) -> dict:
+    """A projection as a server runs it, the op before it included (the residual add + RMSNorm
+    before q/k/v and gate/up, the SwiGLU before down_proj): bf16 (the op's fastest kernel here, then
+    cuBLAS on the dequantised weight); FP8 with the linear quantising its input (that op kernel,
+    then linear.fp8's kernels); FP8 with the op quantising (norm.rms_add_fp8 or act.swiglu_fp8,
+    then linear.fp8_prequantised's), with the table's choices for both signatures where `chosen`
+    (signature -> kernel ids) has them. Every kernel is checked against its op's reference on these
+    inputs first. The op's bf16 kernels are timed alone, interleaved, to pick the fastest; then the
+    pairs, interleaved. {"us": {pair: median us}, "before_us": {bf16 kernel: median us}, "errors":
+    {kernel id: why}}."""
+    op, quantising_op, family, configs = BEFORE[name]
     sig = Signature.make(op, {CONTRACTS[op].schema.static[0]: k}, (), "bf16")
     inputs = CONTRACTS[op].make_inputs(sig, {"tokens": tokens}, device, gen)
     fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
     _, weight, weight_scale, _ = CONTRACTS["linear.fp8"].make_inputs(fp8, {"tokens": 1}, device, gen)
     dequantised = (weight.float() * weight_scale[:, None]).to(inputs[0].dtype)
-    quantising, errors = passes(quantising_op, [config_id(family, c) for c in configs], inputs, device)
-    q, x_scale = quantising[0].impl(*inputs) if quantising else (None, None)
+    bf16_kernels, errors = passes(op, [s.kernel_id for s in registry.candidates(op)], inputs, device)
+    before_us = timed(harness, {s.kernel_id: [lambda impl=s.impl: impl(*inputs)] for s in bf16_kernels})
+    best = registry.get(min((k for k, v in before_us.items() if v), key=before_us.get))
+    x = first(best.impl(*inputs))
+    quant_sig = CONTRACTS[quantising_op].schema.call(*inputs)[0]
+    quantising, more = passes(quantising_op, [config_id(family, c) for c in configs] + chosen.get(str(quant_sig), []),
+                              inputs, device)
+    errors.update(more)
     unfused, more = passes("linear.fp8", ["triton.scaled_mm_fp8", "torch.scaled_mm_fp8"]
-                           + [config_id("triton.linear_fp8", c) for c in TRITON_FP8_CONFIGS],
-                           (bf16_call(*inputs), weight, weight_scale, None), device)
+                           + [config_id("triton.linear_fp8", c) for c in TRITON_FP8_CONFIGS]
+                           + chosen.get(str(fp8), []), (x, weight, weight_scale, None), device)
     errors.update(more)
-    fused, more = ([], {}) if q is None else passes(
-        "linear.fp8_prequantised", ["torch.scaled_mm"] + [config_id("triton.linear_fp8_prequantised", c)
-                                                           for c in TRITON_FP8_CONFIGS],
-        (q, x_scale, weight, weight_scale, None, inputs[0].dtype), device)
-    errors.update(more)
-    calls = {f"bf16: {label} + torch.linear": [lambda: torch.nn.functional.linear(bf16_call(*inputs), dequantised)]}
+    fused = []
+    if quantising:
+        q, x_scale = quantising[0].impl(*inputs)[:2]
+        args = (q, x_scale, weight, weight_scale, None, inputs[0].dtype)
+        pre_sig = CONTRACTS["linear.fp8_prequantised"].schema.call(*args)[0]
+        fused, more = passes("linear.fp8_prequantised", ["torch.scaled_mm"] + [
+            config_id("triton.linear_fp8_prequantised", c) for c in TRITON_FP8_CONFIGS] + chosen.get(str(pre_sig), []),
+            args, device)
+        errors.update(more)
+    calls = {f"bf16: {best.kernel_id} + torch.linear": [
+        lambda: torch.nn.functional.linear(first(best.impl(*inputs)), dequantised)]}
     for lin in unfused:
-        calls[f"{label} + {lin.kernel_id}"] = [lambda lin=lin: lin.impl(bf16_call(*inputs), weight, weight_scale, None)]
+        calls[f"{best.kernel_id} + {lin.kernel_id}"] = [
+            lambda lin=lin: lin.impl(first(best.impl(*inputs)), weight, weight_scale, None)]
     for before in quantising:
         for lin in fused:
             calls[f"{before.kernel_id} + {lin.kernel_id}"] = [
-                lambda before=before, lin=lin: lin.impl(*before.impl(*inputs), weight, weight_scale, None,
+                lambda before=before, lin=lin: lin.impl(*before.impl(*inputs)[:2], weight, weight_scale, None,
                                                         inputs[0].dtype)]
-    return {"us": timed(harness, calls), "errors": errors}
+    return {"us": timed(harness, calls), "before_us": before_us, "errors": errors}
 
 
 def show(label: str, row: dict, base: str) -> None:
@@ -133,13 +151,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="small shapes (a smoke test)")
     parser.add_argument("--json", help="write every figure here")
-    parser.add_argument("--no-decode", action="store_true", help="the linears alone")
+    parser.add_argument("--no-decode", action="store_true", help="no decode attention")
+    parser.add_argument("--no-linears", action="store_true", help="no linears alone (with --pairs: the pairs alone)")
     parser.add_argument("--pairs", action="store_true",
-                        help="also q/k/v, gate/up and down_proj with the op before them (the RMSNorm, the SwiGLU): "
-                             "bf16, FP8 quantised by the linear, FP8 quantised by that op (norm.rms_fp8 or "
-                             "act.swiglu_fp8, then linear.fp8_prequantised)")
+                        help="also q/k/v, gate/up and down_proj with the op before them (residual add + RMSNorm, "
+                             "SwiGLU): bf16 (that op's fastest kernel here), FP8 quantised by the linear, FP8 "
+                             "quantised by that op (norm.rms_add_fp8 or act.swiglu_fp8, then "
+                             "linear.fp8_prequantised)")
     parser.add_argument("--table", type=Path,
-                        help="an artifact (lzsolve tune --dtype fp8): its linear.fp8 leaves' kernels join the candidates")
+                        help="an artifact (lzsolve tune --dtype fp8): the kernels its leaves choose for these "
+                             "signatures join the candidates")
     args = parser.parse_args()
     device = torch.device(args.device)
     harness = make_harness(device, Budget(min_samples=10, max_samples=40))
@@ -148,7 +169,7 @@ def main() -> None:
     tokens = (1, 33) if args.tiny else TOKENS
     here, rows = device_info(device), []
     chosen = table_kernels(args.table) if args.table else {}
-    for name, (k, n) in shapes.items():
+    for name, (k, n) in {} if args.no_linears else shapes.items():
         fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
         dense = Signature.make("linear", {"k": k, "n": n}, (), "bf16")
         configs = [registry.get(config_id("triton.linear_fp8", c)) for c in TRITON_FP8_CONFIGS]
@@ -166,10 +187,10 @@ def main() -> None:
     for name, (k, n) in [] if not args.pairs else {"qkv_proj": (64, 48), "down_proj": (64, 48)}.items() \
             if args.tiny else [(name, SHAPES[name]) for name in BEFORE]:
         for t in tokens:
-            row = with_op_before(name, k, n, t, device, gen, harness)
+            row = with_op_before(name, k, n, t, device, gen, harness, chosen)
             rows.append({"pair": name, "k": k, "n": n, "tokens": t, **row})
             show(f"with the op before {name:12} k={k:5} n={n:5} tokens={t:5}", row,
-                 f"bf16: {BEFORE[name][0]} + torch.linear")
+                 next(label for label in row["us"] if label.startswith("bf16: ")))
     static = {"hq": 2, "hkv": 1, "d": 64} if args.tiny else {"hq": 8, "hkv": 1, "d": 128}
     fp8kv = Signature.make("attention.decode_fp8kv", static, (), "bf16")
     plain = Signature.make("attention.decode", static, (), "bf16")

@@ -106,7 +106,7 @@ def with_op_before(name: str, k: int, n: int, tokens: int, device, gen, harness,
     dequantised = (weight.float() * weight_scale[:, None]).to(inputs[0].dtype)
     bf16_kernels, errors = passes(op, [s.kernel_id for s in registry.candidates(op)], inputs, device)
     before_us = timed(harness, {s.kernel_id: [lambda impl=s.impl: impl(*inputs)] for s in bf16_kernels})
-    best = registry.get(min((k for k, v in before_us.items() if v), key=before_us.get))
+    best = registry.get(min((kernel_id for kernel_id, us in before_us.items() if us), key=before_us.get))
     x = first(best.impl(*inputs))
     quant_sig = CONTRACTS[quantising_op].schema.call(*inputs)[0]
     quantising, more = passes(quantising_op, [config_id(family, c) for c in configs] + chosen.get(str(quant_sig), []),

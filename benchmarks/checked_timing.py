@@ -18,8 +18,7 @@ def agreeing(op: str, sig, kernels, inputs: tuple) -> tuple[list, dict]:
     and {kernel id: why} for the others."""
     contract = CONTRACTS[op]
     reference = contract.reference(*to_fp32(inputs))
-    schema = contract.schema
-    consumed = [i for i, p in enumerate(schema.parameters) if p.name in schema.consumes and i < len(inputs)]
+    consumed = contract.schema.consumed(inputs)
     agreed, errors = [], {}
     for spec in kernels:
         # a kernel that may overwrite its inputs (FlashInfer's in-place add + RMSNorm) gets its own copy

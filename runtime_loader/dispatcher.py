@@ -78,7 +78,7 @@ def _call_restoring(impl, args: tuple, op: OpSchema):
     (no copies inside a CUDA graph being captured: they would be replayed with it)."""
     if args and getattr(args[0], "is_cuda", False) and torch.cuda.is_current_stream_capturing():
         return impl(*args)
-    positions = [i for i, p in enumerate(op.parameters) if p.name in op.consumes and i < len(args)]
+    positions = op.consumed(args)
     saved = [(args[i], args[i].clone()) for i in positions if isinstance(args[i], torch.Tensor)]  # a state may be None
     try:
         return impl(*args)

@@ -68,6 +68,10 @@ class OpSchema:
         """The Dispatcher method's parameters, self excluded."""
         return list(inspect.signature(self.front, eval_str=True).parameters.values())
 
+    def consumed(self, args: tuple) -> list[int]:
+        """The positions in a call's arguments `args` whose storage a kernel may overwrite (consumes)."""
+        return [i for i, p in enumerate(self.parameters) if p.name in self.consumes and i < len(args)]
+
 
 ROPE_LAYOUTS = ("split_half", "interleaved")
 

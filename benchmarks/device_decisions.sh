@@ -3,7 +3,8 @@
 # fit one device call each (STAGE=...):
 #   smoke:    the GPU tests of one-mode timing, then a tiny tune with probes and validation;
 #             then falls through to `tune` with the rest of the call;
-#   tune:     `lzsolve tune --model llama3-70b --tp 8` with default settings into .devrun/d,
+#   tune:     `lzsolve tune --model llama3-70b --tp 8` with default settings (and TUNE_ARGS, e.g.
+#             --full-search or --skip-behind 0.3: issue 16's budgets) into .devrun/d,
 #             stopped (SIGINT, records kept) after TUNE_LIMIT s and continued by the next call
 #             (the PerfDB and optuna studies travel as $OUT/d.tgz.* parts; carry them back as
 #             .devrun/parts); each call's log is $OUT/tune.err;
@@ -44,11 +45,13 @@ PY
     ;;&
   smoke|tune)
     left=$(( ${TUNE_LIMIT:-560} - ($(date +%s) - start) ))
-    timeout -s INT "$left" "${lz[@]}" tune --model llama3-70b --tp 8 --out .devrun/d --json > "$OUT/tune.json" 2> "$OUT/tune.err"
+    timeout -s INT "$left" "${lz[@]}" tune --model llama3-70b --tp 8 ${TUNE_ARGS-} --out .devrun/d --json > "$OUT/tune.json" \
+      2> "$OUT/tune.err"
     echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "in [0-9]+ s|interrupted|wrote|error" "$OUT/tune.err" | tail -8
     pack ;;
   retune)
-    timeout -s INT "${TUNE_LIMIT:-300}" "${lz[@]}" tune --model llama3-70b --tp 8 --out .devrun/d --json > "$OUT/tune.json" 2> "$OUT/tune.err"
+    timeout -s INT "${TUNE_LIMIT:-300}" "${lz[@]}" tune --model llama3-70b --tp 8 ${TUNE_ARGS-} --out .devrun/d --json \
+      > "$OUT/tune.json" 2> "$OUT/tune.err"
     echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "in [0-9]+ s|interrupted|wrote|error" "$OUT/tune.err" | tail -8
     ;;&
   evaluate|retune)

@@ -24,6 +24,7 @@ from runtime_loader.jit import point_caches
 from runtime_loader.ops import DTYPES, required_features
 
 from . import __version__, tuner
+from .ahead import CompileAhead
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
 from .cluster import CPU_WORKERS, Cluster
@@ -324,6 +325,11 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
     _print_notes(plan)
     session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
     _say_incremental(session, plan)
+    # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare
+    ahead = CompileAhead.start(plan.signatures, session, lambda: WorkerRunner(plan.device, plugins=plugins,
+                                                                              timeout_s=timeout)) \
+        if isolate and not cluster else None
+    compiled: list[dict] = []
     phases: dict[str, float] = {}
     started = time.perf_counter()
 
@@ -354,7 +360,10 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
                                                  on_step=lambda label: bar.update(1, label), on_more=more)
         records += checked
         lap("validation_s")
+        compiled = ahead.close() if ahead else []
     finally:
+        if ahead:
+            ahead.close(wait=False)
         for lane in session.lanes:
             lane.runner.close()
         if cluster:
@@ -362,7 +371,7 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
     table = build_table(plan, records, mode, session.run_id, validation)
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None),
-                   records)
+                   records + compiled)  # the builds' records name the files they wrote
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
     say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
         f"{session.restarts} worker restart(s))")
@@ -370,6 +379,11 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
     summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
     summary["search"] = searched.as_dict() if searched else None
+    summary["compiled_ahead"] = ahead.summary() if ahead else []
+    if ahead:
+        built = ", ".join(f"{c['kernel_id']} {c['dims']} {c['jit_s']} s" for c in summary["compiled_ahead"] if c["jit_s"] >= 1)
+        say(f"built ahead on a second worker: {built or 'nothing slow'}"
+            + (f" (it stopped: {ahead.error})" if ahead.error else ""))
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)

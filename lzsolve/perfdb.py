@@ -40,7 +40,8 @@ SCHEMA = pa.schema([
     ("status", pa.string()),  # 'ok' or 'rejected'
     ("stage", pa.string()),  # where it was decided: 'capability', 'parity', 'bench'
     ("phase", pa.string()),  # which points: 'grid' (buckets), 'probe' (unaligned, in-bucket),
-    # 'validation' (random shapes after solving), 'evaluate' (lzsolve evaluate); null in older PerfDBs
+    # 'validation' (random shapes after solving), 'evaluate' (lzsolve evaluate), 'compile' (a parity
+    # check made ahead to build an nvcc module: lzsolve.ahead; no times); null in older PerfDBs
     ("reason_code", pa.string()),
     ("reason_message", pa.string()),
     *[(d, pa.int64()) for d in DIMS],

@@ -1,0 +1,111 @@
+"""Compiling ahead: the first calls that build a module with nvcc, made by a second worker
+while the first one searches and measures.
+
+A FlashInfer kernel's first call builds its module with nvcc: 35 s and 51 s for its two prefill
+modules, 14 s and 7 s for its decode ones on the H100, where a Triton or Inductor compile takes a
+second. In a cold default tune those builds were 107 s of the grid's 268 s (BENCHMARKS §15.1),
+with the GPU idle while nvcc ran on the host. Here a second worker on the same device makes those
+first calls (each a ParityTask: a real parity check, recorded with phase 'compile' and its
+jit_ms) from the start of the run, so the grid finds the modules built. FlashInfer guards a build
+and its load with one file lock, so a worker that reaches a module still building waits for it
+instead of building it twice.
+
+The second worker's calls are small (the signature's smallest workloads), so they take the
+GPU for milliseconds beside the first worker's timing; its nvcc builds take host cores, which the
+graph-mode timing of a GPU run does not read.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Callable
+
+from runtime_loader.jit import NVCC_BUILT
+from runtime_loader.specs import KernelSpec
+
+from .measure import ParityTask
+from .tuner import Runner, Session, SignaturePlan
+
+
+def branch_points(points: tuple[dict, ...]) -> list[dict]:
+    """The workloads whose first calls build what a kernel needs at every workload, as far as a
+    first call can tell: the smallest, and for each dim the smallest where that dim has left its
+    minimum. Kernels pick their module by such thresholds (FlashInfer's prefill: one module for
+    batch 1, another for batches of several requests), not by the sizes themselves."""
+    if not points:
+        return []
+    size = lambda p: math.prod(p.values())  # noqa: E731
+    picked = [min(points, key=size)]
+    for dim in points[0]:
+        low = min(p[dim] for p in points)
+        above = [p for p in points if p[dim] > low]
+        if above:
+            picked.append(min(above, key=size))
+    return [p for n, p in enumerate(picked) if p not in picked[:n]]
+
+
+def first_calls(signatures: tuple[SignaturePlan, ...], session: Session) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
+    """(signature, kernel, workload) to call ahead: the admitted kernels whose JIT cache nvcc
+    builds, at their branch points, unless an earlier run of this PerfDB measured that kernel
+    version (its out folder holds the build)."""
+    measured = {(kernel_id, version) for _, kernel_id, version, _ in session.reusable}
+    return [(sp, c.spec, dims) for sp in signatures for c in sp.candidates
+            if c.admitted and NVCC_BUILT & set(c.spec.jit_caches)
+            and (c.spec.kernel_id, c.spec.version()) not in measured
+            for dims in branch_points(sp.workloads)]
+
+
+class CompileAhead:
+    """The second worker's thread. `close()` waits for it and returns its records (also in the
+    PerfDB); a run interrupted before it finished keeps what it recorded so far."""
+
+    def __init__(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]], session: Session,
+                 make_runner: Callable[[], Runner]):
+        self.session, self.records, self.error = session, [], None
+        self._stop = threading.Event()
+        seeds = [next(session.seeds) for _ in calls]  # drawn here: the session's counter is the main thread's
+        self._thread = threading.Thread(target=self._run, args=(calls, seeds, make_runner), daemon=True,
+                                        name="lzsolve-compile-ahead")
+        self._runner: Runner | None = None
+        self._thread.start()
+
+    @classmethod
+    def start(cls, signatures: tuple[SignaturePlan, ...], session: Session,
+              make_runner: Callable[[], Runner]) -> CompileAhead | None:
+        calls = first_calls(signatures, session)
+        return cls(calls, session, make_runner) if calls else None
+
+    def _run(self, calls, seeds, make_runner) -> None:
+        recorder, fresh = self.session.recorder, []
+        try:
+            self._runner = make_runner()
+            for (sp, spec, dims), seed in zip(calls, seeds):
+                if self._stop.is_set():
+                    break
+                outcome = self._runner.run(ParityTask(sp.instance.signature, spec.kernel_id, dims, seed))
+                fresh.append(recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome))
+        except Exception as e:  # a worker that cannot start costs the head start, never the run
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            if self._runner is not None:
+                self._runner.close()  # its CUDA context and cached memory go as soon as it is done
+            self.records = fresh
+            self.session.db.append(fresh, self.session.run_id)
+
+    def wait(self) -> list[dict]:
+        """Every call made; its records."""
+        self._thread.join()
+        return self.records
+
+    def close(self, wait: bool = True) -> list[dict]:
+        """Stop after the call in flight. wait=False (an interrupted run) leaves that call to the
+        worker, a daemon process that ends with this one."""
+        self._stop.set()
+        if wait:
+            self._thread.join()
+        return self.records
+
+    def summary(self) -> list[dict]:
+        """What each first call cost (for the run's summary)."""
+        return [{"kernel_id": r["kernel_id"], "signature": r["signature"], "dims": r["dims"],
+                 "jit_s": round((r.get("jit_ms") or 0) / 1e3, 1), "status": r["status"]} for r in self.records]

@@ -1,0 +1,87 @@
+"""Compiling ahead (lzsolve.ahead): the nvcc-built kernels' first calls, made by a second worker,
+so the grid finds their modules built. tests.nvcc_kernels stands in for FlashInfer."""
+import dataclasses
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from lzsolve.ahead import CompileAhead, branch_points, first_calls
+from lzsolve.cli import cli
+from lzsolve.models.capture import capture
+from lzsolve.perfdb import PerfDB
+from lzsolve.tuner import Session, make_plan, tune
+from lzsolve.worker import InProcessRunner
+from runtime_loader import jit
+
+from .test_cli import TINY_LLAMA
+
+
+def test_branch_points_are_the_smallest_workload_and_each_dim_past_its_minimum():
+    prefill = tuple({"batch": b, "seq": s} for b in (1, 2, 8) for s in (32, 128, 512))
+    assert branch_points(prefill) == [{"batch": 1, "seq": 32}, {"batch": 2, "seq": 32}, {"batch": 1, "seq": 128}]
+    assert branch_points(({"tokens": 1}, {"tokens": 8}, {"tokens": 64})) == [{"tokens": 1}, {"tokens": 8}]
+    assert branch_points(({"tokens": 16},)) == [{"tokens": 16}]
+    assert branch_points(()) == []
+
+
+@pytest.fixture
+def nvcc_plan(monkeypatch, tmp_path):
+    import tests.nvcc_kernels  # noqa: F401  (registers built.rms_norm)
+    for kind in jit.JIT_CACHES:  # point_caches sets them process-wide: undone after the test
+        monkeypatch.delenv(jit.JIT_CACHES[kind], raising=False)
+    jit.point_caches(tmp_path / "jit")
+    for kind in jit.JIT_CACHES:
+        monkeypatch.setenv(jit.JIT_CACHES[kind], str((tmp_path / "jit" / kind).resolve()))
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*",))
+    norms = tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms")
+    return dataclasses.replace(plan, signatures=norms)
+
+
+def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
+    from tests.nvcc_kernels import BUILD_S, MODULE
+    db = PerfDB(tmp_path / "perfdb")
+    session = Session(nvcc_plan, db, InProcessRunner(torch.device("cpu")))
+    calls = first_calls(nvcc_plan.signatures, session)
+    assert {spec.kernel_id for _, spec, _ in calls} == {"built.rms_norm"}, "only the nvcc-built kernel, not its fallback"
+    ahead = CompileAhead.start(nvcc_plan.signatures, session, lambda: InProcessRunner(torch.device("cpu")))
+    built = ahead.wait()
+    assert len(built) == len(calls) and all(r["status"] == "ok" and r["phase"] == "compile" for r in built)
+    first = min(built, key=lambda r: r["ts"])
+    assert first["jit_ms"] >= BUILD_S * 1e3 and f"flashinfer/{MODULE.as_posix()}" in json.loads(first["jit_files"])
+    grid = [r for r in tune(nvcc_plan, session) if r["kernel_id"] == "built.rms_norm"]
+    assert grid and all(r["jit_ms"] < BUILD_S * 1e3 for r in grid), "no grid call waited for a build"
+    stored = db.rows("SELECT count(*) AS n FROM records WHERE phase = 'compile'")[0]["n"]
+    assert stored == len(built), "the builds' records are in the PerfDB"
+    assert (tmp_path / "jit" / "flashinfer" / "builds.log").read_text().count("\n") == 1
+
+
+def test_nothing_is_compiled_ahead_where_an_earlier_run_measured_the_kernel(nvcc_plan, tmp_path):
+    db = PerfDB(tmp_path / "perfdb")
+    tune(nvcc_plan, Session(nvcc_plan, db, InProcessRunner(torch.device("cpu"))))
+    again = Session(nvcc_plan, db, InProcessRunner(torch.device("cpu")))
+    assert first_calls(nvcc_plan.signatures, again) == []
+    assert CompileAhead.start(nvcc_plan.signatures, again, lambda: InProcessRunner(torch.device("cpu"))) is None
+
+
+def test_tune_builds_ahead_on_a_second_worker(tmp_path):
+    """Through the CLI, with worker processes: the summary names the builds, the PerfDB holds them,
+    and the module was built once, by whichever worker came first."""
+    config = tmp_path / "tiny-llama.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--kernels", "built.*",
+            "--plugin", "tests.nvcc_kernels", "--trials", "0", "--no-probe", "--validate", "0",
+            "--out", str(tmp_path / "out"), "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert {c["kernel_id"] for c in summary["compiled_ahead"]} == {"built.rms_norm"}
+    assert all(c["status"] == "ok" for c in summary["compiled_ahead"])
+    db = PerfDB(tmp_path / "out" / "perfdb")
+    phases = {r["phase"] for r in db.rows("SELECT DISTINCT phase FROM records WHERE kernel_id = 'built.rms_norm'")}
+    assert phases == {"compile", "grid"}
+    assert (tmp_path / "out" / ".jit-work" / "flashinfer" / "builds.log").read_text().count("\n") == 1
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and json.loads(again.stdout)["compiled_ahead"] == [], "built once per out folder"

@@ -10,6 +10,10 @@
 #             .devrun/parts); each call's log is $OUT/tune.err;
 #   evaluate: `lzsolve evaluate --random ${RANDOM_N:-40} --seed ${SEED:-1}` on the finished artifact, for
 #             the signatures matching each glob of EVAL_OPS (default all), into $OUT/eval-N.json;
+#   start:    the tune of `tune`, cold and whole, detached (setsid: a device call's limit is 600 s,
+#             and the tune takes about that): this call waits up to WAIT_S s (default 540) for it,
+#             `finish` (the next call, on the machine still warm) for the rest; the one that sees
+#             it end prints the command's wall time and the summary, and packs the artifact;
 #   retune:   the tune run again on the artifact (its records reused: only what the code now
 #             plans anew is measured), then `evaluate` as above.
 # Without JIT caches the artifact travels in one part of a few MB (.devrun/parts/d-lite.tgz,
@@ -27,7 +31,7 @@ pack() {  # the artifact without the JIT work folder (too large to travel), in p
   du -sh .devrun/d .devrun/d/.jit-work 2> /dev/null; ls -la "$OUT"/d*.tgz*
 }
 start=$(date +%s)
-case "${STAGE:?set STAGE=smoke|tune|evaluate|retune}" in
+case "${STAGE:?set STAGE=smoke|tune|start|finish|evaluate|retune}" in
   smoke)
     python3 -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_measure.py -k "mode or reference" 2>&1 | tail -3
     timeout 240 "${lz[@]}" tune --model llama3-8b --grid tiny --trials 0 --kernels 'sdpa.*,fa3.*,triton.rms_norm,torch.*' \
@@ -49,6 +53,25 @@ PY
       2> "$OUT/tune.err"
     echo "tune rc=$? after $(( $(date +%s) - start )) s"; grep -E "in [0-9]+ s|interrupted|wrote|error" "$OUT/tune.err" | tail -8
     pack ;;
+  start)
+    rm -rf .devrun/d .devrun/detached; mkdir -p .devrun/detached
+    setsid nohup bash -c 'date +%s.%N > .devrun/detached/t0
+      python3 -m lzsolve tune --model llama3-70b --tp 8 '"${TUNE_ARGS-}"' --out .devrun/d --json \
+        > .devrun/detached/tune.json 2> .devrun/detached/tune.err
+      echo $? $(date +%s.%N) > .devrun/detached/t1' > /dev/null 2>&1 < /dev/null &
+    ;;&
+  start|finish)
+    while [ ! -f .devrun/detached/t1 ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 2; done
+    cp .devrun/detached/tune.err "$OUT/"
+    if [ ! -f .devrun/detached/t1 ]; then
+      echo "still tuning after $(( $(date +%s) - start )) s:"; tail -2 .devrun/detached/tune.err; exit 0
+    fi
+    cp .devrun/detached/tune.json "$OUT/"
+    read -r rc t1 < .devrun/detached/t1
+    python3 -c "import sys; print(f'tune rc={sys.argv[1]}: {float(sys.argv[3]) - float(sys.argv[2]):.1f} s from the command to its exit')" \
+      "$rc" "$(cat .devrun/detached/t0)" "$t1"
+    grep -E "in [0-9]+ s|built ahead|wrote|error" .devrun/detached/tune.err | tail -8
+    LITE=1 pack ;;
   retune)
     timeout -s INT "${TUNE_LIMIT:-300}" "${lz[@]}" tune --model llama3-70b --tp 8 ${TUNE_ARGS-} --out .devrun/d --json \
       > "$OUT/tune.json" 2> "$OUT/tune.err"

@@ -27,6 +27,27 @@ def test_rotation_sets_cover_twice_the_cache_within_bounds():
     assert rotation_sets(30 << 20, 50 << 20, Budget(max_set_bytes=64 << 20)) == 2  # memory cap
 
 
+class SharedWarmup(CpuHarness):
+    shared_warmup = True  # as CudaHarness, whose warm-up is the device's
+
+
+@pytest.mark.parametrize("harness, shared", [(CpuHarness, False), (SharedWarmup, True)])
+def test_a_shared_warm_up_is_spent_on_the_first_candidate_alone(harness, shared):
+    calls = {name: 0 for name in "abc"}
+
+    def kernel(name):
+        def call():
+            calls[name] += 1
+            time.sleep(0.001)
+        return [call]
+    h = harness(Budget(warmup_s=0.06, min_samples=3, max_samples=3))
+    assert set(h.measure({name: kernel(name) for name in calls})) == set(calls)
+    assert calls["a"] >= 25, "the first candidate warms for warmup_s"
+    for name in "bc":
+        assert (calls[name] <= 15) if shared else (calls[name] >= 25)
+        assert calls[name] >= 2 + 3, "two warm-up calls at least, then its samples"
+
+
 def test_first_call_is_not_in_steady_state():
     calls = []
 

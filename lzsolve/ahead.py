@@ -56,8 +56,8 @@ def first_calls(signatures: tuple[SignaturePlan, ...], session: Session) -> list
 
 
 class CompileAhead:
-    """The second worker's thread. `close()` waits for it and returns its records (also in the
-    PerfDB); a run interrupted before it finished keeps what it recorded so far."""
+    """The second worker's thread. Each first call's record goes to the PerfDB when it is made, so
+    a run interrupted before the thread finished keeps the builds' records so far."""
 
     def __init__(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]], session: Session,
                  make_runner: Callable[[], Runner]):
@@ -83,14 +83,15 @@ class CompileAhead:
                 if self._stop.is_set():
                     break
                 outcome = self._runner.run(ParityTask(sp.instance.signature, spec.kernel_id, dims, seed))
-                fresh.append(recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome))
+                record = recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome)
+                self.session.db.append([record], self.session.run_id)  # each as it comes: a build is minutes
+                fresh.append(record)
         except Exception as e:  # a worker that cannot start costs the head start, never the run
             self.error = f"{type(e).__name__}: {e}"
         finally:
             if self._runner is not None:
                 self._runner.close()  # its CUDA context and cached memory go as soon as it is done
             self.records = fresh
-            self.session.db.append(fresh, self.session.run_id)
 
     def wait(self) -> list[dict]:
         """Every call made; its records."""

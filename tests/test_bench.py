@@ -152,7 +152,8 @@ def test_cuda_graph_and_eager_modes():
 def test_slow_calls_rotate_fewer_sets():
     sets = [lambda: time.sleep(0.004) for _ in range(8)]
     m = CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3, max_sample_s=0.01)).measure({"k": sets})["k"]
-    assert m.sets == 2, "a 4 ms call refills any cache; 8 sets would only slow tuning down"
+    # 2 at 4 ms a call; 1 where a loaded machine stretches the sleep past 5 ms
+    assert m.sets in (1, 2), "a 4 ms call refills any cache; 8 sets would only slow tuning down"
 
 
 def test_one_mode_alone():

@@ -66,7 +66,6 @@ class CompileAhead:
         seeds = [next(session.seeds) for _ in calls]  # drawn here: the session's counter is the main thread's
         self._thread = threading.Thread(target=self._run, args=(calls, seeds, make_runner), daemon=True,
                                         name="lzsolve-compile-ahead")
-        self._runner: Runner | None = None
         self._thread.start()
 
     @classmethod
@@ -76,21 +75,21 @@ class CompileAhead:
         return cls(calls, session, make_runner) if calls else None
 
     def _run(self, calls, seeds, make_runner) -> None:
-        recorder, fresh = self.session.recorder, []
+        recorder, fresh, runner = self.session.recorder, [], None
         try:
-            self._runner = make_runner()
+            runner = make_runner()
             for (sp, spec, dims), seed in zip(calls, seeds):
                 if self._stop.is_set():
                     break
-                outcome = self._runner.run(ParityTask(sp.instance.signature, spec.kernel_id, dims, seed))
+                outcome = runner.run(ParityTask(sp.instance.signature, spec.kernel_id, dims, seed))
                 record = recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome)
                 self.session.db.append([record], self.session.run_id)  # each as it comes: a build is minutes
                 fresh.append(record)
         except Exception as e:  # a worker that cannot start costs the head start, never the run
             self.error = f"{type(e).__name__}: {e}"
         finally:
-            if self._runner is not None:
-                self._runner.close()  # its CUDA context and cached memory go as soon as it is done
+            if runner is not None:
+                runner.close()  # its CUDA context and cached memory go as soon as it is done
             self.records = fresh
 
     def wait(self) -> list[dict]:

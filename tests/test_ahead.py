@@ -29,11 +29,9 @@ def test_branch_points_are_the_smallest_workload_and_each_dim_past_its_minimum()
 @pytest.fixture
 def nvcc_plan(monkeypatch, tmp_path):
     import tests.nvcc_kernels  # noqa: F401  (registers built.rms_norm)
-    for kind in jit.JIT_CACHES:  # point_caches sets them process-wide: undone after the test
-        monkeypatch.delenv(jit.JIT_CACHES[kind], raising=False)
-    jit.point_caches(tmp_path / "jit")
-    for kind in jit.JIT_CACHES:
-        monkeypatch.setenv(jit.JIT_CACHES[kind], str((tmp_path / "jit" / kind).resolve()))
+    for variable in jit.JIT_CACHES.values():  # recorded, so that the undo after the test restores them
+        monkeypatch.setenv(variable, "")
+    jit.point_caches(tmp_path / "jit")  # as tune does: process-wide
     model = capture(TINY_LLAMA, "tiny", dtype="fp32")
     plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*",))
     norms = tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms")

@@ -74,8 +74,8 @@ def _device(value: str | None) -> torch.device:
     return device
 
 
-def _model(model: str | None, config: str | None, tp: int, dtype: str, fp8_kv: bool = False) -> Captured:
-    return capture.load(model, config, tp, dtype, fp8_kv)
+def _model(model: str | None, config: str | None, tp: int, dtype: str, fp8_kv: bool = False, ep: int = 1) -> Captured:
+    return capture.load(model, config, tp, dtype, fp8_kv, ep)
 
 
 def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: str) -> workload.Workload:
@@ -108,15 +108,16 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
-def _plan(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude) -> Plan:
+def _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude) -> Plan:
     dev = _device(device)
     grid = grid or default_grid(dev.type)
     if recorded is None:
-        spec = _model(model, config, tp, dtype, fp8_kv)
+        spec = _model(model, config, tp, dtype, fp8_kv, ep)
         dtype = "bf16" if dtype == capture.FP8 else dtype  # fp8 names the linears' weights, not the activations
     else:
-        if dtype == capture.FP8 or fp8_kv:
-            raise LzError(f"{'--fp8-kv' if fp8_kv else '--dtype fp8'} describes a model (--model, --config); a "
+        if dtype == capture.FP8 or fp8_kv or ep != 1:
+            option = "--fp8-kv" if fp8_kv else "--dtype fp8" if dtype == capture.FP8 else "--ep"
+            raise LzError(f"{option} describes a model (--model, --config); a "
                           f"workload recorded its own calls")
         calls = _recorded(recorded, model, config, tp, dtype)
         spec, grid, (dtype,) = workload.captured(calls), workload.grid(calls, grid), calls.dtypes
@@ -184,6 +185,10 @@ def model_options(f):
                           "signatures it recorded, with buckets placed at its shapes (as many per dim as --grid has)"),
         click.option("--tp", default=1, show_default=True, type=int,
                      help="tensor-parallel degree: shards heads, kv heads (never below 1) and the MLP"),
+        click.option("--ep", default=1, show_default=True, type=int,
+                     help="expert-parallel degree of a mixture-of-experts model: its experts divided over that many "
+                          "ranks, whole (not sharded by --tp); --tp's value (the experts over the tensor-parallel "
+                          "group) or a multiple of it (over data-parallel replicas); the artifact is <model>-ep<N>"),
         click.option("--dtype", default="bf16", show_default=True, type=click.Choice([*DTYPES, capture.FP8]),
                      help="the activations' dtype; fp8: an FP8 W8A8 deployment (bf16 activations, linears with "
                           "e4m3 weights and per-channel scales, activations quantised per token; lm_head in bf16)"),
@@ -277,7 +282,7 @@ def cli():
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
-def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
+def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
          devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
          max_regression, min_ms, probe, validate_shapes, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
@@ -306,7 +311,7 @@ def tune(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, excl
     lanes = parse_devices(devices) if devices else []
     check_same_model(lanes)
     cluster = Cluster(ray_address) if ray_address is not None else None
-    plan = _plan(model, config, recorded, tp, dtype, fp8_kv,
+    plan = _plan(model, config, recorded, tp, ep, dtype, fp8_kv,
                  str(lanes[0]) if lanes else cluster.kind if cluster else device, grid, kernels, exclude)
     mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
     if mode == "graph" and plan.device.type != "cuda":
@@ -477,10 +482,10 @@ def _search(plan, spaces_dir: Path, runners, out_dir: Path, mode: str, trials: i
 @cli.command()
 @model_options
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
-def plan(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude, plugins):
+def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
     _load_plugins(plugins)
-    p = _plan(model, config, recorded, tp, dtype, fp8_kv, device, grid, kernels, exclude)
+    p = _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude)
     click.echo(f"{p.model.summary()}, tp={p.model.tp}, {p.dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
     for sp in p.signatures:
         sig = sp.instance.signature

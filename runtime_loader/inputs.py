@@ -257,18 +257,29 @@ def routing(tokens: int, experts: int, top_k: int, dtype, device, gen, skew: flo
 
 
 def moe_experts(sig, dims, device, gen):
-    experts, top_k, hidden, inter = (sig.dim(n) for n in ("experts", "top_k", "hidden", "inter"))
+    experts, top_k, hidden, inter, ep = (sig.dim(n) for n in ("experts", "top_k", "hidden", "inter", "ep"))
     x = randn((dims["tokens"], hidden), sig, device, gen)
-    ids, weights = routing(dims["tokens"], experts, top_k, DTYPES[sig.dtype], device, gen)
+    ids, weights = routing(dims["tokens"], experts * ep, top_k, DTYPES[sig.dtype], device, gen)
+    if ep > 1:
+        ids, weights = rank_slots(ids, weights, experts)
     gate_up = expert_weight(experts, 2 * inter, hidden, sig, device, gen)
     down = expert_weight(experts, hidden, inter, sig, device, gen)
     args = (x, ids, weights, gate_up, down)
-    if not ({"interleaved", "bias"} & sig.flags or sig.dim("limit")):
+    if not ({"interleaved", "bias"} & sig.flags or sig.dim("limit") or ep > 1):
         return args
     biases = (randn((experts, 2 * inter), sig, device, gen, scale=0.1), randn((experts, hidden), sig, device, gen,
                                                                                scale=0.1)) \
         if "bias" in sig.flags else (None, None)
-    return (*args, *biases, "interleaved" in sig.flags, sig.dim("alpha"), sig.dim("limit"))
+    return (*args, *biases, "interleaved" in sig.flags, sig.dim("alpha"), sig.dim("limit"), ep)
+
+
+def rank_slots(ids, weights, experts: int):
+    """A rank's view of a routing over every rank's experts, as transformers' expert parallelism
+    hands it to the experts: its own experts (the first `experts` ids; popularity is drawn at
+    random, so which rank is seen does not matter) keep their ids and weights, the other ranks'
+    slots become the sentinel id `experts` with weight 0."""
+    other = ids >= experts
+    return ids.masked_fill(other, experts), weights.masked_fill(other, 0)
 
 
 def expert_weight(experts: int, rows: int, cols: int, sig, device, gen):

@@ -134,6 +134,8 @@ def required_features(sig: Signature) -> frozenset[str]:
         features.add("softcap")
     if static.get("limit"):
         features.add("clamped_swiglu")
+    if static.get("ep", 1) > 1:
+        features.add("expert_parallel")
     if "hv" in static and static["hv"] != static["hk"]:
         features.add("gqa")
     return frozenset(features)
@@ -466,7 +468,7 @@ def deltanet_gates_fake(a: Tensor, b: Tensor, *args) -> tuple[Tensor, Tensor]:
 
 def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up: Tensor, down: Tensor,
                       gate_up_bias: Tensor | None = None, down_bias: Tensor | None = None, interleaved: bool = False,
-                      alpha: float = 0.0, limit: float = 0.0):
+                      alpha: float = 0.0, limit: float = 0.0, ep: int = 1):
     """A mixture-of-experts layer's gated expert MLPs over routed tokens: x (tokens, hidden), the
     router's choice topk_ids (tokens, top_k) and weights topk_weights (tokens, top_k); per expert
     e, gate_up[e] (2 * inter, hidden) holds the gate rows then the up rows (interleaved: gate and
@@ -474,12 +476,15 @@ def moe_experts_front(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, gate_up
     transposed views of weights stored (experts, in, out)); optional biases gate_up_bias (experts,
     2 * inter) and down_bias (experts, hidden). Returns sum over k of weight_k * (down[e_k] @
     act(gate, up) + down_bias[e_k]) with act silu(gate) * up, or with limit > 0 GPT-OSS's
-    clamped form: min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clamp(up, +-limit) + 1)."""
+    clamped form: min(gate, limit) * sigmoid(alpha * min(gate, limit)) * (clamp(up, +-limit) + 1).
+    Under expert parallelism over ep ranks (transformers' convention), gate_up and down hold this
+    rank's experts only, and a slot routed to another rank's expert has an id >= their count
+    (a sentinel) and weight 0: it adds nothing, and kernels skip it."""
     return ((x.shape, topk_ids.shape, gate_up.shape, x.dtype, x.is_cuda, gate_up.stride(), down.stride(),
-             gate_up_bias is None, down_bias is None, interleaved, alpha, limit),
+             gate_up_bias is None, down_bias is None, interleaved, alpha, limit, ep),
             (x, topk_ids, topk_weights, gate_up, down)
-            if gate_up_bias is None and down_bias is None and not interleaved and not limit
-            else (x, topk_ids, topk_weights, gate_up, down, gate_up_bias, down_bias, interleaved, alpha, limit))
+            if gate_up_bias is None and down_bias is None and not interleaved and not limit and ep == 1
+            else (x, topk_ids, topk_weights, gate_up, down, gate_up_bias, down_bias, interleaved, alpha, limit, ep))
 
 
 def is_transposed(weight: Tensor) -> bool:
@@ -488,14 +493,16 @@ def is_transposed(weight: Tensor) -> bool:
 
 
 def moe_experts_call(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
-                     alpha=0.0, limit=0.0):
+                     alpha=0.0, limit=0.0, ep=1):
+    if not isinstance(ep, int) or ep < 1:
+        return None
     if (x.dim() != 2 or topk_ids.dim() != 2 or gate_up.dim() != 3 or down.dim() != 3 or x.dtype not in DTYPE_NAMES
             or gate_up.shape[1] != 2 * down.shape[2] or (gate_up_bias is None) != (down_bias is None)):
         return None  # one bias without the other: no signature says so; the fallback computes it
     experts, hidden, inter = gate_up.shape[0], x.shape[1], down.shape[2]
     # alpha means something only with a limit: one signature for every call of the plain form
     static = {"experts": experts, "top_k": topk_ids.shape[1], "hidden": hidden, "inter": inter,
-              "alpha": float(alpha) if limit else 0.0, "limit": float(limit)}
+              "alpha": float(alpha) if limit else 0.0, "limit": float(limit), "ep": ep}
     flags = [name for name, on in (("interleaved", interleaved), ("bias", gate_up_bias is not None),
                                    ("transposed", is_transposed(gate_up) and is_transposed(down))) if on]
     return Signature.make("moe.experts", static, flags, DTYPE_NAMES[x.dtype]), {"tokens": x.shape[0]}
@@ -596,12 +603,14 @@ OPS: dict[str, OpSchema] = {
         OpSchema("moe.router", ("experts", "top_k"), ("renorm",), ("tokens",), "eager.moe_router",
                  method="moe_router", front=moe_router_front, call=moe_router_call, inputs=inputs.moe_router,
                  fake=moe_router_fake),
-        # experts: every routed expert (expert parallelism is not modelled yet); inter: each expert's
-        # intermediate width on this rank (divided by tp); interleaved: gate and up rows alternate;
+        # experts: the experts this rank holds (all of them, or 1/ep under expert parallelism); inter:
+        # each expert's intermediate width on this rank; interleaved: gate and up rows alternate;
         # bias: both projections biased; transposed: the weights are views of ones stored (experts,
-        # in, out) (GPT-OSS), which kernels read in another order; limit, alpha: GPT-OSS's clamped SwiGLU
+        # in, out) (GPT-OSS), which kernels read in another order; limit, alpha: GPT-OSS's clamped
+        # SwiGLU; ep: the ranks the experts are divided over (the routing spreads over experts * ep,
+        # the other ranks' slots are sentinels)
         OpSchema("moe.experts", ("experts", "top_k", "hidden", "inter"), ("interleaved", "bias", "transposed"),
-                 ("tokens",), "torch.grouped_mm", (("alpha", 0.0), ("limit", 0.0)), method="moe_experts",
+                 ("tokens",), "torch.grouped_mm", (("alpha", 0.0), ("limit", 0.0), ("ep", 1)), method="moe_experts",
                  front=moe_experts_front, call=moe_experts_call, inputs=inputs.moe_experts),
         # the causal depthwise conv1d before it: width taps per channel; silu: SiLU after; bias: a bias per channel
         OpSchema("conv.causal_depthwise", ("channels", "width"), ("silu", "bias"), ("batch", "seq"),

@@ -94,6 +94,26 @@ def test_moe_shapes_are_the_configs_and_shard_the_expert_width():
     assert "act.swiglu[width=5632,bf16]" in ops and "moe.experts[experts=60,top_k=4,hidden=2048,inter=1408,bf16]" in ops
 
 
+def test_expert_parallelism_divides_the_experts_whole():
+    """--ep: a rank holds 1/ep of the experts, each whole (transformers' and vLLM's inference EP takes
+    the tensor-parallel group's ranks); attention, the shared expert and the router keep --tp's shards."""
+    cfg = default_config("qwen2_moe")  # 60 routed experts of width 1408, a shared one of 5632, 16 heads
+    captured = capture(cfg, "q2", tp=2, ep=2)
+    ops = {str(i.signature) for i in captured.instances}
+    assert captured.name == "q2-ep2"
+    assert "moe.experts[experts=30,top_k=4,hidden=2048,inter=1408,ep=2,bf16]" in ops
+    assert "act.swiglu[width=2816,bf16]" in ops and "moe.router[experts=60,top_k=4,bf16]" in ops
+    assert {str(i.signature) for i in capture(cfg, "q2", tp=2).instances} - ops, "the plain TP capture differs"
+    (over_replicas,) = [i.signature for i in capture(cfg, "q2", tp=1, ep=4).instances if i.signature.op == "moe.experts"]
+    assert over_replicas.to_json()["static"] == {"experts": 15, "top_k": 4, "hidden": 2048, "inter": 1408, "ep": 4}
+    for kwargs, message in [(dict(tp=4, ep=2), "not a multiple of --tp 4"), (dict(ep=8), "cannot divide q2's 60 experts"),
+                            (dict(ep=0), "--ep must be >= 1")]:
+        with pytest.raises(LzError, match=message):
+            capture(cfg, "q2", **kwargs)
+    with pytest.raises(LzError, match="has no routed experts to divide"):
+        capture(default_config("llama"), "dense", ep=2)
+
+
 def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     status, captured = outcomes["gpt_oss"]  # biased, interleaved, clamped experts stored (experts, in, out)
     ops = {str(i.signature) for i in captured.instances}

@@ -8,6 +8,8 @@ import torch
 
 import runtime_loader
 from lzsolve.models.capture import capture
+from lzsolve.errors import LzError
+from lzsolve.ops import CONTRACTS
 from runtime_loader import Dispatcher
 
 from .tables import assert_replays_references, tune_what_patched_models_call
@@ -193,3 +195,43 @@ def test_held_out_moe_types_are_served_and_compute_what_they_did(model_type, res
     assert experts_layers >= 1 and not any("experts" in why for why in report.left.values()), report
     assert sum(stats.get("moe.router", {}).values()) == HELD_OUT[model_type], (stats.get("moe.router"), report)
     assert not any(cls.endswith("Activation") for cls in report.left), "the experts' act_fn is part of them"
+
+
+def test_expert_parallel_table_serves_a_rank_and_patch_leaves_transformers_ep(tmp_path, restore_active):
+    """`tune --tp 2 --ep 2`: the experts of one rank of two (4 of 8, whole), tuned on CPU, and replayed
+    strictly on a rank's view of the routing (the other rank's slots as sentinel ids, weight 0) against
+    the fp32 reference; a call without ep is another signature. Experts transformers has divided over
+    ranks itself are left to its EP forward, which holds their own."""
+    from click.testing import CliRunner
+
+    from lzsolve.cli import cli
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny("qwen3_moe")
+    config = tmp_path / "tiny-qwen3-moe" / "config.json"
+    config.parent.mkdir()
+    config.write_text(model.config.to_json_string())
+    out = tmp_path / "artifact"
+    args = ["tune", "--config", str(config), "--tp", "2", "--ep", "2", "--grid", "tiny", "--trials", "0", "--dtype",
+            "fp32", "--device", "cpu", "--no-isolate", "--no-probe", "--validate", "0", "--kernels", "torch.grouped_mm,eager.moe*",
+            "--out", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    table = json.loads((out / "dispatch.json").read_text())
+    assert table["model"]["id"] == "tiny-qwen3-moe-ep2"
+    (experts,) = [e for e in table["ops"] if e["op"] == "moe.experts"]
+    assert experts["signature"] == "moe.experts[experts=4,top_k=2,hidden=64,inter=32,ep=2,fp32]"
+    d = assert_replays_references(out)
+    sig = next(s for s in d.table.trees if s.op == "moe.experts")
+    kernel_args = CONTRACTS["moe.experts"].make_inputs(sig, {"tokens": 6}, torch.device("cpu"), torch.Generator())
+    assert (kernel_args[1] == 4).any(), "some slots are the other rank's"
+    assert d.kernel_for("moe_experts", *kernel_args[:5]) == "torch.grouped_mm", "ep=1: outside the table"
+    bad = CliRunner().invoke(cli, [*args[:5], "--ep", "3", *args[7:]])
+    assert isinstance(bad.exception, LzError) and "--ep 3 is not a multiple of --tp 2" in str(bad.exception)
+
+    for layer in model.model.layers:
+        layer.mlp.experts._is_expert_parallel = True  # as transformers' expert-parallel plan marks them
+    report = patch(model, Dispatcher(None))
+    experts_class = type(model.model.layers[0].mlp.experts).__name__
+    assert experts_class not in report.replaced and "expert parallelism" in report.left[experts_class]
+    assert report.replaced[type(router_of(model)).__name__] == 2, "the router still is served"

@@ -69,6 +69,8 @@ SIGS = [
     (Signature.make("moe.experts", {"experts": 6, "top_k": 2, "hidden": 16, "inter": 12}, (), "fp32"), {"tokens": 9}),
     (Signature.make("moe.experts", {"experts": 5, "top_k": 2, "hidden": 16, "inter": 12, "alpha": 1.702, "limit": 0.4},
                     ("interleaved", "bias", "transposed"), "fp32"), {"tokens": 7}),
+    (Signature.make("moe.experts", {"experts": 4, "top_k": 2, "hidden": 16, "inter": 12, "ep": 2}, (), "fp32"),
+     {"tokens": 9}),
     (Signature.make("moe.router", {"experts": 12, "top_k": 3}, ("renorm",), "fp32"), {"tokens": 6}),
     (Signature.make("moe.router", {"experts": 12, "top_k": 3}, (), "bf16"), {"tokens": 6}),
 ]
@@ -197,13 +199,16 @@ def deltanet64(q, k, v, g, beta, state, qk_l2norm):
 
 
 def moe64(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
-          alpha=0.0, limit=0.0):
-    """Token by token, slot by slot: the weighted sum of its experts' gated MLPs, in float64."""
+          alpha=0.0, limit=0.0, ep=1):
+    """Token by token, slot by slot: the weighted sum of its experts' gated MLPs, in float64; a slot
+    of another rank's expert (an id past this rank's) adds nothing."""
     out = torch.zeros(x.shape, dtype=torch.float64)
     inter = down.shape[2]
     for t in range(x.shape[0]):
         for slot in range(topk_ids.shape[1]):
             e = topk_ids[t, slot]
+            if e >= gate_up.shape[0]:
+                continue
             h = gate_up[e].double() @ x[t].double() + (0 if gate_up_bias is None else gate_up_bias[e].double())
             gate, up = (h[0::2], h[1::2]) if interleaved else (h[:inter], h[inter:])
             if limit:  # GPT-OSS: gate clamped from above, up both ways, (up + 1)

@@ -74,6 +74,10 @@ CASES = [
     ("triton.moe_experts", "moe.experts", {"experts": 6, "top_k": 2, "hidden": 40, "inter": 24, "alpha": 1.702,
                                            "limit": 0.5}, ("interleaved", "bias", "transposed"), {"tokens": 9},
      [{"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 4, "warps": 2, "stages": 2}]),
+    # a rank of three under expert parallelism: 4 of 12 experts, two thirds of the slots other
+    # ranks' (the sentinel id 4): they land in no block, and their slots stay zero
+    ("triton.moe_experts", "moe.experts", {"experts": 4, "top_k": 2, "hidden": 40, "inter": 24, "ep": 3}, (),
+     {"tokens": 9}, [{"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 4, "warps": 2, "stages": 2}]),
     # 60 experts in a block of 64 (padding never picked), 3 of them per token, with and without renormalisation
     *[("triton.moe_router", "moe.router", {"experts": 60, "top_k": 3}, flags, {"tokens": 5}, [{"warps": 1}])
       for flags in (("renorm",), ())],

@@ -487,8 +487,8 @@ def _role(module: str) -> str:
     return re.sub(r"\.\d+(?=\.|$)", ".*", module)
 
 
-def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signature:
-    if tp == 1:
+def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool, ep: int = 1) -> Signature:
+    if tp == 1 and ep == 1:
         return sig
     s = dict(sig.static)
     for key in ("hq", "hkv", "heads", "hk", "hv"):
@@ -496,7 +496,10 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
             s[key] = max(1, s[key] // tp)
     if sig.op.startswith("act."):
         s["width"] //= tp
-    if sig.op == "moe.experts":  # every rank holds every expert, with its share of each one's width
+    if sig.op == "moe.experts" and ep > 1:  # a rank holds whole experts, 1/ep of them
+        s["experts"] //= ep
+        s["ep"] = ep
+    elif sig.op == "moe.experts":  # every rank holds every expert, with its share of each one's width
         s["inter"] //= tp
     if sig.op == "conv.causal_depthwise":  # its channels are q, k and v of the rank's heads
         s["channels"] //= tp
@@ -513,7 +516,8 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool) -> Signat
     return Signature.make(sig.op, s, sig.flags, sig.dtype)
 
 
-def _check_tp(events: list[Event], tp: int, where: str) -> None:
+def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
+    _check_ep(events, tp, where, ep)
     problems = []
     for e in events:
         if e.sig is None:
@@ -523,7 +527,7 @@ def _check_tp(events: list[Event], tp: int, where: str) -> None:
             problems.append(f"{s['hq']}/{s['hkv']} attention/kv heads")
         if e.sig.op.startswith("act.") and s["width"] % tp:
             problems.append(f"MLP width {s['width']}")
-        if e.sig.op == "moe.experts" and s["inter"] % tp:
+        if e.sig.op == "moe.experts" and ep == 1 and s["inter"] % tp:
             problems.append(f"expert width {s['inter']}")
         if e.sig.op == "conv.causal_depthwise" and s["channels"] % tp:
             problems.append(f"conv1d channels {s['channels']}")
@@ -531,14 +535,33 @@ def _check_tp(events: list[Event], tp: int, where: str) -> None:
         raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {', '.join(sorted(set(problems)))}")
 
 
-def instances(prefill: list[Event], decode: list[Event], tp: int) -> list[OpInstance]:
+def _check_ep(events: list[Event], tp: int, where: str, ep: int) -> None:
+    """Expert parallelism as transformers and vLLM serve it: the experts divided over the ranks of
+    the tensor-parallel group (ep = tp), or over those of several data-parallel replicas of it (a
+    multiple of tp) whose batches each rank's experts then all see."""
+    if ep < 1:
+        raise LzError(f"--ep must be >= 1, got {ep}")
+    if ep == 1:
+        return
+    if ep % tp:
+        raise LzError(f"--ep {ep} is not a multiple of --tp {tp}: the experts are divided over the tensor-parallel "
+                      f"group (--ep {tp}) or over data-parallel replicas of it (--ep {2 * tp}, ...)")
+    experts = {e.sig.dim("experts") for e in events if e.sig is not None and e.sig.op == "moe.experts"}
+    if not experts:
+        raise LzError(f"--ep {ep}: {where} has no routed experts to divide; leave --ep out")
+    uneven = sorted(n for n in experts if n % ep)
+    if uneven:
+        raise LzError(f"--ep {ep} cannot divide {where}'s {', '.join(map(str, uneven))} experts; use a divisor of them")
+
+
+def instances(prefill: list[Event], decode: list[Event], tp: int, ep: int = 1) -> list[OpInstance]:
     """One OpInstance per distinct (sharded) signature, in the order the forward pass meets them;
     calls per forward from the prefill, decode attention from the decode step."""
     merged: dict[Signature, tuple[list[str], int]] = {}
     last_linear = max((i for i, e in enumerate(prefill) if e.op == "linear"), default=-1)
 
     def add(e: Event, row_parallel: bool, lm_head: bool):
-        sig = _shard(e.sig, 1 if e.extra.get("replicated") else tp, row_parallel, lm_head)
+        sig = _shard(e.sig, 1 if e.extra.get("replicated") else tp, row_parallel, lm_head, ep)
         roles, count = merged.get(sig, ([], 0))
         role = _role(e.module)
         merged[sig] = (roles if role in roles else roles + [role], count + 1)
@@ -677,20 +700,21 @@ def _other_moe(model) -> list[str]:
                    if MOE_CLASS.search(type(m).__name__) and not is_experts(m) and name not in served_by_experts})
 
 
-_captured: dict[tuple, Captured] = {}  # one capture per config, name, tp and dtype in a process
+_captured: dict[tuple, Captured] = {}  # one capture per config, name, tp, dtype and ep in a process
 
 
-def capture(cfg: dict, name: str, tp: int = 1, dtype: str = "bf16", where: str | None = None) -> Captured:
-    """The op instances of the model `cfg` (a config.json's dict) describes, sharded `tp` ways."""
+def capture(cfg: dict, name: str, tp: int = 1, dtype: str = "bf16", where: str | None = None, ep: int = 1) -> Captured:
+    """The op instances of the model `cfg` (a config.json's dict) describes, sharded `tp` ways, its
+    experts divided over `ep` ranks ("<name>-ep<N>")."""
     blob = json.dumps(cfg, sort_keys=True, default=str)
-    key = (blob, name, tp, dtype)
+    key = (blob, name, tp, dtype, ep)
     if key not in _captured:
         config_hash = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        _captured[key] = _capture(cfg, name, tp, dtype, where or name, config_hash)
+        _captured[key] = _capture(cfg, name, tp, dtype, where or name, config_hash, ep)
     return _captured[key]
 
 
-def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash: str) -> Captured:
+def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash: str, ep: int = 1) -> Captured:
     if tp < 1:
         raise LzError(f"--tp must be >= 1, got {tp}")
     refuse_unsupported(cfg, where)
@@ -716,7 +740,8 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
                       f"({type(e).__name__}: {_one_line(e)})") from None
     if not any(e.op == "attention" for e in prefill):
         raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
-    _check_tp(prefill, tp, name)
+    _check_tp(prefill, tp, name, ep)
+    name = f"{name}-ep{ep}" if ep > 1 else name
     fp8 = fp8_scheme(cfg)  # transformers writes it at the top of config.json
     if fp8:
         if any(e.op == "moe" for e in prefill):
@@ -729,7 +754,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     if fp8:
         notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8, and the ops that quantise for them) "
                      f"run transformers' own FP8 modules")
-    return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp)), tuple(notes),
+    return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp, ep)), tuple(notes),
                     config_hash, summary)
 
 
@@ -761,8 +786,10 @@ FP8 = "fp8"  # --dtype fp8: bf16 activations, the linears as an FP8 W8A8 checkpo
 FP8_W8A8 = {"quant_method": "fbgemm_fp8", "modules_to_not_convert": ["lm_head"]}  # the common scheme
 
 
-def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16", fp8_kv: bool = False) -> Captured:
+def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16", fp8_kv: bool = False,
+         ep: int = 1) -> Captured:
     """--model NAME (the catalogue) or --config PATH (a config.json or its folder), captured.
+    ep: its experts divided over that many ranks (_check_ep says how).
     dtype fp8: the model as an FP8 W8A8 deployment runs it, "<name>-fp8": linear.fp8 with
     per-channel weight scales, lm_head left in bf16 (a config with a quantization_config keeps its own).
     fp8_kv: its KV cache in FP8 (fp8_kv_cache)."""
@@ -779,5 +806,5 @@ def load(model: str | None, config: str | None, tp: int = 1, dtype: str = "bf16"
         if not cfg.get("quantization_config"):
             cfg, name = {**cfg, "quantization_config": FP8_W8A8}, f"{name}-fp8"
         dtype = "bf16"
-    captured = capture(cfg, name, tp, dtype, where=where)
+    captured = capture(cfg, name, tp, dtype, where=where, ep=ep)
     return fp8_kv_cache(captured) if fp8_kv else captured

@@ -10,8 +10,10 @@ down[e] @ act(gate, up) (+ down_bias[e]) with [gate; up] = gate_up[e] @ x (+ gat
 and a token's output is the weighted sum of its experts' outputs. act is SwiGLU, silu(gate) *
 up, or with a limit GPT-OSS's clamped form: gate clamped above at limit, up to [-limit, limit],
 gate * sigmoid(alpha * gate) * (up + 1). gate_up holds the gate rows then the up rows, or with
-the interleaved flag gate and up rows in turn (GPT-OSS). FLOPs and bytes count the routed work
-only: top_k expert MLPs per token, and the weights of the experts some token reaches.
+the interleaved flag gate and up rows in turn (GPT-OSS). Under expert parallelism (ep ranks), the
+weights are this rank's experts only and a slot routed to another rank's has an id >= their count
+(and weight 0): it adds nothing. FLOPs and bytes count the routed work only: top_k expert MLPs per
+token (1/ep of them on a rank), and the weights of the experts some token reaches.
 """
 from __future__ import annotations
 
@@ -22,10 +24,10 @@ from .base import OpContract, itemsize
 
 
 def reference(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
-              alpha=0.0, limit=0.0):
-    """One expert at a time, over the (token, slot) pairs routed to it."""
+              alpha=0.0, limit=0.0, ep=1):
+    """One expert at a time, over the (token, slot) pairs routed to it; another rank's slots skipped."""
     out = torch.zeros_like(x)
-    for expert in topk_ids.unique().tolist():
+    for expert in topk_ids[topk_ids < gate_up.shape[0]].unique().tolist():
         tokens, slots = torch.where(topk_ids == expert)
         h = F.linear(x[tokens], gate_up[expert], None if gate_up_bias is None else gate_up_bias[expert])
         gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else h.chunk(2, dim=-1)
@@ -40,19 +42,20 @@ def reference(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_
 
 
 def experts_reached(sig, tokens: int) -> float:
-    """The expected number of experts at least one of `tokens` tokens is routed to (uniform routing)."""
-    experts, top_k = sig.dim("experts"), sig.dim("top_k")
-    return experts * (1 - (1 - top_k / experts) ** tokens)
+    """The expected number of this rank's experts at least one of `tokens` tokens is routed to
+    (uniform routing over every rank's experts)."""
+    experts, top_k, ep = sig.dim("experts"), sig.dim("top_k"), sig.dim("ep")
+    return experts * (1 - (1 - top_k / (experts * ep)) ** tokens)
 
 
 def flops(sig, dims):
-    return 6.0 * dims["tokens"] * sig.dim("top_k") * sig.dim("hidden") * sig.dim("inter")
+    return 6.0 * dims["tokens"] * sig.dim("top_k") / sig.dim("ep") * sig.dim("hidden") * sig.dim("inter")
 
 
 def bytes_moved(sig, dims):
     tokens, hidden, inter = dims["tokens"], sig.dim("hidden"), sig.dim("inter")
     weights = experts_reached(sig, tokens) * (3 * inter * hidden + (2 * inter + hidden) * ("bias" in sig.flags))
-    routing = tokens * sig.dim("top_k") * (8 + itemsize(sig))  # int64 ids and the weights
+    routing = tokens * sig.dim("top_k") * (8 + itemsize(sig))  # int64 ids and the weights, every slot
     return float(itemsize(sig) * (2 * tokens * hidden + weights) + routing)
 
 
@@ -64,6 +67,8 @@ EXPERTS = OpContract("moe.experts", reference, flops, bytes_moved, (
     (shape(4, 2, 32, 48), (), {"tokens": 5}),  # fewer tokens than experts x slots: some expert idle
     (shape(8, 2, 64, 96), (), {"tokens": 33}),  # odd widths and token count: no tile is full
     (shape(16, 4, 128, 64), (), {"tokens": 1}),  # decode: one token, top_k experts
+    # a rank of four under expert parallelism: 3 of 12 experts, most slots another rank's
+    ({**shape(3, 2, 32, 48), "ep": 4}, (), {"tokens": 9}),
     # GPT-OSS's experts (weights stored (experts, in, out), biases, gate and up rows in turn), with a
     # limit low enough that both clamps bite
     ({**shape(6, 2, 48, 40), "alpha": 1.702, "limit": 0.5}, ("interleaved", "bias", "transposed"), {"tokens": 11}),

@@ -116,6 +116,11 @@ def _classify_activation(module) -> Kind | None:
     return None
 
 
+def expert_parallel(module) -> bool:
+    """Experts transformers' expert-parallel plan has divided over ranks."""
+    return bool(getattr(module, "_is_expert_parallel", False))
+
+
 def is_experts(module) -> bool:
     """A mixture-of-experts layer's routed experts, as transformers stores them: 3-D expert weights
     (gate_up_proj or up_proj, and down_proj), called as forward(hidden, top_k_index, top_k_weights)
@@ -250,7 +255,9 @@ def _is_linear(module) -> bool:
 
 
 def classify(model) -> dict[str, Kind]:
-    """Module name -> what it computes, for every module an op covers (one probe per class)."""
+    """Module name -> what it computes, for every module an op covers (one probe per class).
+    Experts transformers has divided over ranks are not covered: its expert-parallel forward
+    holds the module's own, and their signature needs the rank count, which they do not keep."""
     by_class: dict[type, Kind | None] = {}
     kinds = {}
     for name, module in model.named_modules():
@@ -260,6 +267,8 @@ def classify(model) -> dict[str, Kind]:
             kinds[name] = Kind("embedding", scale=getattr(module, "embed_scale", None) is not None)
         elif isinstance(module, torch.nn.Embedding):  # another table indexed by position (GPT-2's wpe)
             kinds[name] = Kind("posenc.learned")
+        elif expert_parallel(module):
+            continue
         else:
             cls = type(module)
             if cls not in by_class:

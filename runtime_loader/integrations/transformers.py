@@ -34,7 +34,7 @@ import torch
 from ..dispatcher import Dispatcher
 from .. import custom_ops
 from ..kernels import eager
-from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, experts_arguments, is_experts, modelling_modules,
+from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, expert_parallel, experts_arguments, is_experts, modelling_modules,
                       read_together, rope_layout)
 
 NAME = "lzsolve"
@@ -528,7 +528,10 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
     for module_name, module in model.named_modules():
         kind: Kind | None = kinds.get(module_name)
         cls = type(module).__name__
-        if kind is None and is_experts(module):
+        if kind is None and expert_parallel(module):
+            report.left[cls] = "experts divided over ranks by transformers' expert parallelism (its forward runs " \
+                               "them; a server calls moe_experts(..., ep=N) instead)"
+        elif kind is None and is_experts(module):
             report.left[cls] = "experts in a form no op computes (an activation other than SwiGLU or GPT-OSS's, one " \
                                "bias without the other)"
         if kind is None or module_name in mlp_parts or module_name in fused:

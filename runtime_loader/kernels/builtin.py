@@ -55,20 +55,28 @@ def grouped_mm(rows, weights, offsets):
 
 
 def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
-                alpha=0.0, limit=0.0):
+                alpha=0.0, limit=0.0, ep=1):
     """transformers' grouped_mm experts: tokens sorted into expert segments, one grouped GEMM for
     gate_up and one for down over every expert (empty segments cost nothing), then the weighted
-    rows put back in token order and summed over the slots."""
+    rows put back in token order and summed over the slots. Under expert parallelism the other
+    ranks' slots sort past the last segment, where the GEMMs leave their rows unwritten: they are
+    zeroed before the sum (as transformers does)."""
     tokens, top_k = topk_ids.shape
-    order, offsets = expert_segments(topk_ids, gate_up.shape[0])
+    experts = gate_up.shape[0]
+    order, offsets = expert_segments(topk_ids, experts)
     h = grouped_mm(x[order // top_k], gate_up.transpose(1, 2), offsets)
     experts_of_rows = topk_ids.reshape(-1)[order]
+    if ep > 1:
+        elsewhere = (experts_of_rows >= experts).unsqueeze(-1)
+        experts_of_rows = experts_of_rows.clamp(max=experts - 1)  # the bias gathers stay in bounds
     if gate_up_bias is not None:
         h = h + gate_up_bias[experts_of_rows]
     rows = grouped_mm(expert_activation(h, interleaved, alpha, limit), down.transpose(1, 2), offsets)
     if down_bias is not None:
         rows = rows + down_bias[experts_of_rows]
     rows = rows * topk_weights.reshape(-1)[order, None]
+    if ep > 1:
+        rows = rows.masked_fill(elsewhere, 0)
     in_token_order = torch.empty_like(rows).index_copy_(0, order, rows)
     return in_token_order.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # float32 routing weights promote
 

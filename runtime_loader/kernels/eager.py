@@ -11,7 +11,7 @@ from ..specs import HEAD_DIM_ANY, KernelSpec
 BOTH = frozenset({"cpu", "cuda"})
 UNIT_OFFSET = frozenset({"unit_offset"})
 # moe.experts beyond Mixtral's form: GPT-OSS's layout, biases and clamped SwiGLU (lzsolve.ops.moe)
-EXPERT_FORMS = frozenset({"interleaved", "bias", "transposed", "clamped_swiglu"})
+EXPERT_FORMS = frozenset({"interleaved", "bias", "transposed", "clamped_swiglu", "expert_parallel"})
 
 
 def effective_window(seq_q: int, kv_len: int, causal: bool, window: int) -> int:
@@ -322,14 +322,17 @@ def expert_activation(h, interleaved: bool, alpha: float, limit: float):
 
 
 def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
-                alpha=0.0, limit=0.0):
+                alpha=0.0, limit=0.0, ep=1):
     """transformers' eager experts loop (MixtralExperts.forward): per expert hit, its tokens
     gathered, two GEMMs, the weighted rows added back. The loop and the index lists are
-    data-dependent: one host sync per layer, and no CUDA graph."""
+    data-dependent: one host sync per layer, and no CUDA graph. Under expert parallelism the
+    sentinel id of other ranks' slots gets a class of its own, which no expert reads (as
+    transformers does)."""
     out = torch.zeros_like(x)
     experts = gate_up.shape[0]
     with torch.no_grad():
-        mask = F.one_hot(topk_ids, num_classes=experts).permute(2, 1, 0)  # (expert, slot, token)
+        ids = topk_ids.clamp(max=experts) if ep > 1 else topk_ids
+        mask = F.one_hot(ids, num_classes=experts + (ep > 1)).permute(2, 1, 0)[:experts]  # (expert, slot, token)
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
     for expert in hit[:, 0].tolist():
         slots, tokens = torch.where(mask[expert])

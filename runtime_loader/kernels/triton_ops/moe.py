@@ -25,7 +25,9 @@ from ..builtin import expert_segments
 def align_blocks(topk_ids, experts: int, block_m: int):
     """(rows, block_expert): rows holds, for each expert's segment padded to a multiple of
     block_m, the indices of its (token, slot) pairs in topk_ids.flatten() (the padding holds
-    the sentinel topk_ids.numel()); block_expert the expert of each block of rows (-1 unused)."""
+    the sentinel topk_ids.numel()); block_expert the expert of each block of rows (-1 unused).
+    Pairs of other ranks' experts (ids >= experts, sorted last) land in no segment: their slot
+    is written to one row past the used ones, which no block reads."""
     pairs = topk_ids.numel()
     order, ends = expert_segments(topk_ids, experts)
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
@@ -33,10 +35,14 @@ def align_blocks(topk_ids, experts: int, block_m: int):
     padded_ends = torch.cumsum(padded, dim=0)
     # where each sorted pair lands: its expert's padded start plus its rank within the expert
     expert_of_sorted = topk_ids.reshape(-1)[order]
+    local = expert_of_sorted < experts
+    expert_of_sorted = expert_of_sorted.clamp(max=experts - 1)
     rank = torch.arange(pairs, device=topk_ids.device) - (ends - counts)[expert_of_sorted]
     capacity = pairs + experts * (block_m - 1)
-    rows = torch.full((triton.cdiv(capacity, block_m) * block_m,), pairs, dtype=torch.int32, device=topk_ids.device)
-    rows[(padded_ends - padded)[expert_of_sorted] + rank] = order.to(torch.int32)
+    rows = torch.full((triton.cdiv(capacity, block_m) * block_m + 1,), pairs, dtype=torch.int32,
+                      device=topk_ids.device)
+    rows[torch.where(local, (padded_ends - padded)[expert_of_sorted] + rank, rows.numel() - 1)] = order.to(torch.int32)
+    rows = rows[:-1]
     block_starts = torch.arange(0, rows.numel(), block_m, device=topk_ids.device)
     block_expert = torch.searchsorted(padded_ends, block_starts, right=True).to(torch.int32)
     return rows, torch.where(block_expert < experts, block_expert, -1)
@@ -124,7 +130,7 @@ def _down_kernel(h_ptr, w_ptr, bias_ptr, rows_ptr, block_expert_ptr, weights_ptr
 
 
 def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
-                alpha=0.0, limit=0.0, *, block_m: int, block_n: int, block_k: int, group_m: int, warps: int,
+                alpha=0.0, limit=0.0, ep=1, *, block_m: int, block_n: int, block_k: int, group_m: int, warps: int,
                 stages: int):
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
@@ -138,7 +144,8 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, dow
                          f"down ({experts}, {hidden}, {inter}), unit-stride rows, both biases or none; got gate_up "
                          f"{tuple(gate_up.shape)}, down {tuple(down.shape)}")
     pairs = topk_ids.numel()
-    out = torch.empty((tokens, top_k, hidden), dtype=x.dtype, device=x.device)
+    # under expert parallelism no block writes the slots of other ranks' experts: they stay zero
+    out = (torch.zeros if ep > 1 else torch.empty)((tokens, top_k, hidden), dtype=x.dtype, device=x.device)
     if pairs == 0:
         return out.sum(dim=1)
     rows, block_expert = align_blocks(topk_ids, experts, block_m)

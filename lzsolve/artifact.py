@@ -9,6 +9,7 @@ from pathlib import Path
 from runtime_loader import jit, registry, safeio
 from runtime_loader.hardware import slug
 from runtime_loader.manifest import MANIFEST, build_manifest
+from runtime_loader.inputs import ROUTED_OPS, routing_skew
 from runtime_loader.ops import OPS
 from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
 
@@ -91,7 +92,9 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "run_id": run_id,
         "model": {"id": plan.model.name, "family": plan.model.family, "tp": plan.model.tp,
-                  "dtype": plan.dtype, "config_hash": plan.model.config_hash},
+                  "dtype": plan.dtype, "config_hash": plan.model.config_hash,
+                  **({"routing_skew": routing_skew()} if any(sp.instance.signature.op in ROUTED_OPS
+                                                             for sp in plan.signatures) else {})},
         "hardware": plan.hardware,
         "hw_slug": slug(plan.hardware),
         "capabilities_hash": registry.capabilities_hash(),

@@ -21,6 +21,7 @@ import torch
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, slug
 from runtime_loader.jit import point_caches
+from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.ops import DTYPES, required_features
 
 from . import __version__, tuner
@@ -280,11 +281,16 @@ def cli():
               help="random shapes per dynamic dim of each op signature (inside the buckets and up to 1.5x past "
                    "them: 8 for a tokens op, 16 for attention's batch x seq) at which the "
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
+@click.option("--routing-skew", type=click.FloatRange(min=0), default=ROUTING_SKEW, show_default=True,
+              help="mixture-of-experts layers: how unevenly the experts' inputs are routed (the expert of popularity "
+                   "rank r gets -S * log(r) on its router logits; 0.3: the fullest of 128 experts gets about 2.4x "
+                   "the mean load, as trained routers roughly do; 0: uniform). Recorded with each record; records "
+                   "of another skew are not reused")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
          devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
-         max_regression, min_ms, probe, validate_shapes, as_json):
+         max_regression, min_ms, probe, validate_shapes, routing_skew, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -320,6 +326,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     ensure_writable(out_dir)
     db = PerfDB(out_dir / "perfdb")
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
+    click.get_current_context().with_resource(skewed_routing(routing_skew))  # and this
     if cluster:
         runner, *more = cluster.runners(ray_workers, isolate, plugins, timeout, plan.hardware)
         where = f"Ray cluster, {1 + len(more)} workers"
@@ -629,6 +636,8 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     wanted = parse_shapes(shapes) if shapes else None
     if (folder / JIT_WORK).is_dir():  # the tuning run's compiled kernels: no JIT again where it ran
         point_caches(folder / JIT_WORK)
+    # routings drawn as the tune drew them (before the worker starts: it inherits the setting)
+    click.get_current_context().with_resource(skewed_routing(table["model"].get("routing_skew", ROUTING_SKEW)))
     runner = WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else InProcessRunner(dev, plugins=plugins)
     click.echo(f"evaluating {folder} ({table['timing_mode']} timing) on {dev}", err=True)
     try:

@@ -10,6 +10,7 @@ here, and only when --ray is given.
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import time
 from typing import Callable
@@ -17,6 +18,7 @@ from typing import Callable
 import torch
 
 from runtime_loader.hardware import differing, hardware_signature
+from runtime_loader.inputs import SKEW_ENV, routing_skew
 from runtime_loader.specs import CRASHED, TIMEOUT
 
 from .bench import timer_name
@@ -40,7 +42,8 @@ class Measurer:
     """The actor's body: one device of one node. Ray shows an actor with num_gpus=1 its own GPU
     alone, as cuda:0."""
 
-    def __init__(self, kind: str, isolate: bool, plugins: tuple[str, ...], timeout_s: float):
+    def __init__(self, kind: str, isolate: bool, plugins: tuple[str, ...], timeout_s: float, env: dict[str, str]):
+        os.environ.update(env)  # the driver's settings that inputs read (its worker process inherits them)
         device = self.device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
         self.runner = (WorkerRunner(device, plugins=plugins, timeout_s=timeout_s) if isolate
                        else InProcessRunner(device, plugins=plugins))
@@ -147,7 +150,8 @@ class Cluster:
             raise LzError("--ray: the cluster measures on GPUs but this host has none; run `lzsolve tune` on one of "
                           "its GPU nodes (the plan and the records' hardware are this host's)")
         resource = {"num_gpus": 1} if self.kind == "cuda" else {"num_cpus": 1}
-        start = functools.partial(ray.remote(**resource)(Measurer).remote, self.kind, isolate, plugins, timeout_s)
+        start = functools.partial(ray.remote(**resource)(Measurer).remote, self.kind, isolate, plugins, timeout_s,
+                                  {SKEW_ENV: repr(routing_skew())})
         runners = [RayRunner(ray, start, self.kind, timeout_s) for _ in range(count)]
         try:
             places = ray.get([r.where() for r in runners], timeout=STARTUP_TIMEOUT_S)

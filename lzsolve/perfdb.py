@@ -82,6 +82,9 @@ SCHEMA = pa.schema([
     ("lzsolve_version", pa.string()),
     ("capabilities_hash", pa.string()),
     ("seed", pa.int64()),
+    # moe.experts: the expert popularity skew its inputs were drawn with (tune --routing-skew); null
+    # for other ops, and in older PerfDBs (which drew at runtime_loader.inputs.ROUTING_SKEW)
+    ("routing_skew", pa.float64()),
 ])
 COLUMNS = SCHEMA.names
 

@@ -24,6 +24,7 @@ import torch
 
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
+from runtime_loader.inputs import ROUTED_OPS, ROUTING_SKEW, routing_skew
 from runtime_loader.ops import Signature
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
@@ -205,6 +206,7 @@ class Recorder:
             "dims": dims_key(dims),
             "flops": contract.flops(sig, dims),
             "bytes": contract.bytes_moved(sig, dims),
+            "routing_skew": routing_skew() if sig.op in ROUTED_OPS else None,
             **fields,
         }
 
@@ -216,7 +218,9 @@ def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
         return {}
     rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? AND stage <> 'capability' "
                    "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
-                   "AND run_id NOT LIKE 'eval-%' ORDER BY ts", [recorder.hw_slug, recorder.timer])
+                   "AND run_id NOT LIKE 'eval-%' "
+                   f"AND (op NOT IN ({', '.join('?' for _ in ROUTED_OPS)}) OR coalesce(routing_skew, ?) = ?) "
+                   "ORDER BY ts", [recorder.hw_slug, recorder.timer, *ROUTED_OPS, ROUTING_SKEW, routing_skew()])
     return {_key(r): r for r in rows}
 
 

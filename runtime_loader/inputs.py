@@ -8,8 +8,10 @@ halves of one buffer), so kernels are checked and timed on what they will serve.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -243,12 +245,36 @@ def gated_deltanet(sig, dims, device, gen):
 # router logit, scaled by log(8) / log(experts) so that the spread does not grow with the expert
 # count. At s = 0.3 (4096 tokens) the fullest expert gets 1.6x the mean load of 8 experts (top 2),
 # 2.4x of 128 (top 8) and 3.0x of 512 (top 10): trained routers with a balancing loss, roughly.
+# `lzsolve tune --routing-skew S` measures at another skew (0: uniform): it sets SKEW_ENV, which
+# its worker processes inherit, and records the skew with each moe.experts record.
 ROUTING_SKEW = 0.3
+SKEW_ENV = "LZSOLVE_ROUTING_SKEW"
+ROUTED_OPS = ("moe.experts",)  # the ops whose inputs hold a routing
 
 
-def routing(tokens: int, experts: int, top_k: int, dtype, device, gen, skew: float = ROUTING_SKEW):
+def routing_skew() -> float:
+    """The skew routings are drawn with here: SKEW_ENV's when a tune set it, else ROUTING_SKEW."""
+    return float(os.environ.get(SKEW_ENV, ROUTING_SKEW))
+
+
+@contextlib.contextmanager
+def skewed_routing(skew: float):
+    """Routings drawn with `skew` inside, in this process and in the processes it starts."""
+    before = os.environ.get(SKEW_ENV)
+    os.environ[SKEW_ENV] = repr(float(skew))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SKEW_ENV, None)
+        else:
+            os.environ[SKEW_ENV] = before
+
+
+def routing(tokens: int, experts: int, top_k: int, dtype, device, gen, skew: float | None = None):
     """(topk_ids int64, topk_weights in dtype) as a softmax -> top-k -> renormalise router picks
-    them (Mixtral's), from random logits with a seeded expert popularity."""
+    them (Mixtral's), from random logits with a seeded expert popularity (skew: routing_skew())."""
+    skew = routing_skew() if skew is None else skew
     ranks = torch.randperm(experts, generator=gen, device=device).to(torch.float32) + 1
     spread = math.log(8) / math.log(experts) if experts > 1 else 0.0
     logits = torch.randn((tokens, experts), generator=gen, device=device) - skew * spread * ranks.log()

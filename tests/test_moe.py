@@ -235,3 +235,50 @@ def test_expert_parallel_table_serves_a_rank_and_patch_leaves_transformers_ep(tm
     experts_class = type(model.model.layers[0].mlp.experts).__name__
     assert experts_class not in report.replaced and "expert parallelism" in report.left[experts_class]
     assert report.replaced[type(router_of(model)).__name__] == 2, "the router still is served"
+
+
+def test_routing_skew_is_a_tune_setting_recorded_and_not_mixed(tmp_path):
+    """`tune --routing-skew`: the experts' inputs are drawn with it (in the worker process too), each
+    moe.experts record and the artifact say which, and a tune at another skew measures the experts
+    again while reusing every other record; evaluate draws as the tune did."""
+    from click.testing import CliRunner
+
+    from lzsolve.cli import cli
+    from lzsolve.perfdb import PerfDB
+    from runtime_loader.inputs import ROUTING_SKEW, SKEW_ENV, routing, routing_skew, skewed_routing
+
+    def fullest(skew):  # the fullest expert's share of the slots, over 128 experts
+        ids, _ = routing(4096, 128, 8, torch.float32, "cpu", torch.Generator().manual_seed(0), skew)
+        return torch.bincount(ids.flatten(), minlength=128).max().item() / (4096 * 8 / 128)
+
+    assert fullest(0.0) < 1.3 < 2 < fullest(ROUTING_SKEW), "uniform, then about 2.4x the mean load"
+    with skewed_routing(0.0):
+        assert routing_skew() == 0.0
+    assert routing_skew() == ROUTING_SKEW and SKEW_ENV not in __import__("os").environ
+
+    config = tmp_path / "tiny-qwen3-moe" / "config.json"
+    config.parent.mkdir()
+    config.write_text(tiny("qwen3_moe").config.to_json_string())
+    out = tmp_path / "artifact"
+
+    def tune(*extra):
+        result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--trials", "0", "--dtype",
+                                          "fp32", "--device", "cpu", "--no-probe", "--validate", "0", "--kernels",
+                                          "torch.grouped_mm,eager.moe*", "--out", str(out), "--json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["run_id"]
+
+    skewed, uniform = tune(), tune("--routing-skew", "0")
+    assert SKEW_ENV not in __import__("os").environ, "the setting ends with the command"
+    assert json.loads((out / "dispatch.json").read_text())["model"]["routing_skew"] == 0.0
+    evaluated = CliRunner().invoke(cli, ["evaluate", str(out), "--random", "2", "--op", "moe.experts", "--no-isolate"])
+    assert evaluated.exit_code == 0, evaluated.output
+    rows = PerfDB(out / "perfdb").rows("SELECT run_id, op, routing_skew, count(*) AS n FROM records "
+                                       "WHERE stage <> 'capability' GROUP BY ALL")
+    by_run = {(r["run_id"], r["op"]): (r["routing_skew"], r["n"]) for r in rows}
+    assert by_run[(uniform, "moe.experts")][0] == 0.0 and by_run[(skewed, "moe.experts")][0] == ROUTING_SKEW
+    assert by_run[(skewed, "moe.experts")][1] == by_run[(uniform, "moe.experts")][1], "measured again, all of it"
+    assert not [op for run, op in by_run if run == uniform and op != "moe.experts"], "the rest reused"
+    assert all(skew is None for (run, op), (skew, _) in by_run.items() if op != "moe.experts")
+    (evaluation,) = [skew for (run, op), (skew, _) in by_run.items() if run.startswith("eval-")]
+    assert evaluation == 0.0, "evaluate draws as the artifact's tune did"

@@ -1,26 +1,48 @@
 #!/usr/bin/env bash
 # BENCHMARKS.md §15 (issue 16) on a lent two-GPU machine: one tune on every GPU of the host
 # (`--devices all`) against the same tune on one of them, each cold (its own PerfDB, optuna
-# studies and JIT caches), then whether the two tables agree (benchmarks/tune_agreement.py).
-#   STAGE=two  the two-GPU tune; brings back $OUT/two.tgz (carry it as .devrun/parts/two.tgz)
-#   STAGE=one  the one-GPU tune (cuda:0), then the agreement with the carried two-GPU artifact
-# GRID and TRIALS set the grid and the optuna trials per bucket (both runs the same).
+# studies and JIT caches, in its own folder), then whether the two tables agree
+# (benchmarks/tune_agreement.py). The two tunes run one after the other in one detached chain
+# (setsid: together they outlast a device call's 600 s), each timed from its command to its exit:
+#   STAGE=start   starts the chain (two GPUs first, then cuda:0 alone), waits up to WAIT_S s
+#                 (default 540) and reports what finished;
+#   STAGE=finish  (the next call, on the machine still warm) waits for the rest, then compares.
+# Each call brings back what has finished: $OUT/<name>.json, .err, .time and a tgz of the
+# artifact without JIT caches. TUNE_ARGS: the tune (default: the default llama3-70b TP8 tune).
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
 nvidia-smi -L
-args=(--model llama3-70b --tp 8 --grid "${GRID:-small}" --trials "${TRIALS:-4}" --json)
-tune() {  # name, then the device option
-  local start; start=$(date +%s)
-  timeout -s INT "${LIMIT:-560}" python3 -m lzsolve tune "${args[@]}" "${@:2}" --out "/tmp/$1" > "$OUT/$1.json" 2> "$OUT/$1.err"
-  echo "$1: rc=$? wall=$(( $(date +%s) - start )) s"; grep -E "^search:|^wrote|error" "$OUT/$1.err" | tail -3
-  tar cz -C /tmp "$1/dispatch.json" "$1/report.md" "$1/perfdb" > "$OUT/$1.tgz"; ls -la "$OUT/$1.tgz"
-}
-if [ "${STAGE:-two}" = two ]; then
-  tune two --devices all
-else
-  tune one --device cuda:0
-  tar xzf .devrun/parts/two.tgz -C /tmp && \
-    python3 benchmarks/tune_agreement.py compare /tmp/one /tmp/two --mode graph --json "$OUT/agreement.json"
+start=$(date +%s)
+chain=.devrun/devices
+case "${STAGE:?set STAGE=start|finish}" in
+  start)
+    rm -rf "$chain" /tmp/two /tmp/one; mkdir -p "$chain"
+    setsid nohup bash -c '
+      run() {  # name, then the device option
+        date +%s.%N > '"$chain"'/$1.t0
+        python3 -m lzsolve tune '"${TUNE_ARGS:---model llama3-70b --tp 8}"' "${@:2}" --out /tmp/$1 --json \
+          > '"$chain"'/$1.json 2> '"$chain"'/$1.err
+        echo $? $(date +%s.%N) > '"$chain"'/$1.t1
+      }
+      run two --devices all; run one --device cuda:0' > /dev/null 2>&1 < /dev/null &
+    ;;
+esac
+while [ ! -f "$chain/one.t1" ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 2; done
+for name in two one; do
+  [ -f "$chain/$name.err" ] && cp "$chain/$name.err" "$OUT/"
+  if [ ! -f "$chain/$name.t1" ]; then
+    echo "$name: still tuning after $(( $(date +%s) - start )) s in this call:"; tail -2 "$chain/$name.err" 2> /dev/null
+    continue
+  fi
+  cp "$chain/$name.json" "$OUT/"
+  read -r rc t1 < "$chain/$name.t1"
+  python3 -c "import sys; print(f'{sys.argv[1]}: rc={sys.argv[2]}, {float(sys.argv[4]) - float(sys.argv[3]):.1f} s from the command to its exit')" \
+    "$name" "$rc" "$(cat "$chain/$name.t0")" "$t1" | tee "$OUT/$name.time"
+  grep -E "in [0-9]+ s|built ahead|wrote|error" "$chain/$name.err" | tail -6
+  [ -f "$OUT/$name.tgz" ] || tar cz -C /tmp --exclude=.jit-work --exclude=jit "$name" > "$OUT/$name.tgz"
+done
+if [ -f "$chain/one.t1" ] && [ -f "$chain/two.t1" ]; then
+  python3 benchmarks/tune_agreement.py compare /tmp/one /tmp/two --mode graph --json "$OUT/agreement.json"
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

@@ -180,15 +180,17 @@ class PerfDB:
         return con
 
     def _copy_in(self, con: duckdb.DuckDBPyConnection, table: str, pattern: str, schema: pa.Schema) -> None:
-        """Table `table` from this PerfDB's files matching `pattern` (empty, with `schema`, when there
-        are none: older PerfDBs have no ceilings, and a run may stop before its first records)."""
+        """Table `table` with every column of `schema`, from this PerfDB's files matching `pattern`
+        (none: older PerfDBs have no ceilings, and a run may stop before its first records). A column
+        that files written before it existed lack (phase, device_index, routing_skew) is null there."""
+        con.register(f"_no_{table}", pa.Table.from_pylist([], schema=schema))
         if self.files(pattern):
             glob = str(self.path / pattern).replace("'", "''")
-            con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM _no_{table} "
+                        f"UNION ALL BY NAME SELECT * FROM read_parquet('{glob}', union_by_name = true)")
         else:
-            con.register(f"_no_{table}", pa.Table.from_pylist([], schema=schema))
             con.execute(f"CREATE TABLE {table} AS SELECT * FROM _no_{table}")
-            con.unregister(f"_no_{table}")
+        con.unregister(f"_no_{table}")
 
     def query(self, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
         con = self.connect()

@@ -25,6 +25,29 @@ def test_append_and_query(tmp_path):
     assert columns == ["n"] and rows == [(3,)]
 
 
+def test_files_from_before_a_column_existed_read_as_null(tmp_path):
+    """A PerfDB written before phase, device_index and routing_skew existed (a re-tune reads it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lzsolve.perfdb import COLUMNS, SCHEMA
+
+    folder = tmp_path / "perfdb"
+    folder.mkdir()
+    older = pa.schema([f for f in SCHEMA if f.name not in ("phase", "device_index", "routing_skew")])
+    pq.write_table(pa.Table.from_pylist([rec("a")], schema=older), folder / "part-old-00000.parquet")
+    db = PerfDB(folder)
+    db.append([rec("b", routing_skew=0.0)], "new")
+    rows = db.rows("SELECT * FROM records ORDER BY kernel_id")
+    assert list(rows[0]) == COLUMNS
+    assert [(r["kernel_id"], r["routing_skew"], r["phase"], r["eager_ms"]) for r in rows] == \
+        [("a", None, None, 1.0), ("b", 0.0, None, 1.0)]
+    only_old = PerfDB(tmp_path / "only-old")
+    only_old.path.mkdir()
+    (folder / "part-old-00000.parquet").rename(only_old.path / "part-old-00000.parquet")
+    assert only_old.rows("SELECT routing_skew, device_index FROM records") == [{"routing_skew": None, "device_index": None}]
+
+
 def test_errors_are_one_line(tmp_path):
     db = PerfDB(tmp_path / "none")
     with pytest.raises(LzError, match="no PerfDB records"):

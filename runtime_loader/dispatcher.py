@@ -447,8 +447,8 @@ class Dispatcher:
 
 
 # --- the public methods, one per OpSchema.method --------------------------------------------------
-# The hot path: the op's front, inlined (one tuple for the key, one for the kernel's args), one dict
-# read, one count, the kernel. Generated from the records so that every op is served the same way.
+# The hot path: the op's front, inlined (one tuple for the key; the kernel's arguments passed as they
+# are where the front lists them), one dict read, one count, the kernel. Generated from the records so that every op is served the same way.
 METHOD_OPS: dict[str, OpSchema] = {}  # method -> its first op (attention: attention.prefill)
 
 
@@ -464,13 +464,13 @@ def bind(self):
     get = cache.get
 
     def {name}({params}):
-        key, kernel_args = {front}
-        entry = get(key) or self._resolve(cache, key, call({args}), op, kernel_args)
+        {key_line}
+        entry = get(key) or self._resolve(cache, key, call({args}), op, {kernel_args})
         next(entry.calls)
         try:
-            return entry.impl(*kernel_args)
+            return entry.impl({spread})
         except Exception as error:  # free until raised (Python 3.11); the breaker: Dispatcher._recover
-            return self._recover(error, cache, key, entry, call({args}), op, kernel_args)
+            return self._recover(error, cache, key, entry, call({args}), op, {kernel_args})
 
     {name}.__qualname__, {name}.__doc__, {name}.__annotations__ = qualname, doc, dict(annotations)
     return {name}
@@ -498,11 +498,22 @@ class _Method:
         return method
 
 
-def _inlined(op: OpSchema) -> str | None:
-    """The source of `key, kernel_args` for a front whose body (its docstring aside) is one
-    `return key, kernel_args` that reads its parameters and nothing else, to be compiled into the
-    method: the call of the front (a frame and a tuple of two) cost 40-70 ns of a ~0.5 us replay
-    overhead. None for any other front, which the method calls instead."""
+class Inlined(NamedTuple):
+    """A front compiled into its method: the source of its key and of its kernel arguments (a
+    tuple), and, where those are a tuple literal, its elements, which the method passes to the
+    kernel as they are: building the tuple and calling through *args cost 20-25 ns of a ~0.5 us
+    replay overhead (measured on the CPU VM)."""
+
+    key: str
+    kernel_args: str
+    spread: str | None
+
+
+def _inlined(op: OpSchema) -> Inlined | None:
+    """The front's `key, kernel_args`, to be compiled into the method, for a front whose body (its
+    docstring aside) is one `return key, kernel_args` that reads its parameters and nothing else:
+    the call of the front (a frame and a tuple of two) cost 40-70 ns of a ~0.5 us replay overhead.
+    None for any other front, which the method calls instead."""
     front, names = op.front, [p.name for p in op.parameters]
     if not isinstance(front, types.FunctionType) or hasattr(front, "__wrapped__"):
         return None  # getsource would read the wrapped function, not what the front does
@@ -519,7 +530,10 @@ def _inlined(op: OpSchema) -> str | None:
     reads = [n for n in ast.walk(returned) if isinstance(n, ast.Name)]
     if len(returned.elts) != 2 or any(n.id not in names or not isinstance(n.ctx, ast.Load) for n in reads):
         return None  # a global (or a local of a comprehension) means what it means in the front's module only
-    return ", ".join(f"({ast.unparse(e)})" for e in returned.elts)
+    key, kernel_args = returned.elts
+    literal = isinstance(kernel_args, ast.Tuple) and not any(isinstance(e, ast.Starred) for e in kernel_args.elts)
+    return Inlined(f"({ast.unparse(key)})", f"({ast.unparse(kernel_args)})",
+                   ", ".join(ast.unparse(e) for e in kernel_args.elts) if literal else None)
 
 
 def _method(op: OpSchema) -> _Method:
@@ -532,8 +546,14 @@ def _method(op: OpSchema) -> _Method:
     defaults = {f"_default_{p.name}": p.default for p in parameters if p.default is not p.empty}
     params = ", ".join(p.name if p.default is p.empty else f"{p.name}=_default_{p.name}" for p in parameters)
     args = ", ".join(p.name for p in parameters)
-    front = _inlined(op) or f"front({args})"
-    source = METHOD_TEMPLATE.format(name=op.method, params=params, args=args, front=front)
+    inlined = _inlined(op)
+    if inlined is None:
+        key_line, kernel_args, spread = f"key, kernel_args = front({args})", "kernel_args", "*kernel_args"
+    else:
+        key_line, kernel_args = f"key = {inlined.key}", inlined.kernel_args
+        spread = inlined.spread if inlined.spread is not None else f"*{kernel_args}"
+    source = METHOD_TEMPLATE.format(name=op.method, params=params, args=args, key_line=key_line,
+                                    kernel_args=kernel_args, spread=spread)
     namespace = {"front": op.front, "call": op.call, "op": op, "qualname": f"Dispatcher.{op.method}",
                  "doc": op.front.__doc__, "annotations": op.front.__annotations__, **defaults}
     exec(source, namespace)  # noqa: S102 - our own records' names and fronts, never an artifact's

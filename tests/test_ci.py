@@ -162,7 +162,8 @@ def test_tune_exits_failed_when_a_signature_has_no_admitted_kernel(tmp_path, mon
     monkeypatch.setattr(cli_module.tuner, "tune", parity_fails_for_swiglu)
     config = tiny_llama_config(tmp_path)
     result = invoke("tune", "--config", str(config), "--tp", "2", "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
-                    "--kernels", "eager.*", "--no-isolate", "--out", str(tmp_path / "a"), "--json")
+                    "--kernels", "eager.*", "--no-isolate", "--no-probe", "--validate", "0", "--out", str(tmp_path / "a"),
+                    "--json")
     summary = json.loads(result.stdout)
     assert result.return_value == EXIT_FAILED and summary["status"] == "failed"
     assert summary["blind"] == ["act.swiglu[width=256,fp32]"]

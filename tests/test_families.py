@@ -87,6 +87,9 @@ def test_tune_a_small_member_of_every_family(tmp_path, family):
     if family == "qwen2":
         qkv = [e for e in table["ops"] if e["op"] == "linear" and "bias" in e["flags"]]
         assert len(qkv) == 1, "q/k/v carry a bias, o_proj does not"
+    if family == "qwen3.5":  # no optimised kernel runs the delta rule on CPU: its reference serves it
+        deltanet = next(e for e in table["ops"] if e["op"] == "recurrent.gated_deltanet")
+        assert leaf_ids(deltanet["tree"]) == {"eager.gated_deltanet"}
 
 
 # Model types no catalogue entry or walker describes, each with what capture had to learn for it:
@@ -169,10 +172,7 @@ def test_an_op_no_optimised_kernel_supports_runs_on_its_reference_and_says_so(tm
     # on a GPU FLA's kernels serve it; here they say why they cannot
     assert "fla.chunk_gated_deltanet (NOT_INSTALLED" in deltanet[0] or "PLATFORM_MISMATCH" in deltanet[0], deltanet
     assert any("not tuned" in n and "vision" in n for n in notes), "unmodelled parts are named, not dropped"
-    out, _ = tune_small(tmp_path, "qwen3.5")
-    entry = next(e for e in json.loads((out / "dispatch.json").read_text())["ops"]
-                 if e["op"] == "recurrent.gated_deltanet")
-    assert leaf_ids(entry["tree"]) == {"eager.gated_deltanet"}
+    # (that the tune serves it from the reference: test_tune_a_small_member_of_every_family[qwen3.5])
 
 
 def test_shrunk_configs_keep_their_family():

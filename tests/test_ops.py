@@ -319,7 +319,10 @@ def test_each_method_computes_its_fronts_key_and_arguments_inline(sig, dims):
     bound.apply_defaults()
     inlined = _inlined(op)
     assert inlined is not None, f"{op.name}: its front is called on every call (see _inlined)"
-    assert eval(inlined, {}, dict(bound.arguments)) == op.front(*args)  # noqa: S307 - our own records
+    key, kernel_args = (eval(source, {}, dict(bound.arguments)) for source in inlined[:2])  # noqa: S307 - our own records
+    assert (key, kernel_args) == op.front(*args)
+    if inlined.spread is not None:  # what the kernel is called with
+        assert eval(f"({inlined.spread},)", {}, dict(bound.arguments)) == kernel_args  # noqa: S307
 
 
 def test_realistic_recurrent_inputs(gen):

@@ -76,8 +76,14 @@ def check_fits(what: str, shape: tuple[int, ...], itemsize: int, device: torch.d
 
 
 def _config_int(config, name: str) -> int | None:
-    value = getattr(config, name, None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """config.<name> where it is an int; for a field its layers set apart (Gemma 4's head_dim), the
+    largest of the global and every layer's value."""
+    values = [getattr(config, name, None)]
+    if name in (getattr(config, "per_layer_attributes", None) or ()):
+        layers = config.per_layer_config
+        values += [getattr(layers[i], name, None) for i in range(len(layers))]
+    ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return max(ints) if ints else None
 
 
 def check_config_sizes(config, itemsize: int, where: str) -> None:

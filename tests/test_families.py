@@ -16,7 +16,8 @@ from .tables import assert_replays_references, leaf_ids
 SMALL = {"hidden_size": 64, "n_embd": 64, "intermediate_size": 128, "num_attention_heads": 4, "n_head": 4,
          "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "num_hidden_layers": 2, "n_layer": 2,
          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
-         "linear_value_head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16}
+         "linear_value_head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16,
+         "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": 256}
 FAMILIES = {"gpt2": "gpt2", "llama": "nanbeige4.1-3b", "qwen2": "qwen2-0.5b", "qwen3": "qwen3-0.6b",
             "qwen3.5": "qwen3.5-0.8b", "gemma3": "gemma3-270m"}
 
@@ -29,6 +30,11 @@ def shrink(cfg: dict) -> dict:
         for key in ("num_hidden_layers", "n_layer"):
             if key in small:
                 small[key] = len(small["layer_types"])
+    if isinstance(cfg.get("per_layer_config"), dict):  # layers that differ (Gemma 4): as much, scaled down
+        layers = small.get("num_hidden_layers", cfg.get("num_hidden_layers"))
+        small["per_layer_config"] = {
+            index: {k: small[k] * (v // cfg[k]) if k in SMALL and v % cfg[k] == 0 else v for k, v in fields.items()}
+            for index, fields in cfg["per_layer_config"].items() if int(index) < layers}
     if isinstance(cfg.get("text_config"), dict):
         small["text_config"] = shrink(cfg["text_config"])
     return small
@@ -96,10 +102,12 @@ def test_tune_a_small_member_of_every_family(tmp_path, family):
 # Phi (parallel attention + MLP, partial rotary, LayerNorm, tanh-GELU), Gemma 2 (softcapped
 # attention, alternating sliding windows, (1 + weight) norms, GeGLU), Cohere (parallel block,
 # LayerNorm without bias), StarCoder2 (biases everywhere, sliding window, plain GELU MLP), OLMo 2
-# (QK-norm over the whole projection, norms after the sublayers).
+# (QK-norm over the whole projection, norms after the sublayers), Gemma 4 (a config whose layers
+# differ: its full-attention layers' head_dim, transformers' per-layer attributes).
 NEW_TYPES = {"phi": {"norm.layer", "act.gelu", "posenc.rope"}, "gemma2": {"act.geglu", "norm.rms"},
              "cohere": {"norm.layer", "act.swiglu"}, "starcoder2": {"norm.layer", "act.gelu"},
-             "olmo2": {"norm.qk", "norm.rms_add", "act.swiglu"}}
+             "olmo2": {"norm.qk", "norm.rms_add", "act.swiglu"},
+             "gemma4_text": {"norm.qk", "act.geglu", "attention.prefill"}}
 
 
 @pytest.mark.parametrize("model_type", list(NEW_TYPES))
@@ -126,6 +134,9 @@ def test_tune_and_replay_a_tiny_model_of_a_type_no_walker_knows(tmp_path, model_
         assert any("window=8" in e["signature"] for e in table["ops"]), "sliding layers tuned as such"
     if model_type == "gemma2":
         assert any("softcap=" in e["signature"] for e in table["ops"])
+    if model_type == "gemma4_text":  # its full-attention layers have a head_dim of their own
+        assert {s.split("d=")[1].split(",")[0] for s in (e["signature"] for e in table["ops"])
+                if s.startswith("attention.prefill")} == {"16", "32"}
     if model_type == "cohere":  # its LayerNorm has no bias: a signature of its own, kernels gated for it
         assert {e["signature"] for e in table["ops"] if e["op"] == "norm.layer"} == {"norm.layer[hidden=64,no_bias,fp32]"}
 

@@ -342,6 +342,15 @@ def _config(path: Path, **overrides) -> Path:
     return path
 
 
+def _per_layer_config(path: Path) -> Path:
+    """Gemma 4's default config, one layer's head_dim (a per-layer attribute) huge."""
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("gemma4_text").to_dict()
+    path.write_text(json.dumps({**cfg, "per_layer_config": {"05": {"head_dim": 10 ** 9}}}))
+    return path
+
+
 def _deep_config(path: Path) -> Path:
     path.write_text('{"model_type": "llama", "x": ' + _nested(100_000) + "}")
     return path
@@ -361,6 +370,7 @@ HOSTILE_INPUTS = {
                         "hidden_size"),
     "vocab_size_1e400": (["--config", lambda p: _config(p / "c.json", vocab_size=10 ** 400)], "'vocab_size'"),
     "layers_1e9": (["--config", lambda p: _config(p / "c.json", num_hidden_layers=10 ** 9)], "num_hidden_layers"),
+    "one_layers_head_dim_1e9": (["--config", lambda p: _per_layer_config(p / "c.json")], "head_dim"),
     "config_nested_100000_deep": (["--config", lambda p: _deep_config(p / "c.json")], "not valid JSON"),
     "config_dev_zero": (["--config", lambda p: "/dev/zero"], "character device"),
     "config_fifo": (["--config", lambda p: _fifo_input(p / "c.json")], "FIFO"),

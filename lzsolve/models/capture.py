@@ -97,6 +97,11 @@ def text_config(cfg: dict, where: str):
     except Exception as e:  # noqa: BLE001 - transformers' own validation, in whatever form it takes
         raise LzError(f"{where}: transformers cannot read this config ({type(e).__name__}: {_one_line(e)}); "
                       "fix the config") from None
+    if getattr(text, "per_layer_attributes", None):
+        # layers that differ (Gemma 4's head_dim; transformers 5.2x): a read of the global value is
+        # refused as ambiguous unless allowed. lzsolve reads it only to check sizes (which also take
+        # each layer's, limits.py) and to shard heads; each layer's ops are what the capture observes.
+        text.allow_global_per_layer_attribute_access = True
     if text.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise LzError(f"{where}: model_type {text.model_type!r} is not a causal language model in transformers "
                       f"{tf.__version__}; lzsolve tunes decoders")

@@ -197,13 +197,27 @@ def seeded_tiny(family: str):
     return tiny(family)
 
 
+def tiny_gemma4():
+    """Gemma 4 (transformers 5.2x), whose layers differ: the full-attention layer's head_dim is its
+    own (a per-layer config), and each layer's v_norm is an RMSNorm of q_norm's class built without
+    a weight. None where this transformers has no Gemma 4."""
+    if not hasattr(transformers, "Gemma4ForCausalLM"):
+        return None
+    torch.manual_seed(11)
+    config = transformers.Gemma4TextConfig(**COMMON, head_dim=16, sliding_window=8,
+                                           layer_types=["sliding_attention", "full_attention"],
+                                           hidden_size_per_layer_input=16, vocab_size_per_layer_input=128,
+                                           per_layer_config={"01": {"head_dim": 32}})
+    return transformers.Gemma4ForCausalLM(config).eval()
+
+
 @pytest.fixture(scope="module")
 def families_artifact(tmp_path_factory):
-    """One CPU tune of what the four tiny families call once patched: generate() under record
-    (no table yet), then tune --workload on it (tiny grid, no probes or validation: the tests
-    check serving, not decisions)."""
-    return tune_what_patched_models_call(tmp_path_factory.mktemp("families"), "tiny-families",
-                                         [seeded_tiny(family) for family in FAMILIES])
+    """One CPU tune of what the four tiny families (and a tiny Gemma 4) call once patched:
+    generate() under record (no table yet), then tune --workload on it (tiny grid, no probes or
+    validation: the tests check serving, not decisions)."""
+    models = [seeded_tiny(family) for family in FAMILIES] + [m for m in [tiny_gemma4()] if m is not None]
+    return tune_what_patched_models_call(tmp_path_factory.mktemp("families"), "tiny-families", models)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -237,6 +251,33 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids).logits, reference, rtol=1e-5, atol=1e-5)
     assert not {op for op, kernels in d.stats().items() if any("(fallback)" in k for k in kernels)}
+
+
+def test_a_model_whose_layers_differ_is_served_from_its_table(families_artifact, restore_active, tmp_path):
+    """Gemma 4: both head dims from the table, the weightless v_norm left to its own forward (it
+    was once patched as its class's q_norm and raised), logits and generate() as unpatched."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_gemma4()
+    if model is None:
+        pytest.skip("this transformers has no Gemma 4")
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    reference = logits(model, "sdpa", ids)
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    d = runtime_loader.load(families_artifact, strict=True)
+    report = patch(model, d)
+    # per layer q_norm, k_norm, the four around the blocks and the per-layer input's; two after the layers
+    assert report.replaced["Gemma4RMSNorm"] == 2 * 7 + 2, report
+    assert all("forward" not in vars(layer.self_attn.v_norm) for layer in model.model.layers), "v_norm is left"
+    with torch.no_grad():
+        with runtime_loader.record(tmp_path / "served.json"):
+            torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+    calls = json.loads((tmp_path / "served.json").read_text())["calls"]
+    assert {c["served"] for c in calls} == {"table"}, [c["name"] for c in calls if c["served"] != "table"]
+    assert {c["signature"]["static"]["d"] for c in calls if c["signature"]["op"] == "attention.prefill"} == {16, 32}
+    assert {"attention.prefill", "norm.qk", "norm.rms", "act.geglu", "linear"} <= {c["signature"]["op"] for c in calls}
 
 
 def lzsolve_nodes(graphs) -> int:

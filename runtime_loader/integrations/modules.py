@@ -255,10 +255,12 @@ def _is_linear(module) -> bool:
 
 
 def classify(model) -> dict[str, Kind]:
-    """Module name -> what it computes, for every module an op covers (one probe per class).
-    Experts transformers has divided over ranks are not covered: its expert-parallel forward
-    holds the module's own, and their signature needs the rank count, which they do not keep."""
-    by_class: dict[type, Kind | None] = {}
+    """Module name -> what it computes, for every module an op covers (one probe per class and set
+    of parameters: instances of one class may differ, as Gemma 4's v_norm, an RMSNorm built without
+    its weight, does from its q_norm). Experts transformers has divided over ranks are not covered:
+    its expert-parallel forward holds the module's own, and their signature needs the rank count,
+    which they do not keep."""
+    by_class: dict[tuple, Kind | None] = {}
     kinds = {}
     for name, module in model.named_modules():
         if _is_linear(module):
@@ -270,12 +272,12 @@ def classify(model) -> dict[str, Kind]:
         elif expert_parallel(module):
             continue
         else:
-            cls = type(module)
-            if cls not in by_class:
-                by_class[cls] = (_classify_experts(module) if is_experts(module) else
-                                 _classify_norm(module) or _classify_activation(module) or _classify_router(module))
-            if by_class[cls] is not None:
-                kinds[name] = by_class[cls]
+            form = (type(module), tuple(sorted(n for n, p in module._parameters.items() if p is not None)))
+            if form not in by_class:
+                by_class[form] = (_classify_experts(module) if is_experts(module) else
+                                  _classify_norm(module) or _classify_activation(module) or _classify_router(module))
+            if by_class[form] is not None:
+                kinds[name] = by_class[form]
     return kinds
 
 

@@ -62,9 +62,11 @@ def tune_small(tmp_path, family: str, *extra):
     name = FAMILIES[family]
     config = write_config(tmp_path, f"small-{name}", shrink(CATALOGUE[name]))
     out = tmp_path / "out"
+    # no probes or validation: these tests check what a family tunes and serves, not the decisions
+    # (the default tune's: tests/test_validate.py, conftest's tiny_llama_artifact)
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
-                                      "--device", "cpu", "--no-isolate", "--exclude", "compile.*",
-                                      "--out", str(out), *extra])
+                                      "--device", "cpu", "--no-isolate", "--exclude", "compile.*", "--no-probe",
+                                      "--validate", "0", "--out", str(out), *extra])
     assert result.exit_code == 0, result.output
     return out, result
 

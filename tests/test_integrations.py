@@ -270,6 +270,7 @@ def test_a_model_whose_layers_differ_is_served_from_its_table(families_artifact,
     # per layer q_norm, k_norm, the four around the blocks and the per-layer input's; two after the layers
     assert report.replaced["Gemma4RMSNorm"] == 2 * 7 + 2, report
     assert all("forward" not in vars(layer.self_attn.v_norm) for layer in model.model.layers), "v_norm is left"
+    assert "Gemma4RMSNorm with parameters none" in report.left, report
     with torch.no_grad():
         with runtime_loader.record(tmp_path / "served.json"):
             torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)

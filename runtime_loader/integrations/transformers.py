@@ -525,9 +525,14 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
                 _bind(linear, _sibling_forward, report, siblings=siblings, index=index)
             report.fused["+".join(name.rpartition(".")[2] for name in names)] += 1
             fused.update(names)
+    served_classes = {type(module) for name, module in model.named_modules() if name in kinds}
     for module_name, module in model.named_modules():
         kind: Kind | None = kinds.get(module_name)
         cls = type(module).__name__
+        if kind is None and type(module) in served_classes:  # (Gemma 4's v_norm: an RMSNorm with no weight)
+            own = sorted(n for n, p in module._parameters.items() if p is not None)
+            report.left[f"{cls} with parameters {own or 'none'}"] = "computes nothing an op serves (other " \
+                f"{cls} modules do): its forward is its own"
         if kind is None and expert_parallel(module):
             report.left[cls] = "experts divided over ranks by transformers' expert parallelism (its forward runs " \
                                "them; a server calls moe_experts(..., ep=N) instead)"

@@ -448,7 +448,8 @@ class Dispatcher:
 
 # --- the public methods, one per OpSchema.method --------------------------------------------------
 # The hot path: the op's front, inlined (one tuple for the key; the kernel's arguments passed as they
-# are where the front lists them), one dict read, one count, the kernel. Generated from the records so that every op is served the same way.
+# are where the front lists them), one dict read, one count, the kernel. Generated from the records
+# so that every op is served the same way.
 METHOD_OPS: dict[str, OpSchema] = {}  # method -> its first op (attention: attention.prefill)
 
 

@@ -254,6 +254,11 @@ def _is_linear(module) -> bool:
     return isinstance(module, (torch.nn.Linear, Conv1D))
 
 
+def own_parameters(module) -> tuple[str, ...]:
+    """The names of the parameters a module holds itself (not its children's), sorted."""
+    return tuple(sorted(name for name, p in module._parameters.items() if p is not None))
+
+
 def classify(model) -> dict[str, Kind]:
     """Module name -> what it computes, for every module an op covers (one probe per class and set
     of parameters: instances of one class may differ, as Gemma 4's v_norm, an RMSNorm built without
@@ -272,7 +277,7 @@ def classify(model) -> dict[str, Kind]:
         elif expert_parallel(module):
             continue
         else:
-            form = (type(module), tuple(sorted(n for n, p in module._parameters.items() if p is not None)))
+            form = (type(module), own_parameters(module))
             if form not in by_class:
                 by_class[form] = (_classify_experts(module) if is_experts(module) else
                                   _classify_norm(module) or _classify_activation(module) or _classify_router(module))

@@ -35,7 +35,7 @@ from ..dispatcher import Dispatcher
 from .. import custom_ops
 from ..kernels import eager
 from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, expert_parallel, experts_arguments, is_experts, modelling_modules,
-                      read_together, rope_layout)
+                      own_parameters, read_together, rope_layout)
 
 NAME = "lzsolve"
 
@@ -530,7 +530,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
         kind: Kind | None = kinds.get(module_name)
         cls = type(module).__name__
         if kind is None and type(module) in served_classes:  # (Gemma 4's v_norm: an RMSNorm with no weight)
-            own = sorted(n for n, p in module._parameters.items() if p is not None)
+            own = list(own_parameters(module))
             report.left[f"{cls} with parameters {own or 'none'}"] = "computes nothing an op serves (other " \
                 f"{cls} modules do): its forward is its own"
         if kind is None and expert_parallel(module):

@@ -37,11 +37,11 @@ tolerance = CONTRACTS["moe.experts"].tolerances["bf16"]
 experts, top_k, hidden, inter = 8, 2, 4096, 7168  # Mixtral-8x7B at TP2
 gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16) / hidden ** 0.5
 down = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) / inter ** 0.5
-up_gate = torch.cat([gate_up[:, inter:], gate_up[:, :inter]], dim=1).contiguous()  # FlashInfer's row order
+up_gate = torch.cat([gate_up[:, inter:], gate_up[:, :inter]], dim=1).contiguous()  # FlashInfer's row order (its tests: w31 = [w3 (up); w1 (gate)])
 for tokens in (1, 64, 1024, 4096):
     x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
     weights, ids = torch.randn(tokens, experts, device=device).softmax(-1).topk(top_k, dim=-1)
-    flashinfer = lambda: cutlass_fused_moe(x, ids.int(), weights, up_gate, down, torch.bfloat16, quant_scales=[])[0]
+    flashinfer = lambda: cutlass_fused_moe(x, ids.int(), weights, up_gate, down, torch.bfloat16, quant_scales=None)[0]
     grouped = lambda: builtin.moe_experts(x, ids, weights, gate_up, down)
     ref = reference(x.float(), ids, weights, gate_up.float(), down.float())
     ok, _, message = compare(flashinfer(), ref, tolerance)

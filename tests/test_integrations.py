@@ -220,19 +220,25 @@ def families_artifact(tmp_path_factory):
     return tune_what_patched_models_call(tmp_path_factory.mktemp("families"), "tiny-families", models)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_patched_family_is_served_from_its_table(family, families_artifact, restore_active):
-    """Logits and generate() equal to the unpatched model; every kind of module served by the
-    table's kernels; the same under torch.compile(fullgraph=True)."""
+def patched(model, artifact):
+    """(dispatcher, report, ids, logits, generated): the model's logits and greedy generate() on
+    fixed ids before it is patched, then the model patched with the artifact's table."""
     from runtime_loader.integrations.transformers import patch
 
-    model = seeded_tiny(family)
     ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
     reference = logits(model, "sdpa", ids)
     with torch.no_grad():
         expected = model.generate(ids, max_new_tokens=6, do_sample=False)
-    d = runtime_loader.load(families_artifact, strict=True)
-    report = patch(model, d)
+    d = runtime_loader.load(artifact, strict=True)
+    return d, patch(model, d), ids, reference, expected
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patched_family_is_served_from_its_table(family, families_artifact, restore_active):
+    """Logits and generate() equal to the unpatched model; every kind of module served by the
+    table's kernels; the same under torch.compile(fullgraph=True)."""
+    model = seeded_tiny(family)
+    d, report, ids, reference, expected = patched(model, families_artifact)
     assert report.fused == {"q_proj+k_proj+v_proj": 2, "gate_proj+up_proj": 2}, report
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
@@ -256,17 +262,10 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
 def test_a_model_whose_layers_differ_is_served_from_its_table(families_artifact, restore_active, tmp_path):
     """Gemma 4: both head dims from the table, the weightless v_norm left to its own forward (it
     was once patched as its class's q_norm and raised), logits and generate() as unpatched."""
-    from runtime_loader.integrations.transformers import patch
-
     model = tiny_gemma4()
     if model is None:
         pytest.skip("this transformers has no Gemma 4")
-    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
-    reference = logits(model, "sdpa", ids)
-    with torch.no_grad():
-        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
-    d = runtime_loader.load(families_artifact, strict=True)
-    report = patch(model, d)
+    d, report, ids, reference, expected = patched(model, families_artifact)
     # per layer q_norm, k_norm, the four around the blocks and the per-layer input's; two after the layers
     assert report.replaced["Gemma4RMSNorm"] == 2 * 7 + 2, report
     assert all("forward" not in vars(layer.self_attn.v_norm) for layer in model.model.layers), "v_norm is left"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Issue 17's H100 host figures: what a call's pieces cost in Python there (host_floor.py), replay
+# Issue 17's H100 host figures: what a call's pieces cost in Python there and, in C++, the key
+# (host_floor.py --cpp; HOST_FLOOR_ARGS= for Python alone), replay
 # overhead (benchmarks/replay_overhead.py, twice; REPLAY_RUNS="1" for one) and the
 # load time of the llama3-70b TP8 artifact in fresh processes (carried as .devrun/parts/d-lite.tgz,
 # from benchmarks/device_decisions.sh: no JIT archive, so restore_jit has nothing to restore).
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
-python3 benchmarks/host_floor.py --device cuda --json "$OUT/host_floor.json" | tee "$OUT/host_floor.txt"
+python3 benchmarks/host_floor.py --device cuda ${HOST_FLOOR_ARGS---cpp} --json "$OUT/host_floor.json" | tee "$OUT/host_floor.txt"
 for run in ${REPLAY_RUNS-1 2}; do
   python3 benchmarks/replay_overhead.py --device cuda --json "$OUT/replay-$run.json" | tee "$OUT/replay-$run.txt"
 done
-[ -d .devrun/d ] || tar xzf .devrun/parts/d-lite.tgz
+[ -d .devrun/d ] || tar xzf .devrun/parts/d-lite.tgz 2> /dev/null || { echo "no artifact carried: load time not measured"; exit 0; }
 cat > /tmp/load.py <<'PY'
 import sys, time
 start = time.perf_counter()

@@ -1,11 +1,11 @@
-"""Compiling ahead: the first calls that build a module with nvcc, made by a second worker
-while the first one searches and measures.
+"""Compiling ahead: the first calls that build a module with nvcc, made by a second worker on
+each device while the first ones search and measure.
 
 A FlashInfer kernel's first call builds its module with nvcc: 35 s and 51 s for its two prefill
 modules, 14 s and 7 s for its decode ones on the H100, where a Triton or Inductor compile takes a
 second. In a cold default tune those builds were 107 s of the grid's 268 s (BENCHMARKS §15.1),
-with the GPU idle while nvcc ran on the host. Here a second worker on the same device makes those
-first calls (each a ParityTask: a real parity check, recorded with phase 'compile' and its
+with the GPU idle while nvcc ran on the host. Here a second worker per device makes those first
+calls (each a ParityTask: a real parity check, recorded with phase 'compile' and its
 jit_ms) from the start of the run, so the grid finds the modules built. FlashInfer guards a build
 and its load with one file lock, so a worker that reaches a module still building waits for it
 instead of building it twice.
@@ -17,8 +17,9 @@ graph-mode timing of a GPU run does not read.
 from __future__ import annotations
 
 import math
+import queue
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
@@ -56,54 +57,61 @@ def first_calls(signatures: tuple[SignaturePlan, ...], session: Session) -> list
 
 
 class CompileAhead:
-    """The second worker's thread. Each first call's record goes to the PerfDB when it is made, so
-    a run interrupted before the thread finished keeps the builds' records so far."""
+    """The builders' threads, one per device of the run (each with its own worker on that device),
+    taking the first calls from one queue: on two GPUs two modules build at once, where one
+    builder would leave the second device's grid waiting on the first device's queue of builds.
+    Each first call's record goes to the PerfDB when it is made, so a run interrupted before the
+    builders finished keeps the builds' records so far."""
 
     def __init__(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]], session: Session,
-                 make_runner: Callable[[], Runner]):
+                 make_runners: Sequence[Callable[[], Runner]]):
         self.session, self.records, self.error = session, [], None
         self._stop = threading.Event()
-        seeds = [next(session.seeds) for _ in calls]  # drawn here: the session's counter is the main thread's
-        self._thread = threading.Thread(target=self._run, args=(calls, seeds, make_runner), daemon=True,
-                                        name="lzsolve-compile-ahead")
-        self._thread.start()
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        for call in calls:  # seeds drawn here: the session's counter is the main thread's
+            self._calls.put((call, next(session.seeds)))
+        self._threads = [threading.Thread(target=self._run, args=(make_runner,), daemon=True,
+                                          name=f"lzsolve-compile-ahead-{n}")
+                         for n, make_runner in enumerate(make_runners[:len(calls)])]
+        for thread in self._threads:
+            thread.start()
 
     @classmethod
     def start(cls, signatures: tuple[SignaturePlan, ...], session: Session,
-              make_runner: Callable[[], Runner]) -> CompileAhead | None:
+              make_runners: Sequence[Callable[[], Runner]]) -> CompileAhead | None:
         calls = first_calls(signatures, session)
-        return cls(calls, session, make_runner) if calls else None
+        return cls(calls, session, make_runners) if calls else None
 
-    def _run(self, calls, seeds, make_runner) -> None:
-        recorder, fresh, runner = self.session.recorder, [], None
+    def _run(self, make_runner) -> None:
+        recorder, runner = self.session.recorder, None
         try:
             runner = make_runner()
-            for (sp, spec, dims), seed in zip(calls, seeds):
-                if self._stop.is_set():
+            while not self._stop.is_set():
+                try:
+                    (sp, spec, dims), seed = self._calls.get_nowait()
+                except queue.Empty:
                     break
                 outcome = runner.run(ParityTask(sp.instance.signature, spec.kernel_id, dims, seed))
                 record = recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome)
                 self.session.db.append([record], self.session.run_id)  # each as it comes: a build is minutes
-                fresh.append(record)
+                self.records.append(record)
         except Exception as e:  # a worker that cannot start costs the head start, never the run
-            self.error = f"{type(e).__name__}: {e}"
+            self.error = self.error or f"{type(e).__name__}: {e}"
         finally:
             if runner is not None:
                 runner.close()  # its CUDA context and cached memory go as soon as it is done
-            self.records = fresh
 
     def wait(self) -> list[dict]:
-        """Every call made; its records."""
-        self._thread.join()
+        """Every call made; their records."""
+        for thread in self._threads:
+            thread.join()
         return self.records
 
     def close(self, wait: bool = True) -> list[dict]:
-        """Stop after the call in flight. wait=False (an interrupted run) leaves that call to the
-        worker, a daemon process that ends with this one."""
+        """Stop after the calls in flight. wait=False (an interrupted run) leaves those calls to
+        the workers, daemon processes that end with this one."""
         self._stop.set()
-        if wait:
-            self._thread.join()
-        return self.records
+        return self.wait() if wait else list(self.records)
 
     def summary(self) -> list[dict]:
         """What each first call cost (for the run's summary)."""

@@ -338,9 +338,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
     _say_incremental(session, plan)
     # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare
-    ahead = CompileAhead.start(plan.signatures, session, lambda: WorkerRunner(plan.device, plugins=plugins,
-                                                                              timeout_s=timeout)) \
-        if isolate and not cluster else None
+    builders = [functools.partial(WorkerRunner, dev, plugins=plugins, timeout_s=timeout) for dev in lanes or [plan.device]]
+    ahead = CompileAhead.start(plan.signatures, session, builders) if isolate and not cluster else None
     compiled: list[dict] = []
     phases: dict[str, float] = {}
     started = time.perf_counter()
@@ -394,7 +393,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     summary["compiled_ahead"] = ahead.summary() if ahead else []
     if ahead:
         built = ", ".join(f"{c['kernel_id']} {c['dims']} {c['jit_s']} s" for c in summary["compiled_ahead"] if c["jit_s"] >= 1)
-        say(f"built ahead on a second worker: {built or 'nothing slow'}"
+        say(f"built ahead on a second worker per device: {built or 'nothing slow'}"
             + (f" (it stopped: {ahead.error})" if ahead.error else ""))
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)

@@ -44,7 +44,7 @@ def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
     session = Session(nvcc_plan, db, InProcessRunner(torch.device("cpu")))
     calls = first_calls(nvcc_plan.signatures, session)
     assert {spec.kernel_id for _, spec, _ in calls} == {"built.rms_norm"}, "only the nvcc-built kernel, not its fallback"
-    ahead = CompileAhead.start(nvcc_plan.signatures, session, lambda: InProcessRunner(torch.device("cpu")))
+    ahead = CompileAhead.start(nvcc_plan.signatures, session, [lambda: InProcessRunner(torch.device("cpu"))])
     built = ahead.wait()
     assert len(built) == len(calls) and all(r["status"] == "ok" and r["phase"] == "compile" for r in built)
     first = min(built, key=lambda r: r["ts"])
@@ -56,12 +56,38 @@ def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
     assert (tmp_path / "jit" / "flashinfer" / "builds.log").read_text().count("\n") == 1
 
 
+def test_a_builder_per_device_shares_the_first_calls_and_each_is_made_once(nvcc_plan, tmp_path):
+    """On two devices two builders take the first calls from one queue: both work, no call is made
+    twice, and the module (under its lock) is still built once."""
+    session = Session(nvcc_plan, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
+    calls = first_calls(nvcc_plan.signatures, session)
+    assert len(calls) >= 2
+    made: dict[int, list] = {0: [], 1: []}
+
+    class Builder(InProcessRunner):  # a CPU runner that notes which builder made each call
+        def run(self, task):
+            made[self.lane].append((task.kernel_id, json.dumps(task.dims, sort_keys=True)))
+            return super().run(task)
+
+    def builder(lane):
+        runner = Builder(torch.device("cpu"))
+        runner.lane = lane
+        return runner
+
+    built = CompileAhead.start(nvcc_plan.signatures, session, [lambda: builder(0), lambda: builder(1)]).wait()
+    assert made[0] and made[1], "the second builder took calls while the first one built"
+    assert sorted(made[0] + made[1]) == sorted((spec.kernel_id, json.dumps(dims, sort_keys=True))
+                                               for _, spec, dims in calls), "each call made once"
+    assert len(built) == len(calls) and all(r["status"] == "ok" for r in built)
+    assert (tmp_path / "jit" / "flashinfer" / "builds.log").read_text().count("\n") == 1
+
+
 def test_nothing_is_compiled_ahead_where_an_earlier_run_measured_the_kernel(nvcc_plan, tmp_path):
     db = PerfDB(tmp_path / "perfdb")
     tune(nvcc_plan, Session(nvcc_plan, db, InProcessRunner(torch.device("cpu"))))
     again = Session(nvcc_plan, db, InProcessRunner(torch.device("cpu")))
     assert first_calls(nvcc_plan.signatures, again) == []
-    assert CompileAhead.start(nvcc_plan.signatures, again, lambda: InProcessRunner(torch.device("cpu"))) is None
+    assert CompileAhead.start(nvcc_plan.signatures, again, [lambda: InProcessRunner(torch.device("cpu"))]) is None
 
 
 def test_tune_builds_ahead_on_a_second_worker(tmp_path):

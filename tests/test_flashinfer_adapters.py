@@ -2,7 +2,10 @@
 layout helpers, and their wiring, against a fake `flashinfer` module written from the 0.5.3
 signatures (GPU parity is tests/test_kernels.py's gpu test)."""
 import importlib.util
+import shutil
+import subprocess
 import sys
+import threading
 import types
 from collections import OrderedDict
 
@@ -275,7 +278,13 @@ def fake(monkeypatch):
     module.layernorm = layernorm
     module.silu_and_mul = act_and_mul(eager.swiglu)
     module.gelu_tanh_and_mul = act_and_mul(eager.geglu)
+    jit, jit_core = types.ModuleType("flashinfer.jit"), types.ModuleType("flashinfer.jit.core")
+    jit_core.run_ninja = flashinfer_run_ninja
+    module.jit, jit.core = jit, jit_core
     monkeypatch.setitem(sys.modules, "flashinfer", module)
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", jit)
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.core", jit_core)
+    monkeypatch.setattr(fi, "_prebuilt_checked", False)
     monkeypatch.setattr(fi, "_PLANS", OrderedDict())
     monkeypatch.setattr(fi, "PLAN_MS", {})
     monkeypatch.setattr(fi, "_WORKSPACES", {})
@@ -410,3 +419,63 @@ def test_gated_activations_refuse_misaligned_halves(fake):
     gate_up = torch.randn(3, 24, dtype=torch.bfloat16)  # width 12: the up half starts 24 bytes in
     with pytest.raises(ValueError, match="% 16"):
         fi.swiglu(gate_up[:, :12], gate_up[:, 12:])
+
+
+def fake_module(workdir, name, objects=6):
+    """A module as FlashInfer 0.5.3 lays it out: <jit dir>/<name>/build.ninja, objects with gcc-style
+    dependency files (`deps = gcc`, as FlashInfer's compile rules), one .so. Its "compiler" copies
+    the source after a pause and notes each compile in compiles.log."""
+    folder = workdir / name
+    folder.mkdir(parents=True)
+    lines = ["rule compile",
+             f"  command = sleep 0.2 && echo $out >> {workdir}/compiles.log && echo \"$out: $in\" > $out.d && cp $in $out",
+             "  depfile = $out.d", "  deps = gcc", "rule link", "  command = cat $in > $out"]
+    for n in range(objects):
+        source = folder / f"{n}.cu"
+        source.write_text(f"// {name} {n}\n")
+        lines.append(f"build {name}/{n}.o: compile {source}")
+    lines += [f"build {name}/{name}.so: link " + " ".join(f"{name}/{n}.o" for n in range(objects)),
+              f"default {name}/{name}.so"]
+    (folder / "build.ninja").write_text("\n".join(lines) + "\n")
+    return folder / "build.ninja"
+
+
+def flashinfer_run_ninja(workdir, ninja_file, verbose):
+    """flashinfer.jit.cpp_ext.run_ninja of 0.5.3: every module built from the one JIT folder."""
+    subprocess.run(["ninja", "-C", str(workdir), "-f", str(ninja_file.resolve()), "-j", "2"], check=True,
+                   capture_output=True)
+
+
+def compiles_after_two_builds_at_once(workdir, run_ninja):
+    """Build two modules at once from one JIT folder, then each again: the compiles the second
+    builds made (none, if the first builds' records survived)."""
+    files = [fake_module(workdir, name) for name in ("norm", "silu_and_mul")]
+    builds = [threading.Thread(target=run_ninja, args=(workdir, f, False)) for f in files]
+    for build in builds:
+        build.start()
+    for build in builds:
+        build.join()
+    log = workdir / "compiles.log"
+    first = log.read_text().count("\n")
+    assert first == 12 and all((f.parent / f"{f.parent.name}.so").is_file() for f in files)
+    for f in files:
+        run_ninja(workdir, f, False)
+    return log.read_text().count("\n") - first
+
+
+@pytest.mark.skipif(shutil.which("ninja") is None, reason="needs ninja")
+def test_two_modules_built_at_once_are_not_built_again(tmp_path):
+    """BENCHMARKS §15.3: two processes building two FlashInfer modules at once share one ninja log,
+    and ninja then built them again. With each module's logs in its folder, nothing is rebuilt."""
+    assert compiles_after_two_builds_at_once(tmp_path / "shared", flashinfer_run_ninja) > 0, \
+        "the race this guards against (if ninja stops losing records, the wrapper is moot)"
+    own = tmp_path / "own"
+    assert compiles_after_two_builds_at_once(own, fi.own_build_logs(flashinfer_run_ninja)) == 0
+    assert not (own / ".ninja_log").exists() and (own / "norm" / ".ninja_log").is_file()
+
+
+def test_flashinfer_builds_with_a_log_per_module(fake):
+    from flashinfer.jit import core
+    fi._flashinfer()
+    assert core.run_ninja is not flashinfer_run_ninja and core.run_ninja.own_build_logs
+    assert fi.own_build_logs(core.run_ninja) is core.run_ninja, "wrapped once"

@@ -29,6 +29,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
@@ -54,7 +55,45 @@ def _flashinfer():
         if os.environ.get(PREBUILT_ENV):
             from flashinfer.jit import env as jit_env
             jit_env.FLASHINFER_AOT_DIR = jit_env.FLASHINFER_JIT_DIR
+        try:
+            from flashinfer.jit import core as jit_core
+        except ImportError:  # a FlashInfer without this JIT layer builds some other way
+            jit_core = None
+        if callable(getattr(jit_core, "run_ninja", None)):
+            jit_core.run_ninja = own_build_logs(jit_core.run_ninja)
     return flashinfer
+
+
+def ninja_escape(path: Path) -> str:
+    return str(path).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+
+
+def own_build_logs(run_ninja: Callable) -> Callable:
+    """FlashInfer's ninja runner, with each module's build logs in the module's own folder.
+
+    FlashInfer builds every module with `ninja -C <its JIT folder>`, so all modules share one
+    .ninja_log and .ninja_deps there. Two processes building two modules at once (a tune's
+    workers on two GPUs) interleave their writes to those logs; ninja then finds no record of
+    the other module's objects and builds them again, and the next build again. On two H200s
+    (BENCHMARKS §15.3) modules were rebuilt two and three times, and the grid spent 437 s in
+    first calls where the one-GPU run spent 59 s. A build file that sets `builddir` to the
+    module's folder and includes FlashInfer's keeps each module's logs apart; builds of one
+    module are already serialised by FlashInfer's lock per module."""
+    if getattr(run_ninja, "own_build_logs", False):
+        return run_ninja
+
+    def run(workdir, ninja_file, *args, **kwargs):
+        ninja_file = Path(ninja_file)
+        own = ninja_file.with_name(f"lzsolve-{ninja_file.name}")
+        text = f"builddir = {ninja_escape(ninja_file.parent.resolve())}\ninclude {ninja_escape(ninja_file.resolve())}\n"
+        if not own.is_file() or own.read_text() != text:
+            scratch = own.with_name(f"{own.name}.{os.getpid()}")
+            scratch.write_text(text)
+            os.replace(scratch, own)
+        return run_ninja(workdir, own, *args, **kwargs)
+
+    run.own_build_logs = True
+    return run
 
 
 # Tokens per KV page, as vLLM pages its cache; a kv_len it does not divide gets gcd(kv_len, PAGE_SIZE).

@@ -57,11 +57,12 @@ def first_calls(signatures: tuple[SignaturePlan, ...], session: Session) -> list
 
 
 class CompileAhead:
-    """The builders' threads, one per device of the run (each with its own worker on that device),
-    taking the first calls from one queue: on two GPUs two modules build at once, where one
-    builder would leave the second device's grid waiting on the first device's queue of builds.
-    Each first call's record goes to the PerfDB when it is made, so a run interrupted before the
-    builders finished keeps the builds' records so far."""
+    """The builders' threads, one per device of the run (the n-th with its own worker on the
+    device of the session's n-th lane, whose recorder names that device), taking the first calls
+    from one queue: on two GPUs two modules build at once, where one builder would leave the
+    second device's grid waiting on the first device's queue of builds. Each first call's record
+    goes to the PerfDB when it is made, so a run interrupted before the builders finished keeps
+    the builds' records so far."""
 
     def __init__(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]], session: Session,
                  make_runners: Sequence[Callable[[], Runner]]):
@@ -70,9 +71,9 @@ class CompileAhead:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         for call in calls:  # seeds drawn here: the session's counter is the main thread's
             self._calls.put((call, next(session.seeds)))
-        self._threads = [threading.Thread(target=self._run, args=(make_runner,), daemon=True,
+        self._threads = [threading.Thread(target=self._run, args=(make_runner, lane.recorder), daemon=True,
                                           name=f"lzsolve-compile-ahead-{n}")
-                         for n, make_runner in enumerate(make_runners[:len(calls)])]
+                         for n, (make_runner, lane) in enumerate(zip(make_runners[:len(calls)], session.lanes))]
         for thread in self._threads:
             thread.start()
 
@@ -82,8 +83,8 @@ class CompileAhead:
         calls = first_calls(signatures, session)
         return cls(calls, session, make_runners) if calls else None
 
-    def _run(self, make_runner) -> None:
-        recorder, runner = self.session.recorder, None
+    def _run(self, make_runner, recorder) -> None:
+        runner = None
         try:
             runner = make_runner()
             while not self._stop.is_set():

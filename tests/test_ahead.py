@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from lzsolve.ahead import CompileAhead, branch_points, first_calls
 from lzsolve.cli import cli
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB
+from lzsolve.perfdb import PerfDB, dims_key
 from lzsolve.tuner import Session, make_plan, tune
 from lzsolve.worker import InProcessRunner
 from runtime_loader import jit
@@ -59,14 +59,15 @@ def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
 def test_a_builder_per_device_shares_the_first_calls_and_each_is_made_once(nvcc_plan, tmp_path):
     """On two devices two builders take the first calls from one queue: both work, no call is made
     twice, and the module (under its lock) is still built once."""
-    session = Session(nvcc_plan, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
+    session = Session(nvcc_plan, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")),
+                      more=(InProcessRunner(torch.device("cpu")),))  # two lanes: CPU devices 0 and 1
     calls = first_calls(nvcc_plan.signatures, session)
     assert len(calls) >= 2
     made: dict[int, list] = {0: [], 1: []}
 
     class Builder(InProcessRunner):  # a CPU runner that notes which builder made each call
         def run(self, task):
-            made[self.lane].append((task.kernel_id, json.dumps(task.dims, sort_keys=True)))
+            made[self.lane].append(task)
             return super().run(task)
 
     def builder(lane):
@@ -76,10 +77,13 @@ def test_a_builder_per_device_shares_the_first_calls_and_each_is_made_once(nvcc_
 
     built = CompileAhead.start(nvcc_plan.signatures, session, [lambda: builder(0), lambda: builder(1)]).wait()
     assert made[0] and made[1], "the second builder took calls while the first one built"
-    assert sorted(made[0] + made[1]) == sorted((spec.kernel_id, json.dumps(dims, sort_keys=True))
-                                               for _, spec, dims in calls), "each call made once"
+    assert sorted((t.kernel_id, dims_key(t.dims)) for t in made[0] + made[1]) == \
+        sorted((spec.kernel_id, dims_key(dims)) for _, spec, dims in calls), "each call made once"
     assert len(built) == len(calls) and all(r["status"] == "ok" for r in built)
     assert (tmp_path / "jit" / "flashinfer" / "builds.log").read_text().count("\n") == 1
+    by_lane = {lane: sorted(r["dims"] for r in built if r["device_index"] == lane) for lane in made}
+    assert by_lane == {lane: sorted(dims_key(task.dims) for task in made[lane]) for lane in made}, \
+        "each record names its builder's device"
 
 
 def test_nothing_is_compiled_ahead_where_an_earlier_run_measured_the_kernel(nvcc_plan, tmp_path):

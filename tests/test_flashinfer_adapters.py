@@ -284,7 +284,7 @@ def fake(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setitem(sys.modules, "flashinfer.jit", jit)
     monkeypatch.setitem(sys.modules, "flashinfer.jit.core", jit_core)
-    monkeypatch.setattr(fi, "_prebuilt_checked", False)
+    monkeypatch.setattr(fi, "_jit_adapted", False)
     monkeypatch.setattr(fi, "_PLANS", OrderedDict())
     monkeypatch.setattr(fi, "PLAN_MS", {})
     monkeypatch.setattr(fi, "_WORKSPACES", {})

@@ -39,19 +39,20 @@ from ..specs import KernelSpec
 
 # Set by runtime_loader.jit.restore when the artifact brought FlashInfer's compiled ops.
 PREBUILT_ENV = "LZSOLVE_FLASHINFER_PREBUILT"
-_prebuilt_checked = False
+_jit_adapted = False  # FlashInfer's JIT layer adapted (below), once per process
 
 
 def _flashinfer():
     """The flashinfer module. After a restore, the restored cached_ops folder is made FlashInfer's
     AOT folder: FlashInfer runs ninja before loading any JIT op, and ninja wants the generated
     sources at the absolute paths of the machine that compiled them, which an artifact does not
-    carry; an op found in the AOT folder loads without ninja (and without nvcc)."""
-    global _prebuilt_checked
+    carry; an op found in the AOT folder loads without ninja (and without nvcc). Its ninja runs
+    keep each module's logs apart (own_build_logs)."""
+    global _jit_adapted
     import flashinfer
 
-    if not _prebuilt_checked:
-        _prebuilt_checked = True
+    if not _jit_adapted:
+        _jit_adapted = True
         if os.environ.get(PREBUILT_ENV):
             from flashinfer.jit import env as jit_env
             jit_env.FLASHINFER_AOT_DIR = jit_env.FLASHINFER_JIT_DIR

@@ -53,7 +53,7 @@ def test_compile_fullgraph_has_no_graph_breaks(d, backend):
 
 
 def test_many_threads_dispatch_at_once(d):
-    """Threads resolving new keys and replaying cached ones concurrently all get correct results."""
+    """16 threads resolving new keys and replaying cached ones concurrently all get correct results."""
     errors = []
     w = torch.randn(64)
 
@@ -68,7 +68,7 @@ def test_many_threads_dispatch_at_once(d):
         except Exception as e:  # surfaced below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(16)]
     for t in threads:
         t.start()
     for t in threads:

@@ -321,7 +321,7 @@ class Session:
         self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
         self.seeds = fresh_seeds()
-        self.seen = set(db.files())  # PerfDB files this run has read: newer ones not its own are another tuner's
+        self.seen = db.names()  # PerfDB files this run has read: newer ones not its own are another tuner's
 
     @property
     def run_id(self) -> str:
@@ -335,7 +335,7 @@ class Session:
         signature is waited for (PerfDB.measuring), and what it measured is reused."""
         with self.db.measuring(str(sp.instance.signature)):
             ours = f"part-{self.run_id}-"
-            others = {f for f in self.db.files() if not f.name.startswith(ours)} - self.seen
+            others = {name for name in self.db.names() if not name.startswith(ours)} - self.seen
             if self.reuse and others:
                 self.reusable.update(_reusable(self.db, self.recorder))
             self.seen |= others

@@ -1,10 +1,13 @@
 """PerfDB: append whole files, query through DuckDB views."""
 import datetime as dt
+import subprocess
+import sys
+import threading
 
 import pytest
 
 from lzsolve.errors import LzError
-from lzsolve.perfdb import PerfDB
+from lzsolve.perfdb import LOCK_FILE, PerfDB
 
 
 def rec(kernel, status="ok", ms=1.0, **kw):
@@ -104,3 +107,49 @@ def test_db_query_refuses_file_access_with_exit_2(tmp_path):
     run = subprocess.run([sys.executable, "-m", "lzsolve", "db", "query", "--db", str(tmp_path / "perfdb"),
                           "SELECT * FROM read_csv('/etc/passwd')"], capture_output=True, text=True)
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "read-only" in run.stderr
+
+
+LOCKED_BY_OTHERS = """
+import fcntl, hashlib, sys
+offset = int.from_bytes(hashlib.sha256(sys.argv[2].encode()).digest()[:4], "big") >> 1
+with open(sys.argv[1], "a+b") as f:
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+    except OSError:
+        print("held")
+    else:
+        print("free")
+"""
+
+
+def held_elsewhere(db: PerfDB, what: str) -> bool:
+    """Whether another process (a second tuner) would find `what` locked."""
+    out = subprocess.run([sys.executable, "-c", LOCKED_BY_OTHERS, str(db.path / LOCK_FILE), what],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return out == "held"
+
+
+def test_a_lane_leaving_does_not_release_another_lanes_lock(tmp_path):
+    """The lanes of a --devices run are threads of one process, and fcntl's locks belong to the
+    process: one lane done with a signature (or closing its copy of the lock file) must leave the
+    other lanes' signatures locked against a second tuner until they are done too."""
+    db = PerfDB(tmp_path / "perfdb")
+    entered, leave = threading.Event(), threading.Event()
+
+    def lane() -> None:
+        with db.measuring("sig-a"):
+            entered.set()
+            leave.wait(30)
+
+    other = threading.Thread(target=lane)
+    other.start()
+    assert entered.wait(30)
+    with db.measuring("sig-b"):
+        pass
+    with db.measuring("sig-a"):  # a second lane on the same signature, done first
+        pass
+    assert held_elsewhere(db, "sig-a"), "the first lane's lock was dropped by the others"
+    assert not held_elsewhere(db, "sig-b")
+    leave.set()
+    other.join()
+    assert not held_elsewhere(db, "sig-a")

@@ -70,20 +70,49 @@ def device_index(device: torch.device, position: int) -> int:
     return device.index if device.index is not None else position
 
 
-def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[Lane, Unit], list]) -> list:
+def groups_apart(units: Sequence[Unit], size: Callable[[Unit], float], group: Callable[[Unit], str]) -> list[Unit]:
+    """The order in which several devices take units: the largest first, except that every group's
+    largest comes before any group's second. The units of one group share kernels, and a kernel's
+    first call in each worker compiles it (FlashInfer's prefill module: 71 s on the H100; Triton's
+    linear configurations: 25 s of a 13 s search): devices that all start on one group compile the
+    same kernels at once, each for itself; started on different groups, they compile different
+    ones, and a group's later units find them in the disk caches (BENCHMARKS §15, §15.4)."""
+    first, rest, seen = [], [], set()
+    for unit in sorted(units, key=size, reverse=True):
+        (rest if group(unit) in seen else first).append(unit)
+        seen.add(group(unit))
+    return first + rest
+
+
+def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[Lane, Unit], list],
+                group: Callable[[Unit], str] | None = None, warm: Sequence[set] | None = None) -> list:
     """Every unit through `work`, each lane (one device) taking the next unit as soon as it is free,
-    in the order given (largest first, say). The first lane runs in this thread, so Ctrl-C lands
-    here; on any error the other lanes finish their in-flight unit, take no more, and the error
-    is raised. Returns every result, in the order they were done."""
+    in the order given (groups_apart's, say). With `group`, a lane takes the next unit of a group it
+    has already worked on while there is one, and the next of any group after that: its worker has
+    made those kernels' first calls (a compile, a module load, per process), which another lane
+    would make again. `warm` (a set per lane, kept by the caller) carries those groups from one
+    call to the next, as a tune's phases go from the grid to probes. The first lane runs in this thread, so Ctrl-C lands here; on any error the
+    other lanes finish their in-flight unit, take no more, and the error is raised. Returns every
+    result, in the order they were done."""
     queue, results, errors = collections.deque(units), [], []
     lock, stop = threading.Lock(), threading.Event()
 
-    def drain(lane) -> None:
+    def take(warm: set) -> Unit:
+        if group is not None and warm:
+            for n, unit in enumerate(queue):
+                if group(unit) in warm:
+                    del queue[n]
+                    return unit
+        return queue.popleft()
+
+    def drain(lane, warm: set) -> None:
         while not stop.is_set():
             with lock:
                 if not queue:
                     return
-                unit = queue.popleft()
+                unit = take(warm)
+            if group is not None:
+                warm.add(group(unit))
             try:
                 done = work(lane, unit)
             except BaseException as e:  # handed to the caller's thread
@@ -93,11 +122,12 @@ def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[La
             with lock:
                 results.extend(done)
 
-    helpers = [threading.Thread(target=drain, args=(lane,), daemon=True, name=f"lzsolve-lane-{n}")
+    warm = warm if warm is not None else [set() for _ in lanes]
+    helpers = [threading.Thread(target=drain, args=(lane, warm[n]), daemon=True, name=f"lzsolve-lane-{n}")
                for n, lane in enumerate(lanes[1:], 1)]
     for thread in helpers:
         thread.start()
-    drain(lanes[0])
+    drain(lanes[0], warm[0])
     for thread in helpers:
         thread.join()
     if errors:

@@ -13,8 +13,9 @@ every bucket, timed interleaved with the rest: the solver sees each searched
 configuration across the whole grid, next to its family's default.
 
 On several devices (`tune --devices`, `--ray`) each (signature, family) search, all of its
-buckets, goes whole to the next free device, the largest first: its buckets seed each
-other in order, and a study's trials are compared on one GPU.
+buckets, goes whole to the next free device, the largest first but each family's largest before
+any family's second (devices.groups_apart): its buckets seed each other in order, and a study's
+trials are compared on one GPU.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import yaml
 from runtime_loader import registry
 from runtime_loader.specs import config_id
 
-from .devices import run_sharded
+from .devices import groups_apart, run_sharded
 from .errors import LzError
 from .measure import ParityTask, TimingTask
 from .perfdb import dims_key
@@ -336,17 +337,14 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner]
     """Run (or continue) every study of the plan; returns the plan with each signature's searched
     winners added as candidates, and what the search spent. `trials` overrides the spaces' own
     budgets; `budget` says when a study stops before them. With several runners (one per device),
-    each (signature, family) search goes whole to the next free one, the largest first."""
+    each (signature, family) search goes whole to the next free one (devices.groups_apart's order)."""
     import optuna
 
     optuna.logging.set_verbosity(logging.WARNING)
     # one storage for every thread: optuna's RDBStorage is shared by its own n_jobs threads
     db = optuna.storages.RDBStorage(f"sqlite:///{storage}")
     seeds = fresh_seeds()  # itertools.count: next() is atomic under the GIL
-    units = [(n, space, trials if trials is not None else space.trials)
-             for n, sp in enumerate(plan.signatures) for cand in sp.candidates
-             if cand.admitted and (space := spaces.get(cand.spec.kernel_id)) is not None]
-    units.sort(key=lambda u: len(plan.signatures[u[0]].workloads) * u[2], reverse=True)  # trials bound its cost
+    units = search_units(plan, spaces, trials)
 
     def run(runner: Runner, unit) -> list[tuple[int, SearchStats, list[Candidate]]]:
         n, space, budgeted = unit
@@ -356,7 +354,7 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner]
                    for best in searched.run(budgeted) if best != searched.default]
         return [(n, stats, winners)]
 
-    done = run_sharded(units, runners, run)
+    done = run_sharded(units, runners, run, group=lambda unit: unit[1].kernel)
     stats, winners = SearchStats(), [dict() for _ in plan.signatures]
     for n, unit_stats, found in done:
         stats.add(unit_stats)
@@ -367,6 +365,16 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner]
         signatures.append(dataclasses.replace(sp, candidates=sp.candidates + tuple(
             c for k, c in sorted(found.items()) if k not in known)))
     return dataclasses.replace(plan, signatures=tuple(signatures)), stats
+
+
+def search_units(plan: Plan, spaces: dict[str, SearchSpace], trials: int | None) -> list[tuple[int, SearchSpace, int]]:
+    """Every (signature index, space, trial budget) to search, in the order devices take them: the
+    largest (buckets x trials) first, but each family's largest before any family's second, since
+    the searches of one family (five linears) compile the same configurations."""
+    units = [(n, space, trials if trials is not None else space.trials)
+             for n, sp in enumerate(plan.signatures) for cand in sp.candidates
+             if cand.admitted and (space := spaces.get(cand.spec.kernel_id)) is not None]
+    return groups_apart(units, lambda u: len(plan.signatures[u[0]].workloads) * u[2], lambda u: u[1].kernel)
 
 
 def best_config(study) -> dict[str, int] | None:

@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
@@ -30,7 +30,7 @@ from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 from . import __version__
 from .bench import MODES
-from .devices import device_index, run_sharded
+from .devices import device_index, groups_apart, run_sharded
 from .errors import LzError
 from .gates import capability_gate
 from .grid import Grid, as_grid, probe_points, workloads
@@ -299,9 +299,11 @@ Work = list[tuple[dict, tuple[Candidate, ...]]]  # (dims, candidates) of one sig
 
 @dataclass(frozen=True)
 class Lane:
-    """One device of the run: its runner, and the recorder that tags its records with it."""
+    """One device of the run: its runner, the recorder that tags its records with it, and the
+    signatures its worker has measured (their kernels' first calls made: run_sharded's `warm`)."""
     runner: Runner
     recorder: Recorder
+    warm: set = field(default_factory=set, compare=False)
 
 
 class Session:
@@ -378,11 +380,13 @@ class Session:
     def measure_all(self, jobs: list[tuple[SignaturePlan, Work]], phase: str, modes: tuple[str, ...] = MODES,
                     on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
         """`measure` over many signatures: one after the other on one device; on several, each
-        workload (one bucket's candidates, never split) goes to the next free device, largest first."""
+        workload (one bucket's candidates, never split) goes to the next free device, largest first,
+        a device staying on the signatures it has started while they have workloads left."""
         if len(self.lanes) == 1:
             return [r for sp, work in jobs for r in self.measure(sp, work, phase, modes, on_step)]
         units = first_calls_apart([(sp, [item]) for sp, work in jobs for item in work])
-        return run_sharded(units, self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane))
+        return run_sharded(units, self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane),
+                           group=signature_of, warm=[lane.warm for lane in self.lanes])
 
     def changes(self, plan: Plan) -> tuple[list[str], list[str]]:
         """Against the PerfDB's reusable records: the admitted candidates whose version differs from
@@ -409,17 +413,13 @@ def workload_size(unit: tuple[SignaturePlan, Work]) -> float:
 
 
 def first_calls_apart(units: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:
-    """The order in which several devices take workloads: the largest first, except that every
-    signature's largest comes before any signature's second. A kernel's first call compiles it
-    (FlashInfer's prefill module: 71 s on the H100) and the workloads of one signature share their
-    kernels, so devices that all start on the largest signature wait on one compile in turn; started
-    on different signatures, they compile different kernels at once (BENCHMARKS §15)."""
-    first, rest, seen = [], [], set()
-    for unit in sorted(units, key=workload_size, reverse=True):
-        signature = str(unit[0].instance.signature)
-        (rest if signature in seen else first).append(unit)
-        seen.add(signature)
-    return first + rest
+    """The order in which several devices take workloads: largest first, every signature's largest
+    before any signature's second (the workloads of one signature share their kernels)."""
+    return groups_apart(units, workload_size, signature_of)
+
+
+def signature_of(unit: tuple[SignaturePlan, Work]) -> str:
+    return str(unit[0].instance.signature)
 
 
 def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda label: None) -> list[dict]:

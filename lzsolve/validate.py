@@ -148,7 +148,8 @@ def validate(session: Session, planned: list[Planned], records: list[dict], mode
     figures before refinement (the tree as solved without these shapes), after (solved with
     them), and whether the tree changed. `on_more` hears of each second round's measurements
     before they start (a progress bar's total). On several devices each signature goes whole
-    to the next free one (its second round depends on its first), the largest first."""
+    to the next free one (its second round depends on its first), the largest first, a device
+    taking the signatures it measured before while there are any (tuner.Lane.warm)."""
     recs = by_signature(records)
 
     def one(lane: Lane, p: Planned) -> list[tuple[str, list[dict], dict]]:
@@ -165,7 +166,9 @@ def validate(session: Session, planned: list[Planned], records: list[dict], mode
                                  "refined": _structure(after) != _structure(p.tree)})]
 
     units = sorted(planned, key=lambda p: sum(len(c) for _, c in p.work), reverse=True)
-    done = {sig: (measured, summary) for sig, measured, summary in run_sharded(units, session.lanes, one)}
+    sharded = run_sharded(units, session.lanes, one, group=lambda p: str(p.signature.instance.signature),
+                          warm=[lane.warm for lane in session.lanes])
+    done = {sig: (measured, summary) for sig, measured, summary in sharded}
     order = [str(p.signature.instance.signature) for p in planned]  # records and summaries in the plan's order
     return [r for sig in order for r in done[sig][0]], {sig: done[sig][1] for sig in order}
 

@@ -58,6 +58,33 @@ def test_every_unit_runs_once_largest_first_on_the_next_free_lane():
     assert {lane for lane, _ in taken} == {"a", "b"}, "both lanes worked"
 
 
+def test_a_lane_stays_on_the_groups_it_started_then_takes_any():
+    """With `group`, a lane takes the next unit of a group it has worked on (its worker made those
+    kernels' first calls), and any other once its groups are done; `warm` carries that over calls."""
+    taken = {"a": [], "b": []}
+
+    def work(lane, unit):
+        taken[lane].append(unit)
+        time.sleep(0.05 if unit[0] == "short" else 0.1)
+        return [unit]
+
+    units = [("long", 0), ("short", 0), ("long", 1), ("long", 2), ("long", 3), ("short", 1)]
+    warm = [set(), set()]
+    done = devices.run_sharded(units, ["a", "b"], work, group=lambda unit: unit[0], warm=warm)
+    assert sorted(done) == sorted(units)
+    by_group = {lane: [g for g, _ in got] for lane, got in taken.items()}
+    # the lane that started on "short" finishes it, then helps with "long"; the other never leaves "long"
+    short_lane = next(lane for lane, groups in by_group.items() if groups[0] == "short")
+    long_lane = "b" if short_lane == "a" else "a"
+    assert by_group[short_lane][:2] == ["short", "short"], "its own group first, though longer units were queued"
+    assert set(by_group[long_lane]) == {"long"}
+    assert warm[["a", "b"].index(long_lane)] == {"long"} and warm[["a", "b"].index(short_lane)] == {"short", "long"}
+    taken = {"a": [], "b": []}
+    devices.run_sharded([("other", 0), ("short", 2)], ["a", "b"], work, group=lambda unit: unit[0],
+                        warm=[{"short"}, set()])
+    assert taken["a"][0] == ("short", 2), "a warm group from an earlier call is taken first"
+
+
 def test_an_error_in_one_lane_stops_the_others_after_their_unit():
     started, finished = [], []
     gate = threading.Event()

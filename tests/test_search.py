@@ -259,3 +259,21 @@ def test_studies_are_shared_out_over_the_devices_with_the_same_winners(tmp_path)
     two = run("two", lanes)
     assert len(two[0]) == 2 and two == one
     assert all(lane.trials == 4 * len(TOKENS) for lane in lanes), "one signature's studies on each device"
+
+
+def test_devices_start_on_different_families_then_take_the_largest_searches():
+    """On several devices the searches start on different families (one family's searches compile
+    the same configurations), then go largest first."""
+    from types import SimpleNamespace
+
+    from lzsolve.search import search_units
+    plan = make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
+    spaces = {"torch.linear": SimpleNamespace(kernel="torch.linear", trials=8),
+              "torch.rms_norm": SimpleNamespace(kernel="torch.rms_norm", trials=2)}
+    units = search_units(plan, spaces, None)
+    families = [space.kernel for _, space, _ in units]
+    assert families.count("torch.linear") >= 3 and "torch.rms_norm" in families
+    assert families[:2] == ["torch.linear", "torch.rms_norm"], "the second device starts on the other family"
+    cost = [len(plan.signatures[n].workloads) * budget for n, _, budget in units]
+    assert cost[2:] == sorted(cost[2:], reverse=True) and cost[0] == max(cost)
+    assert search_units(plan, spaces, 3)[0][2] == 3, "--trials overrides the spaces' budgets"

@@ -136,6 +136,28 @@ def check(kernel_id: str, sig: Signature, dims: dict, variant=None) -> list[str]
     return [] if ok else [f"{kernel_id} on {sig}{label}: {message}"]
 
 
+def moe_rows_are_aligned(device: torch.device = CPU) -> list[str]:
+    """The fused MoE's sort (align_blocks): every pair of this rank's experts in exactly one row,
+    in a block of its expert; blocks in expert order, unused ones -1; other ranks' pairs nowhere.
+    `device`: cuda for real atomics (benchmarks/device_moe.sh, with TRITON_INTERPRET unset)."""
+    from runtime_loader.kernels.triton_ops.moe import align_blocks
+    failures, gen = [], torch.Generator().manual_seed(5)
+    # (tokens, top_k, experts, block_m, ids past `experts`: another rank's), over several programs too
+    for tokens, top_k, experts, block_m, elsewhere in ((1, 2, 8, 16, 0), (9, 2, 6, 16, 0), (50, 2, 4, 16, 8),
+                                                       (600, 4, 60, 32, 0)):
+        ids = torch.randint(0, experts + elsewhere, (tokens, top_k), generator=gen)
+        rows, block_expert = (t.cpu() for t in align_blocks(ids.to(device), experts, block_m))
+        flat, pairs = ids.reshape(-1), ids.numel()
+        placed = rows[rows < pairs].long()
+        where = (rows < pairs).nonzero().flatten()
+        used = block_expert[block_expert >= 0]
+        if (sorted(placed.tolist()) != (flat < experts).nonzero().flatten().tolist()
+                or not torch.equal(block_expert[where // block_m].long(), flat[placed])
+                or (used[1:] < used[:-1]).any() or (block_expert[len(used):] != -1).any()):
+            failures.append(f"align_blocks misplaced pairs: tokens {tokens}, top_k {top_k}, experts {experts}")
+    return failures
+
+
 def split_k_is_deterministic() -> list[str]:
     sig = Signature.make("linear", {"k": 80, "n": 48}, ("bias",), "fp32")
     args = CONTRACTS["linear"].make_inputs(sig, {"tokens": 20}, CPU, torch.Generator().manual_seed(4))
@@ -200,7 +222,8 @@ def fp8_gemm() -> list[str]:
 
 
 def main() -> int:
-    failures, checked = split_k_is_deterministic() + fp8_quantisation() + fp8_gemm(), 1 + 4 + 12
+    failures = split_k_is_deterministic() + fp8_quantisation() + fp8_gemm() + moe_rows_are_aligned()
+    checked = 1 + 4 + 12 + 4
     for base, op, static, flags, dims, configs in CASES:
         for dtype in ("fp32", "fp16" if op in DOT_OPS else "bf16"):
             sig = Signature.make(op, static, flags, dtype)

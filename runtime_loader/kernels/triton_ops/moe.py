@@ -8,10 +8,10 @@ accumulator holds both and the epilogue adds the biases and writes the gated act
 weights and by each pair's routing weight. BLOCK_N counts weight rows in both (as vLLM's
 BLOCK_SIZE_N does: its configurations mean the same tiles here). Weights are read through their
 strides, so views of weights stored (experts, in, out) need no copy. A token's slots are then
-summed in token order. The sorting is done with
-torch ops whose sizes depend on the token count alone (padded for the worst case: every
-expert's segment one row short of a block), so nothing waits on the host and the call can be
-captured in a CUDA graph; row blocks past the used ones exit at once.
+summed in token order. The sorting is three small
+launches (align_blocks) whose sizes depend on the token count alone (padded for the worst case:
+every expert's segment one row short of a block), so nothing waits on the host and the call can
+be captured in a CUDA graph; row blocks past the used ones exit at once.
 """
 from __future__ import annotations
 
@@ -19,33 +19,65 @@ import torch
 import triton
 import triton.language as tl
 
-from ..builtin import expert_segments
-
 
 def align_blocks(topk_ids, experts: int, block_m: int):
     """(rows, block_expert): rows holds, for each expert's segment padded to a multiple of
     block_m, the indices of its (token, slot) pairs in topk_ids.flatten() (the padding holds
     the sentinel topk_ids.numel()); block_expert the expert of each block of rows (-1 unused).
-    Pairs of other ranks' experts (ids >= experts, sorted last) land in no segment: their slot
-    is written to one row past the used ones, which no block reads."""
-    pairs = topk_ids.numel()
-    order, ends = expert_segments(topk_ids, experts)
-    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    Pairs of other ranks' experts (ids >= experts) land in no segment. Three launches (count,
+    segments, place) instead of two dozen torch ops: in eager mode each op is host time
+    (BENCHMARKS §12.4). Within a segment the pairs' order is the atomics' (each row of the
+    GEMMs depends on its own pair alone, so the results do not)."""
+    ids = topk_ids.reshape(-1)
+    pairs = ids.numel()
+    capacity = triton.cdiv(pairs + experts * (block_m - 1), block_m)  # blocks, for the worst case
+    rows = torch.full((capacity * block_m,), pairs, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty((capacity,), dtype=torch.int32, device=ids.device)
+    counts = torch.zeros((2, experts), dtype=torch.int32, device=ids.device)  # counts, then each segment's cursor
+    grid = (triton.cdiv(pairs, ALIGN_BLOCK),)
+    _count_kernel[grid](ids, counts, pairs, experts, BLOCK=ALIGN_BLOCK)
+    _segments_kernel[(1,)](counts, block_expert, capacity, experts, block_m,
+                           BLOCK_E=triton.next_power_of_2(experts), BLOCK_B=64)
+    _place_kernel[grid](ids, counts[1], rows, pairs, experts, BLOCK=ALIGN_BLOCK)
+    return rows, block_expert
+
+
+ALIGN_BLOCK = 1024  # pairs per program of the count and place kernels
+
+
+@triton.jit(do_not_specialize=["pairs"])
+def _count_kernel(ids_ptr, counts_ptr, pairs, experts, BLOCK: tl.constexpr):
+    """counts[e] += the pairs of expert e among this program's BLOCK pairs."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + offs, mask=offs < pairs, other=experts)
+    tl.atomic_add(counts_ptr + ids, 1, mask=ids < experts)
+
+
+@triton.jit
+def _segments_kernel(counts_ptr, block_expert_ptr, blocks, experts, block_m, BLOCK_E: tl.constexpr,
+                     BLOCK_B: tl.constexpr):
+    """From the counts (row 0 of counts_ptr): each segment's first row (row 1, the place kernel's
+    cursors), and the expert of each block: how many segments end at or before its first row."""
+    e = tl.arange(0, BLOCK_E)
+    counts = tl.load(counts_ptr + e, mask=e < experts, other=0)
     padded = (counts + block_m - 1) // block_m * block_m
-    padded_ends = torch.cumsum(padded, dim=0)
-    # where each sorted pair lands: its expert's padded start plus its rank within the expert
-    expert_of_sorted = topk_ids.reshape(-1)[order]
-    local = expert_of_sorted < experts
-    expert_of_sorted = expert_of_sorted.clamp(max=experts - 1)
-    rank = torch.arange(pairs, device=topk_ids.device) - (ends - counts)[expert_of_sorted]
-    capacity = pairs + experts * (block_m - 1)
-    rows = torch.full((triton.cdiv(capacity, block_m) * block_m + 1,), pairs, dtype=torch.int32,
-                      device=topk_ids.device)
-    rows[torch.where(local, (padded_ends - padded)[expert_of_sorted] + rank, rows.numel() - 1)] = order.to(torch.int32)
-    rows = rows[:-1]
-    block_starts = torch.arange(0, rows.numel(), block_m, device=topk_ids.device)
-    block_expert = torch.searchsorted(padded_ends, block_starts, right=True).to(torch.int32)
-    return rows, torch.where(block_expert < experts, block_expert, -1)
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(counts_ptr + experts + e, ends - padded, mask=e < experts)
+    for first in range(0, blocks, BLOCK_B):
+        b = first + tl.arange(0, BLOCK_B)
+        ended = (ends[None, :] <= (b * block_m)[:, None]) & (e[None, :] < experts)
+        expert = tl.sum(ended.to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, tl.where(expert < experts, expert, -1), mask=b < blocks)
+
+
+@triton.jit(do_not_specialize=["pairs"])
+def _place_kernel(ids_ptr, cursor_ptr, rows_ptr, pairs, experts, BLOCK: tl.constexpr):
+    """Each pair takes the next row of its expert's segment."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + offs, mask=offs < pairs, other=experts)
+    local = ids < experts
+    row = tl.atomic_add(cursor_ptr + ids, 1, mask=local)
+    tl.store(rows_ptr + row, offs.to(tl.int32), mask=local)
 
 
 @triton.jit

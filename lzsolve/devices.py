@@ -73,10 +73,11 @@ def device_index(device: torch.device, position: int) -> int:
 def groups_apart(units: Sequence[Unit], size: Callable[[Unit], float], group: Callable[[Unit], str]) -> list[Unit]:
     """The order in which several devices take units: the largest first, except that every group's
     largest comes before any group's second. The units of one group share kernels, and a kernel's
-    first call in each worker compiles it (FlashInfer's prefill module: 71 s on the H100; Triton's
-    linear configurations: 25 s of a 13 s search): devices that all start on one group compile the
-    same kernels at once, each for itself; started on different groups, they compile different
-    ones, and a group's later units find them in the disk caches (BENCHMARKS §15, §15.4)."""
+    first call in each worker compiles it (FlashInfer's prefill module: 71 s on the H100; a search of
+    Triton's linear took 25 s, not 13 s, while two devices compiled its configurations at once):
+    devices that all start on one group compile the same kernels at once, each for itself; started
+    on different groups, they compile different ones, and a group's later units find them in the
+    disk caches (BENCHMARKS §15, §15.4)."""
     first, rest, seen = [], [], set()
     for unit in sorted(units, key=size, reverse=True):
         (rest if group(unit) in seen else first).append(unit)
@@ -91,9 +92,9 @@ def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[La
     has already worked on while there is one, and the next of any group after that: its worker has
     made those kernels' first calls (a compile, a module load, per process), which another lane
     would make again. `warm` (a set per lane, kept by the caller) carries those groups from one
-    call to the next, as a tune's phases go from the grid to probes. The first lane runs in this thread, so Ctrl-C lands here; on any error the
-    other lanes finish their in-flight unit, take no more, and the error is raised. Returns every
-    result, in the order they were done."""
+    call to the next, as a tune's phases go from the grid to probes. The first lane runs in this
+    thread, so Ctrl-C lands here; on any error the other lanes finish their in-flight unit, take no
+    more, and the error is raised. Returns every result, in the order they were done."""
     queue, results, errors = collections.deque(units), [], []
     lock, stop = threading.Lock(), threading.Event()
 

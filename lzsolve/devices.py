@@ -95,15 +95,19 @@ def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[La
     call to the next, as a tune's phases go from the grid to probes. The first lane runs in this
     thread, so Ctrl-C lands here; on any error the other lanes finish their in-flight unit, take no
     more, and the error is raised. Returns every result, in the order they were done."""
-    queue, results, errors = collections.deque(units), [], []
+    # each unit's group once (a signature's str() is a microsecond), and how many of each are queued,
+    # so that a lane whose groups are done takes the next unit without scanning the queue
+    queue = collections.deque((group(unit) if group else None, unit) for unit in units)
+    queued = collections.Counter(name for name, _ in queue)
+    results, errors = [], []
     lock, stop = threading.Lock(), threading.Event()
 
-    def take(warm: set) -> Unit:
-        if group is not None and warm:
-            for n, unit in enumerate(queue):
-                if group(unit) in warm:
+    def take(warm: set) -> tuple[str | None, Unit]:
+        if any(queued[name] for name in warm):
+            for n, (name, unit) in enumerate(queue):
+                if name in warm:
                     del queue[n]
-                    return unit
+                    return name, unit
         return queue.popleft()
 
     def drain(lane, warm: set) -> None:
@@ -111,9 +115,10 @@ def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[La
             with lock:
                 if not queue:
                     return
-                unit = take(warm)
-            if group is not None:
-                warm.add(group(unit))
+                name, unit = take(warm)
+                queued[name] -= 1
+                if group is not None:
+                    warm.add(name)
             try:
                 done = work(lane, unit)
             except BaseException as e:  # handed to the caller's thread

@@ -64,7 +64,10 @@ SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000
              "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128)}  # name -> (batch, prompt tokens, decode steps)
 TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
                   "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
-VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse")
+VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse",
+            "lzsolve_jit_launch")
+# lzsolve_jit_launch: lzsolve with our Triton kernels launched through Triton's JIT function on every
+# call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (BENCHMARKS §11.7)
 # lzsolve_traced_fuse: ops whose torch form Inductor fuses with its neighbours, served by that form
 FUSED_BY_INDUCTOR = ("norm.rms", "norm.rms_add", "norm.qk", "norm.layer", "act.swiglu", "act.geglu", "act.gelu",
                      "posenc.rope", "embedding")
@@ -188,6 +191,8 @@ def setup(variant: str, model, name: str, args, lock: dict | None = None):
         return model, None
     if variant == "compile":
         return torch.compile(model, backend=args.compile_backend), None
+    if variant == "lzsolve_jit_launch":
+        return setup("lzsolve", model, name, args, lock)
     if variant in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse"):  # the patched model compiled
         lock = {op: OPS[op].fallback for op in FUSED_BY_INDUCTOR} if variant == "lzsolve_traced_fuse" else None
         patched, why = setup("lzsolve", model, name, args, lock)
@@ -350,6 +355,9 @@ def main() -> None:
             def use(variant):
                 vars(module).update(states[variant])
                 custom_ops.activate(dispatchers[variant])
+                if "lzsolve_jit_launch" in runners:  # then triton imports (a Triton kernel is in a table)
+                    from runtime_loader.kernels.triton_ops import launch
+                    launch.DIRECT = variant != "lzsolve_jit_launch"
                 return runners[variant]
 
             for s in scenarios:
@@ -359,7 +367,7 @@ def main() -> None:
                     fn = scenario(use(variant), s)
                     row = {"model": name, "scenario": s, "variant": variant, "batch": batch, "seq": seq, "steps": steps}
                     try:
-                        out, calls = served(fn) if variant == "lzsolve" else (fn(), None)
+                        out, calls = served(fn) if variant in ("lzsolve", "lzsolve_jit_launch") else (fn(), None)
                     except Exception as e:  # noqa: BLE001 - a variant that raises fails its row, not the run
                         rows.append(row | {"ok": False, "error": f"{type(e).__name__}: {e}"})
                         print(f"[{name} {s}] {variant}: FAILED, {rows[-1]['error']}")

@@ -13,8 +13,11 @@ import triton.language as tl
 
 from ..eager import E4M3_MAX
 from .fp8 import row_scale, store_quantised
+from .launch import launcher
 from .layout import as_rows
 
+
+@launcher
 @triton.jit
 def _activation_kernel(x_ptr, up_ptr, out_ptr, x_stride_row, x_stride_col, up_stride_row, up_stride_col,
                        out_stride_row, n_cols, BLOCK: tl.constexpr, ACTIVATION: tl.constexpr):
@@ -41,6 +44,7 @@ def _silu_times_up(gate_ptr, up_ptr, gate_offsets, up_offsets, mask):
     return g * tl.sigmoid(g) * tl.load(up_ptr + up_offsets, mask=mask, other=0.0).to(tl.float32)
 
 
+@launcher
 @triton.jit
 def _swiglu_fp8_kernel(gate_ptr, up_ptr, q_ptr, scale_ptr, gate_stride_row, gate_stride_col, up_stride_row,
                        up_stride_col, n_cols, E4M3: tl.constexpr, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):

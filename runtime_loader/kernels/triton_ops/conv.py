@@ -16,7 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launcher
 
+
+@launcher
 @triton.jit
 def _conv_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, out_ptr, new_state_ptr, seq, channels, x_stride_b, x_stride_t,
                  WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr,

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..eager import E4M3_MAX
+from .launch import launcher
 from .layout import as_rows
 from .linear import REDUCE_BLOCK, _sum_splits_kernel, output_tile, split_share
 
@@ -35,6 +36,7 @@ def store_quantised(q_ptrs, values, scale, mask, E4M3: tl.constexpr):
     tl.store(q_ptrs, q.to(q_ptrs.dtype.element_ty), mask=mask)
 
 
+@launcher
 @triton.jit(do_not_specialize=["rows"])
 def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, rows, K, x_stride, E4M3: tl.constexpr, BLOCK: tl.constexpr):
     """q[row] = x[row] / scale[row] in e4m3, scale[row] = amax(|x[row]|) / E4M3; a program per row."""
@@ -85,6 +87,7 @@ def scaled_mm_fp8(x, weight, weight_scale, bias=None, *, warps: int):
 
 
 # M is the token count: not specialised on, so one compile serves every token count.
+@launcher
 @triton.jit(do_not_specialize=["M"])
 def _fp8_matmul_kernel(q_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr, M, N, K, w_stride_n,
                        w_scale_stride, bias_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -10,9 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launcher
 from .layout import as_rows
 
 
+@launcher
 @triton.jit
 def _gates_kernel(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, a_stride, b_stride, n_rows, heads,
                   BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launcher
 from .layout import as_rows
 
 GROUP_M = 8  # output tiles are walked in bands of 8 row-blocks, so neighbouring programs share weight tiles in L2
@@ -38,6 +39,7 @@ def split_share(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 # M is the token count: not specialised on, so one compile serves every token count (a CUDA
 # graph captured at a new batch size must not meet a first compile).
+@launcher
 @triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride_m, x_stride_k, w_stride_n, w_stride_k,
                    bias_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -68,6 +70,7 @@ def _matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride_m, x_strid
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
 
 
+@launcher
 @triton.jit(do_not_specialize=["n_elements"])
 def _sum_splits_kernel(partials_ptr, bias_ptr, out_ptr, n_elements, N, bias_stride,
                        SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launcher
+
 
 def align_blocks(topk_ids, experts: int, block_m: int):
     """(rows, block_expert): rows holds, for each expert's segment padded to a multiple of
@@ -45,6 +47,7 @@ def align_blocks(topk_ids, experts: int, block_m: int):
 ALIGN_BLOCK = 1024  # pairs per program of the count and place kernels
 
 
+@launcher
 @triton.jit(do_not_specialize=["pairs"])
 def _count_kernel(ids_ptr, counts_ptr, pairs, experts, BLOCK: tl.constexpr):
     """counts[e] += the pairs of expert e among this program's BLOCK pairs."""
@@ -53,6 +56,7 @@ def _count_kernel(ids_ptr, counts_ptr, pairs, experts, BLOCK: tl.constexpr):
     tl.atomic_add(counts_ptr + ids, 1, mask=ids < experts)
 
 
+@launcher
 @triton.jit
 def _segments_kernel(counts_ptr, block_expert_ptr, blocks, experts, block_m, BLOCK_E: tl.constexpr,
                      BLOCK_B: tl.constexpr):
@@ -70,6 +74,7 @@ def _segments_kernel(counts_ptr, block_expert_ptr, blocks, experts, block_m, BLO
         tl.store(block_expert_ptr + b, tl.where(expert < experts, expert, -1), mask=b < blocks)
 
 
+@launcher
 @triton.jit(do_not_specialize=["pairs"])
 def _place_kernel(ids_ptr, cursor_ptr, rows_ptr, pairs, experts, BLOCK: tl.constexpr):
     """Each pair takes the next row of its expert's segment."""
@@ -90,6 +95,7 @@ def _tile(pid, blocks, n_blocks, GROUP_M: tl.constexpr):
     return first + (pid % per_group) % size, (pid % per_group) // size
 
 
+@launcher
 @triton.jit(do_not_specialize=["pairs", "blocks"])
 def _gate_up_kernel(x_ptr, w_ptr, bias_ptr, rows_ptr, block_expert_ptr, h_ptr, pairs, blocks, hidden, inter, top_k,
                     x_stride, w_stride_e, w_stride_n, w_stride_k, bias_stride_e, BLOCK_M: tl.constexpr,
@@ -132,6 +138,7 @@ def _gate_up_kernel(x_ptr, w_ptr, bias_ptr, rows_ptr, block_expert_ptr, h_ptr, p
     tl.store(out, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < inter))
 
 
+@launcher
 @triton.jit(do_not_specialize=["pairs", "blocks"])
 def _down_kernel(h_ptr, w_ptr, bias_ptr, rows_ptr, block_expert_ptr, weights_ptr, out_ptr, pairs, blocks, hidden,
                  inter, w_stride_e, w_stride_n, w_stride_k, bias_stride_e, BLOCK_M: tl.constexpr,
@@ -198,6 +205,7 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, dow
     return out.sum(dim=1)
 
 
+@launcher
 @triton.jit(do_not_specialize=["tokens"])
 def _router_kernel(logits_ptr, weights_ptr, ids_ptr, tokens, experts, stride, TOP_K: tl.constexpr,
                    RENORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ..eager import E4M3_MAX
 from .fp8 import row_scale, store_quantised
+from .launch import launcher
 from .layout import as_rows
 
 
@@ -64,6 +65,7 @@ def _chunked_rstd(x_ptr, res_ptr, row, x_stride_row, x_stride_col, res_stride_ro
     return tl.rsqrt(tl.sum(sum_sq) / n_cols + eps)
 
 
+@launcher
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
                      x_stride_row, x_stride_col, res_stride_row, res_stride_col, w_stride,
@@ -94,6 +96,7 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
                        row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets, UNIT_OFFSET)
 
 
+@launcher
 @triton.jit
 def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, scale_ptr, x_stride_row, x_stride_col, res_stride_row,
                          res_stride_col, w_stride, n_cols, eps, E4M3: tl.constexpr, BLOCK: tl.constexpr,
@@ -137,6 +140,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, scale_ptr, x_stride_row, 
             store_quantised(q_ptr + row * n_cols + cols, out, scale, mask, E4M3)
 
 
+@launcher
 @triton.jit
 def _layer_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, x_stride_row, x_stride_col, w_stride, b_stride,
                        out_stride_row, n_cols, eps, BLOCK: tl.constexpr, ONE_TILE: tl.constexpr):

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launcher
+
 
 @triton.jit
 def _rotate_heads(src_ptr, src_stride_head, src_stride_dim, dst_ptr, dst_stride_head, dst_stride_dim,
@@ -28,6 +30,7 @@ def _rotate_heads(src_ptr, src_stride_head, src_stride_dim, dst_ptr, dst_stride_
     tl.store(dst + second[None, :] * dst_stride_dim, (b * cos + a * sin).to(out_dtype), mask=mask)
 
 
+@launcher
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr,
                  q_stride_batch, q_stride_head, q_stride_seq, q_stride_dim,

@@ -13,7 +13,7 @@ set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
 nvidia-smi -L
 start=$(date +%s)
-chain=.devrun/devices
+chain=/tmp/devices  # outside the tree: a carried path is replaced on each call, with what it held
 case "${STAGE:?set STAGE=start|finish}" in
   start)
     rm -rf "$chain" /tmp/two /tmp/one; mkdir -p "$chain"

@@ -42,7 +42,7 @@ from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget,
 from .tuner import Plan, make_plan, new_run_id
 from .validate import LOSS, VALIDATION_SHAPES, plan_validation
 from .validate import validate as run_validation
-from .worker import InProcessRunner, WorkerRunner, load_plugins
+from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, load_plugins
 
 # Exit codes a CI step can branch on.
 EXIT_OK = 0
@@ -337,8 +337,11 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     _print_notes(plan)
     session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
     _say_incremental(session, plan)
-    # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare
-    builders = [functools.partial(WorkerRunner, dev, plugins=plugins, timeout_s=timeout) for dev in lanes or [plan.device]]
+    # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare. The
+    # builders run niced: their nvcc jobs take the cores the measuring workers leave (on two H200s,
+    # two builders beside the search made its trials 21% slower, BENCHMARKS §15.5)
+    builders = [functools.partial(WorkerRunner, dev, plugins=plugins, timeout_s=timeout, nice=BUILDER_NICE)
+                for dev in lanes or [plan.device]]
     ahead = CompileAhead.start(plan.signatures, session, builders) if isolate and not cluster else None
     compiled: list[dict] = []
     phases: dict[str, float] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import multiprocessing as mp
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .errors import LzError
 from .measure import CeilingTask, ParityTask, TimingTask, needs_restart, rejected, run_task
 
 STARTUP_TIMEOUT_S = 180.0
+BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/ahead.py)
 
 
 def load_plugins(modules: tuple[str, ...]) -> None:
@@ -63,11 +65,13 @@ class InProcessRunner:
         pass
 
 
-def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...]) -> None:
+def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...], nice: int = 0) -> None:
     """The worker's loop: announce readiness, then answer tasks until told to stop, or until the
     parent is gone (killed, say): then there is no one to answer, so the worker leaves quietly
     instead of printing a BrokenPipeError traceback into the run's log."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if nice and hasattr(os, "nice"):
+        os.nice(nice)  # before any import: the processes it starts (ninja, nvcc) inherit it
     runner = InProcessRunner(torch.device(device), budget, plugins)
     try:
         conn.send({"ready": True})
@@ -93,11 +97,13 @@ def _death(exitcode: int | None) -> tuple[str, str]:
 
 
 class WorkerRunner:
-    """One worker process for one device, replaced after a crash or a hang."""
+    """One worker process for one device, replaced after a crash or a hang. nice: added to the
+    worker's scheduling niceness (POSIX), for work that should only take the cores others leave."""
 
     def __init__(self, device: torch.device, budget: Budget | None = None, plugins: tuple[str, ...] = (),
-                 timeout_s: float = 300.0):
+                 timeout_s: float = 300.0, nice: int = 0):
         self.device, self.budget, self.plugins, self.timeout_s = device, budget or Budget(), plugins, timeout_s
+        self.nice = nice
         self._ctx = mp.get_context("spawn")  # a forked CUDA context is unusable
         self._proc = None
         self._conn = None
@@ -106,7 +112,7 @@ class WorkerRunner:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, str(self.device), self.budget, self.plugins),
+        self._proc = self._ctx.Process(target=_serve, args=(child, str(self.device), self.budget, self.plugins, self.nice),
                                        daemon=True, name="lzsolve-worker")
         self._proc.start()
         child.close()

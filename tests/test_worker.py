@@ -1,5 +1,6 @@
 """Crash isolation: every kind of misbehaving candidate becomes a Reason while the run completes."""
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -49,6 +50,23 @@ def run_faults(device: str, tmp_path, expected: dict):
     assert stored["ok"] >= len(plan.signatures), "every op's fallback was measured despite the crashes"
     assert runner.restarts >= 4
     return by_kernel
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="POSIX scheduling priorities")
+def test_a_niced_worker_runs_at_a_lower_priority():
+    """The compile-ahead builders run niced (cli: BUILDER_NICE), so their nvcc jobs, which inherit
+    it, take the cores the measuring workers leave."""
+    runner = WorkerRunner(torch.device("cpu"), nice=5)
+    plain = WorkerRunner(torch.device("cpu"))
+    try:
+        runner._start()
+        plain._start()
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, runner._proc.pid) == min(mine + 5, 19)
+        assert os.getpriority(os.PRIO_PROCESS, plain._proc.pid) == mine
+    finally:
+        runner.close()
+        plain.close()
 
 
 def test_faults_on_cpu(tmp_path):

@@ -42,7 +42,7 @@ from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget,
 from .tuner import Plan, make_plan, new_run_id
 from .validate import LOSS, VALIDATION_SHAPES, plan_validation
 from .validate import validate as run_validation
-from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, load_plugins
+from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, load_plugins
 
 # Exit codes a CI step can branch on.
 EXIT_OK = 0
@@ -378,11 +378,12 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     finally:
         if ahead:
             ahead.close(wait=False)
-        for lane in session.lanes:
-            lane.runner.close()
+        close_all([lane.runner for lane in session.lanes])
         if cluster:
             cluster.close()
+    lap("close_s")  # the compile-ahead workers' last calls and every worker's exit
     table = build_table(plan, records, mode, session.run_id, validation)
+    lap("solve_s")
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None),
                    records + compiled)  # the builds' records name the files they wrote

@@ -1,6 +1,7 @@
 """Crash isolation: every kind of misbehaving candidate becomes a Reason while the run completes."""
 import dataclasses
 import os
+import threading
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB
 from lzsolve.tuner import Session, make_plan, tune
-from lzsolve.worker import WorkerRunner
+from lzsolve.worker import WorkerRunner, close_all
 
 from .test_cli import TINY_LLAMA
 
@@ -67,6 +68,22 @@ def test_a_niced_worker_runs_at_a_lower_priority():
     finally:
         runner.close()
         plain.close()
+
+
+def test_workers_are_closed_at_once():
+    """A worker's exit takes seconds (CUDA teardown): closed one after another, a run on more
+    devices waited longer. Each close here passes only when all three are in close() together."""
+    together = threading.Barrier(3, timeout=10)
+    closed = []
+
+    class Slow:
+        def close(self):
+            together.wait()
+            closed.append(self)
+
+    runners = [Slow() for _ in range(3)]
+    close_all(runners)
+    assert sorted(map(id, closed)) == sorted(map(id, runners))
 
 
 def test_faults_on_cpu(tmp_path):

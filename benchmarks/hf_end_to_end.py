@@ -355,7 +355,7 @@ def main() -> None:
             def use(variant):
                 vars(module).update(states[variant])
                 custom_ops.activate(dispatchers[variant])
-                if "lzsolve_jit_launch" in runners:  # then triton imports (a Triton kernel is in a table)
+                if "lzsolve_jit_launch" in runners:  # asked for: this machine runs our Triton kernels
                     from runtime_loader.kernels.triton_ops import launch
                     launch.DIRECT = variant != "lzsolve_jit_launch"
                 return runners[variant]

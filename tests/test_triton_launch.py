@@ -121,6 +121,15 @@ def test_the_switch_sends_every_call_through_triton(fake, monkeypatch):
     assert len(fake.jit) == 3 and not fake.launches
 
 
+def test_a_triton_without_the_launcher_it_replays_goes_through_its_jit_function(fake, monkeypatch):
+    """Before Triton 3.4 (no triton.knobs) the compiled kernel's launcher takes other arguments."""
+    monkeypatch.setattr(launch, "JITFunction", None)
+    older = launch.Launcher(_kernel)
+    for _ in range(2):
+        older[(1,)](aligned(), 7, 1e-6, BLOCK=64)
+    assert len(fake.jit) == 2 and not fake.launches
+
+
 def test_the_keys_start_again_past_the_limit(fake, monkeypatch):
     monkeypatch.setattr(launch, "MAX_KEYS", 2)
     x = aligned()

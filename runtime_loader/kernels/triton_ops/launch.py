@@ -18,9 +18,10 @@ A shape-fixed call site (a dispatcher key's shapes fix every int and stride) mee
 per-call work left is the key itself and the launch.
 
 Calls the fast path cannot replay exactly fall back to the JIT function every time: a callable
-grid, constexprs passed by position, a constexpr argument without a keyword, or a function that is
-not a JITFunction (the interpreter's, under TRITON_INTERPRET=1). LZSOLVE_TRITON_LAUNCH=jit sends
-every call there (a way out should a Triton release change its compiled kernels' launcher).
+grid, constexprs passed by position, a constexpr argument without a keyword, a function that is
+not a JITFunction (the interpreter's, under TRITON_INTERPRET=1), or a Triton before 3.4.
+LZSOLVE_TRITON_LAUNCH=jit sends every call there (a way out should a Triton release change its
+compiled kernels' launcher).
 """
 from __future__ import annotations
 
@@ -29,9 +30,13 @@ import inspect
 import os
 
 import torch
-from triton import knobs
 from triton.runtime import driver
-from triton.runtime.jit import JITFunction
+
+try:  # Triton 3.4+: the compiled kernel's launcher as replayed here takes its hooks from knobs
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+except ImportError:  # an older Triton launches with other arguments: every call goes through its JIT function
+    knobs = JITFunction = None
 
 Tensor = torch.Tensor
 MAX_KEYS = 4096  # keys per kernel before the cache starts again: exact ints could grow it without bound
@@ -51,7 +56,7 @@ class Launcher:
 
     def __init__(self, fn):
         self.fn = fn  # the JIT function: Triton's own API (run, warmup, device caches) stays reachable
-        self.fast = isinstance(fn, JITFunction)
+        self.fast = JITFunction is not None and isinstance(fn, JITFunction)
         self._bound: dict[tuple, tuple] = {}  # key -> (compiled kernel, constexpr values in signature order)
 
     def __repr__(self) -> str:

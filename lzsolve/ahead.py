@@ -13,6 +13,12 @@ instead of building it twice.
 The second worker's calls are small (the signature's smallest workloads), so they take the
 GPU for milliseconds beside the first worker's timing; its nvcc builds take host cores, which the
 graph-mode timing of a GPU run does not read.
+
+Inductor's kernels (FlexAttention, the compile.* family) are warmed the same way on a GPU run, by
+a process of their own: a process's first Inductor compile took 12-15 s per device in the grid of
+a two-GPU run (BENCHMARKS §15.5), and a later process sharing the run's caches reads most of it
+back (13.7 s cold against 3.4-4.2 s on this project's CPU VM). They do not join the nvcc queue,
+where they would delay the builds the grid waits on.
 """
 from __future__ import annotations
 
@@ -45,13 +51,17 @@ def branch_points(points: tuple[dict, ...]) -> list[dict]:
     return [p for n, p in enumerate(picked) if p not in picked[:n]]
 
 
-def first_calls(signatures: tuple[SignaturePlan, ...], session: Session) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
-    """(signature, kernel, workload) to call ahead: the admitted kernels whose JIT cache nvcc
-    builds, at their branch points, unless an earlier run of this PerfDB measured that kernel
-    version (its out folder holds the build)."""
+INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fills (see above)
+
+
+def first_calls(signatures: tuple[SignaturePlan, ...], session: Session,
+                caches: frozenset[str] = NVCC_BUILT) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
+    """(signature, kernel, workload) to call ahead: the admitted kernels with a JIT cache among
+    `caches` (by default those nvcc builds), at their branch points, unless an earlier run of this
+    PerfDB measured that kernel version (its out folder holds the build)."""
     measured = {(kernel_id, version) for _, kernel_id, version, _ in session.reusable}
     return [(sp, c.spec, dims) for sp in signatures for c in sp.candidates
-            if c.admitted and NVCC_BUILT & set(c.spec.jit_caches)
+            if c.admitted and caches & set(c.spec.jit_caches)
             and (c.spec.kernel_id, c.spec.version()) not in measured
             for dims in branch_points(sp.workloads)]
 
@@ -79,8 +89,8 @@ class CompileAhead:
 
     @classmethod
     def start(cls, signatures: tuple[SignaturePlan, ...], session: Session,
-              make_runners: Sequence[Callable[[], Runner]]) -> CompileAhead | None:
-        calls = first_calls(signatures, session)
+              make_runners: Sequence[Callable[[], Runner]], caches: frozenset[str] = NVCC_BUILT) -> CompileAhead | None:
+        calls = first_calls(signatures, session, caches)
         return cls(calls, session, make_runners) if calls else None
 
     def _run(self, make_runner, recorder) -> None:

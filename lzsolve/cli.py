@@ -25,7 +25,7 @@ from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.ops import DTYPES, required_features
 
 from . import __version__, tuner
-from .ahead import CompileAhead
+from .ahead import INDUCTOR_WARMED, CompileAhead
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
 from .cluster import CPU_WORKERS, Cluster
@@ -342,7 +342,12 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     # two builders beside the search made its trials 21% slower, BENCHMARKS §15.5)
     builders = [functools.partial(WorkerRunner, dev, plugins=plugins, timeout_s=timeout, nice=BUILDER_NICE)
                 for dev in lanes or [plan.device]]
-    ahead = CompileAhead.start(plan.signatures, session, builders) if isolate and not cluster else None
+    ahead = []  # the nvcc builders; on a GPU, Inductor's warming process (lzsolve/ahead.py)
+    if isolate and not cluster:
+        ahead.append(CompileAhead.start(plan.signatures, session, builders))
+        if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
+            ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], caches=INDUCTOR_WARMED))
+        ahead = [a for a in ahead if a is not None]
     compiled: list[dict] = []
     phases: dict[str, float] = {}
     started = time.perf_counter()
@@ -374,10 +379,10 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
                                                  on_step=lambda label: bar.update(1, label), on_more=more)
         records += checked
         lap("validation_s")
-        compiled = ahead.close() if ahead else []
+        compiled = [record for a in ahead for record in a.close()]
     finally:
-        if ahead:
-            ahead.close(wait=False)
+        for a in ahead:
+            a.close(wait=False)
         close_all([lane.runner for lane in session.lanes])
         if cluster:
             cluster.close()
@@ -394,11 +399,12 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
     summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
     summary["search"] = searched.as_dict() if searched else None
-    summary["compiled_ahead"] = ahead.summary() if ahead else []
+    summary["compiled_ahead"] = [call for a in ahead for call in a.summary()]
     if ahead:
         built = ", ".join(f"{c['kernel_id']} {c['dims']} {c['jit_s']} s" for c in summary["compiled_ahead"] if c["jit_s"] >= 1)
-        say(f"built ahead on a second worker per device: {built or 'nothing slow'}"
-            + (f" (it stopped: {ahead.error})" if ahead.error else ""))
+        errors = "; ".join(a.error for a in ahead if a.error)
+        say(f"built ahead beside the measuring workers: {built or 'nothing slow'}"
+            + (f" (it stopped: {errors})" if errors else ""))
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)

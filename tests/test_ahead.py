@@ -7,7 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from lzsolve.ahead import CompileAhead, branch_points, first_calls
+from lzsolve.ahead import INDUCTOR_WARMED, CompileAhead, branch_points, first_calls
 from lzsolve.cli import cli
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB, dims_key
@@ -36,6 +36,22 @@ def nvcc_plan(monkeypatch, tmp_path):
     plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*",))
     norms = tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms")
     return dataclasses.replace(plan, signatures=norms)
+
+
+def test_each_process_ahead_calls_the_kernels_of_its_caches(nvcc_plan, tmp_path):
+    """The builders take the nvcc-built kernels, the warming process Inductor's (compile.*), and
+    neither takes the other's, nor a kernel whose caches are neither (the fallback)."""
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*", "compile.*"))
+    norms = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures
+                                                       if sp.instance.signature.op == "norm.rms"))
+    session = Session(norms, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
+    built = first_calls(norms.signatures, session)
+    warmed = first_calls(norms.signatures, session, INDUCTOR_WARMED)
+    assert {spec.kernel_id for _, spec, _ in built} == {"built.rms_norm"}
+    assert {spec.kernel_id for _, spec, _ in warmed} == {"compile.rms_norm"}
+    workloads = norms.signatures[0].workloads
+    assert [dims for _, _, dims in warmed] == branch_points(workloads)
 
 
 def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
@@ -96,10 +112,11 @@ def test_nothing_is_compiled_ahead_where_an_earlier_run_measured_the_kernel(nvcc
 
 def test_tune_builds_ahead_on_a_second_worker(tmp_path):
     """Through the CLI, with worker processes: the summary names the builds, the PerfDB holds them,
-    and the module was built once, by whichever worker came first."""
+    and the module was built once, by whichever worker came first. An Inductor kernel is not
+    warmed ahead on CPU, where that process would take the cores the eager timings read."""
     config = tmp_path / "tiny-llama.json"
     config.write_text(json.dumps(TINY_LLAMA))
-    args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--kernels", "built.*",
+    args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--kernels", "built.*,compile.rms_norm",
             "--plugin", "tests.nvcc_kernels", "--trials", "0", "--no-probe", "--validate", "0",
             "--out", str(tmp_path / "out"), "--json"]
     result = CliRunner().invoke(cli, args)

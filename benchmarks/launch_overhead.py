@@ -66,8 +66,9 @@ def main() -> None:
     out = torch.empty_like(x)
     block = 8192
     # the kernel's arguments in its signature's order, constexprs included (the launcher skips them)
-    kernel_args = (x, res, w, out, *x.stride(), *res.stride(), w.stride(0), *out.stride(), args.hidden, 1e-6,
-                   block, args.hidden <= block, False)
+    # (the total goes into res's storage: rms_norm_add's in-place form)
+    kernel_args = (x, res, w, out, res, *x.stride(), *res.stride(), w.stride(0), *out.stride(), *res.stride(),
+                   args.hidden, 1e-6, block, args.hidden <= block, False)
 
     options = dict(BLOCK=block, ONE_TILE=args.hidden <= block, UNIT_OFFSET=False, num_warps=16)
     positional, constexprs = kernel_args[:-3], kernel_args[-3:]

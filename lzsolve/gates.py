@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime_loader.ops import Signature
+from runtime_loader.ops import OPS, Signature
 from runtime_loader.specs import OOM, PARITY_FAILED, RAISED, DeviceInfo, KernelSpec, Reason
 
 from .bench import Harness, describe
@@ -43,6 +43,7 @@ def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tu
     first-call (JIT) time."""
     if reference is None:
         reference = contract.reference(*to_fp32(args))
+    kept = {i: args[i].clone() for i in OPS[sig.op].consumed(args)} if "keep_inputs" in sig.flags else {}
     try:
         out, first_ms = harness.first_call(lambda: spec.impl(*args))
     except Exception as e:  # any failure of a candidate is its Reason, never the tuner's crash
@@ -50,4 +51,8 @@ def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tu
     ok, errors, message = compare(out, reference, contract.tolerances[sig.dtype])
     if not ok:
         return Parity(Reason(PARITY_FAILED, message), first_ms, errors)
+    changed = [OPS[sig.op].parameters[i].name for i, before in kept.items() if not torch.equal(args[i], before)]
+    if changed:  # right results, but written over inputs the caller keeps (keep_inputs)
+        return Parity(Reason(PARITY_FAILED, f"wrote into {', '.join(changed)}, which keep_inputs leaves as they were"),
+                      first_ms, errors)
     return Parity(None, first_ms, errors)

@@ -92,8 +92,10 @@ def rms_norm(sig, dims, device, gen):
 
 
 def rms_norm_add(sig, dims, device, gen):
+    """keep_inputs: the call then names unit_offset either way, as the op's front passes it."""
+    tail = ("unit_offset" in sig.flags, True) if "keep_inputs" in sig.flags else _unit_offset(sig)
     return (_rows(sig, dims, device, gen), _rows(sig, dims, device, gen),
-            _norm_weight(sig, sig.dim("hidden"), device, gen), NORM_EPS) + _unit_offset(sig)
+            _norm_weight(sig, sig.dim("hidden"), device, gen), NORM_EPS) + tail
 
 
 def qk_norm(sig, dims, device, gen):

@@ -219,6 +219,7 @@ def rows_call(op: str, x, flags: tuple[str, ...] = ()):
 
 
 UNIT_OFFSET = ("unit_offset",)
+KEEP_INPUTS = ("keep_inputs",)  # norm.rms_add leaves x and residual as they were (see rms_norm_add_front)
 
 
 def rms_norm_front(x: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
@@ -230,14 +231,26 @@ def rms_norm_call(x, weight, eps=1e-6, unit_offset=False):
     return rows_call("norm.rms", x, UNIT_OFFSET if unit_offset else ())
 
 
-def rms_norm_add_front(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
+def rms_norm_add_front(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False,
+                       keep_inputs: bool = False):
     """(rms_norm(x + residual) * weight, x + residual), the fused residual add of a pre-norm
-    block. x and residual are consumed: a kernel may write the results into their storage."""
+    block. x and residual are consumed: a kernel may write the results into their storage, as
+    serving engines do with their residual stream; keep_inputs: both are left as they were (the
+    results in new tensors), for a caller that does not own them (a Hugging Face decoder layer's
+    input may be a kept hidden state, or the user's inputs_embeds)."""
+    return (x.shape, x.dtype, x.is_cuda, unit_offset, keep_inputs), (
+        (x, residual, weight, eps, unit_offset, True) if keep_inputs else
+        (x, residual, weight, eps, True) if unit_offset else (x, residual, weight, eps))
+
+
+def rms_norm_add_fp8_front(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
+    """rms_norm_add's normed rows quantised per token in the same pass: (q, scale, total); x and
+    residual are consumed, as rms_norm_add's are."""
     return (x.shape, x.dtype, x.is_cuda, unit_offset), ((x, residual, weight, eps, True) if unit_offset else (x, residual, weight, eps))
 
 
-def rms_norm_add_call(x, residual, weight, eps=1e-6, unit_offset=False):
-    return rows_call("norm.rms_add", x, UNIT_OFFSET if unit_offset else ())
+def rms_norm_add_call(x, residual, weight, eps=1e-6, unit_offset=False, keep_inputs=False):
+    return rows_call("norm.rms_add", x, UNIT_OFFSET * unit_offset + KEEP_INPUTS * keep_inputs)
 
 
 def rms_norm_fp8_call(x, weight, eps=1e-6, unit_offset=False):
@@ -557,7 +570,7 @@ OPS: dict[str, OpSchema] = {
         # unit_offset: Gemma's norms scale by (1 + weight)
         OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm", method="rms_norm",
                  front=rms_norm_front, call=rms_norm_call, inputs=inputs.rms_norm),
-        OpSchema("norm.rms_add", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add",
+        OpSchema("norm.rms_add", ("hidden",), ("unit_offset", "keep_inputs"), ("tokens",), "eager.rms_norm_add",
                  method="rms_norm_add", front=rms_norm_add_front, call=rms_norm_add_call, inputs=inputs.rms_norm_add,
                  fake=two_like_first, consumes=("x", "residual")),
         # the norm before an FP8 W8A8 linear, its output quantised per token to float8 e4m3 in the same
@@ -567,7 +580,7 @@ OPS: dict[str, OpSchema] = {
                  method="rms_norm_fp8", front=rms_norm_front, call=rms_norm_fp8_call, inputs=inputs.rms_norm,
                  fake=quantised_rows_fake),
         OpSchema("norm.rms_add_fp8", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add_fp8",
-                 method="rms_norm_add_fp8", front=rms_norm_add_front, call=rms_norm_add_fp8_call,
+                 method="rms_norm_add_fp8", front=rms_norm_add_fp8_front, call=rms_norm_add_fp8_call,
                  inputs=inputs.rms_norm_add, fake=quantised_rows_add_fake, consumes=("x", "residual")),
         OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm", method="qk_norm",
                  front=qk_norm_front, call=qk_norm_call, inputs=inputs.qk_norm),

@@ -90,3 +90,29 @@ def test_a_norm_with_fp8_output_is_checked_on_its_codes_and_scales(impl, code):
                                                torch.Generator().manual_seed(0))
     p = parity_gate(CONTRACTS[NORM_FP8.op], spec, NORM_FP8, args, CpuHarness())
     assert (p.reason.code if p.reason else None) == code, p
+
+
+KEEP = Signature.make("norm.rms_add", {"hidden": 256}, ("keep_inputs",), "bf16")
+RMS_ADD = registry.get("eager.rms_norm_add").impl
+
+
+def in_place(x, residual, weight, eps, unit_offset=False, keep_inputs=False):
+    """Right results, written over x and residual as serving engines' kernels do (FlashInfer's)."""
+    normed, total = RMS_ADD(x, residual, weight, eps, unit_offset)
+    residual.copy_(total)
+    x.copy_(normed)
+    return x, residual
+
+
+@pytest.mark.parametrize("sig,impl,code", [
+    (KEEP, RMS_ADD, None),
+    (KEEP, in_place, "PARITY_FAILED"),
+    (dataclasses.replace(KEEP, flags=frozenset()), in_place, None),  # the op's contract allows it otherwise
+])
+def test_a_kernel_that_writes_over_inputs_the_call_keeps_is_rejected(sig, impl, code):
+    spec = dataclasses.replace(registry.get("eager.rms_norm_add"), kernel_id="test.rms_add", impl=impl)
+    args = CONTRACTS[sig.op].make_inputs(sig, {"tokens": 6}, torch.device("cpu"), torch.Generator().manual_seed(0))
+    p = parity_gate(CONTRACTS[sig.op], spec, sig, args, CpuHarness())
+    assert (p.reason.code if p.reason else None) == code, p
+    if code:
+        assert "residual" in p.reason.message and "x" in p.reason.message

@@ -168,8 +168,10 @@ def test_each_key_meets_the_kernel_tritons_binder_picks_and_its_output():
                     # the kernel adds x into the residual in place: each launch starts from the same one
                     res = None if res_offset is None else residuals[res_offset:res_offset + 8192]
                     res_before = None if res is None else res.clone()
-                    # rows of n_cols read at x with that row stride: one row, so the stride only types
-                    args = (x, res, weight, None, stride, 1, stride if res is not None else 0, 1, 1, stride, 1, n_cols,
+                    # rows of n_cols read at x with that row stride: one row, so the stride only types;
+                    # the total goes into the residual's storage (None: no residual, no total)
+                    res_stride = stride if res is not None else 0
+                    args = (x, res, weight, None, res, stride, 1, res_stride, 1, 1, stride, 1, res_stride, 1, n_cols,
                             1e-6)
                     options = dict(BLOCK=8192, ONE_TILE=n_cols <= 8192, UNIT_OFFSET=False, num_warps=16)
                     outputs = []

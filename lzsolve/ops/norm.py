@@ -29,7 +29,7 @@ def rms(x, weight, eps, unit_offset=False):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + weight if unit_offset else weight)
 
 
-def rms_add(x, residual, weight, eps, unit_offset=False):
+def rms_add(x, residual, weight, eps, unit_offset=False, keep_inputs=False):
     total = x + residual
     return rms(total, weight, eps, unit_offset), total
 
@@ -80,7 +80,10 @@ def qk_bytes(sig, dims):
 RMS_CASES = (({"hidden": 256}, (), {"tokens": 9}), ({"hidden": 8192}, (), {"tokens": 3}),
              ({"hidden": 640}, ("unit_offset",), {"tokens": 9}))
 RMS = OpContract("norm.rms", rms, flops(4.0), bytes_moved(2, 1), RMS_CASES)
-RMS_ADD = OpContract("norm.rms_add", rms_add, flops(5.0), bytes_moved(4, 1), RMS_CASES)
+# keep_inputs: the caller's x and residual must come back as they were (the parity gate checks it)
+RMS_ADD = OpContract("norm.rms_add", rms_add, flops(5.0), bytes_moved(4, 1),
+                     RMS_CASES + (({"hidden": 640}, ("keep_inputs",), {"tokens": 9}),
+                                  ({"hidden": 8192}, ("unit_offset", "keep_inputs"), {"tokens": 3})))
 RMS_FP8 = OpContract("norm.rms_fp8", rms_fp8, flops(6.0), fp8_bytes(1), RMS_CASES, tolerances=FP8_OUT_TOLERANCES)
 RMS_ADD_FP8 = OpContract("norm.rms_add_fp8", rms_add_fp8, flops(7.0), fp8_bytes(3), RMS_CASES,
                          tolerances=FP8_OUT_TOLERANCES)

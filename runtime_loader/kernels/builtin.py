@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from ..specs import HEAD_DIM_ANY, KernelSpec
 from ..dtypes import ALL_DTYPES
-from .eager import BOTH, EXPERT_FORMS, UNIT_OFFSET, expert_activation, quantize_per_token, scaled
+from .eager import BOTH, EXPERT_FORMS, KEEP_INPUTS, UNIT_OFFSET, expert_activation, quantize_per_token, scaled
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):
@@ -17,7 +17,8 @@ def rms_norm(x, weight, eps: float, unit_offset: bool = False):
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, keep_inputs: bool = False):
+    """New tensors, whether or not the call asks for them (keep_inputs)."""
     total = x + residual
     return rms_norm(total, weight, eps, unit_offset), total
 
@@ -104,8 +105,8 @@ SPECS = [
     KernelSpec("torch.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("torch.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add,
-               platforms=BOTH, dtypes=ALL_DTYPES, features=UNIT_OFFSET, graph_safe=True, deterministic=True,
-               notes="an add, then F.rms_norm"),
+               platforms=BOTH, dtypes=ALL_DTYPES, features=UNIT_OFFSET | KEEP_INPUTS, graph_safe=True,
+               deterministic=True, notes="an add, then F.rms_norm"),
     KernelSpec("torch.qk_norm", frozenset({"norm.qk"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET, graph_safe=True, deterministic=True,
                notes="F.rms_norm over each head"),

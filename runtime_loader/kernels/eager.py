@@ -10,6 +10,7 @@ from ..specs import HEAD_DIM_ANY, KernelSpec
 
 BOTH = frozenset({"cpu", "cuda"})
 UNIT_OFFSET = frozenset({"unit_offset"})
+KEEP_INPUTS = frozenset({"keep_inputs"})  # norm.rms_add's results in new tensors (its kernels that always do so)
 # moe.experts beyond Mixtral's form: GPT-OSS's layout, biases and clamped SwiGLU (lzsolve.ops.moe)
 EXPERT_FORMS = frozenset({"interleaved", "bias", "transposed", "clamped_swiglu", "expert_parallel"})
 
@@ -79,7 +80,8 @@ def rms_norm(x, weight, eps: float, unit_offset: bool = False):
     return weight * xf.to(x.dtype)
 
 
-def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, keep_inputs: bool = False):
+    """New tensors, whether or not the call asks for them (keep_inputs)."""
     total = x + residual
     return rms_norm(total, weight, eps, unit_offset), total
 
@@ -360,7 +362,7 @@ SPECS = [
     KernelSpec("eager.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
                features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("eager.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add, platforms=BOTH,
-               dtypes=ALL_DTYPES, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
+               dtypes=ALL_DTYPES, features=UNIT_OFFSET | KEEP_INPUTS, graph_safe=True, deterministic=True),
     KernelSpec("eager.rms_norm_fp8", frozenset({"norm.rms_fp8"}), "torch", rms_norm_fp8, platforms=BOTH,
                dtypes=ALL_DTYPES, features=UNIT_OFFSET, graph_safe=True, deterministic=True),
     KernelSpec("eager.rms_norm_add_fp8", frozenset({"norm.rms_add_fp8"}), "torch", rms_norm_add_fp8, platforms=BOTH,

@@ -38,7 +38,7 @@ def rms_norm(x, weight, eps: float, unit_offset: bool = False):
     return rms_norm_forward(_rows(x), weight.contiguous(), eps, *_offset_casting(unit_offset), None)[0]
 
 
-def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, keep_inputs: bool = False):
     from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
 
     # Writes both results to new tensors: x and residual are left as they were.
@@ -114,7 +114,7 @@ SPECS = [
           f"{ROW_LIMIT}", features=frozenset({"unit_offset"})),
     _spec("liger.rms_norm_add", "norm.rms_add", rms_norm_add,
           f"LigerFusedAddRMSNorm forward, Llama casting (unit_offset: Gemma casting, offset 1); new output tensors; "
-          f"{ROW_LIMIT}", features=frozenset({"unit_offset"})),
+          f"{ROW_LIMIT}", features=frozenset({"unit_offset", "keep_inputs"})),
     _spec("liger.layer_norm", "norm.layer", layer_norm, f"fp32 statistics and affine; {ROW_LIMIT}"),
     _spec("liger.swiglu", "act.swiglu", swiglu,
           "halves of one gate_up buffer: Liger's fused gate-up kernel, zero-copy; otherwise LigerSiLUMul "

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...dtypes import ALL_DTYPES
 from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
-from ..eager import EXPERT_FORMS, UNIT_OFFSET
+from ..eager import EXPERT_FORMS, KEEP_INPUTS, UNIT_OFFSET
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:
@@ -68,8 +68,8 @@ TUNABLES = [
            "one row per program, fp32 statistics; rows wider than block take two passes",
            features=UNIT_OFFSET),
     family("triton.rms_norm_add", "norm.rms_add", "norm", "rms_norm_add", NORM_PARAMS, NORM_DEFAULT,
-           "in place: total into residual, normed into x; rows wider than block take two passes",
-           features=UNIT_OFFSET),
+           "in place: total into residual, normed into x (keep_inputs: both new); rows wider than block take two "
+           "passes", features=UNIT_OFFSET | KEEP_INPUTS),
     # the norm and an FP8 linear's per-token quantisation of its output in one pass (e4m3: sm 89+)
     family("triton.rms_norm_fp8", "norm.rms_fp8", "norm", "rms_norm_fp8", NORM_PARAMS, NORM_DEFAULT,
            "one row per program, quantised in the same pass; rows wider than block take three passes",

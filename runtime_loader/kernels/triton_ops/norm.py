@@ -39,15 +39,15 @@ def _normed(total, rstd, cols, mask, w_ptr, w_stride, like_ptr, UNIT_OFFSET: tl.
 
 
 @triton.jit
-def _store_total(total, mask, res_ptr, res_offsets):
-    if res_ptr is not None:  # the total replaces the residual (vLLM's fused_add_rms_norm does the same)
-        tl.store(res_ptr + res_offsets, total.to(res_ptr.dtype.element_ty), mask=mask)
+def _store_total(total, mask, sum_ptr, sum_offsets):
+    if sum_ptr is not None:  # the residual's storage in place (vLLM's fused_add_rms_norm does the same), or a new one
+        tl.store(sum_ptr + sum_offsets, total.to(sum_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, res_ptr, res_offsets,
+def _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, out_offsets, sum_ptr, sum_offsets,
                UNIT_OFFSET: tl.constexpr):
-    _store_total(total, mask, res_ptr, res_offsets)
+    _store_total(total, mask, sum_ptr, sum_offsets)
     out = _normed(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, UNIT_OFFSET)
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -67,11 +67,12 @@ def _chunked_rstd(x_ptr, res_ptr, row, x_stride_row, x_stride_col, res_stride_ro
 
 @launcher
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
                      x_stride_row, x_stride_col, res_stride_row, res_stride_col, w_stride,
-                     out_stride_row, out_stride_col, n_cols, eps,
+                     out_stride_row, out_stride_col, sum_stride_row, sum_stride_col, n_cols, eps,
                      BLOCK: tl.constexpr, ONE_TILE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """rms_norm of one row of x, or of x + residual when res_ptr is given."""
+    """rms_norm of one row of x, or of x + residual when res_ptr is given; that total is written
+    at sum_ptr (the residual's own storage, or a new tensor's)."""
     row = tl.program_id(0).to(tl.int64)
     if ONE_TILE:
         cols = tl.arange(0, BLOCK)
@@ -80,8 +81,8 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
         res_offsets = row * res_stride_row + cols * res_stride_col
         total = _load_total(x_ptr, x_offsets, res_ptr, res_offsets, mask)
         rstd = tl.rsqrt(tl.sum(total * total) / n_cols + eps)
-        _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
-                   row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets, UNIT_OFFSET)
+        _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, row * out_stride_row + cols * out_stride_col,
+                   sum_ptr, row * sum_stride_row + cols * sum_stride_col, UNIT_OFFSET)
     else:
         rstd = _chunked_rstd(x_ptr, res_ptr, row, x_stride_row, x_stride_col, res_stride_row, res_stride_col, n_cols,
                              eps, BLOCK)
@@ -90,10 +91,10 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr,
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             mask = cols < n_cols
-            res_offsets = row * res_stride_row + cols * res_stride_col
-            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col, res_ptr, res_offsets, mask)
-            _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr,
-                       row * out_stride_row + cols * out_stride_col, res_ptr, res_offsets, UNIT_OFFSET)
+            total = _load_total(x_ptr, row * x_stride_row + cols * x_stride_col,
+                                res_ptr, row * res_stride_row + cols * res_stride_col, mask)
+            _store_rms(total, rstd, cols, mask, w_ptr, w_stride, out_ptr, row * out_stride_row + cols * out_stride_col,
+                       sum_ptr, row * sum_stride_row + cols * sum_stride_col, UNIT_OFFSET)
 
 
 @launcher
@@ -189,15 +190,20 @@ def _check_vectors(rows, *vectors) -> None:
             raise ValueError(f"rows of {rows.shape[-1]} need vectors of that length, got {tuple(vector.shape)}")
 
 
-def _rms_rows(rows, residual_rows, weight, out, eps: float, unit_offset: bool, block: int, warps: int) -> None:
+def _rms_rows(rows, residual_rows, weight, out, eps: float, unit_offset: bool, block: int, warps: int,
+              total=None) -> None:
+    """The normed rows into out; with a residual, their total into `total` (default: in place, into
+    the residual's storage)."""
     _check_vectors(rows, weight)
     n_rows, n_cols = rows.shape
     if n_rows == 0:
         return
     res_strides = residual_rows.stride() if residual_rows is not None else (0, 0)
-    _rms_norm_kernel[(n_rows,)](rows, residual_rows, weight, out, *rows.stride(), *res_strides, weight.stride(0),
-                                *out.stride(), n_cols, eps, BLOCK=block, ONE_TILE=n_cols <= block,
-                                UNIT_OFFSET=unit_offset, num_warps=warps)
+    total = residual_rows if total is None else total
+    sum_strides = total.stride() if total is not None else (0, 0)
+    _rms_norm_kernel[(n_rows,)](rows, residual_rows, weight, out, total, *rows.stride(), *res_strides,
+                                weight.stride(0), *out.stride(), *sum_strides, n_cols, eps, BLOCK=block,
+                                ONE_TILE=n_cols <= block, UNIT_OFFSET=unit_offset, num_warps=warps)
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False, *, block: int, warps: int):
@@ -208,12 +214,18 @@ def rms_norm(x, weight, eps: float, unit_offset: bool = False, *, block: int, wa
     return out.view(x.shape)
 
 
-def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, *, block: int, warps: int):
+def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, keep_inputs: bool = False, *,
+                 block: int, warps: int):
     """In place, as serving engines do (the op's contract allows it): the total goes into
-    residual's storage and the normed rows into x's; returns (normed, total)."""
+    residual's storage and the normed rows into x's; returns (normed, total). keep_inputs: both
+    into new tensors, x and residual left as they were (the same reads and writes)."""
     if residual.shape != x.shape:
         raise ValueError(f"rms_norm_add: residual {tuple(residual.shape)} is not the shape of x {tuple(x.shape)}")
     rows, residual_rows = as_rows(x), as_rows(residual)
+    if keep_inputs:
+        normed, total = torch.empty(rows.shape, dtype=x.dtype, device=x.device), torch.empty_like(residual_rows)
+        _rms_rows(rows, residual_rows, weight, normed, eps, unit_offset, block, warps, total)
+        return normed.view(x.shape), total.view(residual.shape)
     _rms_rows(rows, residual_rows, weight, rows, eps, unit_offset, block, warps)
     # Views of x and residual (copies only where as_rows had to copy leading dims).
     return rows.view(x.shape), residual_rows.view(residual.shape)

@@ -239,7 +239,8 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
     table's kernels; the same under torch.compile(fullgraph=True)."""
     model = seeded_tiny(family)
     d, report, ids, reference, expected = patched(model, families_artifact)
-    assert report.fused == {"q_proj+k_proj+v_proj": 2, "gate_proj+up_proj": 2}, report
+    norm = "pre_feedforward_layernorm" if family == "gemma3" else "post_attention_layernorm"
+    assert report.fused == {"q_proj+k_proj+v_proj": 2, "gate_proj+up_proj": 2, f"residual add+{norm}": 2}, report
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
@@ -248,7 +249,9 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
     assert not fallbacks, f"calls outside the table: {fallbacks}"
     act = "act.geglu" if family == "gemma3" else "act.swiglu"
     norms = {"norm.rms"} | ({"norm.qk"} if family in ("qwen3", "gemma3") else set())
-    assert {"embedding", "attention.prefill", "attention.decode", "posenc.rope", act, "linear"} | norms <= set(stats), stats
+    assert {"embedding", "attention.prefill", "attention.decode", "posenc.rope", act, "linear", "norm.rms_add"} | norms \
+        <= set(stats), stats
+    assert sum(stats["norm.rms_add"].values()) == (1 + 6) * 2, "each layer's residual add and its norm in one call"
     forwards = 1 + 6  # the logits, then generate's prefill and 5 decode steps
     assert sum(stats["linear"].values()) == forwards * (2 * 4 + 1), "per layer q/k/v, o, gate/up, down; lm_head"
 
@@ -257,6 +260,29 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids).logits, reference, rtol=1e-5, atol=1e-5)
     assert not {op for op, kernels in d.stats().items() if any("(fallback)" in k for k in kernels)}
+
+
+def test_a_fused_residual_add_leaves_the_hidden_states_the_caller_keeps(families_artifact, restore_active, tmp_path):
+    """The layer's input is a hidden state output_hidden_states returns (and the user's
+    inputs_embeds for the first layer): the fused add and norm asks for keep_inputs, which no
+    in-place kernel (a serving engine's) may serve. All hidden states as unpatched."""
+    model = seeded_tiny("llama")
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+        kept = embeds.clone()
+        expected = model(inputs_embeds=embeds, output_hidden_states=True).hidden_states
+        d, report, *_ = patched(model, families_artifact)
+        got = model(inputs_embeds=embeds, output_hidden_states=True).hidden_states
+    assert report.fused["residual add+post_attention_layernorm"] == 2
+    assert "norm.rms_add" in d.stats(), "the fused call was served"
+    assert torch.equal(embeds, kept)
+    for layer, (g, e) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5, msg=f"hidden state {layer}")
+    with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
+        model(inputs_embeds=embeds)
+    adds = [c["name"] for c in json.loads((tmp_path / "w.json").read_text())["calls"] if "rms_add" in c["name"]]
+    assert adds and all("keep_inputs" in name for name in adds), adds
 
 
 def test_a_model_whose_layers_differ_is_served_from_its_table(families_artifact, restore_active, tmp_path):
@@ -315,6 +341,13 @@ def test_traced_patch_puts_the_tables_kernels_in_the_graph(family, families_arti
             assert stats and not any("(fallback)" in k for kernels in stats.values() for k in kernels), stats
 
 
+def unfused(name: str) -> str:
+    """A recorded fused residual add (norm.rms_add with keep_inputs) as the call the patched model
+    makes instead where its table has no such signature: the norm alone. `tune --config` captures
+    the norms (and serving engines' in-place norm.rms_add), not the keep_inputs form."""
+    return name.replace("norm.rms_add", "norm.rms").replace(",keep_inputs", "") if "keep_inputs" in name else name
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_tune_from_the_config_covers_what_the_patched_model_calls(family, tmp_path, restore_active):
     """`tune --config` (capture) and patch() must agree on signatures, or a table tuned from a
@@ -331,7 +364,7 @@ def test_a_tune_from_the_config_covers_what_the_patched_model_calls(family, tmp_
     patch(model, d)
     with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
         model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
-    called = {call["name"] for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    called = {unfused(call["name"]) for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
     assert called <= captured, sorted(called - captured)
 
 
@@ -379,7 +412,7 @@ def test_a_model_that_cannot_be_twinned_keeps_its_linears_separate_and_says_so(r
     ids = torch.randint(1, 128, (1, 9))
     reference = logits(model, "sdpa", ids)
     report = patch(model, Dispatcher(None))
-    assert not report.fused and "TypeError" in report.left["sibling linears"], report
+    assert not [k for k in report.fused if k.endswith("_proj")] and "TypeError" in report.left["sibling linears"], report
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
 
@@ -395,7 +428,8 @@ def test_sibling_linears_with_biases_are_one_gemm_over_shared_storage(restore_ac
     reference = logits(model, "sdpa", ids)
     d = Dispatcher(None)
     report = patch(model, d)
-    assert report.fused == {"q_proj+k_proj+v_proj": 2, "gate_proj+up_proj": 2}
+    assert {k: n for k, n in report.fused.items() if k.endswith("_proj")} == {"q_proj+k_proj+v_proj": 2,
+                                                                             "gate_proj+up_proj": 2}
     attn = model.model.layers[0].self_attn
     siblings = attn.q_proj._lzsolve_siblings
     assert siblings.bias is not None
@@ -554,7 +588,7 @@ def test_a_qwen35_tune_from_its_config_covers_what_the_patched_model_calls(tmp_p
     patch(model, Dispatcher(None))
     with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
         model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
-    called = {call["name"] for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    called = {unfused(call["name"]) for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
     tuned = {str(i.signature).replace("norm.rms_add", "norm.rms") for i in captured.instances}
     assert {n for n in called if n.startswith(("conv.", "recurrent."))}, called
     assert called <= tuned, sorted(called - tuned)

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from lzsolve.ops import CONTRACTS, compare, to_fp32  # noqa: E402
 from runtime_loader import registry  # noqa: E402
-from runtime_loader.ops import Signature  # noqa: E402
+from runtime_loader.ops import OPS, Signature  # noqa: E402
 from runtime_loader.specs import config_id  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -31,6 +31,9 @@ CASES = [
       for base, op in (("triton.rms_norm", "norm.rms"), ("triton.rms_norm_add", "norm.rms_add"),
                        ("triton.rms_norm_fp8", "norm.rms_fp8"), ("triton.rms_norm_add_fp8", "norm.rms_add_fp8"))
       for flags in ((), ("unit_offset",))],
+    # new tensors for the results, x and residual left as they were (check() compares them)
+    *[("triton.rms_norm_add", "norm.rms_add", {"hidden": 320}, flags, {"tokens": 5}, [NORM_CHUNKED])
+      for flags in (("keep_inputs",), ("unit_offset", "keep_inputs"))],
     # 3 heads of 48 per token: rows of one head, in one tile and in three chunks of 16
     *[("triton.qk_norm", "norm.qk", {"heads": 3, "d": 48}, flags, {"tokens": 5}, [{"block": 16, "warps": 1}])
       for flags in ((), ("unit_offset",))],
@@ -125,10 +128,13 @@ def check(kernel_id: str, sig: Signature, dims: dict, variant=None) -> list[str]
     if variant:
         args = variant(args)
     reference = contract.reference(*to_fp32(args))  # first: norm.rms_add writes into its inputs
+    kept = {i: args[i].clone() for i in OPS[sig.op].consumed(args)} if "keep_inputs" in sig.flags else {}
     try:
         out = registry.get(kernel_id).impl(*args)
     except Exception as e:  # one failing case must not hide the others
         return [f"{kernel_id} on {sig}: raised {type(e).__name__}: {e}"]
+    if any(not torch.equal(args[i], before) for i, before in kept.items()):
+        return [f"{kernel_id} on {sig}: wrote over an input keep_inputs leaves as it was"]
     if sig.op in FP8_OUT_OPS:  # q first, by value: the interpreter's e4m3 cast drops carries (fp8_quantisation)
         out = (undo_dropped_carries(out[0].float(), reference[0]), *out[1:])
     ok, _, message = compare(out, reference, contract.tolerances[sig.dtype])

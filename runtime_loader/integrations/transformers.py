@@ -23,7 +23,10 @@ calls take the SDPA path (same results, not the table).
 """
 from __future__ import annotations
 
+import ast
+import inspect
 import sys
+import textwrap
 import types
 import warnings
 from collections import Counter
@@ -168,6 +171,123 @@ def _qk_norm_forward(self, x):
 def _layer_norm_forward(self, x):
     # a LayerNorm without a bias may have no bias attribute at all (Cohere's)
     return _ops().layer_norm(x, self.weight, getattr(self, "bias", None), self._lzsolve_eps)
+
+
+# --- the fused residual add --------------------------------------------------------------------------
+# A decoder layer adds its sublayer's output into the residual stream, then norms that total:
+#     hidden_states = residual + hidden_states
+#     residual = hidden_states
+#     hidden_states = self.post_attention_layernorm(hidden_states)
+# (Llama, Qwen, Mistral; Gemma 3 before its pre_feedforward_layernorm). Where a layer's forward has
+# those three lines and its norm is one the patch serves, the forward is compiled again from its
+# own source with them as one call of _add_norm: norm.rms_add, one pass and one launch fewer. The
+# layer's input may be a hidden state the caller keeps (output_hidden_states, the user's
+# inputs_embeds), so the call asks for new tensors (keep_inputs) where serving engines, which own
+# their residual stream, let a kernel write over it.
+ADD_NORM = "_lzsolve_add_norm"  # the name the recompiled forwards call it by, in their module's globals
+
+
+def _add_norm(norm, x, residual):
+    """(norm(residual + x), residual + x): one norm.rms_add call where `norm` is an RMSNorm the patch
+    serves and the table serves that call (a table tuned before the fusion has only the norm);
+    else the add and the norm, as the layer's own lines did."""
+    if getattr(norm.forward, "__func__", None) is _rms_forward and _served(
+            "rms_norm_add", x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True):
+        return _ops().rms_norm_add(x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True)
+    total = residual + x
+    return norm(total), total
+
+
+def _add_norm_sites(body: list) -> list[tuple[int, str, str, str]]:
+    """(index, hidden name, residual name, norm attribute) of each `h = r + h; r = h; h = self.<norm>(h)`
+    in a list of statements (the sum either way round)."""
+    def name(node) -> str | None:
+        return node.id if isinstance(node, ast.Name) else None
+
+    def assigned(stmt) -> tuple[str | None, ast.expr | None]:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            return name(stmt.targets[0]), stmt.value
+        return None, None
+
+    sites = []
+    for i in range(len(body) - 2):
+        hidden, value = assigned(body[i])
+        if hidden is None or not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
+            continue
+        terms = [name(value.left), name(value.right)]
+        if hidden not in terms or None in terms or terms[0] == terms[1]:
+            continue
+        residual = terms[1 - terms.index(hidden)]
+        kept, total = assigned(body[i + 1])
+        if kept != residual or name(total) != hidden:
+            continue
+        target, call = assigned(body[i + 2])
+        if (target == hidden and isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords
+                and name(call.args[0]) == hidden and isinstance(call.func, ast.Attribute)
+                and name(call.func.value) == "self"):
+            sites.append((i, hidden, residual, call.func.attr))
+    return sites
+
+
+class _FuseAddNorm(ast.NodeTransformer):
+    """Each site of _add_norm_sites, in every statement list of the function, made one line."""
+
+    def __init__(self, norms: set[str]):
+        self.norms, self.fused = norms, []
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        for field_name in ("body", "orelse", "finalbody"):
+            body = getattr(node, field_name, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                setattr(node, field_name, self._fuse(body))
+        return node
+
+    def _fuse(self, body: list) -> list:
+        for i, hidden, residual, norm in reversed(_add_norm_sites(body)):
+            if norm not in self.norms:
+                continue
+            line = ast.parse(f"{hidden}, {residual} = {ADD_NORM}(self.{norm}, {hidden}, {residual})").body[0]
+            body[i:i + 3] = [ast.copy_location(line, body[i])]
+            self.fused.append(norm)
+        return body
+
+
+_fused_forwards: dict[tuple, tuple] = {}  # (class, norm attributes) -> (forward or None, norms fused)
+
+
+def _fused_forward(cls, norms: frozenset[str]):
+    """cls.forward compiled again with its add + norm lines as _add_norm calls, and the norms it
+    fuses; (None, ()) where there are none, or its source cannot be read or recompiled as it is
+    (a closure, or super(), would not survive): the layer keeps its forward."""
+    key = (cls, norms)
+    if key not in _fused_forwards:
+        _fused_forwards[key] = _compile_fused(cls, norms)
+    return _fused_forwards[key]
+
+
+def _compile_fused(cls, norms: frozenset[str]):
+    function = inspect.unwrap(cls.forward)  # under transformers' decorators, whose source line it keeps
+    module = sys.modules.get(function.__module__)
+    if not isinstance(function, types.FunctionType) or function.__code__.co_freevars or module is None:
+        return None, ()
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return None, ()
+    node = tree.body[0] if tree.body and isinstance(tree.body[0], ast.FunctionDef) else None
+    if node is None or any(isinstance(n, ast.Name) and n.id == "super" for n in ast.walk(node)):
+        return None, ()
+    fuse = _FuseAddNorm(set(norms))
+    fuse.visit(node)
+    if not fuse.fused:
+        return None, ()
+    setattr(module, ADD_NORM, _add_norm)
+    namespace: dict = {}
+    # the module's own globals, so the forward reads what the original reads (and its decorators run again)
+    exec(compile(ast.fix_missing_locations(tree), inspect.getsourcefile(function) or "<lzsolve>", "exec"),  # noqa: S102
+         vars(module), namespace)
+    return namespace[node.name], tuple(fuse.fused)
 
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
@@ -580,6 +700,21 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
             report.left[cls] = {"posenc.learned": "learned positions are left to torch",
                                 "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(
                                     kind.op, f"no serving forward for {kind.op}")
+    _fuse_residual_adds(model, report)
     for module in modelling_modules(model):
         _patch_functions(module, report)
     return report
+
+
+def _fuse_residual_adds(model, report: PatchReport) -> None:
+    """Decoder layers whose forward adds into the residual stream and norms the total with a norm
+    served above: that forward, recompiled with the two as one call (see _add_norm)."""
+    for module in model.modules():
+        norms = frozenset(name for name, child in module.named_children()
+                          if getattr(child.forward, "__func__", None) is _rms_forward)
+        forward, fused = _fused_forward(type(module), norms) if norms else (None, ())
+        if forward is not None:
+            module.forward = types.MethodType(forward, module)
+            report.replaced[type(module).__name__] += 1
+            for norm in fused:
+                report.fused[f"residual add+{norm}"] += 1

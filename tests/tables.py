@@ -130,3 +130,10 @@ def unpatch() -> None:
 
     runtime_loader.custom_ops.activate(Dispatcher(None))
     restore_functions()
+
+
+def unfused(name: str) -> str:
+    """A recorded fused residual add (norm.rms_add with keep_inputs) as the call the patched model
+    makes instead where its table has no such signature: the norm alone. `tune --config` captures
+    the norms (and serving engines' in-place norm.rms_add), not the keep_inputs form."""
+    return name.replace("norm.rms_add", "norm.rms").replace(",keep_inputs", "") if "keep_inputs" in name else name

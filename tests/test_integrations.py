@@ -7,7 +7,7 @@ import torch
 
 import runtime_loader
 from runtime_loader import Dispatcher
-from tests.tables import tune_what_patched_models_call
+from tests.tables import tune_what_patched_models_call, unfused
 
 transformers = pytest.importorskip("transformers")
 from runtime_loader.integrations.transformers import register  # noqa: E402
@@ -339,13 +339,6 @@ def test_traced_patch_puts_the_tables_kernels_in_the_graph(family, families_arti
         if not traced:  # the custom ops count their calls; traced calls are not counted
             stats = d.stats()
             assert stats and not any("(fallback)" in k for kernels in stats.values() for k in kernels), stats
-
-
-def unfused(name: str) -> str:
-    """A recorded fused residual add (norm.rms_add with keep_inputs) as the call the patched model
-    makes instead where its table has no such signature: the norm alone. `tune --config` captures
-    the norms (and serving engines' in-place norm.rms_add), not the keep_inputs form."""
-    return name.replace("norm.rms_add", "norm.rms").replace(",keep_inputs", "") if "keep_inputs" in name else name
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

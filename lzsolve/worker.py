@@ -72,7 +72,7 @@ def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...], nice: in
     instead of printing a BrokenPipeError traceback into the run's log."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if nice and hasattr(os, "nice"):
-        os.nice(nice)  # before any import: the processes it starts (ninja, nvcc) inherit it
+        os.nice(nice)  # before any task: the processes its tasks start (ninja, nvcc) inherit it
     runner = InProcessRunner(torch.device(device), budget, plugins)
     try:
         conn.send({"ready": True})

@@ -250,7 +250,7 @@ def rms_norm_add_fp8_front(x: Tensor, residual: Tensor, weight: Tensor, eps: flo
 
 
 def rms_norm_add_call(x, residual, weight, eps=1e-6, unit_offset=False, keep_inputs=False):
-    return rows_call("norm.rms_add", x, UNIT_OFFSET * unit_offset + KEEP_INPUTS * keep_inputs)
+    return rows_call("norm.rms_add", x, (UNIT_OFFSET if unit_offset else ()) + (KEEP_INPUTS if keep_inputs else ()))
 
 
 def rms_norm_fp8_call(x, weight, eps=1e-6, unit_offset=False):

@@ -17,7 +17,7 @@ graph-mode timing of a GPU run does not read.
 Inductor's kernels (FlexAttention, the compile.* family) are warmed the same way on a GPU run, by
 a process of their own: a process's first Inductor compile took 12-15 s per device in the grid of
 a two-GPU run (BENCHMARKS §15.5), and a later process sharing the run's caches reads most of it
-back (13.7 s cold against 3.4-4.2 s on this project's CPU VM). They do not join the nvcc queue,
+back (9.3 s cold against 3.2-3.3 s on this project's CPU VM, benchmarks/first_call_cache.py). They do not join the nvcc queue,
 where they would delay the builds the grid waits on.
 """
 from __future__ import annotations

@@ -1,0 +1,35 @@
+"""How long `tune` spends solving the table from a PerfDB's records: solve_signature per
+signature, as build_table calls it (BENCHMARKS §15.5: is the time after validation the solve?).
+
+    python benchmarks/solve_time.py OUT/perfdb [--mode graph]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from lzsolve.artifact import by_signature
+from lzsolve.perfdb import PerfDB
+from lzsolve.solve import solve_signature
+from runtime_loader.ops import OPS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("perfdb")
+    parser.add_argument("--mode", default="graph", choices=("graph", "eager"))
+    args = parser.parse_args()
+    records = PerfDB(args.perfdb).rows("SELECT * FROM records")
+    total = 0.0
+    for sig, recs in sorted(by_signature(records).items(), key=lambda kv: -len(kv[1])):
+        op = OPS[recs[0]["op"]]
+        started = time.perf_counter()
+        solve_signature(recs, op.dynamic, op.fallback, args.mode)
+        spent = time.perf_counter() - started
+        total += spent
+        print(f"{spent:7.2f} s  {len(recs):5d} records  {sig}")
+    print(f"{total:.1f} s for {len(records)} records")
+
+
+if __name__ == "__main__":
+    main()

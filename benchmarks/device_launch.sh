@@ -4,10 +4,10 @@
 # Triton's own binder, and every Triton kernel's parity with the fp32 reference (tests/test_kernels.py
 # checks each case twice with fresh inputs: the second call of a key is the launcher's direct launch;
 # TESTS= other tests, e.g. all of tests/test_kernels.py for the search spaces' corners too); then
-# benchmarks/launch_overhead.py, ROUNDS times.
+# benchmarks/launch_overhead.py, ROUNDS times. KERNELS= other kernel globs for the parity run (default triton.*).
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
-LZSOLVE_TEST_KERNELS='triton.*' timeout "${PARITY_S:-400}" python3 -m pytest -q -m gpu -s -p no:cacheprovider \
+LZSOLVE_TEST_KERNELS="${KERNELS:-triton.*}" timeout "${PARITY_S:-400}" python3 -m pytest -q -m gpu -s -p no:cacheprovider \
   --tb=short ${TESTS:-tests/test_triton_launch.py tests/test_kernels.py::test_cuda_kernel_parity} \
   > "$OUT/parity_triton.log" 2>&1
 echo "parity rc $?"; grep -vE "^ok " "$OUT/parity_triton.log" | tail -15

@@ -1,16 +1,19 @@
 """A Hugging Face causal LM end to end: SDPA, Liger, torch.compile and lzsolve's dispatch table.
 
 Random-weight models of --layers layers. Columns: sdpa; liger (apply_liger_kernel_to_<family>
-on a copy); compile (torch.compile of the sdpa model); lzsolve (runtime_loader.load of
-ARTIFACTS/<model>, register(d), attn_implementation="lzsolve", patch(model, d) where it exists);
-lzsolve_compile (torch.compile of that patched model: the table's kernels are opaque custom ops,
-Inductor fuses what lies between them); lzsolve_traced (the same, patched with traced=True: the
+on a copy); compile (torch.compile of the sdpa model); liger_compile (the Liger copy compiled);
+lzsolve (runtime_loader.load of ARTIFACTS/<model>, register(d), attn_implementation="lzsolve",
+patch(model, d) where it exists); lzsolve_compile (torch.compile of that patched model, its table
+from GRAPH_ARTIFACTS/<model> when given: the table's kernels are opaque custom ops, Inductor fuses
+what lies between them); lzsolve_traced (the same, patched with traced=True: the
 table's choice is made while tracing and its kernels' ops are in Inductor's graph);
 lzsolve_traced_fuse (lzsolve_traced with the row ops locked to their torch form, the fallback:
 Inductor then fuses norms, activations and RoPE with their neighbours, and the table serves
 attention, the GEMMs (q/k/v and gate/up fused) and the experts).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
-then decode steps over a DynamicCache, one explicit loop for every variant). Each variant is
+then decode steps, one explicit loop for every variant: over a DynamicCache eagerly, over a
+StaticCache for the compiled variants, as a compiled client serves: fixed shapes, no recompile
+per step; --compile-mode reduce-overhead adds CUDA graphs). Each variant is
 checked first, against an fp32 copy of the model: a prefill row further from it than --tol
 times sdpa's own distance is FAILED and not timed.
 
@@ -38,7 +41,7 @@ import torch
 import transformers
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile as torch_profile
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 
 import runtime_loader
 from runtime_loader import custom_ops
@@ -64,14 +67,16 @@ SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000
              "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128)}  # name -> (batch, prompt tokens, decode steps)
 TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
                   "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
-VARIANTS = ("sdpa", "liger", "compile", "lzsolve", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse",
-            "lzsolve_jit_launch")
+VARIANTS = ("sdpa", "liger", "compile", "liger_compile", "lzsolve", "lzsolve_compile", "lzsolve_traced",
+            "lzsolve_traced_fuse", "lzsolve_jit_launch")
+COMPILED = ("compile", "liger_compile", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse")
 # lzsolve_jit_launch: lzsolve with our Triton kernels launched through Triton's JIT function on every
 # call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (BENCHMARKS §11.7)
 # lzsolve_traced_fuse: ops whose torch form Inductor fuses with its neighbours, served by that form
 FUSED_BY_INDUCTOR = ("norm.rms", "norm.rms_add", "norm.qk", "norm.layer", "act.swiglu", "act.geglu", "act.gelu",
                      "posenc.rope", "embedding")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CACHE_POSITION = "cache_position" in inspect.signature(transformers.LlamaModel.forward).parameters
 CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's
 
 
@@ -100,10 +105,20 @@ def fp32_logits(model, inputs, scenarios, shapes, keep) -> dict:
     return anchor
 
 
-def generate(model, ids, steps, keep):
-    cache, tokens = DynamicCache(config=model.config), [ids]
+def generate(model, ids, steps, keep, static: bool = False):
+    """Greedy tokens of a prefill then `steps` decode steps. static: over a StaticCache of the run's
+    length, each call told its positions (a compiled model then sees two shapes, prefill and decode,
+    and reads no cache length from the tensors)."""
+    config = model.config  # a compiled model's too (OptimizedModule passes attributes through)
+    cache = StaticCache(config=config, max_cache_len=ids.shape[1] + steps + 1) if static else DynamicCache(config=config)
+    tokens, done = [ids], 0
     for _ in range(steps + 1):  # the prefill's token, then one per decode step
-        logits = model(input_ids=tokens[-1], past_key_values=cache, use_cache=True, **keep).logits
+        positions = torch.arange(done, done + tokens[-1].shape[1], device=ids.device)
+        where = {"position_ids": positions.unsqueeze(0).expand(ids.shape[0], -1)} if static else {}
+        if static and CACHE_POSITION:  # transformers before 5.24 place the cache's writes by cache_position
+            where["cache_position"] = positions
+        logits = model(input_ids=tokens[-1], past_key_values=cache, use_cache=True, **where, **keep).logits
+        done += tokens[-1].shape[1]
         tokens.append(logits[:, -1].argmax(-1, keepdim=True))
     return torch.cat(tokens[1:], dim=1)
 
@@ -184,24 +199,31 @@ def served(fn) -> tuple:
     return out, calls
 
 
-def setup(variant: str, model, name: str, args, lock: dict | None = None):
+def compiled(model, args):
+    return torch.compile(model, backend=args.compile_backend,
+                         **({"mode": args.compile_mode} if args.compile_mode != "default" else {}))
+
+
+def setup(variant: str, model, name: str, args, lock: dict | None = None, artifacts: str | None = None):
     """(runner, None) for a variant of the sdpa `model`, or (None, why it is skipped); lock: the
-    lzsolve Dispatcher's op -> kernel locks (runtime_loader.policies)."""
+    lzsolve Dispatcher's op -> kernel locks (runtime_loader.policies); artifacts: the tables' folder
+    (default --artifacts)."""
     if variant == "sdpa":
         return model, None
-    if variant == "compile":
-        return torch.compile(model, backend=args.compile_backend), None
+    if variant in ("compile", "liger_compile"):
+        base, why = setup({"compile": "sdpa", "liger_compile": "liger"}[variant], model, name, args)
+        return (None, why) if base is None else (compiled(base, args), None)
     if variant == "lzsolve_jit_launch":
         return setup("lzsolve", model, name, args, lock)
     if variant in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse"):  # the patched model compiled
         lock = {op: OPS[op].fallback for op in FUSED_BY_INDUCTOR} if variant == "lzsolve_traced_fuse" else None
-        patched, why = setup("lzsolve", model, name, args, lock)
+        patched, why = setup("lzsolve", model, name, args, lock, args.graph_artifacts or args.artifacts)
         if patched is None:
             return None, why
         # lzsolve_compile: the table's kernels as opaque custom ops, Inductor between them; lzsolve_traced:
         # the table's choice made while tracing, its kernels' ops in Inductor's graph (patch(traced=True))
         custom_ops.active().traced = variant != "lzsolve_compile"
-        return torch.compile(patched, backend=args.compile_backend), None
+        return compiled(patched, args), None
     if variant == "liger":
         try:
             import liger_kernel.transformers as liger
@@ -219,9 +241,10 @@ def setup(variant: str, model, name: str, args, lock: dict | None = None):
         except Exception as e:  # noqa: BLE001
             return None, f"{apply.__name__} failed ({type(e).__name__}: {e})"
         return patched, None
-    folder = Path(args.artifacts or ".") / name
-    if not args.artifacts or not (folder / "dispatch.json").exists():
-        return None, f"no {folder / 'dispatch.json'}" if args.artifacts else "no --artifacts"
+    artifacts = artifacts or args.artifacts
+    folder = Path(artifacts or ".") / name
+    if not artifacts or not (folder / "dispatch.json").exists():
+        return None, f"no {folder / 'dispatch.json'}" if artifacts else "no --artifacts"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -231,7 +254,8 @@ def setup(variant: str, model, name: str, args, lock: dict | None = None):
     for w in caught:
         print(f"[{name}] lzsolve warning: {w.message}")
     tuned = d.table.raw["model"]
-    print(f"[{name}] lzsolve table {folder}: {tuned['id']} tp {tuned['tp']} {tuned['dtype']}, "
+    print(f"[{name}] lzsolve table {folder} ({d.table.raw.get('timing_mode')} mode): {tuned['id']} tp {tuned['tp']} "
+          f"{tuned['dtype']}, "
           f"{len(d.table.trees)} op signatures")
     if tuned["dtype"] != args.dtype:
         print(f"[{name}] lzsolve warning: tuned in {tuned['dtype']}, run in {args.dtype}: every call falls back")
@@ -291,7 +315,11 @@ def main() -> None:
     parser.add_argument("--write-configs", metavar="DIR", help="write DIR/<model>/config.json and exit")
     parser.add_argument("--record", metavar="DIR", help="run the scenarios once, patched with no table, recording "
                         "DIR/<model>.json (for lzsolve tune --workload), and exit")
+    parser.add_argument("--graph-artifacts", metavar="DIR", help="the compiled lzsolve variants' tables "
+                        "(graph mode: a compiled client's), DIR/<model>/dispatch.json; default --artifacts")
     parser.add_argument("--compile-backend", help="default inductor (aot_eager with --tiny: no codegen wait)")
+    parser.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead", "max-autotune"),
+                        help="torch.compile's mode for every compiled variant (reduce-overhead: CUDA graphs)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--tol", type=float, default=2.0,
@@ -331,9 +359,10 @@ def main() -> None:
         inputs = {s: torch.randint(0, model.config.vocab_size, shapes[s][:2], generator=gen).to(device)
                   for s in scenarios}
 
-        def scenario(m, s):
+        def scenario(m, s, static=False):
             steps = shapes[s][2]
-            return (lambda: generate(m, inputs[s], steps, keep)) if steps else (lambda: prefill(m, inputs[s], keep))
+            return ((lambda: generate(m, inputs[s], steps, keep, static)) if steps
+                    else (lambda: prefill(m, inputs[s], keep)))
 
         with torch.inference_mode():
             expected = {s: scenario(model, s)() for s in scenarios}
@@ -364,7 +393,7 @@ def main() -> None:
                 batch, seq, steps = shapes[s]
                 timed = {}
                 for variant in runners:
-                    fn = scenario(use(variant), s)
+                    fn = scenario(use(variant), s, static=variant in COMPILED)
                     row = {"model": name, "scenario": s, "variant": variant, "batch": batch, "seq": seq, "steps": steps}
                     try:
                         out, calls = served(fn) if variant in ("lzsolve", "lzsolve_jit_launch") else (fn(), None)
@@ -408,7 +437,7 @@ def write(args, device, rows, skipped) -> None:
         meta = {"torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
                 "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                 **{k: getattr(args, k) for k in ("dtype", "layers", "tiny", "warmup", "reps", "artifacts",
-                                                  "compile_backend")}}
+                                                  "graph_artifacts", "compile_backend", "compile_mode")}}
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
 
 

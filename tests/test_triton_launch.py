@@ -130,6 +130,16 @@ def test_a_triton_without_the_launcher_it_replays_goes_through_its_jit_function(
     assert len(fake.jit) == 2 and not fake.launches
 
 
+def test_under_torch_compile_the_kernel_is_tritons_jit_function(fake, monkeypatch):
+    """Dynamo puts Triton's JIT function in its graph; traced, the key and the direct launch failed
+    (symbolic ints, the compiled kernel): the GPU test below compiles a real one."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x = aligned()
+    for _ in range(2):
+        fake.launcher[(1,)](x, 7, 1e-6, BLOCK=64)
+    assert len(fake.jit) == 2 and not fake.launches and not fake.launcher._bound
+
+
 def test_the_keys_start_again_past_the_limit(fake, monkeypatch):
     monkeypatch.setattr(launch, "MAX_KEYS", 2)
     x = aligned()
@@ -195,3 +205,22 @@ def test_each_key_meets_the_kernel_tritons_binder_picks_and_its_output():
                     checked += 1
     torch.cuda.synchronize()
     assert checked == 81 and not problems, "\n".join(problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_compiled_model_puts_the_kernel_in_its_graph(dynamic):
+    """torch.compile(fullgraph=True) over our RMSNorm + add (the traced patch's path): no graph
+    break, and the same output as the eager launch, over shapes that change (symbolic with
+    dynamic=True)."""
+    from runtime_loader.kernels.triton_ops.norm import rms_norm_add
+
+    def layer(x, residual, weight):
+        return rms_norm_add(x, residual, weight, 1e-6, keep_inputs=True, block=4096, warps=8)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=dynamic)
+    weight = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    for tokens in (5, 17, 64):
+        x, residual = (torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        for got, expected in zip(compiled(x, residual, weight), layer(x, residual, weight)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -17,6 +17,9 @@ equal to 1, a multiple of 16, 32 or 64 bits), and the keyword options (constexpr
 A shape-fixed call site (a dispatcher key's shapes fix every int and stride) meets one key, so the
 per-call work left is the key itself and the launch.
 
+Under torch.compile the kernel is Triton's JIT function, which Dynamo knows how to put in a graph
+(tracing into the key and the launch failed, on symbolic ints and on the compiled kernel).
+
 Calls the fast path cannot replay exactly fall back to the JIT function every time: a callable
 grid, constexprs passed by position, a constexpr argument without a keyword, a function that is
 not a JITFunction (the interpreter's, under TRITON_INTERPRET=1), or a Triton before 3.4.
@@ -63,6 +66,8 @@ class Launcher:
         return f"launcher({self.fn!r})"
 
     def __getitem__(self, grid):
+        if torch.compiler.is_compiling():  # Dynamo traces Triton's JIT function into its graph, not our cache
+            return self.fn[grid]
         return functools.partial(self._launch, grid)
 
     def _launch(self, grid, *args, **options):

@@ -6,10 +6,10 @@ lzsolve (runtime_loader.load of ARTIFACTS/<model>, register(d), attn_implementat
 patch(model, d) where it exists); lzsolve_compile (torch.compile of that patched model, its table
 from GRAPH_ARTIFACTS/<model> when given: the table's kernels are opaque custom ops, Inductor fuses
 what lies between them); lzsolve_traced (the same, patched with traced=True: the
-table's choice is made while tracing and its kernels' ops are in Inductor's graph);
-lzsolve_traced_fuse (lzsolve_traced with the row ops locked to their torch form, the fallback:
-Inductor then fuses norms, activations and RoPE with their neighbours, and the table serves
-attention, the GEMMs (q/k/v and gate/up fused) and the experts).
+table's choice is made while tracing and its kernels' ops are in Inductor's graph; ops whose torch
+form Inductor fuses (norms, activations, RoPE) keep that form, the table serves attention, the
+GEMMs (q/k/v and gate/up fused) and the experts); lzsolve_traced_nofuse (traced, fuse=False: the
+table's kernels for those ops too).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps, one explicit loop for every variant: over a DynamicCache eagerly, over a
 StaticCache for the compiled variants, as a compiled client serves: fixed shapes, no recompile
@@ -46,7 +46,6 @@ from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 import runtime_loader
 from runtime_loader import custom_ops
 from runtime_loader.integrations import transformers as lz_hf
-from runtime_loader.ops import OPS
 
 GQA = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
 MODELS = {  # name -> (config class, shape, Liger family)
@@ -68,13 +67,10 @@ SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000
 TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
                   "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
 VARIANTS = ("sdpa", "liger", "compile", "liger_compile", "lzsolve", "lzsolve_compile", "lzsolve_traced",
-            "lzsolve_traced_fuse", "lzsolve_jit_launch")
-COMPILED = ("compile", "liger_compile", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse")
+            "lzsolve_traced_nofuse", "lzsolve_jit_launch")
+COMPILED = ("compile", "liger_compile", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse")
 # lzsolve_jit_launch: lzsolve with our Triton kernels launched through Triton's JIT function on every
 # call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (BENCHMARKS §11.7)
-# lzsolve_traced_fuse: ops whose torch form Inductor fuses with its neighbours, served by that form
-FUSED_BY_INDUCTOR = ("norm.rms", "norm.rms_add", "norm.qk", "norm.layer", "act.swiglu", "act.geglu", "act.gelu",
-                     "posenc.rope", "embedding")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CACHE_POSITION = "cache_position" in inspect.signature(transformers.LlamaModel.forward).parameters
 CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's
@@ -215,14 +211,14 @@ def setup(variant: str, model, name: str, args, lock: dict | None = None, artifa
         return (None, why) if base is None else (compiled(base, args), None)
     if variant == "lzsolve_jit_launch":
         return setup("lzsolve", model, name, args, lock)
-    if variant in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_fuse"):  # the patched model compiled
-        lock = {op: OPS[op].fallback for op in FUSED_BY_INDUCTOR} if variant == "lzsolve_traced_fuse" else None
+    if variant in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse"):  # the patched model compiled
         patched, why = setup("lzsolve", model, name, args, lock, args.graph_artifacts or args.artifacts)
         if patched is None:
             return None, why
         # lzsolve_compile: the table's kernels as opaque custom ops, Inductor between them; lzsolve_traced:
         # the table's choice made while tracing, its kernels' ops in Inductor's graph (patch(traced=True))
         custom_ops.active().traced = variant != "lzsolve_compile"
+        custom_ops.active().traced_fuse = variant != "lzsolve_traced_nofuse"
         return compiled(patched, args), None
     if variant == "liger":
         try:

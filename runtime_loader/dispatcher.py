@@ -125,6 +125,10 @@ class Dispatcher:
         # torch.ops.lzsolve custom ops: Dynamo traces the table's choice (its thresholds become guards)
         # and the kernel's own torch ops, which Inductor may fuse with the model's (patch(traced=True))
         self.traced = False
+        # traced: calls of ops whose fallback Inductor fuses with its neighbours (OpSchema.fusible) take
+        # that fallback, unless locked: the table's kernel for them (one launch Inductor cannot fuse
+        # into) left a compiled model 5-15% slower than compile alone, the torch form 0-5% (BENCHMARKS §11.8)
+        self.traced_fuse = True
         self.device_type = table.hardware["device"] if table else None
         self._on_cuda = self.device_type == "cuda"
         self._trees: dict[str, Leaf | Split] = {}
@@ -320,8 +324,19 @@ class Dispatcher:
         does not see these calls."""
         op = METHOD_OPS[method]
         _, kernel_args = op.front(*args, **kwargs)
-        spec, _ = self._choose(op.call(*args, **kwargs), op, kernel_args)
-        return spec.impl(*kernel_args)
+        return self._traced_spec(op, op.call(*args, **kwargs), kernel_args).impl(*kernel_args)
+
+    def _traced_spec(self, op: OpSchema, call, kernel_args: tuple):
+        spec, from_table = self._choose(call, op, kernel_args)
+        if from_table and self.traced_fuse and OPS[call[0].op].fusible and call[0].op not in self._locks:
+            return registry.fallback_for(call[0])
+        return spec
+
+    def traced_kernel_for(self, method: str, *args, **kwargs) -> str:
+        """The kernel id a call of `method` traced by torch.compile (patch(traced=True)) would use."""
+        op = METHOD_OPS[method]
+        _, kernel_args = op.front(*args, **kwargs)
+        return self._traced_spec(op, op.call(*args, **kwargs), kernel_args).kernel_id
 
     def _entry(self, method: str, args: tuple, kwargs: dict) -> Entry:
         """The Entry a call of `method` resolves to, without calling it."""

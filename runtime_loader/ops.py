@@ -58,6 +58,9 @@ class OpSchema:
     # the kernel's arguments of a call no signature describes -> the kernel id that serves it
     # (default: the fallback)
     outside: Callable[..., str] | None = None
+    # its fallback is torch ops Inductor fuses with the model's own (row-wise norms, activations,
+    # RoPE, embedding lookups): a compiled model keeps that form by default (Dispatcher.traced_fuse)
+    fusible: bool = False
 
     @property
     def all_static(self) -> tuple[str, ...]:
@@ -548,9 +551,10 @@ ATTENTION = dict(method="attention", front=attention_front, call=attention_call,
 
 
 def _rows_op(name: str, static: str, fallback: str, method: str, front: Callable, inputs_: Callable) -> OpSchema:
-    """An op over the last dim with no flags: activations and learned positions."""
+    """An op over the last dim with no flags: activations and learned positions (elementwise or a
+    lookup, which Inductor fuses)."""
     return OpSchema(name, (static,), (), ("tokens",), fallback, method=method, front=front, call=rows_op_call(name),
-                    inputs=inputs_)
+                    inputs=inputs_, fusible=True)
 
 
 OPS: dict[str, OpSchema] = {
@@ -569,10 +573,10 @@ OPS: dict[str, OpSchema] = {
                  inputs=inputs.attention_fp8kv, fake=attention_fake),
         # unit_offset: Gemma's norms scale by (1 + weight)
         OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm", method="rms_norm",
-                 front=rms_norm_front, call=rms_norm_call, inputs=inputs.rms_norm),
+                 front=rms_norm_front, call=rms_norm_call, inputs=inputs.rms_norm, fusible=True),
         OpSchema("norm.rms_add", ("hidden",), ("unit_offset", "keep_inputs"), ("tokens",), "eager.rms_norm_add",
                  method="rms_norm_add", front=rms_norm_add_front, call=rms_norm_add_call, inputs=inputs.rms_norm_add,
-                 fake=two_like_first, consumes=("x", "residual")),
+                 fake=two_like_first, consumes=("x", "residual"), fusible=True),
         # the norm before an FP8 W8A8 linear, its output quantised per token to float8 e4m3 in the same
         # pass, as linear.fp8 quantises its input: (q, scale (..., 1) fp32), q * scale ~ the normed rows;
         # the _add form returns the total third (written into residual's storage, as norm.rms_add may)
@@ -583,16 +587,16 @@ OPS: dict[str, OpSchema] = {
                  method="rms_norm_add_fp8", front=rms_norm_add_fp8_front, call=rms_norm_add_fp8_call,
                  inputs=inputs.rms_norm_add, fake=quantised_rows_add_fake, consumes=("x", "residual")),
         OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm", method="qk_norm",
-                 front=qk_norm_front, call=qk_norm_call, inputs=inputs.qk_norm),
+                 front=qk_norm_front, call=qk_norm_call, inputs=inputs.qk_norm, fusible=True),
         # no_bias: LayerNorm without a bias (Cohere, StableLM-2 variants): bias None in the call
         OpSchema("norm.layer", ("hidden",), ("no_bias",), ("tokens",), "eager.layer_norm", method="layer_norm",
-                 front=layer_norm_front, call=layer_norm_call, inputs=inputs.layer_norm),
+                 front=layer_norm_front, call=layer_norm_call, inputs=inputs.layer_norm, fusible=True),
         OpSchema("posenc.rope", ("hq", "hkv", "d", "layout"), (), ("tokens",), "eager.rope", method="rope",
-                 front=rope_front, call=rope_call, inputs=inputs.rope, fake=two_like_first),
+                 front=rope_front, call=rope_call, inputs=inputs.rope, fake=two_like_first, fusible=True),
         _rows_op("posenc.learned", "hidden", "eager.learned_positions", "learned_positions", learned_positions_front,
                  inputs.learned_positions),
         OpSchema("embedding", ("vocab", "hidden"), ("scaled",), ("tokens",), "eager.embedding", method="embedding",
-                 front=embedding_front, call=embedding_call, inputs=inputs.embedding, fake=embedding_fake),
+                 front=embedding_front, call=embedding_call, inputs=inputs.embedding, fake=embedding_fake, fusible=True),
         _rows_op("act.swiglu", "width", "eager.swiglu", "swiglu", gated_front, inputs.gated),
         # the SwiGLU before an FP8 linear (down_proj), its output quantised per token in the same pass:
         # (q, scale (..., 1) fp32), as norm.rms_fp8

@@ -310,3 +310,30 @@ def test_only_a_front_that_reads_its_parameters_alone_is_inlined():
     assert _inlined(rms) is not None  # (what it computes: tests/test_ops.py)
     for front in (calls_another, reads_a_global, two_statements, wrapped):
         assert _inlined(dataclasses.replace(rms, front=front)) is None, front.__name__
+
+
+def test_traced_calls_of_fusible_ops_keep_their_torch_form(d):
+    """Under a traced patch (torch.compile) a norm, activation, RoPE or embedding call takes its
+    fallback, whose torch ops Inductor fuses with the model's, and the table still serves the other
+    ops; fuse off or a lock gives the table's or the lock's kernel back. Eager calls are unchanged."""
+    from runtime_loader import Policy
+
+    x, w = torch.randn(2, 3, 64), torch.randn(64)  # 6 tokens: the table's torch.rms_norm
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    assert d.kernel_for("rms_norm", x, w) == "torch.rms_norm"
+    assert d.traced_kernel_for("rms_norm", x, w) == "eager.rms_norm" == OPS["norm.rms"].fallback
+    assert d.traced_kernel_for("attention", q, k, k, causal=True) == "sdpa.math", "not fusible: the table's"
+    torch.testing.assert_close(d.traced_ops.rms_norm(x, w, 1e-6), d.rms_norm(x, w, 1e-6))
+    d.traced_fuse = False
+    assert d.traced_kernel_for("rms_norm", x, w) == "torch.rms_norm"
+    locked = Dispatcher(parse_table(table()), policy=Policy(lock={"norm.rms": "torch.rms_norm"}))
+    assert locked.traced_kernel_for("rms_norm", torch.randn(5, 64), w) == "torch.rms_norm", "a lock is kept"
+
+
+def test_the_fusible_ops_are_row_ops_whose_fallback_is_torch():
+    """OpSchema.fusible marks what Inductor fuses: no attention, GEMM, experts or recurrence, and a
+    fallback of torch ops (an eager.* or torch.* kernel)."""
+    fusible = {name for name, op in OPS.items() if op.fusible}
+    assert {"norm.rms", "norm.rms_add", "act.swiglu", "posenc.rope", "embedding"} <= fusible
+    assert not fusible & {"attention.prefill", "attention.decode", "linear", "moe.experts", "recurrent.gated_deltanet"}
+    assert all(OPS[name].fallback.split(".")[0] in ("eager", "torch") for name in fusible)

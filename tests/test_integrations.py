@@ -314,15 +314,16 @@ def lzsolve_nodes(graphs) -> int:
 def test_traced_patch_puts_the_tables_kernels_in_the_graph(family, families_artifact, restore_active):
     """patch(traced=True): under torch.compile the table's choice is made while tracing and its
     kernels' torch ops are in the one graph (no opaque torch.ops.lzsolve node, no graph break);
-    the default keeps one opaque node per call. Same logits either way, every call from the table."""
+    the default keeps one opaque node per call. Same logits either way, every call from the table;
+    traced with fuse (the default: norms, activations, RoPE in their torch form) and without."""
     from runtime_loader.integrations.transformers import patch
 
     ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
     reference = logits(seeded_tiny(family), "sdpa", ids)
-    for traced in (False, True):
+    for traced, fuse in ((False, True), (True, True), (True, False)):
         model = seeded_tiny(family)
         d = runtime_loader.load(families_artifact, strict=True)
-        patch(model, d, traced=traced)
+        patch(model, d, traced=traced, fuse=fuse)
         torch._dynamo.reset()
         with torch.no_grad():
             explained = torch._dynamo.explain(model)(ids)

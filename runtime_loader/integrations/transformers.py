@@ -585,7 +585,7 @@ def _patch_functions(module, report: PatchReport) -> None:
             _replace(module, name, wrap, report)
 
 
-def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False) -> PatchReport:
+def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False, fuse: bool = True) -> PatchReport:
     """Serve every module of `model` the table covers from `dispatcher` (made the active one):
     attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
     QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
@@ -605,8 +605,13 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False)
     traced=True: under torch.compile the table's calls are traced into the graph instead of staying
     opaque custom ops: the tree's choice is made while tracing (its thresholds become Dynamo
     guards) and Inductor sees the chosen kernel's torch ops (opaque custom ops kept the patched
-    model slower compiled than eager on the H100, BENCHMARKS.md §11.4). Eager calls are the same."""
+    model slower compiled than eager on the H100, BENCHMARKS.md §11.4). Eager calls are the same.
+    fuse (with traced=True): ops whose torch form Inductor fuses with its neighbours (norms,
+    activations, RoPE, the embedding: OpSchema.fusible) keep that form in the graph, and the table
+    serves the rest (attention, linears, experts); with the table's kernels for them too, a compiled
+    Llama ran 5-15% slower than compile alone (§11.8). fuse=False: the table's choice for every op."""
     dispatcher.traced = traced
+    dispatcher.traced_fuse = fuse
     register(dispatcher, name)
     report = PatchReport()
     model.set_attn_implementation(name)

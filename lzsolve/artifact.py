@@ -73,7 +73,7 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
     for sp in plan.signatures:
         sig = sp.instance.signature
         recs = by_sig.get(str(sig), [])
-        solved = solve_signature(recs, OPS[sig.op].dynamic, sp.fallback, mode)
+        solved = solve_signature(recs, OPS[sig.op].dynamic, sp.fallback, mode, sp.instance.calls_per_forward)
         ops.append({
             "signature": str(sig),
             **sig.to_json(),

@@ -111,8 +111,9 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
                         return measure_workload(sp, dims, kernels, runner, recorder, next(seeds), on_step,
                                                 "evaluate", (mode,))
                     recs = measure(specs)
-                    result = judge(str(sig), dims, choose(tree, dims), sp.fallback, recs, mode)
-                    result, recs = retimed(result, recs, measure, mode)
+                    result = judge(str(sig), dims, choose(tree, dims), sp.fallback, recs, mode,
+                                   sp.instance.calls_per_forward)
+                    result, recs = retimed(result, recs, measure, mode, sp.instance.calls_per_forward)
                     records += recs
                     results.append(result)
             finally:  # kept beside the tuning records (for the notebook), one signature at a time
@@ -124,7 +125,7 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
 
 
 def retimed(result: PointResult, recs: list[dict], measure: Callable[[list], list[dict]],
-            mode: str) -> tuple[PointResult, list[dict]]:
+            mode: str, calls_per_forward: int = 1) -> tuple[PointResult, list[dict]]:
     """A loss by LOSS, timed again: the choice, the best kernel and the fallback, interleaved once
     more on fresh inputs, each counted at the faster of its two timings. One timing of a few us can
     be off by 10% (two calls of one cuBLAS GEMM, F.linear and matmul, were 1.012 and 1.115 ms
@@ -134,7 +135,7 @@ def retimed(result: PointResult, recs: list[dict], measure: Callable[[list], lis
         return result, recs
     again = {result.chosen, result.best, result.fallback}
     recs = recs + measure([registry.get(k) for k in sorted(k for k in again if k and registry.known(k))])
-    return replace(judge(result.signature, result.dims, result.chosen, result.fallback, recs, mode),
+    return replace(judge(result.signature, result.dims, result.chosen, result.fallback, recs, mode, calls_per_forward),
                    first_loss=result.loss), recs
 
 

@@ -456,7 +456,7 @@ def plan_probes(plan: Plan, records: list[dict], mode: str) -> list[tuple[Signat
     units = torch.cuda.get_device_properties(plan.device).multi_processor_count if plan.device.type == "cuda" else None
     out = []
     for sp in plan.signatures:
-        pts = points_from(recs.get(str(sp.instance.signature), []), mode, sp.fallback)
+        pts = points_from(recs.get(str(sp.instance.signature), []), mode, sp.fallback, sp.instance.calls_per_forward)
         if pts.has_choice:
             at = probe_points(plan.grid, sp.instance.signature.op, units)
             out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in at]))

@@ -26,7 +26,7 @@ from runtime_loader.ops import OPS
 from .devices import run_sharded
 from .grid import buckets, points_near, random_points
 from .perfdb import dims_key
-from .solve import pick, points_from, solve_signature
+from .solve import client_ms, pick, points_from, solve_signature
 from .tuner import Lane, Plan, Session, SignaturePlan, Work, by_signature, contenders
 
 VALIDATION_SHAPES = 8  # random shapes per dynamic dim of each op signature in every tune: a plane of
@@ -72,13 +72,14 @@ def _missing(kernel: str, recs: list[dict], mode: str) -> str:
     return f"{kernel} has no {mode} timing here" + (f" ({rec['graph_error']})" if rec.get("graph_error") else "")
 
 
-def judge(signature: str, dims: dict, chosen: str, fallback: str, recs: list[dict], mode: str) -> PointResult:
+def judge(signature: str, dims: dict, chosen: str, fallback: str, recs: list[dict], mode: str,
+          calls_per_forward: int = 1) -> PointResult:
     """The table's choice at one shape against the best kernel and the fallback timed there (a
-    kernel timed more than once there counts at its fastest: evaluate.retimed)."""
+    kernel timed more than once there counts at its fastest: evaluate.retimed; client_ms)."""
     times: dict[str, float] = {}
     for r in recs:
         if r["status"] == "ok" and r.get(f"{mode}_ms"):
-            times[r["kernel_id"]] = min(r[f"{mode}_ms"], times.get(r["kernel_id"], math.inf))
+            times[r["kernel_id"]] = min(client_ms(r, mode, calls_per_forward), times.get(r["kernel_id"], math.inf))
     best = min(times, key=times.get) if times else None
     return PointResult(signature, dims, chosen, best, times.get(chosen), times.get(best) if best else None,
                        times.get(fallback), None if chosen in times else _missing(chosen, recs, mode),
@@ -125,11 +126,11 @@ def plan_validation(plan: Plan, records: list[dict], mode: str, shapes: int = VA
     recs = by_signature(records)
     out = []
     for sp in plan.signatures:
-        sig, op = str(sp.instance.signature), sp.instance.signature.op
-        pts = points_from(recs.get(sig, []), mode, sp.fallback)
+        sig, op, calls = str(sp.instance.signature), sp.instance.signature.op, sp.instance.calls_per_forward
+        pts = points_from(recs.get(sig, []), mode, sp.fallback, calls)
         if not pts.has_choice or shapes <= 0:
             continue
-        tree = solve_signature(recs[sig], OPS[op].dynamic, sp.fallback, mode)["tree"]
+        tree = solve_signature(recs[sig], OPS[op].dynamic, sp.fallback, mode, calls)["tree"]
         drawn = random_points(buckets(plan.grid, op), shapes * len(OPS[op].dynamic), random.Random(f"validation:{sig}"))
         out.append(Planned(sp, tree, [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in drawn]))
     return out
@@ -156,13 +157,13 @@ def validate(session: Session, planned: list[Planned], records: list[dict], mode
         sp = p.signature
         sig, dynamic = str(sp.instance.signature), OPS[sp.instance.signature.op].dynamic
         measured = session.measure(sp, p.work, "validation", (mode,), on_step, lane)
-        judged = _judge_all(sig, p.tree, sp.fallback, p.work, measured, mode)
+        judged = _judge_all(sp, p.tree, p.work, measured, mode)
         near = _around_losses(sp, p.tree, judged, recs[sig] + measured, mode)
         on_more(sum(len(candidates) for _, candidates in near))
         measured += session.measure(sp, near, "validation", (mode,), on_step, lane)
-        after = solve_signature(recs[sig] + measured, dynamic, sp.fallback, mode)["tree"]
+        after = solve_signature(recs[sig] + measured, dynamic, sp.fallback, mode, sp.instance.calls_per_forward)["tree"]
         return [(sig, measured, {"shapes": len(p.work), "near_shapes": len(near), "before": stats(judged),
-                                 "after": stats(_judge_all(sig, after, sp.fallback, p.work + near, measured, mode)),
+                                 "after": stats(_judge_all(sp, after, p.work + near, measured, mode)),
                                  "refined": _structure(after) != _structure(p.tree)})]
 
     units = sorted(planned, key=lambda p: sum(len(c) for _, c in p.work), reverse=True)
@@ -173,11 +174,12 @@ def validate(session: Session, planned: list[Planned], records: list[dict], mode
     return [r for sig in order for r in done[sig][0]], {sig: done[sig][1] for sig in order}
 
 
-def _judge_all(sig: str, tree: dict, fallback: str, work: Work, measured: list[dict], mode: str) -> list[PointResult]:
+def _judge_all(sp: SignaturePlan, tree: dict, work: Work, measured: list[dict], mode: str) -> list[PointResult]:
     at: dict[str, list[dict]] = {}
     for r in measured:
         at.setdefault(r["dims"], []).append(r)
-    return [judge(sig, dims, pick(tree, dims), fallback, at.get(dims_key(dims), []), mode) for dims, _ in work]
+    return [judge(str(sp.instance.signature), dims, pick(tree, dims), sp.fallback, at.get(dims_key(dims), []), mode,
+                  sp.instance.calls_per_forward) for dims, _ in work]
 
 
 def _around_losses(sp: SignaturePlan, tree: dict, judged: list[PointResult], records: list[dict], mode: str) -> Work:
@@ -187,7 +189,7 @@ def _around_losses(sp: SignaturePlan, tree: dict, judged: list[PointResult], rec
     kernels to time there."""
     sig = str(sp.instance.signature)
     lost = sorted((r for r in judged if r.loss > 1 + LOSS), key=lambda r: r.loss, reverse=True)
-    pts = points_from(records, mode, sp.fallback)
+    pts = points_from(records, mode, sp.fallback, sp.instance.calls_per_forward)
     shapes = {dims_key(dims): dims for r in lost  # two losses may share a neighbour: timed once
               for dims in points_near(r.dims, NEAR_SHAPES, random.Random(f"near:{sig}:{dims_key(r.dims)}"))}
     for r in judged:  # nor are the first round's shapes timed again

@@ -294,3 +294,20 @@ def test_solved_tables_with_ranked_leaves_are_read_back():
     leaf = _parse_node({"kernel_id": "torch.rms_norm", "gain": 1.4,
                         "ranked": [{"kernel_id": "eager.rms_norm", "ratio": 1.2}]}, sig, 0)
     assert leaf == Leaf("torch.rms_norm", (("eager.rms_norm", 1.2),), 1.4)
+
+
+def test_an_eager_table_charges_each_call_its_share_of_a_plan():
+    """FlashInfer plans once per call layout (setup_ms) and the benchmark's repeated calls time only
+    the planned run; an eager client's layout changes every forward (decode's kv_len), so each of a
+    forward's calls pays setup_ms / calls_per_forward. Graph mode (plans captured once) does not."""
+    times = {"fb": {1: 0.030, 16: 0.040}, "planned": {1: 0.010, 16: 0.012}}
+    recs = records(times)
+    for r in recs:
+        r["graph_ms"], r["graph_spread"] = r["eager_ms"], 0.01
+        r["setup_ms"] = 0.2 if r["kernel_id"] == "planned" else None
+    for calls, mode, expected in ((4, "eager", "fb"), (80, "eager", "planned"), (4, "graph", "planned")):
+        tree = solve_signature(recs, ("tokens",), "fb", mode, calls)["tree"]
+        assert tree["kernel_id"] == expected, (calls, mode, tree)
+    assert solve_signature(recs, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "fb", "one call per plan"
+    nan = [{**r, "setup_ms": math.nan} for r in recs]  # a PerfDB's missing value
+    assert solve_signature(nan, ("tokens",), "fb", "eager", 4)["tree"]["kernel_id"] == "planned"

@@ -45,7 +45,8 @@ def test_grid_has_as_many_buckets_per_dim_as_the_grid_it_is_like(tmp_path):
     # the median call is at 1 already: the next bucket goes to the most called value left
     assert buckets(workload.grid(recorded, "small"), "norm.rms") == {"tokens": [1, 12, 700]}
     (instance,) = workload.captured(recorded).instances
-    assert str(instance.signature) == "norm.rms[hidden=64,fp32]" and instance.calls_per_forward == 99
+    # 99 calls at 4 shapes: about 25 calls per shape (what one forward makes of it, at one shape)
+    assert str(instance.signature) == "norm.rms[hidden=64,fp32]" and instance.calls_per_forward == 25
 
 
 @pytest.mark.parametrize("content,message", [

@@ -74,10 +74,13 @@ def read(path: str | Path) -> Workload:
 
 
 def captured(workload: Workload) -> Captured:
-    """The workload as a model: one op instance per recorded signature, called as often as recorded."""
-    instances = tuple(OpInstance(sig, ("recorded",), sum(counts.values()))
+    """The workload as a model: one op instance per recorded signature. Its calls per forward are
+    the recorded calls per recorded shape: what one forward makes of the signature at one shape
+    (its layers; decode's kv_len is new every step), so what one plan of a call layout serves
+    (solve.client_ms)."""
+    instances = tuple(OpInstance(sig, ("recorded",), max(1, round(sum(counts.values()) / len(counts))))
                       for sig, counts in sorted(workload.calls.items(), key=lambda kv: str(kv[0])))
-    total = sum(i.calls_per_forward for i in instances)
+    total = sum(n for counts in workload.calls.values() for n in counts.values())
     summary = (f"{workload.name}: recorded workload {workload.path}, {len(instances)} op signatures, "
                f"{total} calls")
     return Captured(workload.name, "workload", 1, instances, workload.outside, workload.digest, summary)

@@ -3,9 +3,10 @@ which plan, which are refused (and why, grouped), and which crash (a traceback w
 error belongs: a bug). A held-out check of capture: none of these types was written for.
 
 --patch also checks the client side for each type that plans: a tiny random model of it (its
-config shrunk as tests/test_families.py shrinks the families'), patched with no table (every call
-to the fallback), must give the unpatched model's logits; a patch that raises or changes them is a
-bug in how patch() read a module.
+config shrunk as tests/test_families.py shrinks the families'), patched with no table but every op
+locked to its fallback (so each call takes the path a table's call takes: the fused residual add,
+the delta rules, with the fallback's kernels), must give the unpatched model's logits; a patch
+that raises or changes them is a bug in how patch() read a module.
 
     python benchmarks/plan_survey.py [--patch] [--json PATH] [MODEL_TYPE ...]
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import re
 import sys
 import time
@@ -60,8 +62,9 @@ def patched(cfg: dict) -> tuple[str, str]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from runtime_loader import Dispatcher
+    from runtime_loader import Dispatcher, Policy
     from runtime_loader.integrations.transformers import patch
+    from runtime_loader.ops import OPS
     from tests.tables import unpatch
     from tests.test_families import shrink
 
@@ -75,7 +78,9 @@ def patched(cfg: dict) -> tuple[str, str]:
     except Exception as e:  # noqa: BLE001 - the shrink made a config transformers will not build or run
         return "tiny model not built", f"{type(e).__name__}: {e}"[:200]
     try:
-        report = patch(model, Dispatcher(None))
+        logging.getLogger("runtime_loader").setLevel(logging.ERROR)  # the locks, announced once per model
+        served = Dispatcher(None, policy=Policy(lock={name: op.fallback for name, op in OPS.items()}))
+        report = patch(model, served)
         with torch.no_grad():
             error = (model(ids).logits - expected).abs().max().item()
     except Exception as e:  # noqa: BLE001 - what this survey is for

@@ -200,26 +200,22 @@ def compiled(model, args):
                          **({"mode": args.compile_mode} if args.compile_mode != "default" else {}))
 
 
-def setup(variant: str, model, name: str, args, lock: dict | None = None, artifacts: str | None = None):
-    """(runner, None) for a variant of the sdpa `model`, or (None, why it is skipped); lock: the
-    lzsolve Dispatcher's op -> kernel locks (runtime_loader.policies); artifacts: the tables' folder
-    (default --artifacts)."""
+def setup(variant: str, model, name: str, args, artifacts: str | None = None, **patch_args):
+    """(runner, None) for a variant of the sdpa `model`, or (None, why it is skipped); artifacts:
+    the tables' folder (default --artifacts); patch_args: patch()'s (traced, fuse)."""
     if variant == "sdpa":
         return model, None
     if variant in ("compile", "liger_compile"):
         base, why = setup({"compile": "sdpa", "liger_compile": "liger"}[variant], model, name, args)
         return (None, why) if base is None else (compiled(base, args), None)
     if variant == "lzsolve_jit_launch":
-        return setup("lzsolve", model, name, args, lock)
+        return setup("lzsolve", model, name, args)
     if variant in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse"):  # the patched model compiled
-        patched, why = setup("lzsolve", model, name, args, lock, args.graph_artifacts or args.artifacts)
-        if patched is None:
-            return None, why
         # lzsolve_compile: the table's kernels as opaque custom ops, Inductor between them; lzsolve_traced:
         # the table's choice made while tracing, its kernels' ops in Inductor's graph (patch(traced=True))
-        custom_ops.active().traced = variant != "lzsolve_compile"
-        custom_ops.active().traced_fuse = variant != "lzsolve_traced_nofuse"
-        return compiled(patched, args), None
+        patched, why = setup("lzsolve", model, name, args, args.graph_artifacts or args.artifacts,
+                             traced=variant != "lzsolve_compile", fuse=variant != "lzsolve_traced_nofuse")
+        return (None, why) if patched is None else (compiled(patched, args), None)
     if variant == "liger":
         try:
             import liger_kernel.transformers as liger
@@ -244,7 +240,7 @@ def setup(variant: str, model, name: str, args, lock: dict | None = None, artifa
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            d = runtime_loader.load(folder, strict=True, lock=lock)
+            d = runtime_loader.load(folder, strict=True)
         except runtime_loader.TableError as e:
             return None, f"table refused: {e}"
     for w in caught:
@@ -259,7 +255,7 @@ def setup(variant: str, model, name: str, args, lock: dict | None = None, artifa
     patched = copy.deepcopy(model)
     patched.set_attn_implementation(lz_hf.NAME)
     if hasattr(lz_hf, "patch"):
-        print(f"[{name}] lzsolve patch(model, d) -> {lz_hf.patch(patched, d)}")
+        print(f"[{name}] lzsolve patch(model, d) -> {lz_hf.patch(patched, d, **patch_args)}")
     return patched, None
 
 

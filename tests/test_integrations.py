@@ -372,6 +372,8 @@ def test_patch_warns_when_the_table_ranked_kernels_by_gpu_time_alone(restore_act
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         patch(tiny("llama"), Dispatcher(parse_table(table())))  # an eager table: no warning
+        # a traced patch is for a compiled model, which a graph-mode table fits
+        patch(tiny("llama"), Dispatcher(parse_table(table(timing_mode="graph"))), traced=True)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])

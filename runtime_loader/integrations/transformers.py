@@ -615,7 +615,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
     register(dispatcher, name)
     report = PatchReport()
     model.set_attn_implementation(name)
-    _warn_on_graph_table(dispatcher)
+    if not traced:  # a traced patch is for a compiled model, which a graph-mode table fits
+        _warn_on_graph_table(dispatcher)
     kinds = classify(model)
     # activations inside a module served whole (a gated MLP, routed experts) are not served on their own
     mlp_parts: set[str] = {f"{module_name}.act_fn" for module_name, kind in kinds.items() if kind.op == "moe.experts"}

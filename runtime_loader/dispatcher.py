@@ -322,21 +322,22 @@ class Dispatcher:
         Dynamo to trace (patch(traced=True) under torch.compile): the choice depends on the call's
         shapes and dtypes alone, which Dynamo guards, and the kernel's ops join the graph. stats()
         does not see these calls."""
-        op = METHOD_OPS[method]
-        _, kernel_args = op.front(*args, **kwargs)
-        return self._traced_spec(op, op.call(*args, **kwargs), kernel_args).impl(*kernel_args)
+        spec, kernel_args = self._traced(method, args, kwargs)
+        return spec.impl(*kernel_args)
 
-    def _traced_spec(self, op: OpSchema, call, kernel_args: tuple):
+    def _traced(self, method: str, args: tuple, kwargs: dict) -> tuple:
+        """(kernel spec, kernel arguments) of a traced call: the table's choice, or under traced_fuse
+        the fallback of an op Inductor fuses (unless a lock names its kernel)."""
+        op = METHOD_OPS[method]
+        call, (_, kernel_args) = op.call(*args, **kwargs), op.front(*args, **kwargs)
         spec, from_table = self._choose(call, op, kernel_args)
         if from_table and self.traced_fuse and OPS[call[0].op].fusible and call[0].op not in self._locks:
-            return registry.fallback_for(call[0])
-        return spec
+            return registry.fallback_for(call[0]), kernel_args
+        return spec, kernel_args
 
     def traced_kernel_for(self, method: str, *args, **kwargs) -> str:
         """The kernel id a call of `method` traced by torch.compile (patch(traced=True)) would use."""
-        op = METHOD_OPS[method]
-        _, kernel_args = op.front(*args, **kwargs)
-        return self._traced_spec(op, op.call(*args, **kwargs), kernel_args).kernel_id
+        return self._traced(method, args, kwargs)[0].kernel_id
 
     def _entry(self, method: str, args: tuple, kwargs: dict) -> Entry:
         """The Entry a call of `method` resolves to, without calling it."""

@@ -187,11 +187,16 @@ def _layer_norm_forward(self, x):
 ADD_NORM = "_lzsolve_add_norm"  # the name the recompiled forwards call it by, in their module's globals
 
 
+def _serves_rms(module) -> bool:
+    """Whether patch() made `module` an RMSNorm the table serves (its forward is _rms_forward)."""
+    return getattr(module.forward, "__func__", None) is _rms_forward
+
+
 def _add_norm(norm, x, residual):
     """(norm(residual + x), residual + x): one norm.rms_add call where `norm` is an RMSNorm the patch
     serves and the table serves that call (a table tuned before the fusion has only the norm);
     else the add and the norm, as the layer's own lines did."""
-    if getattr(norm.forward, "__func__", None) is _rms_forward and _served(
+    if _serves_rms(norm) and _served(
             "rms_norm_add", x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True):
         return _ops().rms_norm_add(x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True)
     total = residual + x
@@ -717,7 +722,7 @@ def _fuse_residual_adds(model, report: PatchReport) -> None:
     served above: that forward, recompiled with the two as one call (see _add_norm)."""
     for module in model.modules():
         norms = frozenset(name for name, child in module.named_children()
-                          if getattr(child.forward, "__func__", None) is _rms_forward)
+                          if _serves_rms(child))
         forward, fused = _fused_forward(type(module), norms) if norms else (None, ())
         if forward is not None:
             module.forward = types.MethodType(forward, module)

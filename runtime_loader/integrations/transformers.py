@@ -614,7 +614,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
     fuse (with traced=True): ops whose torch form Inductor fuses with its neighbours (norms,
     activations, RoPE, the embedding: OpSchema.fusible) keep that form in the graph, and the table
     serves the rest (attention, linears, experts); with the table's kernels for them too, a compiled
-    Llama ran 5-15% slower than compile alone (§11.8). fuse=False: the table's choice for every op."""
+    Llama ran 6-16% slower than compile alone (§11.8). fuse=False: the table's choice for every op."""
     dispatcher.traced = traced
     dispatcher.traced_fuse = fuse
     register(dispatcher, name)

@@ -12,14 +12,16 @@
 # model when device_e2e_gpus.sh runs several at once). MODEL_ARGS: given to every
 # hf_end_to_end.py call (e.g. "--tiny --device cpu" to try the script on a CPU).
 # Figures and logs go to $OUT (e2e.json, e2e.log, record.log, tune-*.log, dispatch-*.json, and
-# artifacts.tgz: the tables and their PerfDBs, without the JIT caches, for ARTIFACTS= later).
+# artifacts.tgz: the tables, their PerfDBs and JIT caches, for ARTIFACTS= later).
 set -uo pipefail
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
 work=${WORK:-/tmp/e2e}
 models=${MODELS:-llama3-8b}
 art=${ARTIFACTS:-$work/art}
-if [[ "$art" == *.tgz ]]; then  # artifacts.tgz of an earlier call, carried
-  mkdir -p $work/art && tar -C $work/art -xzf "$art" && art=$work/art
+if [[ "$art" == *.tgz ]]; then  # artifacts.tgz of an earlier call, carried: unpacked apart from
+  # $work/art, which only this script's tunes write (a warm machine keeps /tmp between calls, and
+  # a later call without ARTIFACTS must not take a carried table, of another GPU maybe, for its own)
+  rm -rf $work/carried && mkdir -p $work/carried && tar -C $work/carried -xzf "$art" && art=$work/carried
 fi
 tune_args="--grid ${GRID:-full} --trials 0 ${CHECKS---no-probe --validate 0} ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
 modes="eager${GRAPH_TABLE:+ graph}"
@@ -46,8 +48,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "tune $m $mode rc $? $(( $(date +%s) - start )) s"
     cp $out/dispatch.json $OUT/dispatch-$m-$mode.json
   done
-  # without the JIT caches (tens of MB a table; the benchmark loads tables without restoring them)
-  tar -C "$art" --exclude=jit --exclude=.jit-work -czf $OUT/artifacts.tgz .
+  # the tables with their JIT caches (load checks every file its manifest lists: a table without
+  # jit/caches.tar is refused), without the tune's scratch folder
+  tar -C "$art" --exclude=.jit-work -czf $OUT/artifacts.tgz .
 fi
 [ "${STEPS:-tune,e2e}" = tune ] && exit 0
 graph=$([ -d $art/graph ] && echo "--graph-artifacts $art/graph")

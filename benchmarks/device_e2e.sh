@@ -18,9 +18,9 @@ set -uo pipefail
 work=${WORK:-/tmp/e2e}
 models=${MODELS:-llama3-8b}
 art=${ARTIFACTS:-$work/art}
-if [[ "$art" == *.tgz ]]; then  # artifacts.tgz of an earlier call, carried: unpacked apart from
-  # $work/art, which only this script's tunes write (a warm machine keeps /tmp between calls, and
-  # a later call without ARTIFACTS must not take a carried table, of another GPU maybe, for its own)
+if [[ "$art" == *.tgz ]]; then  # artifacts.tgz of an earlier call, carried: unpacked into a fresh
+  # folder of its own, not $work/art, where calls without ARTIFACTS tune and resume (a warm machine
+  # keeps /tmp between calls: such a call must not take a carried table, of another GPU maybe, for its own)
   rm -rf $work/carried && mkdir -p $work/carried && tar -C $work/carried -xzf "$art" && art=$work/carried
 fi
 tune_args="--grid ${GRID:-full} --trials 0 ${CHECKS---no-probe --validate 0} ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
@@ -49,7 +49,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     cp $out/dispatch.json $OUT/dispatch-$m-$mode.json
   done
   # the tables with their JIT caches (load checks every file its manifest lists: a table without
-  # jit/caches.tar is refused), without the tune's scratch folder
+  # jit/caches.tar is refused), without the tune's scratch folder; tens of MB where the caches
+  # are large, past what the device tool returns a file (its files_left_out says so)
   tar -C "$art" --exclude=.jit-work -czf $OUT/artifacts.tgz .
 fi
 [ "${STEPS:-tune,e2e}" = tune ] && exit 0

@@ -24,6 +24,7 @@ calls take the SDPA path (same results, not the table).
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import sys
 import textwrap
@@ -391,7 +392,7 @@ def _sibling_forward(self, x):
 
 def _fusable(linears) -> bool:
     first = linears[0]
-    return all(type(m) is torch.nn.Linear and m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
+    return all(_base_class(m) is torch.nn.Linear and m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
                and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)
                and not m.weight.is_meta for m in linears)
 
@@ -521,8 +522,26 @@ class PatchReport:
 def _bind(module, forward, report: PatchReport, **attrs) -> None:
     for name, value in attrs.items():
         setattr(module, f"_lzsolve_{name}", value)
-    module.forward = types.MethodType(forward, module)
+    _serve_with(module, forward)
     report.replaced[type(module).__name__] += 1
+
+
+def _serve_with(module, forward) -> None:
+    """Make `forward` the module's forward by giving the module a subclass of its class whose forward
+    it is: under torch.compile, Dynamo guards a forward an instance holds itself on every call
+    (about 100 guard lines a decoder layer, BENCHMARKS §11.9), a class's once with its type."""
+    module.__class__ = _serving_class(_base_class(module), forward)
+
+
+def _base_class(module) -> type:
+    """The module's class before patch() gave it a serving subclass."""
+    return type(module).__dict__.get("_lzsolve_base", type(module))
+
+
+@functools.lru_cache(maxsize=None)
+def _serving_class(cls: type, forward) -> type:
+    return type(cls.__name__, (cls,), {"forward": forward, "_lzsolve_base": cls, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
 
 
 def _mlp_form(module, kinds: dict, name: str):
@@ -673,7 +692,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
         if kind is None or module_name in mlp_parts or module_name in fused:
             continue
         if kind.op == "linear":
-            if type(module) is torch.nn.Linear:
+            if _base_class(module) is torch.nn.Linear:
                 _bind(module, _linear_forward, report)
             elif isinstance(module, torch.nn.Linear):
                 report.left[cls] = "a subclass of nn.Linear (quantized?): its forward is its own"
@@ -723,9 +742,9 @@ def _fuse_residual_adds(model, report: PatchReport) -> None:
     for module in model.modules():
         norms = frozenset(name for name, child in module.named_children()
                           if _serves_rms(child))
-        forward, fused = _fused_forward(type(module), norms) if norms else (None, ())
+        forward, fused = _fused_forward(_base_class(module), norms) if norms else (None, ())
         if forward is not None:
-            module.forward = types.MethodType(forward, module)
+            _serve_with(module, forward)
             report.replaced[type(module).__name__] += 1
             for norm in fused:
                 report.fused[f"residual add+{norm}"] += 1

@@ -149,6 +149,34 @@ def test_patch_serves_attention_norms_rope_mlp_and_linears_from_the_table(tiny_l
     assert {"embedding", "attention.prefill", "norm.rms", "posenc.rope", "act.swiglu", "linear"} <= served, d.stats()
 
 
+def test_served_modules_take_their_forward_from_a_class_and_a_second_patch_changes_nothing(tiny_llama_artifact,
+                                                                                           restore_active):
+    """patch() gives a served module a subclass of its class whose forward serves it, not a forward
+    of its own: Dynamo guards an instance's own forward on every call of a compiled model (about
+    100 guard lines a layer, BENCHMARKS §11.9). The module stays an instance of its class, under its
+    name, and patching the model again serves it the same way."""
+    from runtime_loader.integrations.transformers import patch
+    from tests.test_cli import TINY_LLAMA
+
+    model = llama_of(TINY_LLAMA)
+    classes = {name: type(module) for name, module in model.named_modules()}
+    ids = torch.randint(0, 1000, (1, 13))
+    ref = logits(model, "sdpa", ids)
+    d = runtime_loader.load(tiny_llama_artifact, strict=True)
+    first = patch(model, d)
+    assert not [name for name, module in model.named_modules() if "forward" in vars(module)]
+    swapped = {name for name, module in model.named_modules() if type(module) is not classes[name]}
+    assert swapped and all(isinstance(module, classes[name]) and type(module).__name__ == classes[name].__name__
+                           for name, module in model.named_modules()), swapped
+    assert "model.layers.0.self_attn.q_proj" in swapped and "model.layers.0.input_layernorm" in swapped
+    second = patch(model, d)
+    assert second.replaced == first.replaced and second.fused == first.fused, (first, second)
+    assert all(type(type(module)).__name__ == "type" and type(module).__mro__[1] is classes[name]
+               for name, module in model.named_modules() if name in swapped)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_patched_generation_with_padding_equals_unpatched(family, restore_active):
     from runtime_loader.integrations.transformers import patch

@@ -247,8 +247,7 @@ def setup(variant: str, model, name: str, args, artifacts: str | None = None, **
         print(f"[{name}] lzsolve warning: {w.message}")
     tuned = d.table.raw["model"]
     print(f"[{name}] lzsolve table {folder} ({d.table.raw.get('timing_mode')} mode): {tuned['id']} tp {tuned['tp']} "
-          f"{tuned['dtype']}, "
-          f"{len(d.table.trees)} op signatures")
+          f"{tuned['dtype']}, {len(d.table.trees)} op signatures")
     if tuned["dtype"] != args.dtype:
         print(f"[{name}] lzsolve warning: tuned in {tuned['dtype']}, run in {args.dtype}: every call falls back")
     lz_hf.register(d)

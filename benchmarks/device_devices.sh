@@ -9,26 +9,35 @@
 #   STAGE=finish  (the next call, on the machine still warm) waits for the rest, then compares.
 # Each call brings back what has finished: $OUT/<name>.json, .err, .time and a tgz of the
 # artifact without JIT caches. TUNE_ARGS: the tune (default: the default llama3-70b TP8 tune).
+# RUNS: the tunes, "name:options;name:options" (default "two:--devices all;one:--device cuda:0");
+# the tables compared are the first run's and the second's, the second's margins deciding. E.g.
+# the smarter search budget against the whole one on one GPU (issue 16):
+#   RUNS="smart:--device cuda:0;full:--device cuda:0 --full-search" TUNE_ARGS="--model llama3-70b --tp 8 --grid small"
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
 nvidia-smi -L
 start=$(date +%s)
 chain=/tmp/devices  # outside the tree: a carried path is replaced on each call, with what it held
+runs=$(printf '%s' "${RUNS:-two:--devices all;one:--device cuda:0}" | tr ';' '\n')
+first=$(printf '%s\n' "$runs" | sed -n 1p | cut -d: -f1) second=$(printf '%s\n' "$runs" | sed -n 2p | cut -d: -f1)
 case "${STAGE:?set STAGE=start|finish}" in
   start)
-    rm -rf "$chain" /tmp/two /tmp/one; mkdir -p "$chain"
+    rm -rf "$chain"; mkdir -p "$chain"
+    printf '%s\n' "$runs" | while IFS=: read -r name options; do
+      rm -rf "/tmp/$name"; echo "run $name $options" >> "$chain/chain.sh"
+    done
     setsid nohup bash -c '
-      run() {  # name, then the device option
+      run() {  # name, then the device options
         date +%s.%N > '"$chain"'/$1.t0
         python3 -m lzsolve tune '"${TUNE_ARGS:---model llama3-70b --tp 8}"' "${@:2}" --out /tmp/$1 --json \
           > '"$chain"'/$1.json 2> '"$chain"'/$1.err
         echo $? $(date +%s.%N) > '"$chain"'/$1.t1
       }
-      run two --devices all; run one --device cuda:0' > /dev/null 2>&1 < /dev/null &
+      . '"$chain"'/chain.sh' > /dev/null 2>&1 < /dev/null &
     ;;
 esac
-while [ ! -f "$chain/one.t1" ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 2; done
-for name in two one; do
+while [ ! -f "$chain/$second.t1" ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 2; done
+for name in $first $second; do
   [ -f "$chain/$name.err" ] && cp "$chain/$name.err" "$OUT/"
   if [ ! -f "$chain/$name.t1" ]; then
     echo "$name: still tuning after $(( $(date +%s) - start )) s in this call:"; tail -2 "$chain/$name.err" 2> /dev/null
@@ -41,8 +50,8 @@ for name in two one; do
   grep -E "in [0-9]+ s|built ahead|wrote|error" "$chain/$name.err" | tail -6
   [ -f "$OUT/$name.tgz" ] || tar cz -C /tmp --exclude=.jit-work --exclude=jit "$name" > "$OUT/$name.tgz"
 done
-if [ -f "$chain/one.t1" ] && [ -f "$chain/two.t1" ]; then
-  python3 benchmarks/tune_agreement.py compare /tmp/one /tmp/two --mode graph --json "$OUT/agreement.json"
+if [ -f "$chain/$first.t1" ] && [ -f "$chain/$second.t1" ]; then
+  python3 benchmarks/tune_agreement.py compare "/tmp/$second" "/tmp/$first" --mode graph --json "$OUT/agreement.json"
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

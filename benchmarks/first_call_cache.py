@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from lzsolve.measure import ParityTask
-from lzsolve.worker import WorkerRunner
+from lzsolve.worker import WorkerRunner, share_bytecode
 from runtime_loader.jit import point_caches
 from runtime_loader.ops import OPS, Signature
 
@@ -27,10 +27,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--own-bytecode", action="store_true",
+                        help="no shared bytecode cache: each worker compiles what it imports, if the interpreter "
+                             "has no bytecode for torch (as before share_bytecode)")
     args = parser.parse_args()
     static = {k: int(v) for k, v in (part.split("=") for part in args.static.split(","))}
     sig = Signature.make(args.op, static, (), "fp32")
-    point_caches(Path(tempfile.mkdtemp(prefix="lzsolve-first-call-")))  # cold, and inherited by every worker
+    root = Path(tempfile.mkdtemp(prefix="lzsolve-first-call-"))
+    point_caches(root)  # cold, and inherited by every worker
+    shared = not args.own_bytecode and share_bytecode(root / "bytecode")  # as tune does
+    print(f"bytecode: {'one cache for the workers' if shared else 'as the interpreter has it'}")
     print(f"{args.kernel} on {sig}, {args.device}: first call per fresh worker process, caches shared")
     for n in range(args.processes):
         runner = WorkerRunner(torch.device(args.device))

@@ -54,7 +54,9 @@ def quantisation_apart(sig: Signature, dims: dict, device, gen, here) -> dict[st
     """Where a W8A8 linear's time goes, timed unchecked beside the kernels (whose parity covers
     these calls): the Triton per-token quantisation alone, and cuBLASLt's FP8 GEMM on an input
     quantised beforehand, the ceiling of a server that fuses the quantisation into the op before
-    (an RMSNorm's epilogue). CUDA with FP8 GEMMs (sm 89+) only."""
+    (an RMSNorm's epilogue): with the format's row and column scales, and with one scale per
+    tensor (cuBLASLt's GEMM alone, with no scaling work).
+    CUDA with FP8 GEMMs (sm 89+) only."""
     if device.type != "cuda" or (here.sm or 0) < 89:
         return {}
     from runtime_loader.kernels.triton_ops.fp8 import quantize_per_token
@@ -62,9 +64,12 @@ def quantisation_apart(sig: Signature, dims: dict, device, gen, here) -> dict[st
     rows = x.reshape(-1, x.shape[-1])
     q, x_scale = quantize_per_token(rows, 8)
     w_scale = weight_scale.float().reshape(1, -1).contiguous()
+    one = torch.ones((), device=device)  # per-tensor scales: cuBLASLt's own FP8 path, no row scaling
     return {"quantise alone (Triton)": [lambda: quantize_per_token(rows, 8)],
             "scaled_mm, pre-quantised": [lambda: torch._scaled_mm(q, weight.t(), scale_a=x_scale, scale_b=w_scale,
-                                                                   out_dtype=x.dtype)]}
+                                                                   out_dtype=x.dtype)],
+            "scaled_mm per-tensor, pre-quantised": [lambda: torch._scaled_mm(q, weight.t(), scale_a=one, scale_b=one,
+                                                                              out_dtype=x.dtype)]}
 
 
 # what runs before each projection in llama3-70b's blocks, in bf16 and quantising for it: (the bf16
@@ -158,6 +163,8 @@ def main() -> None:
                              "SwiGLU): bf16 (that op's fastest kernel here), FP8 quantised by the linear, FP8 "
                              "quantised by that op (norm.rms_add_fp8 or act.swiglu_fp8, then "
                              "linear.fp8_prequantised)")
+    parser.add_argument("--tokens", help="the token counts, comma-separated (default: %s)" % ",".join(map(str, TOKENS)))
+    parser.add_argument("--shapes", help="the projections, comma-separated (default: all of %s)" % ",".join(SHAPES))
     parser.add_argument("--table", type=Path,
                         help="an artifact (lzsolve tune --dtype fp8): the kernels its leaves choose for these "
                              "signatures join the candidates")
@@ -166,7 +173,12 @@ def main() -> None:
     harness = make_harness(device, Budget(min_samples=10, max_samples=40))
     gen = torch.Generator(device=device).manual_seed(0)
     shapes = {"proj": (64, 48)} if args.tiny else SHAPES
-    tokens = (1, 33) if args.tiny else TOKENS
+    if args.shapes:
+        unknown = set(args.shapes.split(",")) - set(SHAPES)
+        if unknown:
+            parser.error(f"--shapes: no projection {sorted(unknown)}; known: {', '.join(SHAPES)}")
+        shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+    tokens = (1, 33) if args.tiny else tuple(int(t) for t in args.tokens.split(",")) if args.tokens else TOKENS
     here, rows = device_info(device), []
     chosen = table_kernels(args.table) if args.table else {}
     for name, (k, n) in {} if args.no_linears else shapes.items():

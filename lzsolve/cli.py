@@ -42,7 +42,7 @@ from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget,
 from .tuner import Plan, make_plan, new_run_id
 from .validate import LOSS, VALIDATION_SHAPES, plan_validation
 from .validate import validate as run_validation
-from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, load_plugins
+from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, load_plugins, share_bytecode
 
 # Exit codes a CI step can branch on.
 EXIT_OK = 0
@@ -307,6 +307,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     4 an output could not be written (disk full, I/O error: records so far are kept, re-run
     to continue); 130 interrupted.
     """
+    entered = time.perf_counter()
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
@@ -326,6 +327,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     ensure_writable(out_dir)
     db = PerfDB(out_dir / "perfdb")
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
+    share_bytecode(out_dir / JIT_WORK / "bytecode")  # and this, where torch's bytecode is missing
     click.get_current_context().with_resource(skewed_routing(routing_skew))  # and this
     if cluster:
         runner, *more = cluster.runners(ray_workers, isolate, plugins, timeout, plan.hardware)
@@ -349,11 +351,12 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
             ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], caches=INDUCTOR_WARMED))
         ahead = [a for a in ahead if a is not None]
     compiled: list[dict] = []
-    phases: dict[str, float] = {}
     started = time.perf_counter()
+    # outside the wall, which starts here: planning, the gates' imports, the workers' objects
+    phases: dict[str, float] = {"start_s": round(started - entered, 1)}
 
     def lap(name: str) -> None:
-        phases[name] = round(time.perf_counter() - started - sum(phases.values()), 1)
+        phases[name] = max(0.0, round(time.perf_counter() - entered - sum(phases.values()), 1))
 
     try:
         budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind), refine=refine)
@@ -392,6 +395,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     wall = time.perf_counter() - started
     write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None),
                    records + compiled)  # the builds' records name the files they wrote
+    lap("write_s")  # the artifact, its records and its JIT caches' archive, after the wall
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
     say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
         f"{session.restarts} worker restart(s))")

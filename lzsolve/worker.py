@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -27,6 +29,30 @@ from .measure import CeilingTask, ParityTask, TimingTask, needs_restart, rejecte
 
 STARTUP_TIMEOUT_S = 180.0
 BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/ahead.py)
+
+
+# a module whose bytecode every worker's first Inductor, Dynamo or Liger call needs
+BYTECODE_PROBE = ("_dynamo", "utils.py")
+
+
+def share_bytecode(folder: Path) -> bool:
+    """Where this interpreter has no bytecode for torch's modules (a read-only environment, or
+    PYTHONDONTWRITEBYTECODE, as in container images), every worker compiles the same sources
+    again: on the H100 host that was 8-10 s of each worker's first Inductor or Liger call,
+    paid once per device (BENCHMARKS §15.6). Then point the workers (this process's children)
+    at one bytecode cache in `folder`, which the first to import a module fills for the others.
+    Returns whether it did; where the bytecode is there, or the user chose a cache
+    (PYTHONPYCACHEPREFIX), nothing changes."""
+    source = Path(torch.__file__).parent.joinpath(*BYTECODE_PROBE)
+    if os.environ.get("PYTHONPYCACHEPREFIX") or not source.is_file() or Path(importlib.util.cache_from_source(str(source))).is_file():
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    # the workers write under the run's folder only, so PYTHONDONTWRITEBYTECODE (the -B that
+    # multiprocessing passes on) is lifted for them: lzsolve/__init__.py, where LZSOLVE_BYTECODE
+    # names this cache
+    os.environ["PYTHONPYCACHEPREFIX"] = os.environ["LZSOLVE_BYTECODE"] = str(folder.resolve())
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    return True
 
 
 def load_plugins(modules: tuple[str, ...]) -> None:

@@ -2,6 +2,7 @@
 so the grid finds their modules built. tests.nvcc_kernels stands in for FlashInfer."""
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -119,9 +120,15 @@ def test_tune_builds_ahead_on_a_second_worker(tmp_path):
     args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--kernels", "built.*,compile.rms_norm",
             "--plugin", "tests.nvcc_kernels", "--trials", "0", "--no-probe", "--validate", "0",
             "--out", str(tmp_path / "out"), "--json"]
+    began = time.perf_counter()
     result = CliRunner().invoke(cli, args)
+    spent = time.perf_counter() - began
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
+    phases = summary["phases"]
+    assert (list(phases)[0], list(phases)[-1]) == ("start_s", "write_s")
+    assert sum(phases.values()) == pytest.approx(spent, abs=1.0), "every second of the command is in a phase"
+    assert summary["wall_s"] <= sum(phases.values()) and min(phases["start_s"], phases["write_s"]) >= 0
     assert {c["kernel_id"] for c in summary["compiled_ahead"]} == {"built.rms_norm"}
     assert all(c["status"] == "ok" for c in summary["compiled_ahead"])
     db = PerfDB(tmp_path / "out" / "perfdb")

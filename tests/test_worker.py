@@ -70,6 +70,30 @@ def test_a_niced_worker_runs_at_a_lower_priority():
         plain.close()
 
 
+def test_workers_share_one_bytecode_cache_where_torch_has_none(tmp_path, monkeypatch):
+    """Where torch's modules have no bytecode (read-only images, PYTHONDONTWRITEBYTECODE), each
+    worker compiled them again; now the run's workers write and read one cache in its folder."""
+    from lzsolve import worker
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    monkeypatch.delenv("LZSOLVE_BYTECODE", raising=False)
+    (tmp_path / "there.pyc").write_bytes(b"")
+    monkeypatch.setattr(worker.importlib.util, "cache_from_source", lambda path: str(tmp_path / "there.pyc"))
+    assert not worker.share_bytecode(tmp_path / "unused"), "where the bytecode is there, nothing changes"
+    assert "PYTHONPYCACHEPREFIX" not in os.environ and not (tmp_path / "unused").exists()
+    monkeypatch.setattr(worker.importlib.util, "cache_from_source", lambda path: str(tmp_path / "missing.pyc"))
+    folder = tmp_path / "bytecode"
+    assert worker.share_bytecode(folder)
+    assert os.environ["PYTHONPYCACHEPREFIX"] == str(folder.resolve()) and "PYTHONDONTWRITEBYTECODE" not in os.environ
+    runner = WorkerRunner(torch.device("cpu"))
+    try:
+        runner._start()  # the worker's own imports
+    finally:
+        runner.close()
+    assert any(folder.rglob("*.pyc")), "the worker wrote its bytecode to the shared cache"
+    assert not worker.share_bytecode(tmp_path / "other"), "a cache the user (here: the run) chose is kept"
+
+
 def test_workers_are_closed_at_once():
     """A worker's exit takes seconds (CUDA teardown): closed one after another, a run on more
     devices waited longer. Each close here passes only when all three are in close() together."""

@@ -36,19 +36,27 @@ case "${STAGE:?set STAGE=start|finish}" in
       . '"$chain"'/chain.sh' > /dev/null 2>&1 < /dev/null &
     ;;
 esac
-while [ ! -f "$chain/$second.t1" ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 2; done
+collect() {  # each finished run's files go to $OUT at once: a call cut at its limit still brings them back
+  for name in $first $second; do
+    [ -f "$chain/$name.err" ] && cp "$chain/$name.err" "$OUT/"
+    if [ -f "$chain/$name.t1" ] && [ ! -f "$OUT/$name.time" ]; then
+      cp "$chain/$name.json" "$OUT/"
+      tar cz -C /tmp --exclude=.jit-work --exclude=jit "$name" > "$OUT/$name.tgz"
+      read -r rc t1 < "$chain/$name.t1"
+      python3 -c "import sys; print(f'{sys.argv[1]}: rc={sys.argv[2]}, {float(sys.argv[4]) - float(sys.argv[3]):.1f} s from the command to its exit')" \
+        "$name" "$rc" "$(cat "$chain/$name.t0")" "$t1" > "$OUT/$name.time"
+    fi
+  done
+}
+# WAIT_S well inside the call's limit, which is less than asked where little device time is left
+while [ ! -f "$chain/$second.t1" ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do collect; sleep 2; done
+collect
 for name in $first $second; do
-  [ -f "$chain/$name.err" ] && cp "$chain/$name.err" "$OUT/"
-  if [ ! -f "$chain/$name.t1" ]; then
+  if [ -f "$OUT/$name.time" ]; then
+    cat "$OUT/$name.time"; grep -E "in [0-9]+ s|built ahead|wrote|error" "$chain/$name.err" | tail -6
+  else
     echo "$name: still tuning after $(( $(date +%s) - start )) s in this call:"; tail -2 "$chain/$name.err" 2> /dev/null
-    continue
   fi
-  cp "$chain/$name.json" "$OUT/"
-  read -r rc t1 < "$chain/$name.t1"
-  python3 -c "import sys; print(f'{sys.argv[1]}: rc={sys.argv[2]}, {float(sys.argv[4]) - float(sys.argv[3]):.1f} s from the command to its exit')" \
-    "$name" "$rc" "$(cat "$chain/$name.t0")" "$t1" | tee "$OUT/$name.time"
-  grep -E "in [0-9]+ s|built ahead|wrote|error" "$chain/$name.err" | tail -6
-  [ -f "$OUT/$name.tgz" ] || tar cz -C /tmp --exclude=.jit-work --exclude=jit "$name" > "$OUT/$name.tgz"
 done
 if [ -f "$chain/$first.t1" ] && [ -f "$chain/$second.t1" ]; then
   python3 benchmarks/tune_agreement.py compare "/tmp/$second" "/tmp/$first" --mode graph --json "$OUT/agreement.json"

@@ -10,6 +10,7 @@ keys: each attention.decode_fp8kv kernel, checked first, against SDPA's default 
 decode over a bf16 cache.
 
     python benchmarks/fp8.py [--json out.json] [--no-decode] [--no-linears] [--pairs] [--table ARTIFACT]
+                             [--tokens 1,1024] [--shapes qkv_proj,o_proj]
     python benchmarks/fp8.py --device cpu --tiny   # a smoke test of the script
 """
 from __future__ import annotations

@@ -744,7 +744,6 @@ def _fuse_residual_adds(model, report: PatchReport) -> None:
                           if _serves_rms(child))
         forward, fused = _fused_forward(_base_class(module), norms) if norms else (None, ())
         if forward is not None:
-            _serve_with(module, forward)
-            report.replaced[type(module).__name__] += 1
+            _bind(module, forward, report)
             for norm in fused:
                 report.fused[f"residual add+{norm}"] += 1

@@ -13,6 +13,7 @@
 # the tables compared are the first run's and the second's, the second's margins deciding. E.g.
 # the smarter search budget against the whole one on one GPU (issue 16):
 #   RUNS="smart:--device cuda:0;full:--device cuda:0 --full-search" TUNE_ARGS="--model llama3-70b --tp 8 --grid small"
+# PARALLEL=1 runs them at once (each on its own GPU: say so in RUNS), so that both fit one call.
 set -u
 . benchmarks/device_setup.sh > "$OUT/setup.txt"
 nvidia-smi -L
@@ -24,8 +25,9 @@ case "${STAGE:?set STAGE=start|finish}" in
   start)
     rm -rf "$chain"; mkdir -p "$chain"
     printf '%s\n' "$runs" | while IFS=: read -r name options; do
-      rm -rf "/tmp/$name"; echo "run $name $options" >> "$chain/chain.sh"
+      rm -rf "/tmp/$name"; echo "run $name $options${PARALLEL:+ &}" >> "$chain/chain.sh"
     done
+    [ -n "${PARALLEL:-}" ] && echo wait >> "$chain/chain.sh"
     setsid nohup bash -c '
       run() {  # name, then the device options
         date +%s.%N > '"$chain"'/$1.t0

@@ -7,7 +7,10 @@
 `compare` reads both PerfDBs; per op signature and grid bucket it takes each
 run's fastest admitted kernel; among the buckets whose winning margin in the
 first run (runner-up time / winner time - 1) is above 5%, it prints the share
-on which the second run picked the same winner.
+on which the second run picked the same winner. Then the dispatch tables
+themselves: at every grid and probe point both runs measured, the kernel each
+table dispatches, and where they differ, what the other table's choice costs in
+each run's own timings (its time / the own choice's time).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from lzsolve.perfdb import PerfDB
+from lzsolve.solve import pick
 
 MARGIN = 0.05
 
@@ -36,6 +40,36 @@ def winners(artifact: Path, mode: str) -> dict[tuple[str, str], tuple[str, float
         margin = times[1][0] / times[0][0] - 1 if len(times) > 1 else None
         out[key] = (times[0][1], margin)
     return out
+
+
+def point_times(artifact: Path, mode: str) -> dict[tuple[str, str], dict[str, float]]:
+    """(signature, dims) -> {kernel id: ms} over the grid and probe points of the latest run."""
+    rows = PerfDB(artifact / "perfdb").rows(
+        f"SELECT signature, dims, kernel_id, {mode}_ms AS ms FROM admitted WHERE {mode}_ms IS NOT NULL "
+        f"AND phase IN ('grid', 'probe') AND run_id = (SELECT max(run_id) FROM records)")
+    times: dict[tuple[str, str], dict[str, float]] = {}
+    for r in rows:
+        times.setdefault((r["signature"], r["dims"]), {})[r["kernel_id"]] = r["ms"]
+    return times
+
+
+def table_choices(a: Path, b: Path, mode: str) -> dict:
+    """Where both tables are defined and both runs measured: how often they dispatch the same
+    kernel, and at each point where they differ, the cost of the other's choice in each run."""
+    trees = [{o["signature"]: o["tree"] for o in json.loads((p / "dispatch.json").read_text())["ops"]} for p in (a, b)]
+    ta, tb = point_times(a, mode), point_times(b, mode)
+    same, differ = 0, []
+    for sig, dims in sorted(set(ta) & set(tb)):
+        if sig not in trees[0] or sig not in trees[1]:
+            continue
+        ka, kb = (pick(t[sig], json.loads(dims)) for t in trees)
+        if ka == kb:
+            same += 1
+            continue
+        cost_a = ta[sig, dims][kb] / ta[sig, dims][ka] if {ka, kb} <= set(ta[sig, dims]) else None
+        cost_b = tb[sig, dims][ka] / tb[sig, dims][kb] if {ka, kb} <= set(tb[sig, dims]) else None
+        differ.append({"signature": sig, "dims": dims, "a": ka, "b": kb, "cost_in_a": cost_a, "cost_in_b": cost_b})
+    return {"points": same + len(differ), "same": same, "differ": differ}
 
 
 def run(out: Path, extra: list[str]) -> None:
@@ -60,11 +94,20 @@ def compare(a: Path, b: Path, mode: str, json_out: str | None) -> None:
     for k in decisive:
         if wa[k][0] != wb[k][0]:
             print(f"  differs: {k[0]} {k[1]}: {wa[k][0]} (+{wa[k][1]:.1%}) vs {wb[k][0]}")
+    tables = table_choices(a, b, mode)
+    n, costs = tables["points"], [c for d in tables["differ"] for c in (d["cost_in_a"], d["cost_in_b"]) if c]
+    print(f"tables: {n} points; same kernel dispatched at {tables['same']} ({tables['same'] / n:.1%})" if n else
+          "tables: no point measured by both runs")
+    if costs:
+        costs.sort()
+        print(f"  where they differ ({len(tables['differ'])} points), the other table's choice costs "
+              f"{costs[len(costs) // 2]:.3f}x the own (median), {costs[-1]:.3f}x at worst, in each run's timings")
     if json_out:
         walls = {name: json.loads((p / "wall.json").read_text()) for name, p in (("a", a), ("b", b))
                  if (p / "wall.json").exists()}
         Path(json_out).write_text(json.dumps({"mode": mode, "buckets": len(common), "decisive": len(decisive),
-                                              "agree": len(agree), "share": share, "runs": walls}, indent=1))
+                                              "agree": len(agree), "share": share, "runs": walls,
+                                              "tables": tables}, indent=1))
 
 
 def main() -> None:

@@ -66,6 +66,13 @@ CASES = [
     # our FP8 GEMM on an input quantised beforehand, through the wrapper's reshapes; K split 4 ways as above
     ("triton.linear_fp8_prequantised", "linear.fp8_prequantised", {"k": 80, "n": 48}, ("per_channel", "bias"),
      {"tokens": 20}, [{"block_m": 16, "block_n": 16, "block_k": 32, "warps": 2, "stages": 2, "split_k": 4}]),
+    # the TMA GEMM on an input quantised beforehand (quantising inside, as triton.linear_fp8, it would
+    # meet the interpreter's e4m3 cast: undo_dropped_carries): 20 x 48 outputs in 16 x 16 tiles walked
+    # by the interpreter's two programs (three tiles each), K = 80 in 32s (the last partial, read as
+    # zeros past the edge), the partial last row block stored only inside; one weight scale or one per column
+    *[("triton.linear_fp8_prequantised_tma", "linear.fp8_prequantised", {"k": 80, "n": 48}, flags, {"tokens": 20},
+       [{"block_m": 16, "block_n": 16, "block_k": 32, "warps": 2, "stages": 2}])
+      for flags in (("per_channel", "bias"), ())],
     # 6 experts, 2 slots, 9 tokens: 18 pairs in segments padded to 16 (most one short of a block,
     # an idle expert); 40 and 24 columns leave partial n and k blocks; the default's block_m 64
     # puts every expert in one mostly empty block

@@ -62,6 +62,9 @@ FP8_GEMM_PARAMS = {"block_m": powers_of_two(16, 256), "block_n": powers_of_two(1
                    "block_k": powers_of_two(32, 256), "warps": powers_of_two(2, 8), "stages": (1, 2, 3, 4, 5, 6),
                    "split_k": powers_of_two(1, 16)}
 FP8_GEMM_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1}
+# the TMA form: persistent, no split K; its default is its best tile from 1024 tokens on the H200 (§16.6)
+FP8_TMA_PARAMS = {name: values for name, values in FP8_GEMM_PARAMS.items() if name != "split_k"}
+FP8_TMA_DEFAULT = {"block_m": 128, "block_n": 256, "block_k": 128, "warps": 8, "stages": 3}
 
 TUNABLES = [
     family("triton.rms_norm", "norm.rms", "norm", "rms_norm", NORM_PARAMS, NORM_DEFAULT,
@@ -120,6 +123,13 @@ TUNABLES = [
     family("triton.linear_fp8_prequantised", "linear.fp8_prequantised", "fp8", "linear_fp8_prequantised",
            FP8_GEMM_PARAMS, FP8_GEMM_DEFAULT, "triton.linear_fp8's GEMM alone: x quantised beforehand (norm.rms_fp8)",
            min_sm=89, features=frozenset({"per_channel", "bias"})),
+    # TMA (tensor descriptors) needs Hopper
+    family("triton.linear_fp8_tma", "linear.fp8", "fp8", "linear_fp8_tma", FP8_TMA_PARAMS, FP8_TMA_DEFAULT,
+           "x quantised per token in one pass, then a persistent e4m3 GEMM loading by TMA, both scales and the bias "
+           "in its epilogue; k % 16 == 0 and n % 8 == 0", min_sm=90, features=frozenset({"per_channel", "bias"})),
+    family("triton.linear_fp8_prequantised_tma", "linear.fp8_prequantised", "fp8", "linear_fp8_prequantised_tma",
+           FP8_TMA_PARAMS, FP8_TMA_DEFAULT, "triton.linear_fp8_tma's GEMM alone: x quantised beforehand",
+           min_sm=90, features=frozenset({"per_channel", "bias"})),
     # cuBLASLt's row-wise scaled FP8 GEMM needs Hopper
     family("triton.scaled_mm_fp8", "linear.fp8", "fp8", "scaled_mm_fp8", {"warps": powers_of_two(1, 16)},
            {"warps": 8}, "x quantised per token in one Triton pass, then torch._scaled_mm (cuBLASLt FP8)",

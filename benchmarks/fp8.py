@@ -43,6 +43,10 @@ TRITON_FP8_CONFIGS = ({"block_m": 16, "block_n": 64, "block_k": 256, "warps": 4,
                       {"block_m": 16, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4, "split_k": 8},
                       {"block_m": 64, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4, "split_k": 1},
                       {"block_m": 128, "block_n": 256, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1})
+# the TMA family's (triton.linear_fp8_tma, and its GEMM alone): the best tiles of benchmarks/fp8_tma_probe.py (§16.6)
+TMA_CONFIGS = ({"block_m": 64, "block_n": 64, "block_k": 256, "warps": 4, "stages": 4},
+               {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4},
+               {"block_m": 128, "block_n": 256, "block_k": 128, "warps": 8, "stages": 3})
 
 
 def table_kernels(artifact: Path) -> dict[str, list[str]]:
@@ -120,6 +124,7 @@ def with_op_before(name: str, k: int, n: int, tokens: int, device, gen, harness,
     errors.update(more)
     unfused, more = passes("linear.fp8", ["triton.scaled_mm_fp8", "torch.scaled_mm_fp8"]
                            + [config_id("triton.linear_fp8", c) for c in TRITON_FP8_CONFIGS]
+                           + [config_id("triton.linear_fp8_tma", c) for c in TMA_CONFIGS]
                            + chosen.get(str(fp8), []), (x, weight, weight_scale, None), device)
     errors.update(more)
     fused = []
@@ -128,7 +133,8 @@ def with_op_before(name: str, k: int, n: int, tokens: int, device, gen, harness,
         args = (q, x_scale, weight, weight_scale, None, inputs[0].dtype)
         pre_sig = CONTRACTS["linear.fp8_prequantised"].schema.call(*args)[0]
         fused, more = passes("linear.fp8_prequantised", ["torch.scaled_mm"] + [
-            config_id("triton.linear_fp8_prequantised", c) for c in TRITON_FP8_CONFIGS] + chosen.get(str(pre_sig), []),
+            config_id("triton.linear_fp8_prequantised", c) for c in TRITON_FP8_CONFIGS] + [
+            config_id("triton.linear_fp8_prequantised_tma", c) for c in TMA_CONFIGS] + chosen.get(str(pre_sig), []),
             args, device)
         errors.update(more)
     calls = {f"bf16: {best.kernel_id} + torch.linear": [
@@ -185,7 +191,8 @@ def main() -> None:
     for name, (k, n) in {} if args.no_linears else shapes.items():
         fp8 = Signature.make("linear.fp8", {"k": k, "n": n}, ("per_channel",), "bf16")
         dense = Signature.make("linear", {"k": k, "n": n}, (), "bf16")
-        configs = [registry.get(config_id("triton.linear_fp8", c)) for c in TRITON_FP8_CONFIGS]
+        configs = [registry.get(config_id("triton.linear_fp8", c)) for c in TRITON_FP8_CONFIGS] + [
+            registry.get(config_id("triton.linear_fp8_tma", c)) for c in TMA_CONFIGS]
         tuned = [registry.get(k) for k in chosen.get(str(fp8), ())]
         kernels = list({s.kernel_id: s for s in registry.candidates("linear.fp8") + configs + tuned
                         if not s.check(fp8, here)}.values())

@@ -1,0 +1,50 @@
+"""benchmarks/tune_agreement.py's comparison of two tuning runs (BENCHMARKS §15.7-15.8 read it):
+two runs' dispatch tables, point by point, and what a differing choice costs in each run."""
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+from lzsolve.solve import pick
+
+SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tune_agreement.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("tune_agreement", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_table_agrees_with_itself(tiny_llama_artifact):
+    tables = load_script().table_choices(tiny_llama_artifact, tiny_llama_artifact, "eager")
+    assert tables["points"] > 0 and tables["same"] == tables["points"] and tables["differ"] == []
+
+
+def test_a_changed_leaf_is_found_with_its_cost_in_both_runs(tiny_llama_artifact, tmp_path):
+    """A copy whose table sends one signature to another measured kernel everywhere: every point of
+    that signature differs, and the cost of the other's choice is read from each run's timings."""
+    tool = load_script()
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama_artifact, other)
+    raw = json.loads((other / "dispatch.json").read_text())
+    times = tool.point_times(other, "eager")
+    entries = {e["signature"]: e for e in raw["ops"]}
+    # a signature and a kernel measured at one of its points where the table chooses another
+    sig, swap = next((sig, k) for (sig, dims), t in sorted(times.items()) if sig in entries
+                             for k in t if k != pick(entries[sig]["tree"], json.loads(dims)))
+    entry = entries[sig]
+    points = {d: t for (s, d), t in times.items() if s == sig}
+    chosen = {d: pick(entry["tree"], json.loads(d)) for d in points}
+    entry["tree"] = {"kernel_id": swap}
+    (other / "dispatch.json").write_text(json.dumps(raw))
+
+    tables = tool.table_choices(tiny_llama_artifact, other, "eager")
+    differ = [d for d in tables["differ"] if d["signature"] == entry["signature"]]
+    assert {d["dims"] for d in differ} == {dims for dims in points if chosen[dims] != swap}
+    assert tables["same"] + len(tables["differ"]) == tables["points"]
+    for d in differ:
+        own = points[d["dims"]]
+        if swap in own:
+            assert d["b"] == swap and abs(d["cost_in_a"] - own[swap] / own[d["a"]]) < 1e-9

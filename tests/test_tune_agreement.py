@@ -33,7 +33,7 @@ def test_a_changed_leaf_is_found_with_its_cost_in_both_runs(tiny_llama_artifact,
     entries = {e["signature"]: e for e in raw["ops"]}
     # a signature and a kernel measured at one of its points where the table chooses another
     sig, swap = next((sig, k) for (sig, dims), t in sorted(times.items()) if sig in entries
-                             for k in t if k != pick(entries[sig]["tree"], json.loads(dims)))
+                     for k in t if k != pick(entries[sig]["tree"], json.loads(dims)))
     entry = entries[sig]
     points = {d: t for (s, d), t in times.items() if s == sig}
     chosen = {d: pick(entry["tree"], json.loads(d)) for d in points}

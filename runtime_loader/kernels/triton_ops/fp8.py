@@ -5,8 +5,8 @@ linear.fp8_prequantised: our GEMM alone, x quantised beforehand (by norm.rms_fp8
 Our GEMM comes in two forms. `_fp8_matmul_kernel` loads tiles through pointers, a program per
 output tile (and per split of K). `_fp8_matmul_tma_kernel` is Hopper's: a persistent grid (a
 program per SM walking the output tiles) loading both operands by TMA through tensor
-descriptors. On an H200 the TMA form ran 1.70-1.93x bf16 cuBLAS from 1024 tokens on gate/up and
-down_proj, where cuBLASLt's row-wise FP8 GEMM ran 1.59-1.92x and the pointer form 1.62-1.85x
+descriptors. On an H200 the TMA form ran 1.69-1.94x bf16 cuBLAS from 1024 tokens on gate/up and
+down_proj, where cuBLASLt's row-wise FP8 GEMM ran 1.63-1.94x and the pointer form 1.60-1.86x
 (BENCHMARKS §16.6).
 
 The eager quantisation (kernels/eager.quantize_per_token) is about seven launches with fp32
@@ -130,26 +130,33 @@ def _fp8_matmul_kernel(q_ptr, w_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, out_ptr
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(out_rows[:, None] < M) & (out_cols[None, :] < N))
 
 
+def quantised_input(x, weight, weight_scale, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, scale) of x, checked against the weight, for our GEMMs: the Triton quantisation."""
+    rows, _ = _checked(x, weight, weight_scale, bias)
+    return quantize_per_token(rows, 4 if rows.shape[1] <= 4096 else 8)  # a warp per 1024 of the row, 8 at most
+
+
+def contiguous_rows(q) -> torch.Tensor:
+    """A quantised input's rows as our GEMMs read them: (m, k), each row contiguous and next to the last."""
+    rows = as_rows(q)
+    return rows if rows.stride(1) == 1 and rows.stride(0) == rows.shape[1] else rows.contiguous()
+
+
 def linear_fp8(x, weight, weight_scale, bias=None, *, block_m: int, block_n: int, block_k: int, warps: int,
                stages: int, split_k: int):
     """The Triton quantisation, then our FP8 GEMM: two launches (three with split_k > 1)."""
-    rows, n = _checked(x, weight, weight_scale, bias)
-    q, scale = quantize_per_token(rows, 4 if rows.shape[1] <= 4096 else 8)  # a warp per 1024 of the row, 8 at most
+    q, scale = quantised_input(x, weight, weight_scale, bias)
     out = fp8_matmul(q, scale, weight, weight_scale, bias, x.dtype, block_m=block_m, block_n=block_n,
                      block_k=block_k, warps=warps, stages=stages, split_k=split_k)
-    return out.view(*x.shape[:-1], n)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def linear_fp8_prequantised(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloat16, *, block_m: int,
                             block_n: int, block_k: int, warps: int, stages: int, split_k: int):
     """Our FP8 GEMM alone, on an input quantised beforehand (norm.rms_fp8's q and scales)."""
-    rows = as_rows(q)
-    if rows.stride(1) != 1 or rows.stride(0) != rows.shape[1]:
-        rows = rows.contiguous()
-    n = weight.shape[0]
-    out = fp8_matmul(rows, x_scale.reshape(-1, 1).float(), weight, weight_scale, bias, out_dtype, block_m=block_m,
-                     block_n=block_n, block_k=block_k, warps=warps, stages=stages, split_k=split_k)
-    return out.view(*q.shape[:-1], n)
+    out = fp8_matmul(contiguous_rows(q), x_scale.reshape(-1, 1).float(), weight, weight_scale, bias, out_dtype,
+                     block_m=block_m, block_n=block_n, block_k=block_k, warps=warps, stages=stages, split_k=split_k)
+    return out.view(*q.shape[:-1], weight.shape[0])
 
 
 def fp8_matmul(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m: int, block_n: int, block_k: int,
@@ -246,19 +253,15 @@ def fp8_matmul_tma(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m
 def linear_fp8_tma(x, weight, weight_scale, bias=None, *, block_m: int, block_n: int, block_k: int, warps: int,
                    stages: int):
     """The Triton quantisation, then the TMA GEMM: two launches."""
-    rows, n = _checked(x, weight, weight_scale, bias)
-    q, scale = quantize_per_token(rows, 4 if rows.shape[1] <= 4096 else 8)
+    q, scale = quantised_input(x, weight, weight_scale, bias)
     out = fp8_matmul_tma(q, scale, weight, weight_scale, bias, x.dtype, block_m=block_m, block_n=block_n,
                          block_k=block_k, warps=warps, stages=stages)
-    return out.view(*x.shape[:-1], n)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def linear_fp8_prequantised_tma(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloat16, *,
                                 block_m: int, block_n: int, block_k: int, warps: int, stages: int):
     """The TMA GEMM alone, on an input quantised beforehand (norm.rms_fp8's q and scales)."""
-    rows = as_rows(q)
-    if rows.stride(1) != 1 or rows.stride(0) != rows.shape[1]:
-        rows = rows.contiguous()
-    out = fp8_matmul_tma(rows, x_scale.reshape(-1, 1).float(), weight, weight_scale, bias, out_dtype,
+    out = fp8_matmul_tma(contiguous_rows(q), x_scale.reshape(-1, 1).float(), weight, weight_scale, bias, out_dtype,
                          block_m=block_m, block_n=block_n, block_k=block_k, warps=warps, stages=stages)
     return out.view(*q.shape[:-1], weight.shape[0])

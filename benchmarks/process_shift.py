@@ -1,0 +1,104 @@
+"""Do kernels of a few µs time alike in fresh processes? (issue 16, BENCHMARKS §15.6-15.7)
+
+Two tunes of the same model on the same GPU and clocks disagree at 6% of their decisive buckets,
+all of them kernels of about 2 µs (SwiGLU, RMSNorm, RoPE...): in one run every Triton SwiGLU
+configuration took 1.87-2.04 µs at 1-9 tokens, in the other 1.56-1.69 µs. This script times such
+kernels in PROCESSES fresh processes one after the other on one device, each kernel checked
+against its op's reference first, then timed interleaved by lzsolve's harness (graph replay on
+CUDA, as a tune), ROUNDS times per process. Per (kernel, shape) it prints each process's median
+and the spread across processes against the spread within one; a shift shared by a family in
+one process (every Triton kernel slower in process 2, say) is the tunes' disagreement reproduced.
+
+    python benchmarks/process_shift.py [--processes 4] [--rounds 3] [--device cuda] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from checked_timing import agreeing, timed, write_figures
+from lzsolve.bench import Budget, make_harness
+from lzsolve.ops import CONTRACTS
+from runtime_loader import registry
+from runtime_loader.hardware import device_info
+from runtime_loader.ops import Signature
+from runtime_loader.specs import config_id
+
+# the signatures whose buckets differed between §15.6's and §15.7's tunes, at their small sizes;
+# every admitted kernel of the op, and the Triton configurations those tunes chose
+CASES = [("act.swiglu", {"width": 3584}, (1, 4, 16), [config_id("triton.swiglu", {"block": b, "warps": 8})
+                                                      for b in (512, 2048)]),
+         ("norm.rms", {"hidden": 8192}, (1, 16, 64), [config_id("triton.rms_norm", {"block": 8192, "warps": 16})]),
+         ("norm.rms_add", {"hidden": 8192}, (1, 16), [])]
+
+
+def one_process(device: torch.device, rounds: int) -> dict[str, list[float]]:
+    """{"kernel @ op tokens": [median µs per round]} in this process; kernels that disagree with
+    the reference or fail are left out (their errors printed)."""
+    harness = make_harness(device, Budget(min_samples=10, max_samples=40))
+    gen, here, out = torch.Generator(device=device).manual_seed(0), device_info(device), {}
+    for op, static, token_counts, configs in CASES:
+        sig = Signature.make(op, static, (), "bf16")
+        specs = [s for s in registry.candidates(op) + [registry.get(c) for c in configs] if not s.check(sig, here)]
+        specs = list({s.kernel_id: s for s in specs}.values())
+        for tokens in token_counts:
+            inputs = CONTRACTS[op].make_inputs(sig, {"tokens": tokens}, device, gen)
+            agreed, errors = agreeing(op, sig, specs, inputs)
+            for kernel_id, message in errors.items():
+                print(f"  {kernel_id} at {op} {tokens}: {message}", file=sys.stderr)
+            calls = {s.kernel_id: [lambda impl=s.impl: impl(*inputs)] for s in agreed}
+            for _ in range(rounds):
+                for kernel_id, us in timed(harness, calls).items():
+                    if us:
+                        out.setdefault(f"{kernel_id} @ {op} {tokens}", []).append(us)
+    return out
+
+
+def summary(processes: list[dict[str, list[float]]]) -> list[dict]:
+    """Per (kernel, shape): each process's median, and the spread across processes (max / min of
+    the medians) beside the largest spread within one process (max / min of its rounds)."""
+    rows = []
+    for key in sorted(set().union(*processes)):
+        runs = [p[key] for p in processes if key in p]
+        medians = [statistics.median(r) for r in runs]
+        rows.append({"kernel": key, "medians_us": medians, "across": max(medians) / min(medians),
+                     "within": max(max(r) / min(r) for r in runs)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # a process's figures go to this file
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if args.child:
+        Path(args.child).write_text(json.dumps(one_process(device, args.rounds)))
+        return
+    processes = []
+    with tempfile.TemporaryDirectory() as folder:
+        for n in range(args.processes):
+            figures = Path(folder) / f"{n}.json"
+            subprocess.run([sys.executable, __file__, "--device", args.device, "--rounds", str(args.rounds),
+                            "--child", str(figures)], check=True)
+            processes.append(json.loads(figures.read_text()))
+    rows = summary(processes)
+    for row in rows:
+        print(f"{row['kernel']:64} " + " ".join(f"{m:7.2f}" for m in row["medians_us"])
+              + f"   across {row['across']:.3f}  within {row['within']:.3f}")
+    if args.json:
+        write_figures(args.json, device, rows)
+
+
+if __name__ == "__main__":
+    main()

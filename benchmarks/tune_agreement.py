@@ -25,12 +25,14 @@ from lzsolve.perfdb import PerfDB
 from lzsolve.solve import pick
 
 MARGIN = 0.05
+# the records of the latest tune in a PerfDB: `lzsolve evaluate` adds runs of its own after it
+LATEST_TUNE = "run_id = (SELECT run_id FROM records WHERE phase = 'grid' ORDER BY ts DESC LIMIT 1)"
 
 
 def winners(artifact: Path, mode: str) -> dict[tuple[str, str], tuple[str, float | None]]:
     rows = PerfDB(artifact / "perfdb").rows(
         f"SELECT signature, dims, kernel_id, {mode}_ms AS ms FROM admitted WHERE {mode}_ms IS NOT NULL "
-        f"AND run_id = (SELECT max(run_id) FROM records)")
+        f"AND {LATEST_TUNE}")
     by_bucket: dict[tuple[str, str], list[tuple[float, str]]] = {}
     for r in rows:
         by_bucket.setdefault((r["signature"], r["dims"]), []).append((r["ms"], r["kernel_id"]))
@@ -43,10 +45,10 @@ def winners(artifact: Path, mode: str) -> dict[tuple[str, str], tuple[str, float
 
 
 def point_times(artifact: Path, mode: str) -> dict[tuple[str, str], dict[str, float]]:
-    """(signature, dims) -> {kernel id: ms} over the grid and probe points of the latest run."""
+    """(signature, dims) -> {kernel id: ms} over the grid and probe points of the latest tune."""
     rows = PerfDB(artifact / "perfdb").rows(
         f"SELECT signature, dims, kernel_id, {mode}_ms AS ms FROM admitted WHERE {mode}_ms IS NOT NULL "
-        f"AND phase IN ('grid', 'probe') AND run_id = (SELECT max(run_id) FROM records)")
+        f"AND phase IN ('grid', 'probe') AND {LATEST_TUNE}")
     times: dict[tuple[str, str], dict[str, float]] = {}
     for r in rows:
         times.setdefault((r["signature"], r["dims"]), {})[r["kernel_id"]] = r["ms"]

@@ -1,10 +1,12 @@
 """benchmarks/tune_agreement.py's comparison of two tuning runs (BENCHMARKS §15.7-15.8 read it):
 two runs' dispatch tables, point by point, and what a differing choice costs in each run."""
+import datetime as dt
 import importlib.util
 import json
 import shutil
 from pathlib import Path
 
+from lzsolve.perfdb import PerfDB
 from lzsolve.solve import pick
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tune_agreement.py"
@@ -17,17 +19,32 @@ def load_script():
     return module
 
 
-def test_a_table_agrees_with_itself(tiny_llama_artifact):
-    tables = load_script().table_choices(tiny_llama_artifact, tiny_llama_artifact, "eager")
+def evaluated_copy(artifact: Path, folder: Path) -> Path:
+    """A copy of the artifact with a later run of `lzsolve evaluate` in its PerfDB, as the shared
+    artifact gets when test_evaluate runs first: one grid record again, under a run of its own."""
+    copy = folder / "artifact"
+    shutil.copytree(artifact, copy)
+    db = PerfDB(copy / "perfdb")
+    record = db.rows("SELECT * FROM records WHERE phase = 'grid' ORDER BY ts DESC LIMIT 1")[0]
+    record.update(run_id="evaluation-run", phase="evaluate", ts=record["ts"] + dt.timedelta(minutes=1))
+    db.append([record], "evaluation-run")
+    return copy
+
+
+def test_a_table_agrees_with_itself(tiny_llama_artifact, tmp_path):
+    artifact = evaluated_copy(tiny_llama_artifact, tmp_path)
+    tables = load_script().table_choices(artifact, artifact, "eager")
     assert tables["points"] > 0 and tables["same"] == tables["points"] and tables["differ"] == []
 
 
 def test_a_changed_leaf_is_found_with_its_cost_in_both_runs(tiny_llama_artifact, tmp_path):
     """A copy whose table sends one signature to another measured kernel everywhere: every point of
-    that signature differs, and the cost of the other's choice is read from each run's timings."""
+    that signature where the table chose otherwise differs, and the cost of the other's choice is
+    read from each run's timings."""
     tool = load_script()
+    tuned = evaluated_copy(tiny_llama_artifact, tmp_path / "a")
     other = tmp_path / "other"
-    shutil.copytree(tiny_llama_artifact, other)
+    shutil.copytree(tuned, other)
     raw = json.loads((other / "dispatch.json").read_text())
     times = tool.point_times(other, "eager")
     entries = {e["signature"]: e for e in raw["ops"]}
@@ -40,7 +57,7 @@ def test_a_changed_leaf_is_found_with_its_cost_in_both_runs(tiny_llama_artifact,
     entry["tree"] = {"kernel_id": swap}
     (other / "dispatch.json").write_text(json.dumps(raw))
 
-    tables = tool.table_choices(tiny_llama_artifact, other, "eager")
+    tables = tool.table_choices(tuned, other, "eager")
     differ = [d for d in tables["differ"] if d["signature"] == entry["signature"]]
     assert {d["dims"] for d in differ} == {dims for dims in points if chosen[dims] != swap}
     assert tables["same"] + len(tables["differ"]) == tables["points"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from cpu_modes import pairs
 from lzsolve.measure import ParityTask
 from lzsolve.worker import WorkerRunner, share_bytecode
 from runtime_loader.jit import point_caches
@@ -31,7 +32,7 @@ def main() -> None:
                         help="no shared bytecode cache: each worker compiles what it imports, if the interpreter "
                              "has no bytecode for torch (as before share_bytecode)")
     args = parser.parse_args()
-    static = {k: int(v) for k, v in (part.split("=") for part in args.static.split(","))}
+    static = pairs(args.static)
     sig = Signature.make(args.op, static, (), "fp32")
     root = Path(tempfile.mkdtemp(prefix="lzsolve-first-call-"))
     point_caches(root)  # cold, and inherited by every worker

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from cpu_modes import pairs
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.jit import point_caches
@@ -34,9 +35,7 @@ from runtime_loader.ops import OPS, Signature
 def parse(case: str) -> tuple[str, Signature, dict]:
     """'kernel:op:static:flags:dims' (static and dims as name=value,...; flags as a,b)."""
     kernel, op, static, flags, dims = case.split(":")
-    values = {k: int(v) for k, v in (part.split("=") for part in static.split(","))}
-    sig = Signature.make(op, values, tuple(f for f in flags.split(",") if f), "bf16")
-    return kernel, sig, {k: int(v) for k, v in (part.split("=") for part in dims.split(","))}
+    return kernel, Signature.make(op, pairs(static), tuple(f for f in flags.split(",") if f), "bf16"), pairs(dims)
 
 
 def sync(device: torch.device) -> None:

@@ -156,3 +156,26 @@ def test_cuda_searched_configs_are_right_or_refused():
                         refused.append(f"{kernel_id} on {sig}: {type(e).__name__}: {str(e)[:200]}")
     print(f"{passed} (config, case) pairs agree; {len(refused)} refused:\n" + "\n".join(refused))
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_quantisation_is_eagers():
+    """The Triton per-token quantisation (triton.linear_fp8's, the norms' and SwiGLU's) gives
+    eager's e4m3 values and scales exactly: the reference quantises as eager does, so any element
+    rounded otherwise is error charged to the kernel. The interpreter's cast differs
+    (tests/triton_interpret_check.py); this is the GPU's. Before row_scale multiplied by the
+    reciprocal, the values matched and the scales differed in their last bit on an H100."""
+    from runtime_loader.kernels.eager import quantize_per_token as eager_quantisation
+    from runtime_loader.kernels.triton_ops import fp8
+
+    gen, mismatches = torch.Generator(device="cuda").manual_seed(0), []
+    for dtype in (torch.bfloat16, torch.float32):
+        for tokens, width in ((1, 8192), (1, 3584), (33, 1024)):
+            x = (torch.randn(tokens, width, device="cuda", generator=gen) * 3).to(dtype)
+            q, scale = fp8.quantize_per_token(x, 4)
+            expected_q, expected_scale = eager_quantisation(x)
+            differ = int((q.float() != expected_q.float()).sum())
+            if differ or not torch.equal(scale, expected_scale):
+                mismatches.append(f"{dtype} {tokens} x {width}: {differ} elements differ, scales equal "
+                                  f"{torch.equal(scale, expected_scale)}")
+    assert not mismatches, "\n".join(mismatches)

@@ -12,8 +12,8 @@ down_proj, where cuBLASLt's row-wise FP8 GEMM ran 1.63-1.94x and the pointer for
 The eager quantisation (kernels/eager.quantize_per_token) is about seven launches with fp32
 temporaries of the whole activation; it cost more than the FP8 GEMM saved, so FP8 linears ran
 0.2-0.9x bf16 on the H100 (BENCHMARKS §16). Here it is one read of x and one write of a byte per
-element. The rounding is the format's, as the reference does it: scale = amax / 448 per row
-(at least 1e-12 / 448), x / scale with IEEE division, clamped, rounded to nearest even.
+element. The rounding is the format's, as the reference does it: scale = amax times the fp32 reciprocal of
+448 per row (amax at least 1e-12), x / scale with IEEE division, clamped, rounded to nearest even.
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ QUANT_BLOCK_MAX = 8192  # a row up to this wide is read once for its amax and on
 
 @triton.jit
 def row_scale(amax, E4M3: tl.constexpr):
-    """A row's e4m3 scale from its amax (a scalar, or a block whose max is taken): amax / E4M3, at least 1e-12 / E4M3."""
-    return tl.math.div_rn(tl.maximum(tl.max(amax, 0), 1e-12), E4M3)
+    """A row's e4m3 scale from its amax (a scalar, or a block whose max is taken): amax times the
+    fp32 reciprocal of E4M3, as eager.quantize_per_token computes it; amax at least 1e-12."""
+    return tl.maximum(tl.max(amax, 0), 1e-12) * (1.0 / E4M3)
 
 
 @triton.jit

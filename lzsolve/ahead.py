@@ -18,7 +18,12 @@ Inductor's kernels (FlexAttention, the compile.* family) are warmed the same way
 a process of their own: a process's first Inductor compile took 12-15 s per device in the grid of
 a two-GPU run (BENCHMARKS §15.5), and a later process sharing the run's caches reads most of it
 back (9.3 s cold against 3.2-3.3 s on this project's CPU VM, benchmarks/first_call_cache.py). They do not join the nvcc queue,
-where they would delay the builds the grid waits on.
+where they would delay the builds the grid waits on. That process calls them at every grid
+workload, largest first as the grid measures: FlexAttention compiles a graph per shape, 1.5 s a
+shape cold and 0.16 s from the caches another process filled (an H100, BENCHMARKS §15.9), about
+half of each device's first calls in a two-GPU grid (§15.7). At those workloads it makes the first
+call alone (FirstCallTask): a reference of the larger ones would take the GPU from the timing
+beside it, and the measuring worker checks the kernel there anyway.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from typing import Callable, Sequence
 from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
 
-from .measure import ParityTask
+from .measure import FirstCallTask, ParityTask
 from .tuner import Runner, Session, SignaturePlan
 
 
@@ -54,16 +59,23 @@ def branch_points(points: tuple[dict, ...]) -> list[dict]:
 INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fills (see above)
 
 
-def first_calls(signatures: tuple[SignaturePlan, ...], session: Session,
-                caches: frozenset[str] = NVCC_BUILT) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
+def largest_first(points: tuple[dict, ...]) -> list[dict]:
+    """The workloads in the order the grid measures them (tuner.first_calls_apart)."""
+    return sorted(points, key=lambda p: math.prod(p.values()), reverse=True)
+
+
+def first_calls(signatures: tuple[SignaturePlan, ...], session: Session, caches: frozenset[str] = NVCC_BUILT,
+                every_workload: bool = False) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
     """(signature, kernel, workload) to call ahead: the admitted kernels with a JIT cache among
-    `caches` (by default those nvcc builds), at their branch points, unless an earlier run of this
-    PerfDB measured that kernel version (its out folder holds the build)."""
+    `caches` (by default those nvcc builds), at their branch points (every_workload: at each grid
+    workload, largest first), unless an earlier run of this PerfDB measured that kernel version
+    (its out folder holds the build)."""
     measured = {(kernel_id, version) for _, kernel_id, version, _ in session.reusable}
+    points = largest_first if every_workload else branch_points
     return [(sp, c.spec, dims) for sp in signatures for c in sp.candidates
             if c.admitted and caches & set(c.spec.jit_caches)
             and (c.spec.kernel_id, c.spec.version()) not in measured
-            for dims in branch_points(sp.workloads)]
+            for dims in points(sp.workloads)]
 
 
 class CompileAhead:
@@ -75,8 +87,9 @@ class CompileAhead:
     the builds' records so far."""
 
     def __init__(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]], session: Session,
-                 make_runners: Sequence[Callable[[], Runner]]):
+                 make_runners: Sequence[Callable[[], Runner]], checked: bool = True):
         self.session, self.records, self.error = session, [], None
+        self.task = ParityTask if checked else FirstCallTask
         self._stop = threading.Event()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         for call in calls:  # seeds drawn here: the session's counter is the main thread's
@@ -89,9 +102,12 @@ class CompileAhead:
 
     @classmethod
     def start(cls, signatures: tuple[SignaturePlan, ...], session: Session,
-              make_runners: Sequence[Callable[[], Runner]], caches: frozenset[str] = NVCC_BUILT) -> CompileAhead | None:
-        calls = first_calls(signatures, session, caches)
-        return cls(calls, session, make_runners) if calls else None
+              make_runners: Sequence[Callable[[], Runner]], caches: frozenset[str] = NVCC_BUILT,
+              every_workload: bool = False) -> CompileAhead | None:
+        """every_workload: a first call at each grid workload, unchecked (FirstCallTask); else a
+        parity check at each branch point."""
+        calls = first_calls(signatures, session, caches, every_workload)
+        return cls(calls, session, make_runners, checked=not every_workload) if calls else None
 
     def _run(self, make_runner, recorder) -> None:
         runner = None
@@ -102,7 +118,7 @@ class CompileAhead:
                     (sp, spec, dims), seed = self._calls.get_nowait()
                 except queue.Empty:
                     break
-                outcome = runner.run(ParityTask(sp.instance.signature, spec.kernel_id, dims, seed))
+                outcome = runner.run(self.task(sp.instance.signature, spec.kernel_id, dims, seed))
                 record = recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome)
                 self.session.db.append([record], self.session.run_id)  # each as it comes: a build is minutes
                 self.records.append(record)

@@ -348,7 +348,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     if isolate and not cluster:
         ahead.append(CompileAhead.start(plan.signatures, session, builders))
         if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
-            ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], caches=INDUCTOR_WARMED))
+            ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], caches=INDUCTOR_WARMED,
+                                            every_workload=True))
         ahead = [a for a in ahead if a is not None]
     compiled: list[dict] = []
     started = time.perf_counter()

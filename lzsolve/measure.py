@@ -1,7 +1,8 @@
 """Measurement tasks, run inside the worker process.
 
 A ParityTask runs one kernel once on fresh random inputs against the fp32
-reference (its first call is the jit time). A TimingTask times every
+reference (its first call is the jit time). A FirstCallTask makes that first call
+alone, unchecked: a compile made ahead (lzsolve/ahead.py). A TimingTask times every
 parity-admitted kernel of one workload together, interleaved on shared input
 sets. Both return plain data (the tuner adds provenance) and mark the result
 `fatal` when the CUDA context is broken afterwards (an illegal memory access
@@ -37,6 +38,18 @@ class ParityTask:
     kernel_id: str
     dims: dict
     seed: int  # inputs are drawn from this seed: fresh per task, reproducible from the record
+
+
+@dataclass(frozen=True)
+class FirstCallTask:
+    """The kernel's first call on the workload's inputs, and no reference: what warms a cache
+    ahead at every workload of a kernel that compiles per shape, where a reference of the larger
+    ones would take the GPU from the timing beside it. Never a verdict: the measuring worker still
+    checks the kernel there."""
+    signature: Signature
+    kernel_id: str
+    dims: dict
+    seed: int
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,22 @@ def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict
     return rejected("parity", parity.reason.code, parity.reason.message, **result)
 
 
+def run_first_call(task: FirstCallTask, device: torch.device, harness: Harness) -> dict:
+    """The first call's time (jit_ms) and, as run_parity, the cache files it wrote."""
+    spec = registry.get(task.kernel_id)
+    started = time.time() - MTIME_SLACK_S
+    try:
+        args = CONTRACTS[task.signature.op].make_inputs(task.signature, task.dims, device,
+                                                        torch.Generator(device=device).manual_seed(task.seed))
+        _, first_ms = harness.first_call(lambda: spec.impl(*args))
+    except Exception as e:  # the measuring worker meets the same failure and records its Reason
+        return _failure("compile", e, device)
+    result = {"stage": "compile", "jit_ms": first_ms}
+    if spec.jit_caches and first_ms >= JIT_FLOOR_MS:
+        result["jit_files"] = json.dumps(jit.written_since(spec.jit_caches, started))
+    return result
+
+
 def timing_fields(m: Measurement, device: torch.device) -> dict:
     fields = {"stage": "bench"}
     for prefix, t in (("eager", m.eager), ("graph", m.graph)):
@@ -212,10 +241,12 @@ def run_ceilings(task: CeilingTask, device: torch.device, harness: Harness) -> d
     return {"ceilings": rows}
 
 
-def run_task(task: ParityTask | TimingTask | CeilingTask, device: torch.device, harness: Harness,
+def run_task(task: ParityTask | FirstCallTask | TimingTask | CeilingTask, device: torch.device, harness: Harness,
              sensor: Sensor) -> dict:
     if isinstance(task, ParityTask):
         return run_parity(task, device, harness)
+    if isinstance(task, FirstCallTask):
+        return run_first_call(task, device, harness)
     if isinstance(task, CeilingTask):
         return run_ceilings(task, device, harness)
     return run_timing(task, device, harness, sensor)

@@ -42,10 +42,11 @@ SCHEMA = pa.schema([
     ("kernel_version", pa.string()),
     ("is_fallback", pa.bool_()),
     ("status", pa.string()),  # 'ok' or 'rejected'
-    ("stage", pa.string()),  # where it was decided: 'capability', 'parity', 'bench'
+    ("stage", pa.string()),  # where it was decided: 'capability', 'parity', 'bench'; or 'compile',
+    # a first call made ahead unchecked (lzsolve.ahead), which decides nothing
     ("phase", pa.string()),  # which points: 'grid' (buckets), 'probe' (unaligned, in-bucket),
-    # 'validation' (random shapes after solving), 'evaluate' (lzsolve evaluate), 'compile' (a parity
-    # check made ahead to build an nvcc module: lzsolve.ahead; no times); null in older PerfDBs
+    # 'validation' (random shapes after solving), 'evaluate' (lzsolve evaluate), 'compile' (a first
+    # call made ahead to build a kernel: lzsolve.ahead; no times); null in older PerfDBs
     ("reason_code", pa.string()),
     ("reason_message", pa.string()),
     *[(d, pa.int64()) for d in DIMS],

@@ -216,7 +216,9 @@ def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
     of `lzsolve evaluate`, whose shapes must stay unseen by the tables they judge."""
     if not db.files():
         return {}
-    rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? AND stage <> 'capability' "
+    # nor a first call made ahead unchecked (stage 'compile'), which holds no verdict
+    rows = db.rows("SELECT * FROM records WHERE hw_slug = ? AND timer = ? "
+                   "AND stage NOT IN ('capability', 'compile') "
                    "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
                    "AND run_id NOT LIKE 'eval-%' "
                    f"AND (op NOT IN ({', '.join('?' for _ in ROUTED_OPS)}) OR coalesce(routing_skew, ?) = ?) "

@@ -1,7 +1,12 @@
-"""A plugin norm.rms kernel that builds into FlashInfer's JIT cache on its first call, as an
-nvcc-built module does (lzsolve.ahead builds such kernels ahead): the first call in a cache that
-lacks its module sleeps BUILD_S and writes it, under a file lock, as FlashInfer's build does;
-later calls, in any process, find it built. Every build adds a line to builds.log."""
+"""Plugin norm.rms kernels that compile on their first calls (lzsolve.ahead makes such calls ahead).
+
+built.rms_norm builds into FlashInfer's JIT cache, as an nvcc-built module does: the first call
+in a cache that lacks its module sleeps BUILD_S and writes it, under a file lock, as FlashInfer's
+build does; later calls, in any process, find it built. Every build adds a line to builds.log.
+
+shaped.rms_norm compiles per token count into Inductor's cache, as FlexAttention compiles a graph
+per shape: a call at a count the cache lacks sleeps COMPILE_S and writes shaped/<tokens>; every
+compile adds a line to shaped/compiles.log."""
 import fcntl
 import os
 import time
@@ -14,6 +19,7 @@ from runtime_loader.specs import KernelSpec
 
 BUILD_S = 0.6
 MODULE = Path("built_rms") / "built_rms.so"
+COMPILE_S = 0.3
 
 
 def _module() -> Path:
@@ -39,3 +45,24 @@ def _rms(x, w, eps):
 
 register(KernelSpec("built.rms_norm", frozenset({"norm.rms"}), "torch", _rms, platforms=frozenset({"cpu", "cuda"}),
                     dtypes=frozenset({"bf16", "fp16", "fp32"}), jit=True, jit_caches=("flashinfer",)))
+
+
+def _compiled(tokens: int) -> None:
+    root = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "shaped"
+    graph = root / str(tokens)
+    if not graph.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        time.sleep(COMPILE_S)
+        graph.write_bytes(b"\0" * 16)
+        with open(root / "compiles.log", "a") as log:
+            log.write(f"{tokens}\n")
+
+
+def _shaped_rms(x, w, eps):
+    _compiled(x.reshape(-1, x.shape[-1]).shape[0])
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+register(KernelSpec("shaped.rms_norm", frozenset({"norm.rms"}), "torch", _shaped_rms, platforms=frozenset({"cpu", "cuda"}),
+                    dtypes=frozenset({"bf16", "fp16", "fp32"}), jit=True, jit_caches=("inductor",)))

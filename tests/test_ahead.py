@@ -53,6 +53,41 @@ def test_each_process_ahead_calls_the_kernels_of_its_caches(nvcc_plan, tmp_path)
     assert {spec.kernel_id for _, spec, _ in warmed} == {"compile.rms_norm"}
     workloads = norms.signatures[0].workloads
     assert [dims for _, _, dims in warmed] == branch_points(workloads)
+    every = first_calls(norms.signatures, session, INDUCTOR_WARMED, every_workload=True)
+    assert [dims["tokens"] for _, _, dims in every] == sorted((w["tokens"] for w in workloads), reverse=True), \
+        "every grid workload, largest first as the grid measures"
+
+
+def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_path, monkeypatch):
+    """The warming process's first calls at each grid workload (FirstCallTask) leave every shape
+    compiled for the grid; they check nothing (no reference, no verdict), so their records are
+    stage 'compile' and a later run reuses none of them as a measurement."""
+    import tests.nvcc_kernels  # noqa: F401  (registers shaped.rms_norm)
+    from tests.nvcc_kernels import COMPILE_S
+    for variable in jit.JIT_CACHES.values():
+        monkeypatch.setenv(variable, "")
+    jit.point_caches(tmp_path / "jit")
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("shaped.*",))
+    plan = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures
+                                                      if sp.instance.signature.op == "norm.rms"))
+    db = PerfDB(tmp_path / "perfdb")
+    session = Session(plan, db, InProcessRunner(torch.device("cpu")))
+    ahead = CompileAhead.start(plan.signatures, session, [lambda: InProcessRunner(torch.device("cpu"))],
+                               caches=INDUCTOR_WARMED, every_workload=True)
+    warmed = ahead.wait()
+    workloads = {dims_key(w) for sp in plan.signatures for w in sp.workloads}
+    assert {r["dims"] for r in warmed if r["kernel_id"] == "shaped.rms_norm"} == workloads
+    assert all(r["stage"] == "compile" and r["status"] == "ok" and r.get("rel_l2") is None for r in warmed), \
+        "a first call alone: no parity was checked"
+    assert all(r["jit_ms"] >= COMPILE_S * 1e3 and json.loads(r["jit_files"]) for r in warmed)
+    grid = [r for r in tune(plan, session) if r["kernel_id"] == "shaped.rms_norm" and r["stage"] != "capability"]
+    assert grid and all(r["stage"] == "bench" and r["jit_ms"] < COMPILE_S * 1e3 for r in grid), \
+        "the grid checked and timed the kernel at every workload, compiling none of them"
+    log = (tmp_path / "jit" / "inductor" / "shaped" / "compiles.log").read_text().split()
+    assert sorted(log) == sorted({str(w["tokens"]) for sp in plan.signatures for w in sp.workloads}), "each once"
+    again = Session(plan, db, InProcessRunner(torch.device("cpu")))
+    assert not any(r["stage"] == "compile" for r in again.reusable.values())
 
 
 def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):

@@ -158,6 +158,22 @@ def test_cuda_searched_configs_are_right_or_refused():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_fp8_scale_is_computed_alike_on_every_device():
+    """eager.quantize_per_token's scale is amax times the fp32 reciprocal of 448, the way torch
+    divides by a number on CUDA. A division (what torch's CPU kernels and Triton's div_rn do)
+    differs in the last bit on about half of these rows, and that moves e4m3 elements on about
+    2% of 1024-wide bf16 rows (x / scale lands near a rounding midpoint): a one-token linear whose
+    row it is then fails parity, for every kernel that quantises otherwise than the reference
+    (an H100 tune rejected all of them at o_proj's 2 tokens, BENCHMARKS §16.7)."""
+    from runtime_loader.kernels.eager import quantize_per_token
+
+    x = torch.randn(2000, 1024, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    _, scale = quantize_per_token(x)
+    amax = x.abs().amax(-1, keepdim=True).float()
+    assert torch.equal(scale, amax * (torch.tensor(1.0) / torch.tensor(448.0)))
+    assert not torch.equal(scale, amax / 448.0), "these rows tell a division apart"
+
+
 @pytest.mark.gpu
 def test_cuda_fp8_quantisation_is_eagers():
     """The Triton per-token quantisation (triton.linear_fp8's, the norms' and SwiGLU's) gives

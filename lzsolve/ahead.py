@@ -23,7 +23,8 @@ workload, largest first as the grid measures: FlexAttention compiles a graph per
 shape cold and 0.16 s from the caches another process filled (an H100, BENCHMARKS §15.9), about
 half of each device's first calls in a two-GPU grid (§15.7). At those workloads it makes the first
 call alone (FirstCallTask): a reference of the larger ones would take the GPU from the timing
-beside it, and the measuring worker checks the kernel there anyway.
+beside it, and the measuring worker checks the kernel there anyway. The probes' and validation's
+workloads, known only when those phases begin, are given to it then (CompileAhead.add).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
 
 from .measure import FirstCallTask, ParityTask
-from .tuner import Runner, Session, SignaturePlan
+from .tuner import Runner, Session, SignaturePlan, Work
 
 
 def branch_points(points: tuple[dict, ...]) -> list[dict]:
@@ -57,6 +58,13 @@ def branch_points(points: tuple[dict, ...]) -> list[dict]:
 
 
 INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fills (see above)
+
+
+def phase_calls(jobs: list[tuple[SignaturePlan, Work]], caches: frozenset[str]) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
+    """(signature, kernel, workload) of a phase's work (probes, validation) whose kernel keeps a
+    JIT cache among `caches`, in the order the phase measures them."""
+    return [(sp, c.spec, dims) for sp, work in jobs for dims, candidates in work for c in candidates
+            if c.admitted and caches & set(c.spec.jit_caches)]
 
 
 def largest_first(points: tuple[dict, ...]) -> list[dict]:
@@ -84,16 +92,23 @@ class CompileAhead:
     from one queue: on two GPUs two modules build at once, where one builder would leave the
     second device's grid waiting on the first device's queue of builds. Each first call's record
     goes to the PerfDB when it is made, so a run interrupted before the builders finished keeps
-    the builds' records so far."""
+    the builds' records so far.
+
+    The builders leave once the queue is empty. The Inductor warmer (every_workload) stays until
+    closed: the probes' and validation's workloads are known only when those phases begin, and
+    `add` gives it their first calls then (its worker process, started once, keeps its compiled
+    state)."""
 
     def __init__(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]], session: Session,
-                 make_runners: Sequence[Callable[[], Runner]], checked: bool = True):
+                 make_runners: Sequence[Callable[[], Runner]], checked: bool = True, stays: bool = False):
         self.session, self.records, self.error = session, [], None
         self.task = ParityTask if checked else FirstCallTask
+        self.stays = stays
         self._stop = threading.Event()
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        for call in calls:  # seeds drawn here: the session's counter is the main thread's
-            self._calls.put((call, next(session.seeds)))
+        self._pending = 0  # calls given and not yet made
+        self._changed = threading.Condition()
+        self.add(calls)
         self._threads = [threading.Thread(target=self._run, args=(make_runner, lane.recorder), daemon=True,
                                           name=f"lzsolve-compile-ahead-{n}")
                          for n, (make_runner, lane) in enumerate(zip(make_runners[:len(calls)], session.lanes))]
@@ -104,41 +119,65 @@ class CompileAhead:
     def start(cls, signatures: tuple[SignaturePlan, ...], session: Session,
               make_runners: Sequence[Callable[[], Runner]], caches: frozenset[str] = NVCC_BUILT,
               every_workload: bool = False) -> CompileAhead | None:
-        """every_workload: a first call at each grid workload, unchecked (FirstCallTask); else a
-        parity check at each branch point."""
+        """every_workload: a first call at each grid workload, unchecked (FirstCallTask), and the
+        warmer stays for more (add); else a parity check at each branch point."""
         calls = first_calls(signatures, session, caches, every_workload)
-        return cls(calls, session, make_runners, checked=not every_workload) if calls else None
+        return cls(calls, session, make_runners, checked=not every_workload, stays=every_workload) if calls else None
+
+    def add(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]]) -> None:
+        """More first calls, after those given: from the main thread, whose seed counter it is."""
+        with self._changed:
+            self._pending += len(calls)
+        for call in calls:
+            self._calls.put((call, next(self.session.seeds)))
+
+    def _next(self):
+        """The next call, or None when this thread should leave."""
+        while not self._stop.is_set():
+            try:
+                return self._calls.get(timeout=0.2) if self.stays else self._calls.get_nowait()
+            except queue.Empty:
+                if not self.stays:
+                    return None
+        return None
 
     def _run(self, make_runner, recorder) -> None:
         runner = None
         try:
             runner = make_runner()
-            while not self._stop.is_set():
+            while (taken := self._next()) is not None:
+                (sp, spec, dims), seed = taken
                 try:
-                    (sp, spec, dims), seed = self._calls.get_nowait()
-                except queue.Empty:
-                    break
-                outcome = runner.run(self.task(sp.instance.signature, spec.kernel_id, dims, seed))
-                record = recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome)
-                self.session.db.append([record], self.session.run_id)  # each as it comes: a build is minutes
-                self.records.append(record)
+                    outcome = runner.run(self.task(sp.instance.signature, spec.kernel_id, dims, seed))
+                    record = recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome)
+                    self.session.db.append([record], self.session.run_id)  # each as it comes: a build is minutes
+                    self.records.append(record)
+                finally:
+                    with self._changed:
+                        self._pending -= 1
+                        self._changed.notify_all()
         except Exception as e:  # a worker that cannot start costs the head start, never the run
             self.error = self.error or f"{type(e).__name__}: {e}"
         finally:
             if runner is not None:
                 runner.close()  # its CUDA context and cached memory go as soon as it is done
+            with self._changed:
+                self._changed.notify_all()
 
     def wait(self) -> list[dict]:
-        """Every call made; their records."""
-        for thread in self._threads:
-            thread.join()
-        return self.records
+        """Every call given so far made (or every thread gone); their records."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._pending <= 0 or not any(t.is_alive() for t in self._threads))
+        return list(self.records)
 
     def close(self, wait: bool = True) -> list[dict]:
         """Stop after the calls in flight. wait=False (an interrupted run) leaves those calls to
         the workers, daemon processes that end with this one."""
         self._stop.set()
-        return self.wait() if wait else list(self.records)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+        return list(self.records)
 
     def summary(self) -> list[dict]:
         """What each first call cost (for the run's summary)."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from lzsolve.ahead import INDUCTOR_WARMED, CompileAhead, branch_points, first_calls
+from lzsolve.ahead import INDUCTOR_WARMED, CompileAhead, branch_points, first_calls, phase_calls
 from lzsolve.cli import cli
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB, dims_key
@@ -88,6 +88,15 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     assert sorted(log) == sorted({str(w["tokens"]) for sp in plan.signatures for w in sp.workloads}), "each once"
     again = Session(plan, db, InProcessRunner(torch.device("cpu")))
     assert not any(r["stage"] == "compile" for r in again.reusable.values())
+    # it stays for the workloads later phases bring (probes, validation), in the worker it started with
+    sp = plan.signatures[0]
+    probe = [(sp, [({"tokens": 77}, sp.candidates)])]
+    assert [(s.kernel_id, d) for _, s, d in phase_calls(probe, INDUCTOR_WARMED)] == [("shaped.rms_norm", {"tokens": 77})]
+    ahead.add(phase_calls(probe, INDUCTOR_WARMED))
+    assert [r["dims"] for r in ahead.wait()][len(warmed):] == [dims_key({"tokens": 77})]
+    assert (tmp_path / "jit" / "inductor" / "shaped" / "77").exists()
+    ahead.close()
+    assert not any(t.is_alive() for t in ahead._threads), "closed: its thread is gone"
 
 
 def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):

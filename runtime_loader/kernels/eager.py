@@ -138,7 +138,7 @@ E4M3_MAX = 448.0  # the largest finite float8 e4m3fn value
 
 
 def quantize_per_token(x):
-    """x (..., k) as float8 e4m3 with one fp32 scale per row (amax / 448): an FP8 linear's
+    """x (..., k) as float8 e4m3 with one fp32 scale per row (amax over 448): an FP8 linear's
     dynamic activation quantisation. Returns (q, scale (..., 1)). The scale is amax times the
     fp32 reciprocal of 448, not amax / 448: torch's CUDA kernels divide by a Python number that
     way and its CPU kernels do not, so a division would make the scale's last bit (and an element

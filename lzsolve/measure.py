@@ -67,6 +67,9 @@ class CeilingTask:
     dtype: str
 
 
+Task = ParityTask | FirstCallTask | TimingTask | CeilingTask  # what a worker runs (run_task)
+
+
 # Sizes past the plateau on an H100 (an 8192^3 bf16 matmul runs ~1.5 ms, a 1 GiB copy
 # ~0.7 ms); on a CPU past the per-call overhead (2 cores: ~120 GFLOP/s fp32, ~15 bf16) while
 # the probe stays around a second.
@@ -241,8 +244,7 @@ def run_ceilings(task: CeilingTask, device: torch.device, harness: Harness) -> d
     return {"ceilings": rows}
 
 
-def run_task(task: ParityTask | FirstCallTask | TimingTask | CeilingTask, device: torch.device, harness: Harness,
-             sensor: Sensor) -> dict:
+def run_task(task: Task, device: torch.device, harness: Harness, sensor: Sensor) -> dict:
     if isinstance(task, ParityTask):
         return run_parity(task, device, harness)
     if isinstance(task, FirstCallTask):

@@ -35,7 +35,7 @@ from .errors import LzError
 from .gates import capability_gate
 from .grid import Grid, as_grid, probe_points, workloads
 from .limits import check_fits
-from .measure import CeilingTask, ParityTask, TimingTask
+from .measure import CeilingTask, ParityTask, Task, TimingTask
 from .models import OpInstance
 from .models.capture import UNSERVED, Captured
 from .ops import CONTRACTS
@@ -48,7 +48,7 @@ class Runner(Protocol):
 
     timer: str
 
-    def run(self, task: ParityTask | TimingTask | CeilingTask) -> dict: ...
+    def run(self, task: Task) -> dict: ...
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 from .bench import Budget, make_harness, timer_name
 from .env import Sensor
 from .errors import LzError
-from .measure import CeilingTask, ParityTask, TimingTask, needs_restart, rejected, run_task
+from .measure import Task, needs_restart, rejected, run_task
 
 STARTUP_TIMEOUT_S = 180.0
 BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/ahead.py)
@@ -84,7 +84,7 @@ class InProcessRunner:
         lanes are."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
-    def run(self, task: ParityTask | TimingTask | CeilingTask) -> dict:
+    def run(self, task: Task) -> dict:
         with self.current():
             return run_task(task, self.device, self.harness, self.sensor)
 
@@ -166,7 +166,7 @@ class WorkerRunner:
                 self._proc.kill()
             self._reap()
 
-    def run(self, task: ParityTask | TimingTask | CeilingTask) -> dict:
+    def run(self, task: Task) -> dict:
         if self._proc is None:
             self._start()
         started = time.monotonic()

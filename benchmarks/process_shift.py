@@ -40,8 +40,8 @@ CASES = [("act.swiglu", {"width": 3584}, (1, 4, 16), [config_id("triton.swiglu",
 
 
 def one_process(device: torch.device, rounds: int) -> dict[str, list[float]]:
-    """{"kernel @ op tokens [mode]": [median µs per round]} in this process, graph replay and eager; kernels that disagree with
-    the reference or fail are left out (their errors printed)."""
+    """{"kernel @ op tokens [mode]": [median µs per round]} in this process, graph replay and
+    eager; kernels that disagree with the reference or fail are left out (their errors printed)."""
     harness = make_harness(device, Budget(min_samples=10, max_samples=40))
     gen, here, out = torch.Generator(device=device).manual_seed(0), device_info(device), {}
     for op, static, token_counts, configs in CASES:

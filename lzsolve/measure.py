@@ -140,9 +140,7 @@ def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict
         return _failure("parity", e, device)
     started = time.time() - MTIME_SLACK_S
     parity = parity_gate(contract, spec, sig, args, harness, reference)
-    result = {"jit_ms": parity.first_call_ms, **parity.errors}
-    if spec.jit_caches and (parity.first_call_ms or 0) >= JIT_FLOOR_MS:
-        result["jit_files"] = json.dumps(jit.written_since(spec.jit_caches, started))
+    result = {**first_call_fields(spec, parity.first_call_ms, started), **parity.errors}
     if spec.setup_ms is not None and parity.first_call_ms is not None:
         result["setup_ms"] = spec.setup_ms(*args)
     if parity.reason is None:
@@ -154,20 +152,26 @@ def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict
     return rejected("parity", parity.reason.code, parity.reason.message, **result)
 
 
+def first_call_fields(spec, first_ms: float | None, started: float) -> dict:
+    """jit_ms, and for a kernel that keeps a JIT cache, the cache files its first call (begun at
+    `started`) wrote (jit_files, JSON): the artifact packs the entries of the kernels its table chose."""
+    fields = {"jit_ms": first_ms}
+    if spec.jit_caches and (first_ms or 0) >= JIT_FLOOR_MS:
+        fields["jit_files"] = json.dumps(jit.written_since(spec.jit_caches, started))
+    return fields
+
+
 def run_first_call(task: FirstCallTask, device: torch.device, harness: Harness) -> dict:
-    """The first call's time (jit_ms) and, as run_parity, the cache files it wrote."""
+    """The first call's time and the cache files it wrote, as run_parity records them."""
     spec = registry.get(task.kernel_id)
-    started = time.time() - MTIME_SLACK_S
     try:
         args = CONTRACTS[task.signature.op].make_inputs(task.signature, task.dims, device,
                                                         torch.Generator(device=device).manual_seed(task.seed))
+        started = time.time() - MTIME_SLACK_S
         _, first_ms = harness.first_call(lambda: spec.impl(*args))
     except Exception as e:  # the measuring worker meets the same failure and records its Reason
         return _failure("compile", e, device)
-    result = {"stage": "compile", "jit_ms": first_ms}
-    if spec.jit_caches and first_ms >= JIT_FLOOR_MS:
-        result["jit_files"] = json.dumps(jit.written_since(spec.jit_caches, started))
-    return result
+    return {"stage": "compile", **first_call_fields(spec, first_ms, started)}
 
 
 def timing_fields(m: Measurement, device: torch.device) -> dict:

@@ -37,10 +37,14 @@ def _module() -> Path:
     return module
 
 
-def _rms(x, w, eps):
-    _module()
+def _norm(x, w, eps):
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def _rms(x, w, eps):
+    _module()
+    return _norm(x, w, eps)
 
 
 register(KernelSpec("built.rms_norm", frozenset({"norm.rms"}), "torch", _rms, platforms=frozenset({"cpu", "cuda"}),
@@ -60,8 +64,7 @@ def _compiled(tokens: int) -> None:
 
 def _shaped_rms(x, w, eps):
     _compiled(x.reshape(-1, x.shape[-1]).shape[0])
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    return _norm(x, w, eps)
 
 
 register(KernelSpec("shaped.rms_norm", frozenset({"norm.rms"}), "torch", _shaped_rms, platforms=frozenset({"cpu", "cuda"}),

@@ -160,7 +160,7 @@ class CompileAhead:
             self.error = self.error or f"{type(e).__name__}: {e}"
         finally:
             if runner is not None:
-                runner.close()  # its CUDA context and cached memory go as soon as it is done
+                runner.close(wait=False)  # its CUDA context and cached memory go as soon as it is done, beside the run
             with self._changed:
                 self._changed.notify_all()
 

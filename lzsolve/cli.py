@@ -392,10 +392,10 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     finally:
         for a in ahead:
             a.close(wait=False)
-        close_all([lane.runner for lane in session.lanes])
+        close_all([lane.runner for lane in session.lanes], wait=False)  # they exit beside the solve and the write
         if cluster:
             cluster.close()
-    lap("close_s")  # the compile-ahead workers' last calls and every worker's exit
+    lap("close_s")  # the compile-ahead workers' last calls; the workers then exit beside the solve and the write
     table = build_table(plan, records, mode, session.run_id, validation)
     lap("solve_s")
     wall = time.perf_counter() - started

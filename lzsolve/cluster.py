@@ -105,7 +105,9 @@ class RayRunner:
         self._actor = None
         self.restarts += 1
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """The actor gives back its restarts and is killed (`wait` is the Runner protocol's: the
+        driver waits for the actor's answer either way, 30 s at most)."""
         if self._actor is None:
             return
         try:  # the restarts of the worker processes under the actor count too

@@ -86,20 +86,25 @@ def groups_apart(units: Sequence[Unit], size: Callable[[Unit], float], group: Ca
 
 
 def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[Lane, Unit], list],
-                group: Callable[[Unit], str] | None = None, warm: Sequence[set] | None = None) -> list:
+                group: Callable[[Unit], str] | None = None, warm: Sequence[set] | None = None,
+                joinable: Callable[[Unit], bool] | None = None) -> list:
     """Every unit through `work`, each lane (one device) taking the next unit as soon as it is free,
     in the order given (groups_apart's, say). With `group`, a lane takes the next unit of a group it
     has already worked on while there is one, and the next of any group after that: its worker has
     made those kernels' first calls (a compile, a module load, per process), which another lane
     would make again. `warm` (a set per lane, kept by the caller) carries those groups from one
-    call to the next, as a tune's phases go from the grid to probes. The first lane runs in this
+    call to the next, as a tune's phases go from the grid to probes. With `joinable`, a lane that
+    finds the queue empty joins a unit another lane is working on while joinable(unit) says part of
+    it is left (`work` must then take its part only: a family's search, bucket by bucket): units
+    are not all alike, and the last one taken held one device for 14 s while the other idled, in
+    the search of a two-GPU tune (BENCHMARKS §15.10). The first lane runs in this
     thread, so Ctrl-C lands here; on any error the other lanes finish their in-flight unit, take no
     more, and the error is raised. Returns every result, in the order they were done."""
     # each unit's group once (a signature's str() is a microsecond), and how many of each are queued,
     # so that a lane whose groups are done takes the next unit without scanning the queue
     queue = collections.deque((group(unit) if group else None, unit) for unit in units)
     queued = collections.Counter(name for name, _ in queue)
-    results, errors = [], []
+    results, errors, in_flight = [], [], []
     lock, stop = threading.Lock(), threading.Event()
 
     def take(warm: set) -> tuple[str | None, Unit]:
@@ -113,18 +118,25 @@ def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[La
     def drain(lane, warm: set) -> None:
         while not stop.is_set():
             with lock:
-                if not queue:
-                    return
-                name, unit = take(warm)
-                queued[name] -= 1
-                if group is not None:
-                    warm.add(name)
+                if queue:
+                    name, unit = take(warm)
+                    queued[name] -= 1
+                    if group is not None:
+                        warm.add(name)
+                else:  # help with a unit in flight, the one begun first (the most likely to be long)
+                    unit = next((u for u in in_flight if joinable and joinable(u)), None)
+                    if unit is None:
+                        return
+                in_flight.append(unit)
             try:
                 done = work(lane, unit)
             except BaseException as e:  # handed to the caller's thread
                 errors.append(e)
                 stop.set()
                 return
+            finally:
+                with lock:
+                    in_flight.remove(unit)
             with lock:
                 results.extend(done)
 

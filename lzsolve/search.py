@@ -13,17 +13,20 @@ every bucket, timed interleaved with the rest: the solver sees each searched
 configuration across the whole grid, next to its family's default.
 
 On several devices (`tune --devices`, `--ray`) each (signature, family) search, all of its
-buckets, goes whole to the next free device, the largest first but each family's largest before
-any family's second (devices.groups_apart): its buckets seed each other in order, and a study's
-trials are compared on one GPU.
+buckets, goes to the next free device, the largest first but each family's largest before any
+family's second (devices.groups_apart): its buckets seed each other in order, and a study's
+trials are compared on one GPU. A device with no search left to begin takes the next buckets of
+one in progress (BucketSearch).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -209,30 +212,45 @@ def stale_trials(trials, noise: float = NOISE) -> int:
 
 
 class BucketSearch:
-    """The studies of one signature and tunable family, bucket by bucket in `bucket_order`."""
+    """The studies of one signature and tunable family, bucket by bucket in `bucket_order`. Several
+    devices may work on it at once (devices.run_sharded's `joinable`): each takes the next bucket
+    not yet taken, with its own runner, and adds what it spent to its own stats; a bucket seeds
+    from and compares with the neighbours done by then, whichever device did them."""
 
-    def __init__(self, sp: SignaturePlan, space: SearchSpace, runner: Runner, storage, mode: str, hw_slug: str,
-                 budget: SearchBudget, stats: SearchStats, seeds, on_trial: Callable[[str], None]):
-        self.sp, self.space, self.runner, self.storage, self.mode, self.hw_slug = sp, space, runner, storage, mode, hw_slug
-        self.budget, self.stats, self.seeds, self.on_trial = budget, stats, seeds, on_trial
+    def __init__(self, n: int, sp: SignaturePlan, space: SearchSpace, trials: int, storage, mode: str, hw_slug: str,
+                 budget: SearchBudget, seeds, on_trial: Callable[[str], None]):
+        self.n, self.sp, self.space, self.trials, self.storage = n, sp, space, trials, storage
+        self.mode, self.hw_slug, self.budget, self.seeds, self.on_trial = mode, hw_slug, budget, seeds, on_trial
         self.default = registry.TUNABLES[space.kernel].default
         self.points = list(sp.workloads)
         self.winners: dict[int, dict] = {}  # bucket -> its best configuration
         self.behind: dict[int, float] = {}  # bucket -> the family's best time / the best other kernel's
+        self._left = collections.deque(bucket_order(self.points))  # buckets no device has taken
+        self._lock = threading.Lock()
 
-    def run(self, trials: int) -> list[dict]:
-        """Every bucket's winning configuration (the default ones included)."""
-        for i in bucket_order(self.points):
-            self.stats.budgeted += trials
+    def left(self) -> bool:
+        return bool(self._left)
+
+    def _take(self) -> int | None:
+        with self._lock:
+            return self._left.popleft() if self._left else None
+
+    def run(self, runner: Runner, stats: SearchStats) -> None:
+        """Search the buckets left, one after another, until another device or this one took all."""
+        while (i := self._take()) is not None:
+            stats.budgeted += self.trials
             if self.cannot_win(i):
-                self.stats.stopped["skipped"] += 1
+                stats.stopped["skipped"] += 1
                 continue
-            best = self.study(i, trials)
+            best = self.study(i, runner, stats)
             if best is not None:
                 self.winners[i] = best
                 if self.budget.skip_behind > 0:
-                    self.compare(i, best)
-        return list(self.winners.values())
+                    self.compare(i, best, runner)
+
+    def found(self) -> list[dict]:
+        """Every bucket's winning configuration but the family's default."""
+        return [best for best in self.winners.values() if best != self.default]
 
     def cannot_win(self, i: int) -> bool:
         """More than skip_behind behind the best kernel at every neighbour, and it has two or more."""
@@ -241,7 +259,7 @@ class BucketSearch:
         around = near(self.points, i, 1)
         return len(around) >= 2 and all(self.behind.get(j, 0.0) > 1 + self.budget.skip_behind for j in around)
 
-    def study(self, i: int, trials: int) -> dict | None:
+    def study(self, i: int, runner: Runner, stats: SearchStats) -> dict | None:
         import optuna
 
         dims, sig = self.points[i], self.sp.instance.signature
@@ -256,30 +274,30 @@ class BucketSearch:
                 study.enqueue_trial(config, skip_if_exists=True)
         state = optuna.trial.TrialState
         finished = study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED, state.FAIL))
-        patience = self.budget.patience
+        patience, trials = self.budget.patience, self.trials
 
         def after_trial(s, t) -> None:
-            self.stats.run += 1
+            stats.run += 1
             self.on_trial(f"{sig.op} {t.user_attrs.get('kernel_id', '')}")
             if patience and stale_trials(s.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED,
                                                                               state.FAIL))) >= patience:
                 s.stop()
 
-        objective = Objective(self.sp, dims, self.space, self.runner, self.mode, self.seeds)
+        objective = Objective(self.sp, dims, self.space, runner, self.mode, self.seeds)
         if patience and stale_trials(finished) >= patience:
-            self.stats.stopped["patience"] += 1
+            stats.stopped["patience"] += 1
         elif trials - len(finished) > 0:
-            before = self.stats.run
+            before = stats.run
             study.optimize(objective, n_trials=trials - len(finished), callbacks=[after_trial])
-            ran = len(finished) + self.stats.run - before
-            self.stats.stopped["budget" if ran >= trials else "patience"] += 1
+            ran = len(finished) + stats.run - before
+            stats.stopped["budget" if ran >= trials else "patience"] += 1
         else:
-            self.stats.stopped["budget"] += 1
+            stats.stopped["budget"] += 1
         if self.budget.refine:
-            self.climb(study, objective, after_trial)
+            self.climb(study, objective, after_trial, stats)
         return best_config(study)
 
-    def climb(self, study, objective, after_trial) -> None:
+    def climb(self, study, objective, after_trial, stats: SearchStats) -> None:
         """From the study's best, every one-step neighbour not tried yet; again from a better best,
         until a round gains no more than NOISE or budget.refine trials are spent. TPE samples the
         space at large and can stop one step short of a better tile (a block_k, a stage count)."""
@@ -298,10 +316,10 @@ class BucketSearch:
                 return
             for config in steps:
                 study.enqueue_trial(config)
-            before = self.stats.run
+            before = stats.run
             study.optimize(objective, n_trials=len(steps), callbacks=[after_trial])
             spent += len(steps)
-            self.stats.refined += self.stats.run - before
+            stats.refined += stats.run - before
             better = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
                       and t.value < best.value * (1 - NOISE)]
             if not better:
@@ -313,18 +331,18 @@ class BucketSearch:
         found = [self.winners[j] for j in near(self.points, i, 2) if j in self.winners]
         return [c for n, c in enumerate(found) if c != self.default and c not in found[:n]]
 
-    def compare(self, i: int, best: dict) -> None:
+    def compare(self, i: int, best: dict, runner: Runner) -> None:
         """Time the bucket's winner interleaved with the other admitted kernels that pass parity:
         how far behind the best of them the family is there, for `cannot_win` at its neighbours."""
         dims, sig, seed = self.points[i], self.sp.instance.signature, next(self.seeds)
         family = {self.space.kernel} | {c.spec.kernel_id for c in self.sp.candidates
                                         if c.spec.kernel_id.startswith(self.space.kernel + "[")}
         others = [c.spec.kernel_id for c in self.sp.candidates if c.admitted and c.spec.kernel_id not in family]
-        others = [k for k in others if not self.runner.run(ParityTask(sig, k, dims, seed)).get("reason_code")]
+        others = [k for k in others if not runner.run(ParityTask(sig, k, dims, seed)).get("reason_code")]
         if not others:
             return
         ours = config_id(self.space.kernel, best)
-        timing = self.runner.run(TimingTask(sig, (ours, *others), dims, seed, (self.mode,))).get("per_kernel", {})
+        timing = runner.run(TimingTask(sig, (ours, *others), dims, seed, (self.mode,))).get("per_kernel", {})
         times = {k: timing.get(k, {}).get(f"{self.mode}_ms") for k in (ours, *others)}
         best_other = min((t for k, t in times.items() if k != ours and t is not None), default=None)
         if times[ours] is not None and best_other:
@@ -337,28 +355,31 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner]
     """Run (or continue) every study of the plan; returns the plan with each signature's searched
     winners added as candidates, and what the search spent. `trials` overrides the spaces' own
     budgets; `budget` says when a study stops before them. With several runners (one per device),
-    each (signature, family) search goes whole to the next free one (devices.groups_apart's order)."""
+    each (signature, family) search goes to the next free one (devices.groups_apart's order), and a
+    runner with none left to begin helps with one in progress."""
     import optuna
 
     optuna.logging.set_verbosity(logging.WARNING)
     # one storage for every thread: optuna's RDBStorage is shared by its own n_jobs threads
     db = optuna.storages.RDBStorage(f"sqlite:///{storage}")
     seeds = fresh_seeds()  # itertools.count: next() is atomic under the GIL
-    units = search_units(plan, spaces, trials)
+    searches = [BucketSearch(n, plan.signatures[n], space, budgeted, db, mode, hw_slug, budget, seeds, on_trial)
+                for n, space, budgeted in search_units(plan, spaces, trials)]
 
-    def run(runner: Runner, unit) -> list[tuple[int, SearchStats, list[Candidate]]]:
-        n, space, budgeted = unit
+    def run(runner: Runner, searched: BucketSearch) -> list[SearchStats]:
         stats = SearchStats()
-        searched = BucketSearch(plan.signatures[n], space, runner, db, mode, hw_slug, budget, stats, seeds, on_trial)
-        winners = [Candidate(registry.get(config_id(space.kernel, best)), ())
-                   for best in searched.run(budgeted) if best != searched.default]
-        return [(n, stats, winners)]
+        searched.run(runner, stats)
+        return [stats]
 
-    done = run_sharded(units, runners, run, group=lambda unit: unit[1].kernel)
+    done = run_sharded(searches, runners, run, group=lambda searched: searched.space.kernel,
+                       joinable=BucketSearch.left)
     stats, winners = SearchStats(), [dict() for _ in plan.signatures]
-    for n, unit_stats, found in done:
-        stats.add(unit_stats)
-        winners[n].update((c.spec.kernel_id, c) for c in found)
+    for part in done:
+        stats.add(part)
+    for searched in searches:
+        for best in searched.found():
+            kernel_id = config_id(searched.space.kernel, best)
+            winners[searched.n][kernel_id] = Candidate(registry.get(kernel_id), ())
     signatures = []
     for sp, found in zip(plan.signatures, winners):
         known = {c.spec.kernel_id for c in sp.candidates}

@@ -88,8 +88,21 @@ class InProcessRunner:
         with self.current():
             return run_task(task, self.device, self.harness, self.sensor)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         pass
+
+
+def own_device(device: str, visible: str | None) -> tuple[str, str | None]:
+    """A worker's device and CUDA_VISIBLE_DEVICES: a GPU worker sees its GPU alone, as cuda:0 (None:
+    nothing to change). Inductor's compiled graphs name their device, and its cache does too: a
+    FlexAttention shape warmed on cuda:0 (lzsolve/ahead.py) took the cuda:1 worker of a two-GPU run
+    0.6-1.0 s to compile again where the cuda:0 worker read it back in 0.15 s (BENCHMARKS §15.10).
+    `visible`: the CUDA_VISIBLE_DEVICES this process was given, whose n-th entry cuda:n is."""
+    parsed = torch.device(device)
+    if parsed.type != "cuda" or parsed.index is None:
+        return device, None
+    entries = [entry.strip() for entry in visible.split(",")] if visible else []
+    return "cuda:0", entries[parsed.index] if entries else str(parsed.index)
 
 
 def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...], nice: int = 0) -> None:
@@ -97,6 +110,9 @@ def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...], nice: in
     parent is gone (killed, say): then there is no one to answer, so the worker leaves quietly
     instead of printing a BrokenPipeError traceback into the run's log."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    mine, visible = own_device(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if visible is not None and not torch.cuda.is_initialized():  # CUDA reads it once, as it starts
+        os.environ["CUDA_VISIBLE_DEVICES"], device = visible, mine
     if nice and hasattr(os, "nice"):
         os.nice(nice)  # before any task: the processes its tasks start (ninja, nvcc) inherit it
     runner = InProcessRunner(torch.device(device), budget, plugins)
@@ -186,21 +202,26 @@ class WorkerRunner:
             self.restarts += 1
         return result
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the worker. wait=False: tell it to leave and return; it tears its CUDA context
+        down on its own (seconds, beside the rest of the run), and this process reaps it at exit."""
         if self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(None)
+                if not wait:
+                    self._proc = self._conn = None
+                    return
                 self._proc.join(timeout=10)
             except (BrokenPipeError, OSError):
                 pass
         self._stop()
 
 
-def close_all(runners) -> None:
+def close_all(runners, wait: bool = True) -> None:
     """Close runners at once: a worker's exit (its CUDA context torn down, its interpreter shut
     down) takes seconds, and closed one after another those seconds added up per device, a part
-    of the run that more devices made longer."""
-    threads = [threading.Thread(target=runner.close, name="lzsolve-close") for runner in runners]
+    of the run that more devices made longer. wait=False: each is told to leave, none waited for."""
+    threads = [threading.Thread(target=runner.close, args=(wait,), name="lzsolve-close") for runner in runners]
     for thread in threads:
         thread.start()
     for thread in threads:

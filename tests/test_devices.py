@@ -85,6 +85,33 @@ def test_a_lane_stays_on_the_groups_it_started_then_takes_any():
     assert taken["a"][0] == ("short", 2), "a warm group from an earlier call is taken first"
 
 
+def test_a_lane_with_nothing_left_to_begin_joins_a_unit_in_flight():
+    """With `joinable`, a lane whose queue is empty takes parts of a unit another lane works on,
+    every part done once; a unit without parts left is not joined."""
+    parts = {"long": list(range(8)), "short": [0]}
+    done_by = {"a": [], "b": []}
+    lock = threading.Lock()
+
+    def work(lane, unit):
+        while True:
+            with lock:
+                if not parts[unit]:
+                    return [unit]
+                part = parts[unit].pop(0)
+            time.sleep(0.02)
+            done_by[lane].append((unit, part))
+
+    done = devices.run_sharded(["long", "short"], ["a", "b"], work, joinable=lambda unit: bool(parts[unit]))
+    assert sorted(done_by["a"] + done_by["b"]) == [("long", n) for n in range(8)] + [("short", 0)]
+    assert all(any(unit == "long" for unit, _ in got) for got in done_by.values()), "both lanes worked on the long unit"
+    assert sorted(done) == ["long", "long", "short"], "each lane's part of a unit is a result of its own"
+    done_by = {"a": [], "b": []}
+    parts = {"long": list(range(8)), "short": [0]}
+    devices.run_sharded(["long", "short"], ["a", "b"], work)
+    assert len({lane for lane, got in done_by.items() for unit, _ in got if unit == "long"}) == 1, \
+        "without joinable a unit stays with the lane that took it"
+
+
 def test_an_error_in_one_lane_stops_the_others_after_their_unit():
     started, finished = [], []
     gate = threading.Event()

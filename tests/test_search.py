@@ -3,6 +3,7 @@ fail parity, winners become candidates at every bucket, and a re-run continues t
 import dataclasses
 import json
 import math
+import time
 
 import optuna
 import pytest
@@ -258,7 +259,35 @@ def test_studies_are_shared_out_over_the_devices_with_the_same_winners(tmp_path)
     lanes = [CountingRunner(), CountingRunner()]
     two = run("two", lanes)
     assert len(two[0]) == 2 and two == one
-    assert all(lane.trials == 4 * len(TOKENS) for lane in lanes), "one signature's studies on each device"
+    assert sum(lane.trials for lane in lanes) == 2 * 4 * len(TOKENS) and two[1].run == one[1].run
+    assert all(lane.trials > 0 for lane in lanes)
+
+
+def test_a_device_with_no_search_to_begin_takes_buckets_of_one_in_progress(tmp_path):
+    """One family's search, two devices: the second takes the buckets the first has not begun, each
+    bucket's study run once, the winners those of one device."""
+    space = {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}
+
+    def run(name, runners):
+        plan, stats = search(norm_plan(), space, runners, tmp_path / f"{name}.sqlite3", "eager", "fake", trials=4,
+                             budget=FULL_BUDGET)
+        studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / name}.sqlite3")
+        return [c.spec.kernel_id for c in plan.signatures[0].candidates], stats, sorted(s.n_trials for s in studies)
+
+    lanes = [SlowRunner(), SlowRunner()]
+    one, two = run("one", [SlowRunner()]), run("two", lanes)
+    assert two[0] == one[0] and two[2] == one[2] == [4] * len(TOKENS)
+    assert two[1].run == one[1].run == 4 * len(TOKENS) and two[1].budgeted == one[1].budgeted
+    assert all(lane.trials >= 4 for lane in lanes), [lane.trials for lane in lanes]
+
+
+class SlowRunner(CountingRunner):
+    """A trial that takes a few ms, so that the device that takes the search first cannot finish it
+    before the other has started."""
+
+    def run(self, task):
+        time.sleep(0.003)
+        return super().run(task)
 
 
 def test_devices_start_on_different_families_then_take_the_largest_searches():

@@ -9,7 +9,7 @@ import torch
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB
 from lzsolve.tuner import Session, make_plan, tune
-from lzsolve.worker import WorkerRunner, close_all
+from lzsolve.worker import WorkerRunner, close_all, own_device
 
 from .test_cli import TINY_LLAMA
 
@@ -101,13 +101,38 @@ def test_workers_are_closed_at_once():
     closed = []
 
     class Slow:
-        def close(self):
+        def close(self, wait=True):
             together.wait()
             closed.append(self)
 
     runners = [Slow() for _ in range(3)]
     close_all(runners)
     assert sorted(map(id, closed)) == sorted(map(id, runners))
+
+
+def test_a_worker_told_to_leave_is_not_waited_for():
+    """close(wait=False), at the end of a tune: the worker's exit (its CUDA teardown) goes on beside
+    the solve and the write, and it leaves by itself."""
+    runner = WorkerRunner(torch.device("cpu"))
+    runner._start()
+    process = runner._proc
+    runner.close(wait=False)
+    assert runner._proc is None, "the runner is done with it"
+    process.join(timeout=30)
+    assert process.exitcode == 0, "it left on its own, cleanly"
+    runner.close()  # closing again is harmless
+
+
+@pytest.mark.parametrize("device, visible, expected", [
+    ("cuda:1", None, ("cuda:0", "1")),
+    ("cuda:0", None, ("cuda:0", "0")),
+    ("cuda:1", "2,3", ("cuda:0", "3")),  # the n-th of the devices this process was given
+    ("cuda:0", "GPU-a1, GPU-b2", ("cuda:0", "GPU-a1")),
+    ("cpu", "0,1", ("cpu", None)),
+])
+def test_a_gpu_worker_sees_its_gpu_alone_as_cuda0(device, visible, expected):
+    """So that what Inductor compiled for one device's worker is found in the cache by the others."""
+    assert own_device(device, visible) == expected
 
 
 def test_faults_on_cpu(tmp_path):

@@ -28,6 +28,7 @@ from . import __version__, tuner
 from .ahead import INDUCTOR_WARMED, CompileAhead, phase_calls
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
+from .bench import Budget
 from .cluster import CPU_WORKERS, Cluster
 from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
 from .errors import STORAGE_ERRNOS, LzError, WriteError
@@ -233,6 +234,11 @@ def cli():
               help="seconds one measurement may take (first-call JIT included) before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
+@click.option("--sample-time", type=click.FloatRange(min=0.001), default=Budget.time_cap_s, show_default=True,
+              metavar="SECONDS",
+              help=f"how long one candidate's timing may sample, per timing mode, while its spread stays above "
+                   f"{Budget.target_spread:.0%} (its warm-up: a tenth of that at most); shorter: a quicker, noisier "
+                   "tune. Records measured with another value are reused (--fresh to time them again)")
 @click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
               help="measure on several devices of this host, one worker each (they must be the same model): "
                    "each bucket's candidates go, whole, to the next free device, largest first, as do each "
@@ -289,7 +295,7 @@ def cli():
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
-         devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
+         sample_time, devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
          max_regression, min_ms, probe, validate_shapes, routing_skew, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
@@ -329,12 +335,13 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
     share_bytecode(out_dir / JIT_WORK / "bytecode")  # and this, where torch's bytecode is missing
     click.get_current_context().with_resource(skewed_routing(routing_skew))  # and this
+    budget = Budget().sampling(sample_time)
     if cluster:
-        runner, *more = cluster.runners(ray_workers, isolate, plugins, timeout, plan.hardware)
+        runner, *more = cluster.runners(ray_workers, isolate, plugins, timeout, plan.hardware, budget)
         where = f"Ray cluster, {1 + len(more)} workers"
     else:
-        runner, *more = [WorkerRunner(dev, plugins=plugins, timeout_s=timeout) if isolate else
-                         InProcessRunner(dev, plugins=plugins) for dev in lanes or [plan.device]]
+        runner, *more = [WorkerRunner(dev, budget, plugins, timeout) if isolate else
+                         InProcessRunner(dev, budget, plugins) for dev in lanes or [plan.device]]
         where = ", ".join(map(str, lanes)) or str(plan.device)
     _print_notes(plan)
     session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
@@ -361,9 +368,10 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         phases[name] = max(0.0, round(time.perf_counter() - entered - sum(phases.values()), 1))
 
     try:
-        budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind), refine=refine)
+        search_budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind),
+                                            refine=refine)
         plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, [lane.runner for lane in session.lanes],
-                                 out_dir, mode, trials, budget)
+                                 out_dir, mode, trials, search_budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
                    f"({where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "

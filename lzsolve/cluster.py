@@ -24,6 +24,7 @@ from runtime_loader.specs import CRASHED, TIMEOUT
 from .bench import timer_name
 from .errors import LzError
 from .measure import rejected
+from .bench import Budget
 from .worker import STARTUP_TIMEOUT_S, InProcessRunner, WorkerRunner
 
 INSTALL = "pip install 'lzsolve[ray]'"
@@ -42,11 +43,12 @@ class Measurer:
     """The actor's body: one device of one node. Ray shows an actor with num_gpus=1 its own GPU
     alone, as cuda:0."""
 
-    def __init__(self, kind: str, isolate: bool, plugins: tuple[str, ...], timeout_s: float, env: dict[str, str]):
+    def __init__(self, kind: str, isolate: bool, plugins: tuple[str, ...], timeout_s: float, env: dict[str, str],
+                 budget: Budget):
         os.environ.update(env)  # the driver's settings that inputs read (its worker process inherits them)
         device = self.device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
-        self.runner = (WorkerRunner(device, plugins=plugins, timeout_s=timeout_s) if isolate
-                       else InProcessRunner(device, plugins=plugins))
+        self.runner = (WorkerRunner(device, budget, plugins, timeout_s) if isolate
+                       else InProcessRunner(device, budget, plugins))
 
     def where(self) -> tuple[str, dict]:
         import ray
@@ -141,7 +143,7 @@ class Cluster:
         self.kind = "cuda" if self.gpus else "cpu"
 
     def runners(self, workers: int | None, isolate: bool, plugins: tuple[str, ...], timeout_s: float,
-                here: dict) -> list[RayRunner]:
+                here: dict, budget: Budget = Budget()) -> list[RayRunner]:
         """One actor per GPU (or `workers` of them), started and checked against this host's
         hardware `here` (the plan's: every record is tagged with it)."""
         ray, count = self.ray, workers or self.gpus or CPU_WORKERS
@@ -153,7 +155,7 @@ class Cluster:
                           "its GPU nodes (the plan and the records' hardware are this host's)")
         resource = {"num_gpus": 1} if self.kind == "cuda" else {"num_cpus": 1}
         start = functools.partial(ray.remote(**resource)(Measurer).remote, self.kind, isolate, plugins, timeout_s,
-                                  {SKEW_ENV: repr(routing_skew())})
+                                  {SKEW_ENV: repr(routing_skew())}, budget)
         runners = [RayRunner(ray, start, self.kind, timeout_s) for _ in range(count)]
         try:
             places = ray.get([r.where() for r in runners], timeout=STARTUP_TIMEOUT_S)

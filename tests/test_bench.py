@@ -1,4 +1,5 @@
 """The harness: statistics, rotation sets, warm-up and first-call separation, adaptive stop, graph mode."""
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -235,3 +236,16 @@ def test_the_rounds_of_one_workload_share_its_budget():
     assert (budget.shared_by(2).min_samples, budget.shared_by(2).time_cap_s) == (3, 0.25)
     harness = make_harness(torch.device("cpu"), budget)
     assert harness.placements == CPU_PLACEMENTS == 2 and harness.budget == budget.shared_by(2)
+
+
+def test_a_shorter_sample_time_caps_sampling_and_warm_up():
+    """tune --sample-time: the time cap per candidate and mode, the warm-up a tenth of it at most."""
+    default = Budget()
+    assert default.sampling(default.time_cap_s) == default
+    quick = default.sampling(0.02)
+    assert (quick.time_cap_s, quick.warmup_s) == (0.02, 0.002)
+    assert quick.min_samples == default.min_samples and quick.target_spread == default.target_spread
+    harness = CpuHarness(dataclasses.replace(quick, target_spread=0.0, max_samples=10_000))
+    started = time.perf_counter()
+    harness.measure({"k": [lambda: time.sleep(0.001)]})
+    assert time.perf_counter() - started < 0.2  # the default budget spends 0.55 s here

@@ -12,6 +12,7 @@ from lzsolve.cli import cli
 from lzsolve.errors import LzError
 from lzsolve.models import CATALOGUE, from_catalogue, shard, walk
 from lzsolve.models.capture import capture
+from tests.tables import QUICK
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
@@ -238,7 +239,7 @@ def test_a_cpu_tune_of_an_fp8_checkpoint_serves_its_linears_from_the_table(tmp_p
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--fp8-kv", "--grid", "tiny", "--device", "cpu",
                                       "--no-isolate", "--exclude", "compile.*", "--no-probe", "--validate", "0",
-                                      "--out", str(out)])
+                                      "--out", str(out), *QUICK])
     assert result.exit_code == 0, result.output
     ops = [e["op"] for e in json.loads((out / "dispatch.json").read_text())["ops"]]
     assert ops.count("linear.fp8") == 1, "o_proj"

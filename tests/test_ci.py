@@ -16,12 +16,13 @@ from click.testing import CliRunner
 from lzsolve.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REGRESSED, cli
 from lzsolve.compare import compare
 from lzsolve.errors import LzError
+from tests.tables import QUICK
 from tests.test_cli import tiny_llama_config
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "ci" / "tune_artifacts.py"
 # Small and quick on 2 cores; a worker process per run, as in real CI.
-TUNE_ARGS = ["--grid", "tiny", "--dtype", "fp32", "--device", "cpu", "--kernels", "eager.*,torch.*,sdpa.*"]
+TUNE_ARGS = ["--grid", "tiny", "--dtype", "fp32", "--device", "cpu", "--kernels", "eager.*,torch.*,sdpa.*", *QUICK]
 
 
 def run_script(*args, cwd):

@@ -15,7 +15,7 @@ import runtime_loader
 from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE
 
-from .tables import assert_replays_references
+from .tables import QUICK, assert_replays_references
 
 TINY_LLAMA = {**CATALOGUE["llama3-8b"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
@@ -36,7 +36,7 @@ def artifact(tmp_path_factory):
     out = root / "artifact"
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--tp", "2", "--grid", "tiny",
                                       "--dtype", "fp32", "--device", "cpu", "--exclude", "compile.*",
-                                      "--out", str(out)])
+                                      "--out", str(out), *QUICK])
     assert result.exit_code == 0, result.output
     return out
 
@@ -100,6 +100,24 @@ def test_rerun_reuses_measurements(artifact, tmp_path):
     assert [(c["kind"], c["mode"], c["dtype"]) for c in ceilings] == [("compute", "eager", "fp32"), ("memory", "eager", "fp32")]
     assert {c["run_id"] for c in ceilings} == {runs[0]["run_id"]} and all(c["per_s"] > 0 for c in ceilings)
     assert ceilings[0]["probe"].startswith("matmul 512x512x512 fp32")
+
+
+def test_sample_time_reaches_the_measuring_runner(tmp_path, monkeypatch):
+    from lzsolve import cli as cli_module
+    budgets = []
+
+    class Recording(cli_module.InProcessRunner):
+        def __post_init__(self):
+            budgets.append(self.budget)
+            super().__post_init__()
+
+    monkeypatch.setattr(cli_module, "InProcessRunner", Recording)
+    result = CliRunner().invoke(cli, ["tune", "--config", str(tiny_llama_config(tmp_path)), "--grid", "tiny", "--dtype",
+                                      "fp32", "--device", "cpu", "--kernels", "torch.linear", "--no-isolate",
+                                      "--no-probe", "--validate", "0", "--sample-time", "0.02",
+                                      "--out", str(tmp_path / "artifact")])
+    assert result.exit_code == 0, result.output
+    assert [(b.time_cap_s, b.warmup_s) for b in budgets] == [(0.02, 0.002)]
 
 
 def test_plan_llama3_70b_tp8(tmp_path):

@@ -95,6 +95,15 @@ def test_an_actor_that_dies_costs_only_its_task_and_the_run_finishes(tmp_path, r
         "the other kernels of the crashed workloads (torch.rms_norm, the fallback) were measured"
 
 
+@pytest.mark.parametrize("isolate", [False, True])
+def test_an_actor_measures_with_the_drivers_sampling_budget(isolate):
+    """tune --sample-time on a cluster: the budget travels with the actor's arguments (the actor's
+    body, run here without Ray)."""
+    from lzsolve.bench import Budget
+    measurer = cluster.Measurer("cpu", isolate, (), 60, {}, Budget().sampling(0.02))
+    assert measurer.runner.budget == Budget().sampling(0.02)
+
+
 def test_a_killed_actor_rejects_its_task_and_the_next_starts_a_new_one(ray_local):
     import tests.faulty_kernels  # noqa: F401
     plan = make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny")

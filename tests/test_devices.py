@@ -19,6 +19,7 @@ from lzsolve.models.capture import capture
 from lzsolve.perfdb import SCHEMA, PerfDB
 from lzsolve.tuner import Session, make_plan, tune
 from lzsolve.validate import plan_validation, validate
+from tests.tables import QUICK
 from tests.test_cli import TINY_LLAMA, run_cli
 
 
@@ -222,7 +223,7 @@ def run_tune(tmp_path, *extra):
     config = tmp_path / "tiny-llama.json"
     config.write_text(json.dumps(TINY_LLAMA))
     return CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--no-isolate",
-                                    "--no-probe", "--validate", "0", "--out", str(tmp_path / "out"), *extra])
+                                    "--no-probe", "--validate", "0", "--out", str(tmp_path / "out"), *QUICK, *extra])
 
 
 def test_tune_on_two_lanes_solves_one_table_from_both(tmp_path):

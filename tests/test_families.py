@@ -10,7 +10,7 @@ from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE, from_hf_config
 from lzsolve.perfdb import PerfDB
 
-from .tables import assert_replays_references, leaf_ids
+from .tables import QUICK, assert_replays_references, leaf_ids
 
 # Small but structurally faithful: every family keeps its layer pattern, GQA, head layout and options.
 SMALL = {"hidden_size": 64, "n_embd": 64, "intermediate_size": 128, "num_attention_heads": 4, "n_head": 4,
@@ -66,7 +66,7 @@ def tune_small(tmp_path, family: str, *extra):
     # (the default tune's: tests/test_validate.py, conftest's tiny_llama_artifact)
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
                                       "--device", "cpu", "--no-isolate", "--exclude", "compile.*", "--no-probe",
-                                      "--validate", "0", "--out", str(out), *extra])
+                                      "--validate", "0", "--out", str(out), *QUICK, *extra])
     assert result.exit_code == 0, result.output
     return out, result
 
@@ -126,7 +126,7 @@ def test_tune_and_replay_a_tiny_model_of_a_type_no_walker_knows(tmp_path, model_
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
                                       "--device", "cpu", "--no-isolate", "--exclude", "compile.*", "--no-probe",
-                                      "--validate", "0", "--out", str(out)])
+                                      "--validate", "0", "--out", str(out), *QUICK])
     assert result.exit_code == 0, result.output
     table = json.loads((out / "dispatch.json").read_text())
     assert NEW_TYPES[model_type] <= {e["op"] for e in table["ops"]}

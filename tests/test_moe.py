@@ -12,7 +12,7 @@ from lzsolve.errors import LzError
 from lzsolve.ops import CONTRACTS
 from runtime_loader import Dispatcher
 
-from .tables import assert_replays_references, tune_what_patched_models_call, unfused
+from .tables import QUICK, assert_replays_references, tune_what_patched_models_call, unfused
 
 transformers = pytest.importorskip("transformers")
 
@@ -214,7 +214,7 @@ def test_expert_parallel_table_serves_a_rank_and_patch_leaves_transformers_ep(tm
     out = tmp_path / "artifact"
     args = ["tune", "--config", str(config), "--tp", "2", "--ep", "2", "--grid", "tiny", "--trials", "0", "--dtype",
             "fp32", "--device", "cpu", "--no-isolate", "--no-probe", "--validate", "0", "--kernels", "torch.grouped_mm,eager.moe*",
-            "--out", str(out)]
+            "--out", str(out), *QUICK]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     table = json.loads((out / "dispatch.json").read_text())
@@ -264,7 +264,7 @@ def test_routing_skew_is_a_tune_setting_recorded_and_not_mixed(tmp_path):
     def tune(*extra):
         result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--trials", "0", "--dtype",
                                           "fp32", "--device", "cpu", "--no-probe", "--validate", "0", "--kernels",
-                                          "torch.grouped_mm,eager.moe*", "--out", str(out), "--json", *extra])
+                                          "torch.grouped_mm,eager.moe*", "--out", str(out), "--json", *QUICK, *extra])
         assert result.exit_code == 0, result.output
         return json.loads(result.stdout)["run_id"]
 

@@ -13,6 +13,7 @@ from lzsolve.errors import LzError
 from lzsolve.grid import buckets
 from lzsolve.models import workload
 from runtime_loader import Dispatcher
+from tests.tables import QUICK
 
 transformers = pytest.importorskip("transformers")
 from runtime_loader.integrations.transformers import register  # noqa: E402
@@ -105,7 +106,7 @@ def test_record_a_client_tune_the_file_and_serve_every_call(tmp_path):
 
         out = tmp_path / "artifact"
         result = CliRunner().invoke(cli, ["tune", "--workload", str(tmp_path / "client.json"), "--device", "cpu",
-                                          "--grid", "tiny", "--exclude", "compile.*", "--out", str(out)])
+                                          "--grid", "tiny", "--exclude", "compile.*", "--out", str(out), *QUICK])
         assert result.exit_code == 0, result.output
         table = json.loads((out / "dispatch.json").read_text())
         assert table["model"]["id"] == "client" and table["grid"] == "workload/tiny"

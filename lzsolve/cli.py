@@ -313,7 +313,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     4 an output could not be written (disk full, I/O error: records so far are kept, re-run
     to continue); 130 interrupted.
     """
-    entered = time.perf_counter()
+    entered, entered_cpu = time.perf_counter(), time.process_time()
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
@@ -363,9 +363,13 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     started = time.perf_counter()
     # outside the wall, which starts here: planning, the gates' imports, the workers' objects
     phases: dict[str, float] = {"start_s": round(started - entered, 1)}
+    # this process's CPU seconds per phase, all its threads (the devices' lanes): near the phase's
+    # time, this process, not the devices, is what a run on more devices waits for
+    parent_cpu: dict[str, float] = {"start_s": round(time.process_time() - entered_cpu, 1)}
 
     def lap(name: str) -> None:
         phases[name] = max(0.0, round(time.perf_counter() - entered - sum(phases.values()), 1))
+        parent_cpu[name] = max(0.0, round(time.process_time() - entered_cpu - sum(parent_cpu.values()), 1))
 
     try:
         search_budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind),
@@ -417,6 +421,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
     summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
     summary["search"] = searched.as_dict() if searched else None
+    summary["parent_cpu_s"] = parent_cpu
     summary["compiled_ahead"] = [call for a in ahead for call in a.summary()]
     if ahead:
         built = ", ".join(f"{c['kernel_id']} {c['dims']} {c['jit_s']} s" for c in summary["compiled_ahead"] if c["jit_s"] >= 1)

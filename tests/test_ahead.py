@@ -164,15 +164,17 @@ def test_tune_builds_ahead_on_a_second_worker(tmp_path):
     args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--kernels", "built.*,compile.rms_norm",
             "--plugin", "tests.nvcc_kernels", "--trials", "0", "--no-probe", "--validate", "0",
             "--out", str(tmp_path / "out"), "--json"]
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     result = CliRunner().invoke(cli, args)
-    spent = time.perf_counter() - began
+    spent, spent_cpu = time.perf_counter() - began, time.process_time() - began_cpu
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     phases = summary["phases"]
     assert (list(phases)[0], list(phases)[-1]) == ("start_s", "write_s")
     assert sum(phases.values()) == pytest.approx(spent, abs=1.0), "every second of the command is in a phase"
     assert summary["wall_s"] <= sum(phases.values()) and min(phases["start_s"], phases["write_s"]) >= 0
+    parent_cpu = summary["parent_cpu_s"]  # this process's CPU seconds (the command ran in it), phase by phase
+    assert list(parent_cpu) == list(phases) and sum(parent_cpu.values()) == pytest.approx(spent_cpu, abs=1.0)
     assert {c["kernel_id"] for c in summary["compiled_ahead"]} == {"built.rms_norm"}
     assert all(c["status"] == "ok" for c in summary["compiled_ahead"])
     db = PerfDB(tmp_path / "out" / "perfdb")

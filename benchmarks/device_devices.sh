@@ -71,6 +71,6 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     except ValueError:
         continue
     if "phases" in s:
-        print(f"{f.stem}: wall {s['wall_s']} s, phases {s['phases']}, measured {s['measured']}, "
-              f"search {s['search'] and s['search']['trials_run']} trials")
+        print(f"{f.stem}: wall {s['wall_s']} s, phases {s['phases']}, this process's CPU s "
+              f"{s.get('parent_cpu_s')}, measured {s['measured']}, search {s['search'] and s['search']['trials_run']} trials")
 PY

@@ -1,13 +1,12 @@
 """Hardware signature: what a table was measured on, and whether this machine matches it."""
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import re
 
 import torch
 
-from .specs import DeviceInfo
+from .specs import DeviceInfo, library_version
 
 # Fields that must match for a table's measurements to hold here.
 MATCH_FIELDS = ("device", "name", "sm", "isa", "torch", "cuda", "cudnn", "triton")
@@ -30,13 +29,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _nvidia_driver() -> str | None:
@@ -64,7 +56,7 @@ def hardware_signature(device: torch.device | str) -> dict:
         "cuda": None,
         "cudnn": None,
         "driver": None,
-        "triton": _version("triton"),
+        "triton": library_version("triton"),
     }
     if info.type == "cuda":
         sig["name"] = torch.cuda.get_device_name(device)

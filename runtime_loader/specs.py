@@ -87,6 +87,17 @@ def _file_digest(path: str) -> str:
         return ""
 
 
+@functools.lru_cache(maxsize=None)
+def library_version(library: str) -> str | None:
+    """The installed distribution's version, read once per process: importlib.metadata parses the
+    package's METADATA file on every call (5 ms on the H100 host), and a tune asks once per record,
+    from the threads of every device, which take turns on the GIL (BENCHMARKS §15.11)."""
+    try:
+        return importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def source_digest(impl) -> str:
     """8 hex digits over the source files behind `impl` ("" when none can be read)."""
     digests = [_file_digest(f) for f in source_files(impl)]
@@ -172,9 +183,8 @@ class KernelSpec:
         """The library's version, plus a digest of this project's source behind the kernel (its
         adapter, its Triton kernel module) where there is one: what was measured is that code, so
         an edit of it makes earlier records and tables stale, as a library upgrade does."""
-        try:
-            library = importlib.metadata.version(self.library)
-        except importlib.metadata.PackageNotFoundError:
+        library = library_version(self.library)
+        if library is None:
             return None
         digest = source_digest(self.impl)
         return f"{library}+src.{digest}" if digest else library

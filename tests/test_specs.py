@@ -72,6 +72,23 @@ def test_capabilities_hash_tracks_declarations(monkeypatch):
     assert registry.capabilities_hash() != before
 
 
+def test_a_librarys_version_is_read_once_per_process(monkeypatch):
+    """A tune asks every record's kernel version; importlib.metadata parses the package's files on
+    each call (5 ms on the H100 host, from every device's thread in turn): once is enough."""
+    import importlib.metadata
+
+    from runtime_loader import specs
+
+    reads = []
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: reads.append(name) or "1.2.3")
+    specs.library_version.cache_clear()
+    try:
+        versions = {dataclasses.replace(spec(), library="somelib").version() for _ in range(3)}
+    finally:
+        specs.library_version.cache_clear()  # the fake's answer must not outlive this test
+    assert len(versions) == 1 and versions.pop().startswith("1.2.3") and reads == ["somelib"]
+
+
 def test_a_kernels_version_covers_the_source_behind_it(tmp_path):
     """What a record measured is the library and this project's code around it: a kernel whose
     adapter or Triton module changed gets another version, so the tuner measures it again and a

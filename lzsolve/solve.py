@@ -24,11 +24,13 @@ log-spaced).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from functools import lru_cache
+
+import numpy as np
 
 from runtime_loader.specs import CUDA_GRAPH_UNSAFE
 
@@ -107,18 +109,44 @@ class Points:
         a, b = self.times.get(other), self.times[kernel]
         return math.exp(sum(math.log(a[i] / b[i]) for i in both) / len(both)) if both else None
 
+    @functools.cached_property
+    def kernels(self) -> list[str]:
+        """The kernels in the order of the solver's arrays (and of its ties)."""
+        return sorted(self.times)
+
+    @functools.cached_property
+    def against_fallback(self) -> np.ndarray:
+        """Per kernel (rows, in `kernels` order) and point: whether it and the fallback were both
+        timed there, whether it was the faster, and log(fallback's time / its time) (0 where not
+        both), stacked (3 x kernels x points): clearly_faster's terms, which a leaf sums over its
+        points for every kernel at once."""
+        times = np.array([self.times[k] for k in self.kernels], dtype=float).reshape(len(self.kernels), len(self.dims))
+        fallback = np.array(self.times.get(self.fallback, [math.inf] * len(self.dims)), dtype=float)
+        both = np.isfinite(times) & np.isfinite(fallback)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            log_gain = np.where(both, np.log(fallback / times), 0.0)
+        return np.stack([both, both & (times < fallback), log_gain]).astype(float)
+
+    def clearly_faster_all(self, summed: np.ndarray) -> np.ndarray:
+        """clearly_faster of every kernel (in `kernels` order), from `against_fallback` summed over
+        the points concerned (3 x kernels)."""
+        timed, faster_at, log_gain = summed
+        gain_needed = 1 + self.switch_gain * np.sqrt(4 / np.minimum(np.maximum(timed, 1), 4))
+        gain_needed = np.where(faster_at < 2, np.maximum(gain_needed, self.one_point_gain), gain_needed)
+        gain = np.exp(log_gain / np.maximum(timed, 1))
+        # nothing says the fallback is there to keep where the two were never timed together
+        return (timed == 0) | (gain >= gain_needed) | self._is_fallback
+
+    @functools.cached_property
+    def _is_fallback(self) -> np.ndarray:
+        return np.array([k == self.fallback for k in self.kernels])
+
     def clearly_faster(self, kernel: str, idx: list[int]) -> bool:
         """Whether `kernel` beats the fallback over these points by more than timing can make up:
         switch_gain (geomean) over four points or more, up to twice that at a single point, and
         one_point_gain where it is faster at one of them alone."""
-        both = self.timed_both(self.fallback, kernel, idx)
-        if kernel == self.fallback or not both:
-            return True  # nothing says the fallback is there to keep
-        faster_at = sum(self.times[kernel][i] < self.times[self.fallback][i] for i in both)
-        gain_needed = 1 + self.switch_gain * math.sqrt(4 / min(len(both), 4))
-        if faster_at < 2:
-            gain_needed = max(gain_needed, self.one_point_gain)
-        return self.ratio(self.fallback, kernel, both) >= gain_needed
+        summed = self.against_fallback[:, :, list(idx)].sum(axis=2)
+        return bool(self.clearly_faster_all(summed)[self.kernels.index(kernel)])
 
     def leading(self, dims: dict, margin: float) -> set[str]:
         """The kernels within `margin` of the best at any measured point around `dims`: per dim
@@ -180,35 +208,44 @@ def points_from(records: list[dict], mode: str, fallback: str, calls_per_forward
 
 
 class _Solver:
-    """Exact search over trees; a node is the bitmask of the points it holds."""
+    """Exact search over trees; a node is the bitmask of the points it holds. A leaf's cost is
+    summed for every kernel at once over arrays (kernels x points): the trees of a 2-D attention
+    signature visit tens of thousands of leaves, which took 5.7 s per signature one kernel and one
+    point at a time, in a phase no second device shortens (BENCHMARKS §15.11)."""
 
     def __init__(self, pts: Points, dynamic: tuple[str, ...]):
         self.pts, self.n = pts, len(pts.dims)
-        self.kernels = sorted(pts.times)
-        self.costs = {k: [pts.cost(k, i) for i in range(self.n)] for k in self.kernels}
+        self.kernels = pts.kernels
+        costs = np.array([[pts.cost(k, i) for i in range(self.n)] for k in self.kernels], dtype=float)
+        costs = costs.reshape(len(self.kernels), self.n, 2).transpose(2, 0, 1)  # penalised excess, raw regret
+        self.terms = np.concatenate([costs, pts.against_fallback])  # what a leaf sums: 5 x kernels x points
+        self.fallback = self.kernels.index(pts.fallback) if pts.fallback in self.kernels else None
         self.dims = [d for d in dynamic if all(d in p for p in pts.dims)]
+        self.values = {d: np.array([p[d] for p in pts.dims]) for d in self.dims}
         # per dim and measured value: the mask of the points at or below it
         self.at_or_below = {d: {v: sum(1 << i for i, p in enumerate(pts.dims) if p[d] <= v)
                                 for v in {p[d] for p in pts.dims}} for d in self.dims}
-        self.solve = lru_cache(maxsize=None)(self._solve)
-        self.leaf = lru_cache(maxsize=None)(self._leaf)
+        self.solve = functools.lru_cache(maxsize=None)(self._solve)
+        self.leaf = functools.lru_cache(maxsize=None)(self._leaf)
 
     def members(self, mask: int) -> list[int]:
         return [i for i in range(self.n) if mask >> i & 1]
 
+    def member(self, mask: int) -> np.ndarray:
+        """The mask as one bool per point."""
+        packed = np.frombuffer(mask.to_bytes((self.n + 7) // 8, "little"), dtype=np.uint8)
+        return np.unpackbits(packed, count=self.n, bitorder="little").astype(bool)
+
     def _leaf(self, mask: int) -> tuple[float, str]:
         """(cost, kernel) of the best single kernel for these points among the fallback and the
         kernels clearly faster than it there; the fallback when no kernel has less excess."""
-        idx = self.members(mask)
-        totals = {k: (sum(self.costs[k][i][0] for i in idx), sum(self.costs[k][i][1] for i in idx))
-                  for k in self.kernels}
-        allowed = [k for k in self.kernels if self.pts.clearly_faster(k, idx)]
-        chosen = min(allowed, key=lambda k: totals[k][0] + TIE_BREAK * totals[k][1])
-        fallback = self.pts.fallback
-        if fallback in totals and totals[fallback][0] <= totals[chosen][0] + 1e-12:
-            chosen = fallback
-        penalty, raw = totals[chosen]
-        return penalty + TIE_BREAK * raw + LEAF_COST, chosen
+        summed = self.terms[:, :, self.member(mask)].sum(axis=2)
+        excess, regret = summed[0], summed[1]
+        allowed = self.pts.clearly_faster_all(summed[2:])
+        chosen = int(np.argmin(np.where(allowed, excess + TIE_BREAK * regret, np.inf)))  # ties: the first
+        if self.fallback is not None and excess[self.fallback] <= excess[chosen] + 1e-12:
+            chosen = self.fallback
+        return float(excess[chosen] + TIE_BREAK * regret[chosen] + LEAF_COST), self.kernels[chosen]
 
     def _solve(self, mask: int, depth: int) -> tuple[float, tuple]:
         """(cost, node) of the cheapest tree of at most MAX_DEPTH - depth levels over `mask`;
@@ -217,9 +254,9 @@ class _Solver:
         best = (cost, ("leaf", kernel))
         if depth >= MAX_DEPTH or cost <= 2 * LEAF_COST:  # a split costs two leaves at least
             return best
-        idx = self.members(mask)
+        member = self.member(mask)
         for dim in self.dims:
-            present = sorted({self.pts.dims[i][dim] for i in idx})
+            present = np.unique(self.values[dim][member]).tolist()
             for lo, hi in zip(present, present[1:]):
                 le = mask & self.at_or_below[dim][lo]
                 left, right = self.solve(le, depth + 1), self.solve(mask & ~le, depth + 1)

@@ -5,8 +5,9 @@ configurations from the family's space (`search_spaces/<kernel>.yaml`). Each
 trial is a configuration id (`triton.rms_norm[block=4096,warps=8]`) run through
 the same runner as every other candidate: parity gate first (a config that fails
 to compile or disagrees with the reference is pruned, its Reason kept on the
-trial), then timing alone. Studies live in one SQLite file beside the PerfDB, so
-a re-run continues each study instead of restarting it.
+trial), then timing alone. Studies live in one journal file beside the PerfDB
+(optuna's JournalStorage: one JSON line per operation), so a re-run continues each
+study instead of restarting it.
 
 The winners of a signature's buckets then join that signature's candidates at
 every bucket, timed interleaved with the rest: the solver sees each searched
@@ -21,11 +22,13 @@ one in progress (BucketSearch).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import math
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +40,13 @@ from runtime_loader import registry
 from runtime_loader.specs import config_id
 
 from .devices import groups_apart, run_sharded
-from .errors import LzError
+from .errors import STORAGE_ERRNOS, LzError, WriteError
 from .measure import ParityTask, TimingTask
 from .perfdb import dims_key
 from .tuner import Candidate, Plan, Runner, SignaturePlan, fresh_seeds
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
-STORAGE_NAME = "search.sqlite3"
+STORAGE_NAME = "search.journal"
 
 
 @dataclass(frozen=True)
@@ -360,8 +363,9 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner]
     import optuna
 
     optuna.logging.set_verbosity(logging.WARNING)
-    # one storage for every thread: optuna's RDBStorage is shared by its own n_jobs threads
-    db = optuna.storages.RDBStorage(f"sqlite:///{storage}")
+    # one storage for every thread (each device's lane): JournalStorage holds a threading.Lock
+    # around each of its methods (a line's append, the replay of new lines, the reads)
+    db = open_storage(storage)
     seeds = fresh_seeds()  # itertools.count: next() is atomic under the GIL
     searches = [BucketSearch(n, plan.signatures[n], space, budgeted, db, mode, hw_slug, budget, seeds, on_trial)
                 for n, space, budgeted in search_units(plan, spaces, trials)]
@@ -371,8 +375,14 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner]
         searched.run(runner, stats)
         return [stats]
 
-    done = run_sharded(searches, runners, run, group=lambda searched: searched.space.kernel,
-                       joinable=BucketSearch.left)
+    try:
+        done = run_sharded(searches, runners, run, group=lambda searched: searched.space.kernel,
+                           joinable=BucketSearch.left)
+    except Exception as e:
+        failed = write_error_in(e)
+        if failed is None or failed is e:
+            raise
+        raise failed from None
     stats, winners = SearchStats(), [dict() for _ in plan.signatures]
     for part in done:
         stats.add(part)
@@ -386,6 +396,79 @@ def search(plan: Plan, spaces: dict[str, SearchSpace], runners: Sequence[Runner]
         signatures.append(dataclasses.replace(sp, candidates=sp.candidates + tuple(
             c for k, c in sorted(found.items()) if k not in known)))
     return dataclasses.replace(plan, signatures=tuple(signatures)), stats
+
+
+def open_storage(path: Path):
+    """The studies' journal at `path`: optuna's JournalStorage over a JournalFileBackend with its
+    default lock (`<path>.lock`, a symlink) against other processes. A read or write that fails
+    as storage does (a full disk, an I/O error) raises WriteError naming the journal."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+    @contextlib.contextmanager
+    def journal_io():
+        try:
+            yield
+        except OSError as e:  # a full disk: ENOSPC from the write's flush (after the bytes that fit) or fsync
+            if e.errno not in STORAGE_ERRNOS:
+                raise
+            raise WriteError(path, e) from e
+
+    class Journal(JournalFileBackend):
+        def append_logs(self, logs) -> None:
+            with journal_io():
+                super().append_logs(logs)
+
+        def read_logs(self, log_number_from: int):
+            with journal_io():
+                yield from super().read_logs(log_number_from)
+
+    lock = JournalFileSymlinkLock(str(path))
+    with journal_io():
+        backend = Journal(str(path), lock_obj=lock)
+        drop_partial_line(path, lock)
+        return optuna.storages.JournalStorage(backend)
+
+
+def drop_partial_line(path: Path, lock) -> None:
+    """Cut the journal back to its last whole line. A write cut short (a full disk writes the
+    bytes that fit, then fails; a kill) leaves a last line without its newline, which optuna skips
+    when it reads but appends the next operation to: the joined line then fails to parse at every
+    later read, and no re-run could continue. The cut operation was never applied by anyone."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+    lock.acquire()  # no writer is half way through a line while optuna's lock is held
+    try:
+        with open(path, "rb+") as f:
+            end = f.seek(0, os.SEEK_END)
+            while end > 0:
+                start = max(0, end - (1 << 16))
+                f.seek(start)
+                at = f.read(end - start).rfind(b"\n")
+                if at >= 0:
+                    f.truncate(start + at + 1)
+                    return
+                end = start
+            f.truncate(0)
+    finally:
+        lock.release()
+
+
+def write_error_in(e: BaseException | None) -> WriteError | None:
+    """The WriteError behind `e`, if any. A journal write that fails while optuna ends a trial
+    surfaces as optuna's own error with ours as its context: optuna 5.0's _run_trial raises
+    AssertionError("Should not reach.") from its `finally` when the trial's state went unwritten."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, WriteError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def search_units(plan: Plan, spaces: dict[str, SearchSpace], trials: int | None) -> list[tuple[int, SearchSpace, int]]:

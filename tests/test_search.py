@@ -1,17 +1,21 @@
 """Configuration search: spaces are checked against their family, studies prune configs that
 fail parity, winners become candidates at every bucket, and a re-run continues the studies."""
+import builtins
 import dataclasses
+import errno
 import json
 import math
+import os
 import time
 
 import optuna
 import pytest
 import torch
 from click.testing import CliRunner
+from optuna.storages.journal import JournalFileBackend
 
 import tests.tunable_kernels as demo
-from lzsolve.cli import cli
+from lzsolve.cli import EXIT_WRITE_FAILED, cli
 from lzsolve.errors import LzError
 from lzsolve.grid import GRIDS, Grid
 from lzsolve.measure import ParityTask
@@ -21,6 +25,7 @@ from lzsolve.search import (FULL_BUDGET, NOISE, SMART_BUDGET, STORAGE_NAME, buck
                             load_spaces, near, search, stale_trials)
 from lzsolve.tuner import make_plan
 from tests.test_cli import TINY_LLAMA
+from tests.test_hostile import run_main
 
 
 def write_space(folder, text=demo.SPACE, name="demo.rms_norm.yaml"):
@@ -64,10 +69,14 @@ def tune(tmp_path, *extra, space=demo.SPACE):
     return result
 
 
+def journal(path):
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
 def studies(tmp_path):
-    url = f"sqlite:///{tmp_path / 'out' / STORAGE_NAME}"
-    return {s.study_name: optuna.load_study(study_name=s.study_name, storage=url)
-            for s in optuna.get_all_study_summaries(url)}
+    storage = journal(tmp_path / "out" / STORAGE_NAME)
+    return {s.study_name: optuna.load_study(study_name=s.study_name, storage=storage)
+            for s in optuna.get_all_study_summaries(storage)}
 
 
 def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
@@ -117,6 +126,62 @@ def test_an_edited_space_starts_studies_of_its_own(tmp_path):
     assert [len(s.trials) for s in studies(tmp_path).values()] == [2, 2, 2, 2], "two buckets, two spaces"
 
 
+class ShortWrite:
+    """A journal file on a full disk: the bytes that fit are written, then flushing fails with
+    ENOSPC (what a 64 KiB tmpfs does to optuna's JournalFileBackend, measured)."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[:len(data) // 2])
+        self.f.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_under_the_journal_is_one_line_exit_4_and_a_rerun_continues(tmp_path, capsys, monkeypatch):
+    """The disk fills half way through a trial's line in the studies' journal: one `error:` line
+    naming the journal, exit 4, no traceback (optuna raises its own AssertionError while it ends the
+    trial, ours as its context). The re-run drops the cut line and continues the studies."""
+    tune(tmp_path, "--trials", "0")  # the artifact's folder, nothing searched yet
+    journal = tmp_path / "out" / STORAGE_NAME
+    real_open, appends = builtins.open, []
+
+    def open_on_a_full_disk(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        if "a" in mode and str(file) == str(journal):
+            appends.append(mode)
+            if len(appends) > 12:  # the first study's second or third trial
+                return ShortWrite(f)
+        return f
+
+    monkeypatch.setattr(builtins, "open", open_on_a_full_disk)
+    code, err = run_main(
+        "tune", "--config", str(tmp_path / "tiny-llama.json"), "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
+        "--no-isolate", "--plugin", "tests.tunable_kernels", "--spaces", str(tmp_path / "spaces"),
+        "--kernels", "demo.*", "--out", str(tmp_path / "out"), "--trials", "3", "--full-search",
+        cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    monkeypatch.undo()
+    assert len(appends) > 12 and code == EXIT_WRITE_FAILED, (code, err)
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: no space left on device writing {journal}; measured records are kept, re-run to continue"], err
+    assert "Traceback" not in err and not journal.read_bytes().endswith(b"\n"), "a line cut short"
+    state = optuna.trial.TrialState
+    kept = sum(len(s.get_trials(states=(state.COMPLETE, state.PRUNED))) for s in studies(tmp_path).values())
+    assert 0 < kept < 6
+
+    result = tune(tmp_path, "--trials", "3", "--full-search")
+    assert f"search: {6 - kept} of 6 budgeted trials run" in result.output, "continued, not restarted"
+    assert [len(s.get_trials(states=(state.COMPLETE, state.PRUNED))) for s in studies(tmp_path).values()] == [3, 3]
+    assert journal.read_bytes().endswith(b"\n")
+
+
 def test_tune_reports_trials_run_and_why_studies_stopped(tmp_path):
     summary = json.loads(tune(tmp_path, "--json", "--no-probe", "--validate", "0").stdout)
     search = summary["search"]
@@ -161,7 +226,7 @@ def norm_plan():
 
 def searched(tmp_path, name, runner, budget, trials=10):
     plan, stats = search(norm_plan(), {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}, [runner],
-                         tmp_path / f"{name}.sqlite3", "eager", "fake", trials=trials, budget=budget)
+                         tmp_path / f"{name}.journal", "eager", "fake", trials=trials, budget=budget)
     family = {c.spec.kernel_id for sp in plan.signatures for c in sp.candidates if c.spec.kernel_id.startswith("demo.")}
     return family, stats
 
@@ -251,7 +316,7 @@ def test_studies_are_shared_out_over_the_devices_with_the_same_winners(tmp_path)
     space = {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}
 
     def run(name, runners):
-        plan, stats = search(two_signatures, space, runners, tmp_path / f"{name}.sqlite3", "eager", "fake", trials=4,
+        plan, stats = search(two_signatures, space, runners, tmp_path / f"{name}.journal", "eager", "fake", trials=4,
                              budget=FULL_BUDGET)
         return [tuple(c.spec.kernel_id for c in sp.candidates) for sp in plan.signatures], stats
 
@@ -269,9 +334,9 @@ def test_a_device_with_no_search_to_begin_takes_buckets_of_one_in_progress(tmp_p
     space = {"demo.rms_norm": load_space(write_space(tmp_path / "spaces"))}
 
     def run(name, runners):
-        plan, stats = search(norm_plan(), space, runners, tmp_path / f"{name}.sqlite3", "eager", "fake", trials=4,
+        plan, stats = search(norm_plan(), space, runners, tmp_path / f"{name}.journal", "eager", "fake", trials=4,
                              budget=FULL_BUDGET)
-        studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / name}.sqlite3")
+        studies = optuna.get_all_study_summaries(journal(tmp_path / f"{name}.journal"))
         return [c.spec.kernel_id for c in plan.signatures[0].candidates], stats, sorted(s.n_trials for s in studies)
 
     lanes = [SlowRunner(), SlowRunner()]

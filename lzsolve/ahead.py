@@ -23,13 +23,19 @@ workload, largest first as the grid measures: FlexAttention compiles a graph per
 shape cold and 0.16 s from the caches another process filled (an H100, BENCHMARKS §15.9), about
 half of each device's first calls in a two-GPU grid (§15.7). At those workloads it makes the first
 call alone (FirstCallTask): a reference of the larger ones would take the GPU from the timing
-beside it, and the measuring worker checks the kernel there anyway. The probes' and validation's
-workloads, known only when those phases begin, are given to it then (CompileAhead.add).
+beside it, and the measuring worker checks the kernel there anyway. The probes' points and the
+validation's shapes depend on the grid alone, so it warms them too once the grid's are done, in
+the order the devices will measure them, every such kernel at each (which of them a phase times
+is known only from the records before it): on two GPUs the devices reached FlexAttention's probe
+and validation shapes before a warmer told of them at the phase's start, and compiled 13 s of
+them themselves (BENCHMARKS §15.11). When a phase begins it is told its calls (CompileAhead.begin):
+those come first, its guesses that the phase does not make are dropped, and so are the calls left
+of the phases before.
 """
 from __future__ import annotations
 
+import collections
 import math
-import queue
 import threading
 from typing import Callable, Sequence
 
@@ -37,7 +43,12 @@ from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
 
 from .measure import FirstCallTask, ParityTask
-from .tuner import Runner, Session, SignaturePlan, Work
+from .perfdb import dims_key
+from .tuner import Plan, Runner, Session, SignaturePlan, Work, measuring_order, probe_points_of
+from .validate import validation_shapes
+
+Call = tuple[SignaturePlan, KernelSpec, dict]  # (signature, kernel, workload)
+PHASES = ("grid", "probe", "validation")  # the tune's measuring phases, in their order
 
 
 def branch_points(points: tuple[dict, ...]) -> list[dict]:
@@ -60,11 +71,27 @@ def branch_points(points: tuple[dict, ...]) -> list[dict]:
 INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fills (see above)
 
 
-def phase_calls(jobs: list[tuple[SignaturePlan, Work]], caches: frozenset[str]) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
+def phase_calls(jobs: list[tuple[SignaturePlan, Work]], caches: frozenset[str]) -> list[Call]:
     """(signature, kernel, workload) of a phase's work (probes, validation) whose kernel keeps a
-    JIT cache among `caches`, in the order the phase measures them."""
-    return [(sp, c.spec, dims) for sp, work in jobs for dims, candidates in work for c in candidates
+    JIT cache among `caches`, in the order the phase's devices measure them (tuner.measuring_order)."""
+    return [(sp, c.spec, dims) for sp, work in measuring_order(jobs) for dims, candidates in work for c in candidates
             if c.admitted and caches & set(c.spec.jit_caches)]
+
+
+def later_calls(plan: Plan, caches: frozenset[str], probes: bool, shapes: int) -> dict[str, list[Call]]:
+    """Per later phase ('probe', 'validation'), the first calls it may make of the kernels with a JIT
+    cache among `caches`: every such admitted kernel at each of its points, which depend on the
+    grid alone; the phase times the contenders among them only (tuner.contenders)."""
+    def at(points: Callable[[SignaturePlan], list[dict]]) -> list[Call]:
+        return phase_calls([(sp, [(dims, sp.candidates) for dims in points(sp)]) for sp in plan.signatures
+                            if any(c.admitted and caches & set(c.spec.jit_caches) for c in sp.candidates)], caches)
+    return {"probe": at(lambda sp: probe_points_of(plan, sp)) if probes else [],
+            "validation": at(lambda sp: validation_shapes(plan, sp, shapes)) if shapes > 0 else []}
+
+
+def call_key(call: Call) -> tuple[str, str, str]:
+    sp, spec, dims = call
+    return str(sp.instance.signature), spec.kernel_id, dims_key(dims)
 
 
 def largest_first(points: tuple[dict, ...]) -> list[dict]:
@@ -94,21 +121,22 @@ class CompileAhead:
     goes to the PerfDB when it is made, so a run interrupted before the builders finished keeps
     the builds' records so far.
 
-    The builders leave once the queue is empty. The Inductor warmer (every_workload) stays until
-    closed: the probes' and validation's workloads are known only when those phases begin, and
-    `add` gives it their first calls then (its worker process, started once, keeps its compiled
-    state)."""
+    The queue is kept per phase (PHASES): the threads take the first call of the earliest phase
+    that has one, and a call is made once whatever phases name it. The builders leave once the
+    queue is empty. The Inductor warmer (every_workload) stays until closed, for the calls `add`
+    and `begin` bring (its worker process, started once, keeps its compiled state)."""
 
-    def __init__(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]], session: Session,
-                 make_runners: Sequence[Callable[[], Runner]], checked: bool = True, stays: bool = False):
+    def __init__(self, calls: list[Call], session: Session, make_runners: Sequence[Callable[[], Runner]],
+                 checked: bool = True, stays: bool = False):
         self.session, self.records, self.error = session, [], None
         self.task = ParityTask if checked else FirstCallTask
         self.stays = stays
         self._stop = threading.Event()
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending = 0  # calls given and not yet made
+        self._queued = {phase: collections.deque() for phase in PHASES}  # (call, seed) per phase
+        self._given: set[tuple] = set()  # keys of the calls queued, in flight or made
+        self._in_flight = 0
         self._changed = threading.Condition()
-        self.add(calls)
+        self.add(calls, "grid")
         self._threads = [threading.Thread(target=self._run, args=(make_runner, lane.recorder), daemon=True,
                                           name=f"lzsolve-compile-ahead-{n}")
                          for n, (make_runner, lane) in enumerate(zip(make_runners[:len(calls)], session.lanes))]
@@ -124,21 +152,42 @@ class CompileAhead:
         calls = first_calls(signatures, session, caches, every_workload)
         return cls(calls, session, make_runners, checked=not every_workload, stays=every_workload) if calls else None
 
-    def add(self, calls: list[tuple[SignaturePlan, KernelSpec, dict]]) -> None:
-        """More first calls, after those given: from the main thread, whose seed counter it is."""
+    def add(self, calls: list[Call], phase: str) -> None:
+        """More first calls for `phase` (one of PHASES), after its queued ones; those given before
+        are left out. From the main thread, whose seed counter it is."""
         with self._changed:
-            self._pending += len(calls)
-        for call in calls:
-            self._calls.put((call, next(self.session.seeds)))
+            for call in calls:
+                if call_key(call) not in self._given:
+                    self._given.add(call_key(call))
+                    self._queued[phase].append((call, next(self.session.seeds)))
+            self._changed.notify_all()
+
+    def begin(self, phase: str, calls: list[Call]) -> None:
+        """`phase` begins and makes `calls`: they come next, in this order; the calls still queued
+        for the phases before it, and those guessed for it that it does not make, are dropped."""
+        with self._changed:
+            for earlier in PHASES[:PHASES.index(phase)]:
+                self._queued[earlier].clear()
+            guessed = {call_key(call): seed for call, seed in self._queued[phase]}
+            self._given -= guessed.keys()  # queued, never made
+            self._queued[phase].clear()
+            for call in calls:
+                if (key := call_key(call)) not in self._given:
+                    self._given.add(key)
+                    self._queued[phase].append((call, guessed[key] if key in guessed else next(self.session.seeds)))
+            self._changed.notify_all()
 
     def _next(self):
         """The next call, or None when this thread should leave."""
-        while not self._stop.is_set():
-            try:
-                return self._calls.get(timeout=0.2) if self.stays else self._calls.get_nowait()
-            except queue.Empty:
+        with self._changed:
+            while not self._stop.is_set():
+                queued = next((q for q in self._queued.values() if q), None)
+                if queued:
+                    self._in_flight += 1
+                    return queued.popleft()
                 if not self.stays:
                     return None
+                self._changed.wait(timeout=0.2)
         return None
 
     def _run(self, make_runner, recorder) -> None:
@@ -154,7 +203,7 @@ class CompileAhead:
                     self.records.append(record)
                 finally:
                     with self._changed:
-                        self._pending -= 1
+                        self._in_flight -= 1
                         self._changed.notify_all()
         except Exception as e:  # a worker that cannot start costs the head start, never the run
             self.error = self.error or f"{type(e).__name__}: {e}"
@@ -167,7 +216,8 @@ class CompileAhead:
     def wait(self) -> list[dict]:
         """Every call given so far made (or every thread gone); their records."""
         with self._changed:
-            self._changed.wait_for(lambda: self._pending <= 0 or not any(t.is_alive() for t in self._threads))
+            self._changed.wait_for(lambda: not (self._in_flight or any(self._queued.values()))
+                                   or not any(t.is_alive() for t in self._threads))
         return list(self.records)
 
     def close(self, wait: bool = True) -> list[dict]:

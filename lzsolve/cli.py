@@ -6,7 +6,6 @@ nothing written.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fnmatch
 import functools
 import json
@@ -25,7 +24,7 @@ from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.ops import DTYPES, required_features
 
 from . import __version__, tuner
-from .ahead import INDUCTOR_WARMED, CompileAhead, phase_calls
+from .ahead import INDUCTOR_WARMED, CompileAhead, later_calls, phase_calls
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
 from .bench import Budget
@@ -358,6 +357,9 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
             warmer = CompileAhead.start(plan.signatures, session, builders[:1], caches=INDUCTOR_WARMED,
                                         every_workload=True)
             ahead.append(warmer)
+            if warmer:  # after the grid's calls: the probes' points and the validation's shapes
+                for phase, calls in later_calls(plan, INDUCTOR_WARMED, probe, validate_shapes).items():
+                    warmer.add(calls, phase)
         ahead = [a for a in ahead if a is not None]
     compiled: list[dict] = []
     started = time.perf_counter()
@@ -386,13 +388,13 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         if probe:
             probes = tuner.plan_probes(plan, records, mode)
             if warmer:
-                warmer.add(phase_calls(probes, INDUCTOR_WARMED))
+                warmer.begin("probe", phase_calls(probes, INDUCTOR_WARMED))
             with progress(sum(len(c) for _, work in probes for _, c in work), "probing") as bar:
                 records += tuner.probe(session, probes, mode, on_step=lambda label: bar.update(1, label))
         lap("probe_s")
         planned = plan_validation(plan, records, mode, validate_shapes)
         if warmer:
-            warmer.add(phase_calls([(p.signature, p.work) for p in planned], INDUCTOR_WARMED))
+            warmer.begin("validation", phase_calls([(p.signature, p.work) for p in planned], INDUCTOR_WARMED))
         with progress(sum(len(c) for p in planned for _, c in p.work), "validating") as bar:
             def more(measurements: int) -> None:  # a second round around losses: the bar's total grows
                 bar.length += measurements
@@ -505,15 +507,9 @@ def _search(plan, spaces_dir: Path, runners, out_dir: Path, mode: str, trials: i
         return plan, None
     click.echo(f"searching {', '.join(sorted(spaces))} configurations: up to {total} trials "
                f"(studies in {out_dir / STORAGE_NAME})", err=True)
-    with progress(total, "searching") as bar:
-        try:
-            plan, stats = search(plan, spaces, runners, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
-                                 on_trial=lambda label: bar.update(1, label), budget=budget)
-        except Exception as e:
-            # optuna's SQLite storage reports a full disk as its own error type, with SQLite's words
-            if "database or disk is full" in str(e):
-                raise WriteError(out_dir / STORAGE_NAME, OSError(errno.ENOSPC, "disk full")) from e
-            raise
+    with progress(total, "searching") as bar:  # a full disk under the studies' journal: WriteError naming it
+        plan, stats = search(plan, spaces, runners, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
+                             on_trial=lambda label: bar.update(1, label), budget=budget)
     click.echo(f"search: {stats.line()}", err=True)
     return plan, stats
 

@@ -386,8 +386,7 @@ class Session:
         a device staying on the signatures it has started while they have workloads left."""
         if len(self.lanes) == 1:
             return [r for sp, work in jobs for r in self.measure(sp, work, phase, modes, on_step)]
-        units = first_calls_apart([(sp, [item]) for sp, work in jobs for item in work])
-        return run_sharded(units, self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane),
+        return run_sharded(measuring_order(jobs), self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane),
                            group=signature_of, warm=[lane.warm for lane in self.lanes])
 
     def changes(self, plan: Plan) -> tuple[list[str], list[str]]:
@@ -412,6 +411,11 @@ def workload_size(unit: tuple[SignaturePlan, Work]) -> float:
     sig = sp.instance.signature
     contract = CONTRACTS[sig.op]
     return sum(c.admitted for c in candidates) * (contract.flops(sig, dims) + contract.bytes_moved(sig, dims))
+
+
+def measuring_order(jobs: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:
+    """The workloads of `jobs` one by one, in the order several devices take them (first_calls_apart)."""
+    return first_calls_apart([(sp, [item]) for sp, work in jobs for item in work])
 
 
 def first_calls_apart(units: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:
@@ -455,14 +459,19 @@ def plan_probes(plan: Plan, records: list[dict], mode: str) -> list[tuple[Signat
     judged from the bucket records. A signature where nothing but the fallback was
     admitted gets none: there is nothing to decide."""
     recs = by_signature(records)
-    units = torch.cuda.get_device_properties(plan.device).multi_processor_count if plan.device.type == "cuda" else None
     out = []
     for sp in plan.signatures:
         pts = points_from(recs.get(str(sp.instance.signature), []), mode, sp.fallback, sp.instance.calls_per_forward)
         if pts.has_choice:
-            at = probe_points(plan.grid, sp.instance.signature.op, units)
-            out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in at]))
+            out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in probe_points_of(plan, sp)]))
     return out
+
+
+def probe_points_of(plan: Plan, sp: SignaturePlan) -> list[dict]:
+    """A signature's probe points: they depend on the grid and the device alone (on a GPU, past
+    each wave of its SMs), so they are known before any record (lzsolve.ahead warms them)."""
+    units = torch.cuda.get_device_properties(plan.device).multi_processor_count if plan.device.type == "cuda" else None
+    return probe_points(plan.grid, sp.instance.signature.op, units)
 
 
 def probe(session: Session, work: list[tuple[SignaturePlan, Work]], mode: str,

@@ -15,22 +15,19 @@ GPU for milliseconds beside the first worker's timing; its nvcc builds take host
 graph-mode timing of a GPU run does not read.
 
 Inductor's kernels (FlexAttention, the compile.* family) are warmed the same way on a GPU run, by
-a process of their own: a process's first Inductor compile took 12-15 s per device in the grid of
-a two-GPU run (BENCHMARKS §15.5), and a later process sharing the run's caches reads most of it
-back (9.3 s cold against 3.2-3.3 s on this project's CPU VM, benchmarks/first_call_cache.py). They do not join the nvcc queue,
-where they would delay the builds the grid waits on. That process calls them at every grid
-workload, largest first as the grid measures: FlexAttention compiles a graph per shape, 1.5 s a
+processes of their own, one per device: a process's first Inductor compile took 12-15 s per device
+in the grid of a two-GPU run (BENCHMARKS §15.5), and a later process sharing the run's caches reads
+most of it back (9.3 s cold against 3.2-3.3 s on this project's CPU VM,
+benchmarks/first_call_cache.py). They do not join the nvcc queue, where they would delay the builds
+the grid waits on. They call them at every grid workload, largest first as the grid measures: FlexAttention compiles a graph per shape, 1.5 s a
 shape cold and 0.16 s from the caches another process filled (an H100, BENCHMARKS §15.9), about
 half of each device's first calls in a two-GPU grid (§15.7). At those workloads it makes the first
 call alone (FirstCallTask): a reference of the larger ones would take the GPU from the timing
-beside it, and the measuring worker checks the kernel there anyway. The probes' points and the
-validation's shapes depend on the grid alone, so it warms them too once the grid's are done, in
-the order the devices will measure them, every such kernel at each (which of them a phase times
-is known only from the records before it): on two GPUs the devices reached FlexAttention's probe
-and validation shapes before a warmer told of them at the phase's start, and compiled 13 s of
-them themselves (BENCHMARKS §15.11). When a phase begins it is told its calls (CompileAhead.begin):
-those come first, its guesses that the phase does not make are dropped, and so are the calls left
-of the phases before.
+beside it, and the measuring worker checks the kernel there anyway. The probes' and validation's
+workloads, known only when those phases begin, are given to them then (CompileAhead.begin), in the
+order the devices measure them; the grid's calls not made by then are dropped. One warmer for two
+devices fell behind them: on two H200s the devices reached FlexAttention's probe shapes before it
+and compiled 31 s of first calls against 24 s on one GPU (BENCHMARKS §15.11).
 """
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ from runtime_loader.specs import KernelSpec
 
 from .measure import FirstCallTask, ParityTask
 from .perfdb import dims_key
-from .tuner import Plan, Runner, Session, SignaturePlan, Work, measuring_order, probe_points_of
-from .validate import validation_shapes
+from .tuner import Runner, Session, SignaturePlan, Work, measuring_order
 
 Call = tuple[SignaturePlan, KernelSpec, dict]  # (signature, kernel, workload)
 PHASES = ("grid", "probe", "validation")  # the tune's measuring phases, in their order
@@ -76,17 +72,6 @@ def phase_calls(jobs: list[tuple[SignaturePlan, Work]], caches: frozenset[str]) 
     JIT cache among `caches`, in the order the phase's devices measure them (tuner.measuring_order)."""
     return [(sp, c.spec, dims) for sp, work in measuring_order(jobs) for dims, candidates in work for c in candidates
             if c.admitted and caches & set(c.spec.jit_caches)]
-
-
-def later_calls(plan: Plan, caches: frozenset[str], probes: bool, shapes: int) -> dict[str, list[Call]]:
-    """Per later phase ('probe', 'validation'), the first calls it may make of the kernels with a JIT
-    cache among `caches`: every such admitted kernel at each of its points, which depend on the
-    grid alone; the phase times the contenders among them only (tuner.contenders)."""
-    def at(points: Callable[[SignaturePlan], list[dict]]) -> list[Call]:
-        return phase_calls([(sp, [(dims, sp.candidates) for dims in points(sp)]) for sp in plan.signatures
-                            if any(c.admitted and caches & set(c.spec.jit_caches) for c in sp.candidates)], caches)
-    return {"probe": at(lambda sp: probe_points_of(plan, sp)) if probes else [],
-            "validation": at(lambda sp: validation_shapes(plan, sp, shapes)) if shapes > 0 else []}
 
 
 def call_key(call: Call) -> tuple[str, str, str]:
@@ -164,7 +149,7 @@ class CompileAhead:
 
     def begin(self, phase: str, calls: list[Call]) -> None:
         """`phase` begins and makes `calls`: they come next, in this order; the calls still queued
-        for the phases before it, and those guessed for it that it does not make, are dropped."""
+        for the phases before it, and those queued for it that it does not make, are dropped."""
         with self._changed:
             for earlier in PHASES[:PHASES.index(phase)]:
                 self._queued[earlier].clear()

@@ -24,7 +24,7 @@ from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.ops import DTYPES, required_features
 
 from . import __version__, tuner
-from .ahead import INDUCTOR_WARMED, CompileAhead, later_calls, phase_calls
+from .ahead import INDUCTOR_WARMED, CompileAhead, phase_calls
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
 from .bench import Budget
@@ -350,16 +350,13 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     # two builders beside the search made its trials 21% slower, BENCHMARKS §15.5)
     builders = [functools.partial(WorkerRunner, dev, plugins=plugins, timeout_s=timeout, nice=BUILDER_NICE)
                 for dev in lanes or [plan.device]]
-    ahead, warmer = [], None  # the nvcc builders; on a GPU, Inductor's warming process (lzsolve/ahead.py)
+    ahead, warmer = [], None  # the nvcc builders; on a GPU, Inductor's warming processes (lzsolve/ahead.py)
     if isolate and not cluster:
         ahead.append(CompileAhead.start(plan.signatures, session, builders))
         if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
-            warmer = CompileAhead.start(plan.signatures, session, builders[:1], caches=INDUCTOR_WARMED,
+            warmer = CompileAhead.start(plan.signatures, session, builders, caches=INDUCTOR_WARMED,
                                         every_workload=True)
             ahead.append(warmer)
-            if warmer:  # after the grid's calls: the probes' points and the validation's shapes
-                for phase, calls in later_calls(plan, INDUCTOR_WARMED, probe, validate_shapes).items():
-                    warmer.add(calls, phase)
         ahead = [a for a in ahead if a is not None]
     compiled: list[dict] = []
     started = time.perf_counter()

@@ -459,19 +459,14 @@ def plan_probes(plan: Plan, records: list[dict], mode: str) -> list[tuple[Signat
     judged from the bucket records. A signature where nothing but the fallback was
     admitted gets none: there is nothing to decide."""
     recs = by_signature(records)
+    units = torch.cuda.get_device_properties(plan.device).multi_processor_count if plan.device.type == "cuda" else None
     out = []
     for sp in plan.signatures:
         pts = points_from(recs.get(str(sp.instance.signature), []), mode, sp.fallback, sp.instance.calls_per_forward)
         if pts.has_choice:
-            out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in probe_points_of(plan, sp)]))
+            at = probe_points(plan.grid, sp.instance.signature.op, units)
+            out.append((sp, [(dims, contenders(sp, pts, dims)) for dims in at]))
     return out
-
-
-def probe_points_of(plan: Plan, sp: SignaturePlan) -> list[dict]:
-    """A signature's probe points: they depend on the grid and the device alone (on a GPU, past
-    each wave of its SMs), so they are known before any record (lzsolve.ahead warms them)."""
-    units = torch.cuda.get_device_properties(plan.device).multi_processor_count if plan.device.type == "cuda" else None
-    return probe_points(plan.grid, sp.instance.signature.op, units)
 
 
 def probe(session: Session, work: list[tuple[SignaturePlan, Work]], mode: str,

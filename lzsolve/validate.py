@@ -131,17 +131,9 @@ def plan_validation(plan: Plan, records: list[dict], mode: str, shapes: int = VA
         if not pts.has_choice or shapes <= 0:
             continue
         tree = solve_signature(recs[sig], OPS[op].dynamic, sp.fallback, mode, calls)["tree"]
-        drawn = validation_shapes(plan, sp, shapes)
+        drawn = random_points(buckets(plan.grid, op), shapes * len(OPS[op].dynamic), random.Random(f"validation:{sig}"))
         out.append(Planned(sp, tree, [(dims, contenders(sp, pts, dims, (pick(tree, dims),))) for dims in drawn]))
     return out
-
-
-def validation_shapes(plan: Plan, sp: SignaturePlan, shapes: int = VALIDATION_SHAPES) -> list[dict]:
-    """A signature's random validation shapes, seeded by the signature: a re-run draws the same ones
-    and reuses their records, and they are known before any record (lzsolve.ahead warms them)."""
-    op = sp.instance.signature.op
-    return random_points(buckets(plan.grid, op), shapes * len(OPS[op].dynamic),
-                         random.Random(f"validation:{sp.instance.signature}"))
 
 
 def _structure(node: dict):

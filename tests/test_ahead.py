@@ -8,12 +8,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from lzsolve.ahead import INDUCTOR_WARMED, CompileAhead, branch_points, first_calls, later_calls, phase_calls
+from lzsolve.ahead import INDUCTOR_WARMED, CompileAhead, branch_points, first_calls, phase_calls
 from lzsolve.cli import cli
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB, dims_key
-from lzsolve.tuner import Session, make_plan, probe_points_of, tune
-from lzsolve.validate import validation_shapes
+from lzsolve.tuner import Session, make_plan, tune
 from lzsolve.worker import InProcessRunner
 from runtime_loader import jit
 
@@ -93,6 +92,8 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     sp = plan.signatures[0]
     probe = [(sp, [({"tokens": 77}, sp.candidates)])]
     assert [(s.kernel_id, d) for _, s, d in phase_calls(probe, INDUCTOR_WARMED)] == [("shaped.rms_norm", {"tokens": 77})]
+    both = [(sp, [({"tokens": 77}, sp.candidates), ({"tokens": 300}, sp.candidates)])]
+    assert [d["tokens"] for _, _, d in phase_calls(both, INDUCTOR_WARMED)] == [300, 77], "as the devices take them"
     ahead.begin("probe", phase_calls(probe, INDUCTOR_WARMED))
     assert [r["dims"] for r in ahead.wait()][len(warmed):] == [dims_key({"tokens": 77})]
     assert (tmp_path / "jit" / "inductor" / "shaped" / "77").exists()
@@ -100,10 +101,10 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     assert not any(t.is_alive() for t in ahead._threads), "closed: its thread is gone"
 
 
-def test_the_warmer_guesses_the_later_phases_and_a_phase_begun_comes_first(nvcc_plan, tmp_path):
-    """Calls queue per phase and are made once: a phase's guessed calls wait behind the phases
+def test_a_phase_begun_comes_first_and_each_call_is_made_once(nvcc_plan, tmp_path):
+    """Calls queue per phase and are made once: a phase's queued calls wait behind the phases
     before it; when it begins, its own calls come next, in its order, and the calls left of the
-    phases before it and the guesses it does not make are dropped."""
+    phases before it and those queued for it that it does not make are dropped."""
     import threading
 
     sp = nvcc_plan.signatures[0]
@@ -126,7 +127,7 @@ def test_the_warmer_guesses_the_later_phases_and_a_phase_begun_comes_first(nvcc_
     ahead = CompileAhead([call(1), call(2)], session, [Warmer], checked=False, stays=True)
     ahead.add([call(11), call(12), call(13)], "probe")
     ahead.add([call(21), call(22), call(1)], "validation")  # a call already given is not queued again
-    ahead.begin("probe", [call(13), call(14), call(11)])  # grid's 2 dropped; the guess 12 too
+    ahead.begin("probe", [call(13), call(14), call(11)])  # grid's 2 dropped; the probe's 12 too
     release.set()
     ahead.wait()
     assert made == [1, 13, 14, 11, 21, 22]
@@ -134,22 +135,6 @@ def test_the_warmer_guesses_the_later_phases_and_a_phase_begun_comes_first(nvcc_
     ahead.wait()
     assert made == [1, 13, 14, 11, 21, 22, 23], "each call made once"
     ahead.close()
-
-
-def test_the_later_phases_calls_are_each_kernel_at_their_points(monkeypatch, tmp_path):
-    """What the warmer guesses: every admitted kernel of its caches at each probe point (largest
-    first, as the devices measure them) and each validation shape, points known from the grid alone."""
-    import tests.nvcc_kernels  # noqa: F401  (registers shaped.rms_norm)
-    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
-    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("shaped.*",))
-    later = later_calls(plan, INDUCTOR_WARMED, probes=True, shapes=2)
-    (norm,) = [sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms"]
-    for phase, points in (("probe", probe_points_of(plan, norm)), ("validation", validation_shapes(plan, norm, 2))):
-        assert {s.kernel_id for _, s, _ in later[phase]} == {"shaped.rms_norm"}, "nor any other kernel"
-        assert {str(sp.instance.signature) for sp, _, _ in later[phase]} == {str(norm.instance.signature)}
-        assert sorted(d["tokens"] for _, _, d in later[phase]) == sorted(p["tokens"] for p in points)
-    assert [d["tokens"] for _, _, d in later["probe"]] == sorted((d["tokens"] for _, _, d in later["probe"]), reverse=True)
-    assert later_calls(plan, INDUCTOR_WARMED, probes=False, shapes=0) == {"probe": [], "validation": []}
 
 
 def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):

@@ -5,14 +5,17 @@ nothing written.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import fnmatch
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import click
 import torch
@@ -742,6 +745,24 @@ def db_query(sql, db_path, as_json):
         click.echo(json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1))
     else:
         _print_table(columns, rows)
+
+
+def run() -> NoReturn:
+    """The `lzsolve` command: main(), then an exit without the interpreter's teardown. The exit
+    handlers still run (multiprocessing's ends the workers, Ray's leaves the cluster) and the
+    streams are flushed; what is skipped is unloading torch, transformers and the kernel libraries
+    module by module, 1.5 s after a tune's work was done on this project's VM, paid by every
+    command (BENCHMARKS §15.11). An exception main() lets through ends the usual way, traceback
+    and all."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:  # main's codes are ints (EXIT_*)
+        code = e.code or 0
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main() -> None:

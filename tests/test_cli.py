@@ -42,8 +42,8 @@ def artifact(tmp_path_factory):
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-c", "from lzsolve.cli import main; main()", *args],
-                          cwd=cwd, capture_output=True, text=True, timeout=300)
+    """The `lzsolve` command in a process of its own, as the console script runs it (cli.run)."""
+    return subprocess.run([sys.executable, "-m", "lzsolve", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_artifact_layout(artifact):
@@ -153,6 +153,32 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "nothing half-written"
+
+
+def test_the_command_leaves_quickly_with_its_exit_handlers_run_and_no_worker_behind(tmp_path):
+    """cli.run skips the interpreter's teardown (os._exit), after the exit handlers: a handler a
+    library registered has run (Ray's, multiprocessing's), the summary on stdout is whole, the exit
+    code is the command's, and no process is left whose environment names the run's folder."""
+    (tmp_path / "exit_probe.py").write_text(
+        "import atexit, pathlib, multiprocessing\n"
+        "if multiprocessing.parent_process() is None:  # the command's process, not its workers\n"
+        "    atexit.register(lambda: pathlib.Path('handler-ran').write_text('yes'))\n")
+    config = tiny_llama_config(tmp_path)
+    out = tmp_path / "out"
+    result = run_cli("tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
+                     "--kernels", "eager.*", "--no-probe", "--validate", "0", "--out", str(out), "--json", *QUICK,
+                     "--plugin", "exit_probe", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "ok"
+    assert (tmp_path / "handler-ran").read_text() == "yes"
+    left = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if str(out).encode() in environ.read_bytes():
+                left.append(environ.parent.name)
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    assert not left, f"processes left behind: {left}"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

@@ -19,10 +19,10 @@ processes of their own, one per device: a process's first Inductor compile took 
 in the grid of a two-GPU run (BENCHMARKS §15.5), and a later process sharing the run's caches reads
 most of it back (9.3 s cold against 3.2-3.3 s on this project's CPU VM,
 benchmarks/first_call_cache.py). They do not join the nvcc queue, where they would delay the builds
-the grid waits on. They call them at every grid workload, largest first as the grid measures: FlexAttention compiles a graph per shape, 1.5 s a
-shape cold and 0.16 s from the caches another process filled (an H100, BENCHMARKS §15.9), about
-half of each device's first calls in a two-GPU grid (§15.7). At those workloads it makes the first
-call alone (FirstCallTask): a reference of the larger ones would take the GPU from the timing
+the grid waits on. They call them at every grid workload, largest first as the grid measures:
+FlexAttention compiles a graph per shape, 1.5 s a shape cold and 0.16 s from the caches another
+process filled (an H100, BENCHMARKS §15.9), about half of each device's first calls in a two-GPU
+grid (§15.7). At those workloads they make the first call alone (FirstCallTask): a reference of the larger ones would take the GPU from the timing
 beside it, and the measuring worker checks the kernel there anyway. The probes' and validation's
 workloads, known only when those phases begin, are given to them then (CompileAhead.begin), in the
 order the devices measure them; the grid's calls not made by then are dropped. One warmer for two
@@ -41,7 +41,7 @@ from runtime_loader.specs import KernelSpec
 
 from .measure import FirstCallTask, ParityTask
 from .perfdb import dims_key
-from .tuner import Runner, Session, SignaturePlan, Work, measuring_order
+from .tuner import Runner, Session, SignaturePlan, Work
 
 Call = tuple[SignaturePlan, KernelSpec, dict]  # (signature, kernel, workload)
 PHASES = ("grid", "probe", "validation")  # the tune's measuring phases, in their order
@@ -69,8 +69,9 @@ INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fill
 
 def phase_calls(jobs: list[tuple[SignaturePlan, Work]], caches: frozenset[str]) -> list[Call]:
     """(signature, kernel, workload) of a phase's work (probes, validation) whose kernel keeps a
-    JIT cache among `caches`, in the order the phase's devices measure them (tuner.measuring_order)."""
-    return [(sp, c.spec, dims) for sp, work in measuring_order(jobs) for dims, candidates in work for c in candidates
+    JIT cache among `caches`, in the order of `jobs`: give them in the order the phase measures
+    them (Session.order, validate.in_order)."""
+    return [(sp, c.spec, dims) for sp, work in jobs for dims, candidates in work for c in candidates
             if c.admitted and caches & set(c.spec.jit_caches)]
 
 
@@ -153,13 +154,13 @@ class CompileAhead:
         with self._changed:
             for earlier in PHASES[:PHASES.index(phase)]:
                 self._queued[earlier].clear()
-            guessed = {call_key(call): seed for call, seed in self._queued[phase]}
-            self._given -= guessed.keys()  # queued, never made
+            queued = {call_key(call): seed for call, seed in self._queued[phase]}
+            self._given -= queued.keys()  # never made
             self._queued[phase].clear()
             for call in calls:
                 if (key := call_key(call)) not in self._given:
                     self._given.add(key)
-                    self._queued[phase].append((call, guessed[key] if key in guessed else next(self.session.seeds)))
+                    self._queued[phase].append((call, queued[key] if key in queued else next(self.session.seeds)))
             self._changed.notify_all()
 
     def _next(self):

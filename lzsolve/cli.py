@@ -44,6 +44,7 @@ from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget,
                      planned_trials, search)
 from .tuner import Plan, make_plan, new_run_id
 from .validate import LOSS, VALIDATION_SHAPES, plan_validation
+from .validate import in_order as validation_order
 from .validate import validate as run_validation
 from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, load_plugins, share_bytecode
 
@@ -388,13 +389,14 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         if probe:
             probes = tuner.plan_probes(plan, records, mode)
             if warmer:
-                warmer.begin("probe", phase_calls(probes, INDUCTOR_WARMED))
+                warmer.begin("probe", phase_calls(session.order(probes), INDUCTOR_WARMED))
             with progress(sum(len(c) for _, work in probes for _, c in work), "probing") as bar:
                 records += tuner.probe(session, probes, mode, on_step=lambda label: bar.update(1, label))
         lap("probe_s")
         planned = plan_validation(plan, records, mode, validate_shapes)
         if warmer:
-            warmer.begin("validation", phase_calls([(p.signature, p.work) for p in planned], INDUCTOR_WARMED))
+            warmer.begin("validation", phase_calls([(p.signature, p.work) for p in validation_order(planned)],
+                                                   INDUCTOR_WARMED))
         with progress(sum(len(c) for p in planned for _, c in p.work), "validating") as bar:
             def more(measurements: int) -> None:  # a second round around losses: the bar's total grows
                 bar.length += measurements

@@ -386,8 +386,15 @@ class Session:
         a device staying on the signatures it has started while they have workloads left."""
         if len(self.lanes) == 1:
             return [r for sp, work in jobs for r in self.measure(sp, work, phase, modes, on_step)]
-        return run_sharded(measuring_order(jobs), self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane),
+        return run_sharded(self.order(jobs), self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane),
                            group=signature_of, warm=[lane.warm for lane in self.lanes])
+
+    def order(self, jobs: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:
+        """The jobs in the order measure_all takes them: as given on one device; on several, the
+        workloads one by one, in first_calls_apart's order."""
+        if len(self.lanes) == 1:
+            return jobs
+        return first_calls_apart([(sp, [item]) for sp, work in jobs for item in work])
 
     def changes(self, plan: Plan) -> tuple[list[str], list[str]]:
         """Against the PerfDB's reusable records: the admitted candidates whose version differs from
@@ -411,11 +418,6 @@ def workload_size(unit: tuple[SignaturePlan, Work]) -> float:
     sig = sp.instance.signature
     contract = CONTRACTS[sig.op]
     return sum(c.admitted for c in candidates) * (contract.flops(sig, dims) + contract.bytes_moved(sig, dims))
-
-
-def measuring_order(jobs: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:
-    """The workloads of `jobs` one by one, in the order several devices take them (first_calls_apart)."""
-    return first_calls_apart([(sp, [item]) for sp, work in jobs for item in work])
 
 
 def first_calls_apart(units: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:

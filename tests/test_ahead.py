@@ -93,7 +93,11 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     probe = [(sp, [({"tokens": 77}, sp.candidates)])]
     assert [(s.kernel_id, d) for _, s, d in phase_calls(probe, INDUCTOR_WARMED)] == [("shaped.rms_norm", {"tokens": 77})]
     both = [(sp, [({"tokens": 77}, sp.candidates), ({"tokens": 300}, sp.candidates)])]
-    assert [d["tokens"] for _, _, d in phase_calls(both, INDUCTOR_WARMED)] == [300, 77], "as the devices take them"
+    assert [d["tokens"] for _, _, d in phase_calls(session.order(both), INDUCTOR_WARMED)] == [77, 300], \
+        "as one device takes them"
+    two = Session(plan, db, InProcessRunner(torch.device("cpu")), more=(InProcessRunner(torch.device("cpu")),))
+    assert [d["tokens"] for _, _, d in phase_calls(two.order(both), INDUCTOR_WARMED)] == [300, 77], \
+        "as two devices take them: largest first"
     ahead.begin("probe", phase_calls(probe, INDUCTOR_WARMED))
     assert [r["dims"] for r in ahead.wait()][len(warmed):] == [dims_key({"tokens": 77})]
     assert (tmp_path / "jit" / "inductor" / "shaped" / "77").exists()

@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 import torch
@@ -14,6 +15,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registry_restored():
+    """Kernels a module registers (tests.faulty_kernels' fault.*, a --plugin's, a test's own) stay in
+    the registry while that module runs only: a later module's in-process tune plans every
+    registered kernel, and its worker processes, which know none of these, answered each with a
+    KeyError: after test_hardening imported fault.*, test_integrations' 14 s tune took 117 s.
+    The helper modules it imported are forgotten too, so that a later import registers again."""
+    from runtime_loader import registry
+
+    tables = [registry.REGISTRY, registry.TUNABLES, registry._CONFIGURED]
+    saved, helpers = [dict(t) for t in tables], {name for name in sys.modules if name.startswith("tests.")}
+    yield
+    for table, entries in zip(tables, saved):
+        table.clear()
+        table.update(entries)
+    for name in [n for n in sys.modules if n.startswith("tests.") and n not in helpers]:
+        sys.modules.pop(name)
+        vars(sys.modules["tests"]).pop(name.split(".", 1)[1], None)  # `from . import x` looks here first
 
 
 @pytest.fixture

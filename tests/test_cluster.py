@@ -19,26 +19,11 @@ from lzsolve.measure import ParityTask, TimingTask
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB
 from lzsolve.tuner import make_plan
-from runtime_loader import registry
 from tests.test_cli import TINY_LLAMA
 from tests.test_devices import run_tune
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)  # a Ray instance that hangs must not hang CI
-
-
-@pytest.fixture(autouse=True, scope="module")
-def registry_restored():
-    """fault.* (tests.faulty_kernels, a --plugin here) in the registry while this module runs only:
-    other modules tune every registered kernel in-process, fault.hang included. Forgetting the module
-    lets a later `import tests.faulty_kernels` register them again."""
-    kernels, imported = dict(registry.REGISTRY), "tests.faulty_kernels" in sys.modules
-    yield
-    registry.REGISTRY.clear()
-    registry.REGISTRY.update(kernels)
-    if not imported:
-        sys.modules.pop("tests.faulty_kernels", None)
-        vars(sys.modules["tests"]).pop("faulty_kernels", None)  # `from . import faulty_kernels` looks here first
 
 
 @pytest.fixture(scope="module")

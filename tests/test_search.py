@@ -150,12 +150,12 @@ def test_a_full_disk_under_the_journal_is_one_line_exit_4_and_a_rerun_continues(
     naming the journal, exit 4, no traceback (optuna raises its own AssertionError while it ends the
     trial, ours as its context). The re-run drops the cut line and continues the studies."""
     tune(tmp_path, "--trials", "0")  # the artifact's folder, nothing searched yet
-    journal = tmp_path / "out" / STORAGE_NAME
+    path = tmp_path / "out" / STORAGE_NAME
     real_open, appends = builtins.open, []
 
     def open_on_a_full_disk(file, mode="r", *args, **kwargs):
         f = real_open(file, mode, *args, **kwargs)
-        if "a" in mode and str(file) == str(journal):
+        if "a" in mode and str(file) == str(path):
             appends.append(mode)
             if len(appends) > 12:  # the first study's second or third trial
                 return ShortWrite(f)
@@ -170,8 +170,8 @@ def test_a_full_disk_under_the_journal_is_one_line_exit_4_and_a_rerun_continues(
     monkeypatch.undo()
     assert len(appends) > 12 and code == EXIT_WRITE_FAILED, (code, err)
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        f"error: no space left on device writing {journal}; measured records are kept, re-run to continue"], err
-    assert "Traceback" not in err and not journal.read_bytes().endswith(b"\n"), "a line cut short"
+        f"error: no space left on device writing {path}; measured records are kept, re-run to continue"], err
+    assert "Traceback" not in err and not path.read_bytes().endswith(b"\n"), "a line cut short"
     state = optuna.trial.TrialState
     kept = sum(len(s.get_trials(states=(state.COMPLETE, state.PRUNED))) for s in studies(tmp_path).values())
     assert 0 < kept < 6
@@ -179,7 +179,7 @@ def test_a_full_disk_under_the_journal_is_one_line_exit_4_and_a_rerun_continues(
     result = tune(tmp_path, "--trials", "3", "--full-search")
     assert f"search: {6 - kept} of 6 budgeted trials run" in result.output, "continued, not restarted"
     assert [len(s.get_trials(states=(state.COMPLETE, state.PRUNED))) for s in studies(tmp_path).values()] == [3, 3]
-    assert journal.read_bytes().endswith(b"\n")
+    assert path.read_bytes().endswith(b"\n")
 
 
 def test_tune_reports_trials_run_and_why_studies_stopped(tmp_path):

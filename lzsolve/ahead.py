@@ -22,8 +22,9 @@ benchmarks/first_call_cache.py). They do not join the nvcc queue, where they wou
 the grid waits on. They call them at every grid workload, largest first as the grid measures:
 FlexAttention compiles a graph per shape, 1.5 s a shape cold and 0.16 s from the caches another
 process filled (an H100, BENCHMARKS §15.9), about half of each device's first calls in a two-GPU
-grid (§15.7). At those workloads they make the first call alone (FirstCallTask): a reference of the larger ones would take the GPU from the timing
-beside it, and the measuring worker checks the kernel there anyway. The probes' and validation's
+grid (§15.7). At those workloads they make the first call alone (FirstCallTask): a reference of the
+larger ones would take the GPU from the timing beside it, and the measuring worker checks the
+kernel there anyway. The probes' and validation's
 workloads, known only when those phases begin, are given to them then (CompileAhead.begin), in the
 order the devices measure them; the grid's calls not made by then are dropped. One warmer for two
 devices fell behind them: on two H200s the devices reached FlexAttention's probe shapes before it
@@ -143,8 +144,8 @@ class CompileAhead:
         are left out. From the main thread, whose seed counter it is."""
         with self._changed:
             for call in calls:
-                if call_key(call) not in self._given:
-                    self._given.add(call_key(call))
+                if (key := call_key(call)) not in self._given:
+                    self._given.add(key)
                     self._queued[phase].append((call, next(self.session.seeds)))
             self._changed.notify_all()
 

@@ -210,8 +210,9 @@ def points_from(records: list[dict], mode: str, fallback: str, calls_per_forward
 class _Solver:
     """Exact search over trees; a node is the bitmask of the points it holds. A leaf's cost is
     summed for every kernel at once over arrays (kernels x points): the trees of a 2-D attention
-    signature visit tens of thousands of leaves, which took 5.7 s per signature one kernel and one
-    point at a time, in a phase no second device shortens (BENCHMARKS §15.11)."""
+    signature visit tens of thousands of leaves, and summed one kernel and one point at a time they
+    took 7.2 s for attention.decode on this project's VM (2.5 s now), in phases no second device
+    shortens (BENCHMARKS §15.11)."""
 
     def __init__(self, pts: Points, dynamic: tuple[str, ...]):
         self.pts, self.n = pts, len(pts.dims)

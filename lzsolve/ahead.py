@@ -29,6 +29,15 @@ workloads, known only when those phases begin, are given to them then (CompileAh
 order the devices measure them; the grid's calls not made by then are dropped. One warmer for two
 devices fell behind them: on two H200s the devices reached FlexAttention's probe shapes before it
 and compiled 31 s of first calls against 24 s on one GPU (BENCHMARKS §15.11).
+
+The rest of the optional libraries' kernels (Liger's, FlashAttention's; not the tunable ones,
+whose first calls the search makes) get one more process, the primer, for the whole run: their
+first calls at their branch points, from the start. What a measuring worker pays
+at such a kernel's first call is mostly the library's import (Liger's about 10 s per process,
+§15.11), which is slow where the interpreter has no bytecode for what it imports; the primer
+writes that bytecode to the run's shared cache (lzsolve.worker.share_bytecode) and compiles the
+library's Triton kernels into the run's cache while the search runs, so the measuring workers read
+both. One is enough: bytecode and Triton's cache are shared by every device of the run.
 """
 from __future__ import annotations
 
@@ -37,6 +46,7 @@ import math
 import threading
 from typing import Callable, Sequence
 
+from runtime_loader import registry
 from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
 
@@ -68,12 +78,35 @@ def branch_points(points: tuple[dict, ...]) -> list[dict]:
 INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fills (see above)
 
 
-def phase_calls(jobs: list[tuple[SignaturePlan, Work]], caches: frozenset[str]) -> list[Call]:
-    """(signature, kernel, workload) of a phase's work (probes, validation) whose kernel keeps a
-    JIT cache among `caches`, in the order of `jobs`: give them in the order the phase measures
-    them (Session.order, validate.in_order)."""
+def built_by_nvcc(spec: KernelSpec) -> bool:
+    """The builders' kernels."""
+    return bool(NVCC_BUILT & set(spec.jit_caches))
+
+
+def warmed_by_inductor(spec: KernelSpec) -> bool:
+    """The Inductor warmers' kernels."""
+    return bool(INDUCTOR_WARMED & set(spec.jit_caches))
+
+
+def imports_a_library(spec: KernelSpec) -> bool:
+    """The primer's kernels: those of an optional library (`requires`) that nothing else calls
+    first: not the builders, not the warmers, and not the search, whose trials make the tunable
+    kernels' first calls. Such a kernel's first call in a process imports its library, and
+    where the interpreter has no bytecode for it (lzsolve.worker.share_bytecode) compiles every
+    module the library imports: importing Liger's RMSNorm took 12.1 s in a process that wrote the
+    run's shared bytecode and 4.4 s in one that read it (an H200 host, torch, transformers and
+    PEFT without bytecode; benchmarks/import_costs.py, BENCHMARKS §15.13). The measuring workers
+    then read what the primer wrote, and find its Triton kernels compiled."""
+    return bool(spec.requires) and not (built_by_nvcc(spec) or warmed_by_inductor(spec)
+                                        or spec.kernel_id in registry.TUNABLES)
+
+
+def phase_calls(jobs: list[tuple[SignaturePlan, Work]], wanted: Callable[[KernelSpec], bool]) -> list[Call]:
+    """(signature, kernel, workload) of a phase's work (probes, validation) whose kernel is
+    `wanted`, in the order of `jobs`: give them in the order the phase measures them
+    (Session.order, validate.in_order)."""
     return [(sp, c.spec, dims) for sp, work in jobs for dims, candidates in work for c in candidates
-            if c.admitted and caches & set(c.spec.jit_caches)]
+            if c.admitted and wanted(c.spec)]
 
 
 def call_key(call: Call) -> tuple[str, str, str]:
@@ -86,16 +119,17 @@ def largest_first(points: tuple[dict, ...]) -> list[dict]:
     return sorted(points, key=lambda p: math.prod(p.values()), reverse=True)
 
 
-def first_calls(signatures: tuple[SignaturePlan, ...], session: Session, caches: frozenset[str] = NVCC_BUILT,
+def first_calls(signatures: tuple[SignaturePlan, ...], session: Session,
+                wanted: Callable[[KernelSpec], bool] = built_by_nvcc,
                 every_workload: bool = False) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
-    """(signature, kernel, workload) to call ahead: the admitted kernels with a JIT cache among
-    `caches` (by default those nvcc builds), at their branch points (every_workload: at each grid
-    workload, largest first), unless an earlier run of this PerfDB measured that kernel version
-    (its out folder holds the build)."""
+    """(signature, kernel, workload) to call ahead: the admitted kernels `wanted` (by default
+    those nvcc builds), at their branch points (every_workload: at each grid workload, largest
+    first), unless an earlier run of this PerfDB measured that kernel version (its out folder
+    holds the build)."""
     measured = {(kernel_id, version) for _, kernel_id, version, _ in session.reusable}
     points = largest_first if every_workload else branch_points
     return [(sp, c.spec, dims) for sp in signatures for c in sp.candidates
-            if c.admitted and caches & set(c.spec.jit_caches)
+            if c.admitted and wanted(c.spec)
             and (c.spec.kernel_id, c.spec.version()) not in measured
             for dims in points(sp.workloads)]
 
@@ -132,11 +166,11 @@ class CompileAhead:
 
     @classmethod
     def start(cls, signatures: tuple[SignaturePlan, ...], session: Session,
-              make_runners: Sequence[Callable[[], Runner]], caches: frozenset[str] = NVCC_BUILT,
+              make_runners: Sequence[Callable[[], Runner]], wanted: Callable[[KernelSpec], bool] = built_by_nvcc,
               every_workload: bool = False) -> CompileAhead | None:
         """every_workload: a first call at each grid workload, unchecked (FirstCallTask), and the
         warmer stays for more (add); else a parity check at each branch point."""
-        calls = first_calls(signatures, session, caches, every_workload)
+        calls = first_calls(signatures, session, wanted, every_workload)
         return cls(calls, session, make_runners, checked=not every_workload, stays=every_workload) if calls else None
 
     def add(self, calls: list[Call], phase: str) -> None:

@@ -27,7 +27,7 @@ from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.ops import DTYPES, required_features
 
 from . import __version__, tuner
-from .ahead import INDUCTOR_WARMED, CompileAhead, phase_calls
+from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
 from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
 from .artifact import read_table_json, report, write_artifact
 from .bench import Budget
@@ -354,12 +354,14 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     # two builders beside the search made its trials 21% slower, BENCHMARKS §15.5)
     builders = [functools.partial(WorkerRunner, dev, plugins=plugins, timeout_s=timeout, nice=BUILDER_NICE)
                 for dev in lanes or [plan.device]]
-    ahead, warmer = [], None  # the nvcc builders; on a GPU, Inductor's warming processes (lzsolve/ahead.py)
+    # the nvcc builders; the primer, one for the run (bytecode and Triton's cache are the run's);
+    # on a GPU, Inductor's warming processes (lzsolve/ahead.py)
+    ahead, warmer = [], None
     if isolate and not cluster:
         ahead.append(CompileAhead.start(plan.signatures, session, builders))
+        ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))
         if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
-            warmer = CompileAhead.start(plan.signatures, session, builders, caches=INDUCTOR_WARMED,
-                                        every_workload=True)
+            warmer = CompileAhead.start(plan.signatures, session, builders, warmed_by_inductor, every_workload=True)
             ahead.append(warmer)
         ahead = [a for a in ahead if a is not None]
     compiled: list[dict] = []
@@ -389,14 +391,14 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         if probe:
             probes = tuner.plan_probes(plan, records, mode)
             if warmer:
-                warmer.begin("probe", phase_calls(session.order(probes), INDUCTOR_WARMED))
+                warmer.begin("probe", phase_calls(session.order(probes), warmed_by_inductor))
             with progress(sum(len(c) for _, work in probes for _, c in work), "probing") as bar:
                 records += tuner.probe(session, probes, mode, on_step=lambda label: bar.update(1, label))
         lap("probe_s")
         planned = plan_validation(plan, records, mode, validate_shapes)
         if warmer:
             warmer.begin("validation", phase_calls([(p.signature, p.work) for p in validation_order(planned)],
-                                                   INDUCTOR_WARMED))
+                                                   warmed_by_inductor))
         with progress(sum(len(c) for p in planned for _, c in p.work), "validating") as bar:
             def more(measurements: int) -> None:  # a second round around losses: the bar's total grows
                 bar.length += measurements

@@ -6,7 +6,11 @@ build does; later calls, in any process, find it built. Every build adds a line 
 
 shaped.rms_norm compiles per token count into Inductor's cache, as FlexAttention compiles a graph
 per shape: a call at a count the cache lacks sleeps COMPILE_S and writes shaped/<tokens>; every
-compile adds a line to shaped/compiles.log."""
+compile adds a line to shaped/compiles.log.
+
+imported.rms_norm is an optional library's kernel (it `requires` a module) whose first call imports
+tests.slow_library, slow in the first process of a run and quick in the others, as Liger's import
+is where the interpreter has no bytecode."""
 import fcntl
 import os
 import time
@@ -20,6 +24,7 @@ from runtime_loader.specs import KernelSpec
 BUILD_S = 0.6
 MODULE = Path("built_rms") / "built_rms.so"
 COMPILE_S = 0.3
+IMPORT_S = 0.8  # tests.slow_library's first import in a run
 
 
 def _module() -> Path:
@@ -69,3 +74,12 @@ def _shaped_rms(x, w, eps):
 
 register(KernelSpec("shaped.rms_norm", frozenset({"norm.rms"}), "torch", _shaped_rms, platforms=frozenset({"cpu", "cuda"}),
                     dtypes=frozenset({"bf16", "fp16", "fp32"}), jit=True, jit_caches=("inductor",)))
+
+
+def _imported_rms(x, w, eps):
+    import tests.slow_library  # noqa: F401  (its first call in a process: the library's import)
+    return _norm(x, w, eps)
+
+
+register(KernelSpec("imported.rms_norm", frozenset({"norm.rms"}), "torch", _imported_rms, platforms=frozenset({"cpu", "cuda"}),
+                    dtypes=frozenset({"bf16", "fp16", "fp32"}), requires=("tests.nvcc_kernels",)))

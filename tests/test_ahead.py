@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from lzsolve.ahead import INDUCTOR_WARMED, CompileAhead, branch_points, first_calls, phase_calls
+from lzsolve.ahead import CompileAhead, branch_points, first_calls, imports_a_library, phase_calls, warmed_by_inductor
 from lzsolve.cli import cli
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB, dims_key
@@ -40,20 +40,23 @@ def nvcc_plan(monkeypatch, tmp_path):
 
 
 def test_each_process_ahead_calls_the_kernels_of_its_caches(nvcc_plan, tmp_path):
-    """The builders take the nvcc-built kernels, the warming process Inductor's (compile.*), and
-    neither takes the other's, nor a kernel whose caches are neither (the fallback)."""
+    """The builders take the nvcc-built kernels, the warming process Inductor's (compile.*), the
+    primer an optional library's kernel that neither takes, and none takes another's, nor a kernel
+    of none of them (the fallback)."""
     model = capture(TINY_LLAMA, "tiny", dtype="fp32")
-    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*", "compile.*"))
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*", "compile.*", "imported.*"))
     norms = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures
                                                        if sp.instance.signature.op == "norm.rms"))
     session = Session(norms, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
     built = first_calls(norms.signatures, session)
-    warmed = first_calls(norms.signatures, session, INDUCTOR_WARMED)
+    warmed = first_calls(norms.signatures, session, warmed_by_inductor)
     assert {spec.kernel_id for _, spec, _ in built} == {"built.rms_norm"}
     assert {spec.kernel_id for _, spec, _ in warmed} == {"compile.rms_norm"}
+    primed = first_calls(norms.signatures, session, imports_a_library)
+    assert {spec.kernel_id for _, spec, _ in primed} == {"imported.rms_norm"}
     workloads = norms.signatures[0].workloads
     assert [dims for _, _, dims in warmed] == branch_points(workloads)
-    every = first_calls(norms.signatures, session, INDUCTOR_WARMED, every_workload=True)
+    every = first_calls(norms.signatures, session, warmed_by_inductor, every_workload=True)
     assert [dims["tokens"] for _, _, dims in every] == sorted((w["tokens"] for w in workloads), reverse=True), \
         "every grid workload, largest first as the grid measures"
 
@@ -74,7 +77,7 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     db = PerfDB(tmp_path / "perfdb")
     session = Session(plan, db, InProcessRunner(torch.device("cpu")))
     ahead = CompileAhead.start(plan.signatures, session, [lambda: InProcessRunner(torch.device("cpu"))],
-                               caches=INDUCTOR_WARMED, every_workload=True)
+                               warmed_by_inductor, every_workload=True)
     warmed = ahead.wait()
     workloads = {dims_key(w) for sp in plan.signatures for w in sp.workloads}
     assert {r["dims"] for r in warmed if r["kernel_id"] == "shaped.rms_norm"} == workloads
@@ -91,14 +94,14 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     # it stays for the workloads later phases bring (probes, validation), in the worker it started with
     sp = plan.signatures[0]
     probe = [(sp, [({"tokens": 77}, sp.candidates)])]
-    assert [(s.kernel_id, d) for _, s, d in phase_calls(probe, INDUCTOR_WARMED)] == [("shaped.rms_norm", {"tokens": 77})]
+    assert [(s.kernel_id, d) for _, s, d in phase_calls(probe, warmed_by_inductor)] == [("shaped.rms_norm", {"tokens": 77})]
     both = [(sp, [({"tokens": 77}, sp.candidates), ({"tokens": 300}, sp.candidates)])]
-    assert [d["tokens"] for _, _, d in phase_calls(session.order(both), INDUCTOR_WARMED)] == [77, 300], \
+    assert [d["tokens"] for _, _, d in phase_calls(session.order(both), warmed_by_inductor)] == [77, 300], \
         "as one device takes them"
     two = Session(plan, db, InProcessRunner(torch.device("cpu")), more=(InProcessRunner(torch.device("cpu")),))
-    assert [d["tokens"] for _, _, d in phase_calls(two.order(both), INDUCTOR_WARMED)] == [300, 77], \
+    assert [d["tokens"] for _, _, d in phase_calls(two.order(both), warmed_by_inductor)] == [300, 77], \
         "as two devices take them: largest first"
-    ahead.begin("probe", phase_calls(probe, INDUCTOR_WARMED))
+    ahead.begin("probe", phase_calls(probe, warmed_by_inductor))
     assert [r["dims"] for r in ahead.wait()][len(warmed):] == [dims_key({"tokens": 77})]
     assert (tmp_path / "jit" / "inductor" / "shaped" / "77").exists()
     ahead.close()
@@ -159,6 +162,32 @@ def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
     assert (tmp_path / "jit" / "flashinfer" / "builds.log").read_text().count("\n") == 1
 
 
+def test_the_measuring_worker_finds_the_library_the_primer_imported(nvcc_plan, tmp_path):
+    """The primer's first call imports the library in a process of its own and leaves what that
+    compiled in the run's cache; the measuring worker, another process, imports it again and
+    reads that: no grid call pays the slow first import."""
+    from lzsolve.worker import WorkerRunner
+    from tests.nvcc_kernels import IMPORT_S
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("imported.*",))
+    plan = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms"))
+    plugins = ("tests.nvcc_kernels",)
+    measuring = WorkerRunner(torch.device("cpu"), plugins=plugins)
+    session = Session(plan, PerfDB(tmp_path / "perfdb"), measuring)
+    try:
+        primed = CompileAhead.start(plan.signatures, session, [lambda: WorkerRunner(torch.device("cpu"), plugins=plugins)],
+                                    imports_a_library).wait()
+        assert primed and all(r["phase"] == "compile" and r["status"] == "ok" for r in primed)
+        assert max(r["jit_ms"] for r in primed) >= IMPORT_S * 1e3, "the primer paid the first import"
+        grid = [r for r in tune(plan, session) if r["kernel_id"] == "imported.rms_norm" and r["stage"] != "capability"]
+    finally:
+        measuring.close()
+    assert grid and all(r["status"] == "ok" and r["jit_ms"] < IMPORT_S * 1e3 for r in grid), \
+        "the measuring worker read what the primer compiled"
+    imports = (tmp_path / "jit" / "triton" / "slow_library" / "imports.log").read_text().split()
+    assert len(imports) == len(set(imports)) == 2, "imported once in each of the two processes"
+
+
 def test_a_builder_per_device_shares_the_first_calls_and_each_is_made_once(nvcc_plan, tmp_path):
     """On two devices two builders take the first calls from one queue: both work, no call is made
     twice, and the module (under its lock) is still built once."""
@@ -203,7 +232,7 @@ def test_tune_builds_ahead_on_a_second_worker(tmp_path):
     warmed ahead on CPU, where that process would take the cores the eager timings read."""
     config = tmp_path / "tiny-llama.json"
     config.write_text(json.dumps(TINY_LLAMA))
-    args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--kernels", "built.*,compile.rms_norm",
+    args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--kernels", "built.*,compile.rms_norm,imported.*",
             "--plugin", "tests.nvcc_kernels", "--trials", "0", "--no-probe", "--validate", "0",
             "--out", str(tmp_path / "out"), "--json"]
     began, began_cpu = time.perf_counter(), time.process_time()
@@ -217,11 +246,14 @@ def test_tune_builds_ahead_on_a_second_worker(tmp_path):
     assert summary["wall_s"] <= sum(phases.values()) and min(phases["start_s"], phases["write_s"]) >= 0
     parent_cpu = summary["parent_cpu_s"]  # this process's CPU seconds (the command ran in it), phase by phase
     assert list(parent_cpu) == list(phases) and sum(parent_cpu.values()) == pytest.approx(spent_cpu, abs=1.0)
-    assert {c["kernel_id"] for c in summary["compiled_ahead"]} == {"built.rms_norm"}
+    assert {c["kernel_id"] for c in summary["compiled_ahead"]} == {"built.rms_norm", "imported.rms_norm"}, \
+        "the builders' and the primer's first calls (and no Inductor warmer on CPU)"
     assert all(c["status"] == "ok" for c in summary["compiled_ahead"])
     db = PerfDB(tmp_path / "out" / "perfdb")
     phases = {r["phase"] for r in db.rows("SELECT DISTINCT phase FROM records WHERE kernel_id = 'built.rms_norm'")}
     assert phases == {"compile", "grid"}
     assert (tmp_path / "out" / ".jit-work" / "flashinfer" / "builds.log").read_text().count("\n") == 1
+    imports = (tmp_path / "out" / ".jit-work" / "triton" / "slow_library" / "imports.log").read_text().split()
+    assert len(imports) == len(set(imports)) >= 2, "the primer and the measuring worker, each its own process"
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 0 and json.loads(again.stdout)["compiled_ahead"] == [], "built once per out folder"

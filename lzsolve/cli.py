@@ -326,6 +326,14 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         raise LzError("--ray-workers applies to --ray only")
     lanes = parse_devices(devices) if devices else []
     check_same_model(lanes)
+    budget = Budget().sampling(sample_time)
+    # the measuring workers start now, their imports and devices' starts beside the planning
+    # (WorkerRunner.prestart); stopped with the command if it ends before they are used
+    measuring = [] if ray_address is not None or not isolate else \
+        [WorkerRunner(dev, budget, plugins, timeout) for dev in lanes or [_device(device)]]
+    for worker in measuring:
+        worker.prestart()
+    click.get_current_context().call_on_close(functools.partial(close_all, measuring, False))
     cluster = Cluster(ray_address) if ray_address is not None else None
     plan = _plan(model, config, recorded, tp, ep, dtype, fp8_kv,
                  str(lanes[0]) if lanes else cluster.kind if cluster else device, grid, kernels, exclude)
@@ -338,13 +346,11 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
     share_bytecode(out_dir / JIT_WORK / "bytecode")  # and this, where torch's bytecode is missing
     click.get_current_context().with_resource(skewed_routing(routing_skew))  # and this
-    budget = Budget().sampling(sample_time)
     if cluster:
         runner, *more = cluster.runners(ray_workers, isolate, plugins, timeout, plan.hardware, budget)
         where = f"Ray cluster, {1 + len(more)} workers"
     else:
-        runner, *more = [WorkerRunner(dev, budget, plugins, timeout) if isolate else
-                         InProcessRunner(dev, budget, plugins) for dev in lanes or [plan.device]]
+        runner, *more = measuring or [InProcessRunner(dev, budget, plugins) for dev in lanes or [plan.device]]
         where = ", ".join(map(str, lanes)) or str(plan.device)
     _print_notes(plan)
     session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))

@@ -22,6 +22,8 @@ import torch
 
 from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 
+from . import adopt_shared_bytecode
+
 from .bench import Budget, make_harness, timer_name
 from .env import Sensor
 from .errors import LzError
@@ -53,6 +55,29 @@ def share_bytecode(folder: Path) -> bool:
     os.environ["PYTHONPYCACHEPREFIX"] = os.environ["LZSOLVE_BYTECODE"] = str(folder.resolve())
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     return True
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the run changed in its environment since a worker process started (the JIT caches'
+    folders, the shared bytecode, the routing skew: lzsolve.cli.tune sets them once the plan has
+    named the out folder), for a worker started before that (WorkerRunner.prestart)."""
+
+    changed: dict[str, str]
+    removed: tuple[str, ...]
+
+    @classmethod
+    def since(cls, before: dict[str, str]) -> Environment | None:
+        now = dict(os.environ)
+        changed = {name: value for name, value in now.items() if before.get(name) != value}
+        removed = tuple(name for name in before if name not in now)
+        return cls(changed, removed) if changed or removed else None
+
+    def apply(self) -> None:
+        for name in self.removed:
+            os.environ.pop(name, None)
+        os.environ.update(self.changed)
+        adopt_shared_bytecode()
 
 
 def load_plugins(modules: tuple[str, ...]) -> None:
@@ -122,6 +147,9 @@ def _serve(conn, device: str, budget: Budget, plugins: tuple[str, ...], nice: in
             task = conn.recv()
             if task is None:
                 return
+            if isinstance(task, Environment):
+                task.apply()
+                continue
             result = runner.run(task)
             conn.send(result)
             if needs_restart(result):
@@ -150,16 +178,34 @@ class WorkerRunner:
         self._ctx = mp.get_context("spawn")  # a forked CUDA context is unusable
         self._proc = None
         self._conn = None
+        self._ready = False  # the process has answered that it is ready, and has the run's environment
+        self._environment: dict[str, str] = {}  # this process's, as the worker process started with it
         self.timer = timer_name(device)
         self.restarts = 0
 
-    def _start(self) -> None:
+    def prestart(self) -> None:
+        """Start the worker process now, before the run has set its environment: its imports and
+        its device's start (5-7 s on an H200 host, where the first search trial waited for them,
+        BENCHMARKS §15.13) go on beside the planning, which names the out folder the JIT caches
+        and the shared bytecode need. Its first task brings it the environment as the run then has it."""
+        if self._proc is None:
+            self._spawn()
+
+    def _spawn(self) -> None:
         parent, child = self._ctx.Pipe()
+        self._environment = dict(os.environ)
         self._proc = self._ctx.Process(target=_serve, args=(child, str(self.device), self.budget, self.plugins, self.nice),
                                        daemon=True, name="lzsolve-worker")
         self._proc.start()
         child.close()
-        self._conn = parent
+        self._conn, self._ready = parent, False
+
+    def _start(self) -> None:
+        """The worker started (if it was not), ready and given what the run changed in its
+        environment since its start."""
+        if self._proc is None:
+            self._spawn()
+        parent = self._conn
         if not parent.poll(STARTUP_TIMEOUT_S):
             self._stop()
             raise LzError(f"the measurement worker did not start within {STARTUP_TIMEOUT_S:.0f} s; try --no-isolate to see why")
@@ -168,12 +214,17 @@ class WorkerRunner:
         except EOFError:
             code = self._reap()
             raise LzError(f"the measurement worker failed to start ({_death(code)[1]}); try --no-isolate to see why") from None
+        change = Environment.since(self._environment)
+        if change:
+            parent.send(change)
+        self._ready = True
 
     def _reap(self) -> int | None:
         self._proc.join(timeout=10)
         code = self._proc.exitcode
         self._conn.close()
         self._proc = self._conn = None
+        self._ready = False
         return code
 
     def _stop(self) -> None:
@@ -183,7 +234,7 @@ class WorkerRunner:
             self._reap()
 
     def run(self, task: Task) -> dict:
-        if self._proc is None:
+        if not self._ready:
             self._start()
         started = time.monotonic()
         self._conn.send(task)
@@ -204,8 +255,10 @@ class WorkerRunner:
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker. wait=False: tell it to leave and return; it tears its CUDA context
-        down on its own (seconds, beside the rest of the run), and this process reaps it at exit."""
-        if self._proc is not None and self._proc.is_alive():
+        down on its own (seconds, beside the rest of the run), and this process reaps it at exit.
+        One that was started ahead and never given a task (the run stopped before: bad input, say)
+        is stopped at once, whatever it is still importing."""
+        if self._proc is not None and self._proc.is_alive() and self._ready:
             try:
                 self._conn.send(None)
                 if not wait:

@@ -155,10 +155,22 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "nothing half-written"
 
 
+def processes_in(folder: Path) -> list[str]:
+    """The processes working in `folder` (a command's, and its workers', which start there)."""
+    found = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if os.readlink(cwd) == str(folder):
+                found.append(cwd.parent.name)
+        except OSError:  # gone meanwhile, a zombie, or not ours to read
+            pass
+    return found
+
+
 def test_the_command_leaves_quickly_with_its_exit_handlers_run_and_no_worker_behind(tmp_path):
     """cli.run skips the interpreter's teardown (os._exit), after the exit handlers: a handler a
     library registered has run (Ray's, multiprocessing's), the summary on stdout is whole, the exit
-    code is the command's, and no process is left whose environment names the run's folder."""
+    code is the command's, and no process is left of the run's."""
     (tmp_path / "exit_probe.py").write_text(
         "import atexit, pathlib, multiprocessing\n"
         "if multiprocessing.parent_process() is None:  # the command's process, not its workers\n"
@@ -171,14 +183,22 @@ def test_the_command_leaves_quickly_with_its_exit_handlers_run_and_no_worker_beh
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["status"] == "ok"
     assert (tmp_path / "handler-ran").read_text() == "yes"
-    left = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if str(out).encode() in environ.read_bytes():
-                left.append(environ.parent.name)
-        except OSError:  # gone meanwhile, or not ours to read
-            pass
-    assert not left, f"processes left behind: {left}"
+    assert not processes_in(tmp_path), "processes left behind"
+
+
+def test_a_tune_stopped_by_bad_input_leaves_no_worker_behind(tmp_path):
+    """The measuring worker starts before the planning (WorkerRunner.prestart); input the planning
+    finds bad ends the command, and the worker with it, whatever it was still importing."""
+    import multiprocessing
+    config = tiny_llama_config(tmp_path)
+    args = ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
+            "--mode", "graph", "--out", str(tmp_path / "out")]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 2 and "--mode graph needs a CUDA device" in result.stderr, result.stderr
+    assert not processes_in(tmp_path), "processes left behind"
+    before = set(multiprocessing.active_children())
+    assert CliRunner().invoke(cli, args).exit_code != 0
+    assert set(multiprocessing.active_children()) <= before, "in-process too (no exit handlers to count on)"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

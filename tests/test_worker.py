@@ -94,6 +94,46 @@ def test_workers_share_one_bytecode_cache_where_torch_has_none(tmp_path, monkeyp
     assert not worker.share_bytecode(tmp_path / "other"), "a cache the user (here: the run) chose is kept"
 
 
+def test_a_worker_started_ahead_takes_the_environment_the_run_sets_after(tmp_path, monkeypatch):
+    """prestart: the worker process starts before the run has set its environment (the JIT caches'
+    folders and the shared bytecode, which need the out folder the plan names); its first task
+    brings the changes, so what it compiles and the bytecode it writes go where the run's do."""
+    from lzsolve import worker
+    from lzsolve.measure import ParityTask
+    from runtime_loader import jit
+    from runtime_loader.ops import Signature
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    for variable in (*jit.JIT_CACHES.values(), "PYTHONPYCACHEPREFIX", "LZSOLVE_BYTECODE"):
+        monkeypatch.setenv(variable, "")  # recorded, so that the undo restores them
+        monkeypatch.delenv(variable)
+    runner = WorkerRunner(torch.device("cpu"), plugins=("tests.nvcc_kernels",))
+    runner.prestart()
+    try:
+        jit.point_caches(tmp_path / "jit")  # as tune does, once the plan has named the out folder
+        monkeypatch.setattr(worker.importlib.util, "cache_from_source", lambda path: str(tmp_path / "missing.pyc"))
+        assert worker.share_bytecode(tmp_path / "bytecode")
+        sig = Signature.make("norm.rms", {"hidden": 64}, [], "fp32")
+        result = runner.run(ParityTask(sig, "imported.rms_norm", {"tokens": 4}, 1))  # imports tests.slow_library
+        pid = runner._proc.pid
+    finally:
+        runner.close()
+    assert result.get("reason_code") is None, result
+    assert (tmp_path / "jit" / "triton" / "slow_library" / "imports.log").read_text().split() == [str(pid)], \
+        "the library compiled into the run's Triton cache"
+    assert list((tmp_path / "bytecode").rglob("slow_library*.pyc")), "and its bytecode went to the run's shared cache"
+
+
+def test_a_worker_started_ahead_and_never_used_is_stopped_at_once():
+    """A tune that ends before its first measurement (bad input found while planning) leaves no
+    worker behind, not even one still importing."""
+    runner = WorkerRunner(torch.device("cpu"))
+    runner.prestart()
+    process = runner._proc
+    runner.close(wait=False)
+    process.join(timeout=10)
+    assert process.exitcode is not None, "stopped, not left to finish its start"
+
+
 def test_workers_are_closed_at_once():
     """A worker's exit takes seconds (CUDA teardown): closed one after another, a run on more
     devices waited longer. Each close here passes only when all three are in close() together."""

@@ -185,9 +185,10 @@ class WorkerRunner:
 
     def prestart(self) -> None:
         """Start the worker process now, before the run has set its environment: its imports and
-        its device's start (5-7 s on an H200 host, where the first search trial waited for them,
-        BENCHMARKS §15.13) go on beside the planning, which names the out folder the JIT caches
-        and the shared bytecode need. Its first task brings it the environment as the run then has it."""
+        its device's start go on beside the planning, which names the out folder the JIT caches
+        and the shared bytecode need (on an H200 host the search's first trial, which waited for
+        them, took 6.8 s, and 2.6 s once they went beside the planning: BENCHMARKS §15.13). Its
+        first task brings it the environment as the run then has it."""
         if self._proc is None:
             self._spawn()
 

@@ -23,7 +23,6 @@ import torch
 from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 
 from . import adopt_shared_bytecode
-
 from .bench import Budget, make_harness, timer_name
 from .env import Sensor
 from .errors import LzError

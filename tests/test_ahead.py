@@ -27,26 +27,28 @@ def test_branch_points_are_the_smallest_workload_and_each_dim_past_its_minimum()
     assert branch_points(()) == []
 
 
+def norm_plan(*only: str):
+    """The tiny Llama's RMSNorm signatures on CPU, with the kernels `only` names and the fallback."""
+    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
+    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=only)
+    return dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures
+                                                      if sp.instance.signature.op == "norm.rms"))
+
+
 @pytest.fixture
 def nvcc_plan(monkeypatch, tmp_path):
     import tests.nvcc_kernels  # noqa: F401  (registers built.rms_norm)
     for variable in jit.JIT_CACHES.values():  # recorded, so that the undo after the test restores them
         monkeypatch.setenv(variable, "")
     jit.point_caches(tmp_path / "jit")  # as tune does: process-wide
-    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
-    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*",))
-    norms = tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms")
-    return dataclasses.replace(plan, signatures=norms)
+    return norm_plan("built.*")
 
 
 def test_each_process_ahead_calls_the_kernels_of_its_caches(nvcc_plan, tmp_path):
     """The builders take the nvcc-built kernels, the warming process Inductor's (compile.*), the
     primer an optional library's kernel that neither takes, and none takes another's, nor a kernel
     of none of them (the fallback)."""
-    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
-    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("built.*", "compile.*", "imported.*"))
-    norms = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures
-                                                       if sp.instance.signature.op == "norm.rms"))
+    norms = norm_plan("built.*", "compile.*", "imported.*")
     session = Session(norms, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
     built = first_calls(norms.signatures, session)
     warmed = first_calls(norms.signatures, session, warmed_by_inductor)
@@ -70,10 +72,7 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     for variable in jit.JIT_CACHES.values():
         monkeypatch.setenv(variable, "")
     jit.point_caches(tmp_path / "jit")
-    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
-    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("shaped.*",))
-    plan = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures
-                                                      if sp.instance.signature.op == "norm.rms"))
+    plan = norm_plan("shaped.*")
     db = PerfDB(tmp_path / "perfdb")
     session = Session(plan, db, InProcessRunner(torch.device("cpu")))
     ahead = CompileAhead.start(plan.signatures, session, [lambda: InProcessRunner(torch.device("cpu"))],
@@ -168,9 +167,7 @@ def test_the_measuring_worker_finds_the_library_the_primer_imported(nvcc_plan, t
     reads that: no grid call pays the slow first import."""
     from lzsolve.worker import WorkerRunner
     from tests.nvcc_kernels import IMPORT_S
-    model = capture(TINY_LLAMA, "tiny", dtype="fp32")
-    plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("imported.*",))
-    plan = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms"))
+    plan = norm_plan("imported.*")
     plugins = ("tests.nvcc_kernels",)
     measuring = WorkerRunner(torch.device("cpu"), plugins=plugins)
     session = Session(plan, PerfDB(tmp_path / "perfdb"), measuring)

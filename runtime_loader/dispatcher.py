@@ -555,6 +555,11 @@ class Dispatcher:
         delta rules with FLA when it is installed). While recording, every call counts as served."""
         return _recording is not None or self._entry(method, args, kwargs).from_table
 
+    def kernel_at(self, sig: Signature, dims: dict) -> str:
+        """The kernel id a call of `sig` at dynamic dims `dims` would use here (policy, tuned range and
+        the kernels usable here applied), without making one."""
+        return self._pick(sig, dims, self._on_cuda)[0].kernel_id
+
     def kernel_for(self, method: str, *args, **kwargs) -> str:
         """The kernel id a call of `method` ('attention', 'rms_norm', ...) with these args would use."""
         return self._entry(method, args, kwargs).kernel_id

@@ -89,9 +89,6 @@ def differing(a: dict, b: dict) -> list[str]:
     return [k for k in MATCH_FIELDS if a.get(k) != b.get(k)]
 
 
-def mismatches(table_sig: dict, here: dict) -> list[str]:
-    return [f"{k}: table {table_sig.get(k)!r} vs here {here.get(k)!r}" for k in differing(table_sig, here)]
-
 
 class Comparison(NamedTuple):
     """A table's hardware signature against this machine's: `refused` names another architecture

@@ -1,4 +1,5 @@
 """A real client: tiny random-initialised Hugging Face models with attn_implementation="lzsolve"."""
+import copy
 import json
 import warnings
 
@@ -7,7 +8,9 @@ import torch
 
 import runtime_loader
 from runtime_loader import Dispatcher
-from tests.tables import serving_fallbacks, tune_what_patched_models_call, unfused
+from runtime_loader.policies import Policy
+from runtime_loader.table import parse_table
+from tests.tables import serving_fallbacks, table, tune_what_patched_models_call, unfused
 
 transformers = pytest.importorskip("transformers")
 from runtime_loader.integrations.transformers import register  # noqa: E402
@@ -389,10 +392,123 @@ def test_a_tune_from_the_config_covers_what_the_patched_model_calls(family, tmp_
     assert called <= captured, sorted(called - captured)
 
 
+# --- patch serves only what the table serves: every state a user can be in ----------------------
+def unchanged(model, classes: dict, functions: dict) -> bool:
+    """Every module of its class, with no forward of its own, and the modelling functions as they were."""
+    return (all(type(module) is classes[name] and "forward" not in vars(module)
+                for name, module in model.named_modules())
+            and all(getattr(module, name) is function for (module, name), function in functions.items()))
+
+
+def as_it_is(model) -> tuple[dict, dict]:
+    from runtime_loader.integrations.modules import modelling_modules
+    functions = {(m, "apply_rotary_pos_emb"): m.apply_rotary_pos_emb for m in modelling_modules(model)
+                 if hasattr(m, "apply_rotary_pos_emb")}
+    return {name: type(module) for name, module in model.named_modules()}, functions
+
+
+def test_patch_with_no_table_changes_nothing_and_warns_once(tmp_path, restore_active):
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny("llama")
+    classes, functions = as_it_is(model)
+    implementation, active = model.config._attn_implementation, runtime_loader.custom_ops.active()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = runtime_loader.load(tmp_path / "not-tuned-yet")
+        report = patch(model, d)
+    assert [str(w.message) for w in caught if "patch() changed nothing" in str(w.message)] == [
+        f"lzsolve: patch() changed nothing (no table: {d.load_error}); the model runs as it was"]
+    assert "no artifact folder" in report.table and not report.replaced and "every module" in report.left
+    assert unchanged(model, classes, functions)
+    assert model.config._attn_implementation == implementation and runtime_loader.custom_ops.active() is active
+    for dispatcher in (Dispatcher(None), Dispatcher(parse_table(table()), policy=Policy(disable=True))):
+        assert not patch(model, dispatcher).replaced and unchanged(model, classes, functions)
+
+
+def test_a_partial_table_patches_exactly_its_signatures(restore_active):
+    """tables.table() holds the tiny Llama's RMSNorm and its causal prefill attention, nothing else:
+    those are served, every other module keeps its own forward, and the logits are unpatched's."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(4)
+    model = tiny("llama")
+    classes, functions = as_it_is(model)
+    ids = torch.randint(0, 128, (1, 8))
+    reference = logits(model, "sdpa", ids)
+    d = Dispatcher(parse_table(table()))
+    report = patch(model, d)
+    assert dict(report.replaced) == {"LlamaRMSNorm": 5} and not report.fused, report
+    served = {name for name, module in model.named_modules() if type(module) is not classes[name]}
+    assert served == {name for name in classes if name.endswith("layernorm") or name == "model.norm"}
+    assert all(getattr(module, name) is function for (module, name), function in functions.items()), "RoPE left"
+    assert model.config._attn_implementation == "lzsolve", "attention: its prefill is in the table"
+    assert "not in the table" in report.left["Linear"]
+    assert "not in the table" in report.left["LlamaMLP"] and "not in the table" in report.left["q_proj+k_proj+v_proj as one GEMM"]
+    with torch.no_grad():
+        torch.testing.assert_close(logits(model, "lzsolve", ids), reference, rtol=1e-5, atol=1e-5)
+    assert set(d.stats()) == {"norm.rms", "attention.prefill"}, d.stats()
+    assert d.coverage()["share"] == 1.0
+
+
+def test_calls_past_the_tuned_range_run_the_modules_own_code_warn_once_and_count(restore_active):
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(4)
+    model = tiny("llama")
+    d = Dispatcher(parse_table(table()))  # norm.rms tuned at tokens 1 and 16: served up to 24
+    patch(model, d)
+    long = torch.randint(0, 128, (2, 20))  # 40 tokens: past the range
+    reference = logits(tiny_copy(model), "sdpa", long)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            first = model(long).logits
+            model(long)
+    past = sorted(str(w.message) for w in caught if "past the tuned range" in str(w.message))
+    assert len(past) == 2, "once per signature, not per call"
+    assert "attention.prefill[hq=4,hkv=2,d=16,causal,fp32] past the tuned range (batch=2 > 1.5)" in past[0]
+    assert "norm.rms[hidden=64,fp32] past the tuned range (tokens=40 > 24)" in past[1] and "--workload" in past[1]
+    torch.testing.assert_close(first, reference, rtol=1e-5, atol=1e-5)
+    assert d.stats()["norm.rms"] == {"own code (fallback)": 2 * 5}
+    coverage = d.coverage()
+    assert coverage["outside"]["norm.rms[hidden=64,fp32]"] == {"calls": 10, "why": "past the tuned range (tokens=40 > 24)"}
+    assert coverage["calls"] == 10 + 2 * 2 and coverage["served"] == 0, coverage
+    assert d.stats()["attention.prefill"] == {"sdpa.default (fallback)": 2 * 2}, "builds the mask patch left out"
+
+
+def tiny_copy(model):
+    """The unpatched twin of a tiny patched model: the same weights in a fresh model of its base class."""
+    from runtime_loader.integrations.transformers import _base_class
+    fresh = _base_class(model)(copy.deepcopy(model.config)).eval()
+    fresh.load_state_dict(model.state_dict())
+    return fresh
+
+
+def test_another_models_table_another_dtype_or_device_patch_nothing(restore_active, monkeypatch):
+    from runtime_loader.integrations.transformers import patch
+
+    other = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, "hidden_size": 96})).eval()
+    classes, functions = as_it_is(other)
+    report = patch(other, Dispatcher(parse_table(table())))  # tuned for hidden 64
+    assert not report.replaced and unchanged(other, classes, functions), report
+    assert "norm.rms[hidden=96,fp32]: not in the table" in report.left["LlamaRMSNorm"]
+    half = tiny("llama").to(torch.bfloat16)
+    classes, functions = as_it_is(half)
+    assert not patch(half, Dispatcher(parse_table(table()))).replaced and unchanged(half, classes, functions)
+    cuda = parse_table(table(hardware={**table()["hardware"], "device": "cuda", "name": "NVIDIA H200", "sm": 90}))
+    from runtime_loader import dispatcher
+    from runtime_loader.specs import DeviceInfo
+    monkeypatch.setattr(dispatcher, "device_info", lambda device: DeviceInfo("cuda", 90))  # (a CUDA machine)
+    monkeypatch.setattr(dispatcher, "hardware_signature", lambda device: cuda.hardware)
+    model = tiny("llama")
+    classes, functions = as_it_is(model)
+    report = patch(model, Dispatcher(cuda))
+    assert not report.replaced and unchanged(model, classes, functions) and "tuned on cuda" in report.table
+
+
 def test_patch_warns_when_the_table_ranked_kernels_by_gpu_time_alone(restore_active):
     from runtime_loader.integrations.transformers import patch
-    from runtime_loader.table import parse_table
-    from tests.tables import table
 
     with pytest.warns(UserWarning, match="graph mode"):
         patch(tiny("llama"), Dispatcher(parse_table(table(timing_mode="graph"))))

@@ -82,10 +82,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal, window, softcap, sinks, qk_norm = call
-    args = (query, key, value, causal, scaling)
-    out = _table().attention(*args, window=window, softcap=softcap, sinks=sinks, qk_norm=qk_norm)
-    if out is NOT_SERVED:  # the mask was left to the call (causal_or_sdpa_mask): the op's fallback builds it
-        out = _ops().attention(*args, window=window, softcap=softcap, sinks=sinks, qk_norm=qk_norm)
+    # the plain methods, not _table(): the mask was left to the call (causal_or_sdpa_mask), so a call the
+    # table does not serve takes the op's fallback, which builds it, not transformers' own path
+    out = _ops().attention(query, key, value, causal, scaling, window=window, softcap=softcap, sinks=sinks,
+                           qk_norm=qk_norm)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -781,9 +781,9 @@ def _plan_functions(module, plan: _Plan, report: PatchReport) -> None:
 
 class _Observer(Dispatcher):
     """The Dispatcher of a meta twin's run (_observe): it records, for each call, the signature and
-    the module making it, and hands each call back (NOT_SERVED), so that every patched forward also
-    runs the code it falls back to, whose calls are recorded in turn (a fused add + norm's norm, an
-    MLP's linears). Calls of the plain methods (a fallback the caller asked for) run the fallback."""
+    the module making it, and hands each call of Dispatcher.served back (NOT_SERVED), so that every
+    patched forward also runs the code it falls back to, whose calls are recorded in turn (a fused add
+    + norm's norm, an MLP's linears). Calls of the plain methods (attention) run the op's fallback."""
 
     def __init__(self):
         super().__init__(None)
@@ -791,9 +791,9 @@ class _Observer(Dispatcher):
         self.seen: dict[str, set[Signature]] = {}
 
     def _resolve(self, cache, key, call, op, kernel_args, hand_back=False):
+        if call is not None:
+            self.seen.setdefault(self.frames[-1], set()).add(call[0])
         if hand_back:
-            if call is not None:
-                self.seen.setdefault(self.frames[-1], set()).add(call[0])
             return Entry(_hand_back, itertools.count(), op.name, OWN_CODE, False)
         spec, _, _ = self._choose(call, op, kernel_args)
         return Entry(spec.impl, itertools.count(), op.name, spec.kernel_id, False)

@@ -666,6 +666,29 @@ def test_patched_held_out_types_compute_what_they_did(family, restore_active):
     assert ("posenc.rope" in d.stats()) == (family != "glm")
 
 
+def test_a_softcapped_call_the_table_cannot_take_keeps_the_models_eager_attention(restore_active):
+    """Gemma 2 caps its logits, which SDPA cannot: a call the table does not describe (a padding mask,
+    a static cache's mask) goes to the model's own eager attention, as unpatched, not to SDPA."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(15)
+    config = transformers.Gemma2Config(**COMMON, head_dim=16, attn_logit_softcapping=5.0, sliding_window=8,
+                                       attn_implementation="eager")
+    model = transformers.Gemma2ForCausalLM(config).eval()
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        expected, unmasked = model(ids, attention_mask=mask).logits, model(ids).logits
+        d = serving_fallbacks(attention_prefill="eager.attention", attention_decode="eager.attention")
+        patch(model, d)
+        assert model.config._attn_implementation == "lzsolve"
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits, expected, rtol=1e-5, atol=1e-5)
+        assert "attention.prefill" not in d.stats(), "a padding mask: the model's own attention"
+        torch.testing.assert_close(model(ids).logits, unmasked, rtol=1e-5, atol=1e-5)
+    assert d.stats()["attention.prefill"] == {"eager.attention": 2}, "no mask: the table's, softcap and all"
+
+
 def test_rope_layouts_are_found_by_running_the_function():
     from transformers.models.cohere import modeling_cohere
     from transformers.models.llama import modeling_llama

@@ -72,7 +72,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                       is_causal=None, **kwargs):
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if call is None:
-        if kwargs.get("s_aux") is not None:  # attention sinks, which SDPA cannot take: the model's own eager form,
+        # what SDPA cannot take (attention sinks, a logit soft cap): the model's own eager form,
+        if kwargs.get("s_aux") is not None or kwargs.get("softcap"):
             own = sys.modules[type(module).__module__].eager_attention_forward
             if attention_mask is not None and attention_mask.dtype == torch.bool:  # which adds its mask to the scores
                 attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(

@@ -111,9 +111,9 @@ def _table():
 
 
 def _own(module, *args):
-    """The module's own forward, as its class had it before patch(): what the unpatched model ran."""
-    own = module.__dict__.get("_lzsolve_own")  # (a meta twin's stand-in, where its own code needs data)
-    return own(*args) if own is not None else _base_class(module).forward(module, *args)
+    """The module's own forward, as its class had it before patch(): what the unpatched model ran
+    (its serving class names that class; a meta twin's experts name a stand-in, _ShapesOnly)."""
+    return type(module)._lzsolve_base.forward(module, *args)
 
 
 @torch.compiler.assume_constant_result  # under torch.compile: run while tracing, its answer a constant
@@ -803,6 +803,14 @@ class _Observer(Dispatcher):
 OBSERVER_NAME = "lzsolve_observe"  # the attention implementation a meta twin is observed through
 
 
+class _ShapesOnly:
+    """A meta twin's experts' own forward: an output of the right shape (their loop follows the routing's
+    values, which meta tensors lack)."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return torch.empty_like(hidden_states)
+
+
 def observe(model) -> tuple[dict[str, set[Signature]], list[tuple[str, ...]]]:
     """What each module of `model` would call if patched (its op signatures, by module name; a
     modelling function's under the module calling it) and the sibling linears that read one tensor
@@ -845,9 +853,8 @@ def _observe(model, plan: _Plan) -> tuple[dict[str, set[Signature]], list[tuple[
             if _base_class(module) is torch.nn.Linear:
                 stack.callback(module.register_forward_pre_hook(functools.partial(reader, name=name)).remove)
             if is_experts(module):  # their loop follows the routing's values, which meta tensors lack
-                module._lzsolve_own = lambda hidden_states, *args, **kwargs: torch.empty_like(hidden_states)
-                if name not in plan.bindings:
-                    module.forward = module._lzsolve_own
+                served = type(module) if name in plan.bindings else _serving_class(type(module), _ShapesOnly.forward)
+                module.__class__ = type(served.__name__, (served,), {"_lzsolve_base": _ShapesOnly})
         stack.enter_context(meta_functions(twin))
         for (module, name), wrap in plan.functions.items():
             current = getattr(module, name)

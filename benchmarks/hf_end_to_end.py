@@ -288,8 +288,11 @@ _derived: dict[tuple, Path] = {}  # (state, model) -> the folder of its table, m
 def table_of(state: str, name: str, artifacts: Path) -> Path:
     """The folder of the table a variant in table state `state` (STATES, "" for the model's own) loads."""
     own = artifacts / name
-    if state in ("", "other"):
-        return artifacts / OTHER_TABLE[name] if state else own
+    if state == "other":  # OTHER_TABLE's choice where it was tuned, else another model's that was
+        tuned = sorted(p.parent.name for p in artifacts.glob("*/dispatch.json") if p.parent.name != name)
+        return artifacts / (OTHER_TABLE[name] if OTHER_TABLE[name] in tuned or not tuned else tuned[0])
+    if not state:
+        return own
     if (state, name) not in _derived:
         scratch = Path(tempfile.mkdtemp(prefix=f"lzsolve-{state}-"))
         _derived[state, name] = scratch / "no-table" if state == "none" else derived(own, scratch / name, {

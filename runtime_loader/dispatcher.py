@@ -468,20 +468,14 @@ class Dispatcher:
                 cache.clear()
 
     def _tallies(self) -> Counter:
-        """Calls so far by Entry.tally, less those a table kernel raised on (counted as failed)."""
+        """Calls so far by Entry.tally (a call a table kernel raised on counted where it was resolved)."""
         with self._stats_lock:
             totals = Counter(self._retired)
             entries = [e for cache in (*self._caches.values(), *self._served_caches.values())
                        for e in list(cache.values())]
             entries += list(self._uncached.values())
-            failed = Counter(self._failed_calls)
         for e in entries:
             totals[e.tally] += _count(e)
-        for (op, kernel_id), n in failed.items():  # counted when called; served by the kernel after it
-            for tally in [t for t in totals if t[:3] == (op, kernel_id, True)]:
-                taken = min(n, totals[tally])
-                totals[tally] -= taken
-                n -= taken
         return totals
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -495,6 +489,8 @@ class Dispatcher:
         totals: Counter = Counter()
         for (op, kernel_id, from_table, _, _), n in self._tallies().items():
             totals[(op, kernel_id, from_table)] += n
+        for (op, kernel_id), n in failed.items():
+            totals[(op, kernel_id, True)] -= n  # counted when called; served by the kernel after it
         out: dict[str, dict[str, int]] = {}
         for (op, kernel_id, from_table), n in sorted(totals.items()):
             if n:
@@ -508,7 +504,7 @@ class Dispatcher:
         {"calls", "served", "share" (None before any call), "outside": {signature: {"calls", "why"}}},
         the calls it did not serve by signature (for each, the reason its first call had: outside
         the table, past the tuned range, no usable kernel, policy...). Calls no signature
-        describes are under "(no signature)"."""
+        describes are under "(no signature)"; a call a table kernel raised on counts as the table's."""
         calls = served = 0
         outside: dict[str, dict] = {}
         for (_, _, from_table, sig, why), n in sorted(self._tallies().items(), key=str):

@@ -836,6 +836,9 @@ def _observe(model, plan: _Plan) -> tuple[dict[str, set[Signature]], list[tuple[
             kept.append(args[0])
             readers.setdefault(id(args[0]), []).append(name)
 
+    def leave(module, args, output) -> None:  # returns None: a forward hook's result would replace the output
+        observer.frames.pop()
+
     with ExitStack() as stack, torch.no_grad():
         for name, (forward, attrs) in plan.bindings.items():
             if name in modules:
@@ -844,9 +847,6 @@ def _observe(model, plan: _Plan) -> tuple[dict[str, set[Signature]], list[tuple[
         for name, (forward, _) in plan.layers.items():
             if name in modules:
                 _serve_with(modules[name], forward)
-        def leave(module, args, output) -> None:  # returns None: a forward hook's result would replace the output
-            observer.frames.pop()
-
         for name, module in modules.items():
             stack.callback(module.register_forward_pre_hook(lambda m, a, name=name: observer.frames.append(name)).remove)
             stack.callback(module.register_forward_hook(leave).remove)

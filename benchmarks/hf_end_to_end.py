@@ -10,6 +10,11 @@ table's choice is made while tracing and its kernels' ops are in Inductor's grap
 form Inductor fuses (norms, activations, RoPE) keep that form, the table serves attention, the
 GEMMs (q/k/v and gate/up fused) and the experts); lzsolve_traced_nofuse (traced, fuse=False: the
 table's kernels for those ops too).
+Table states (issue 54: never slower than the model the user had): lzsolve@STATE and
+lzsolve_traced@STATE patch the model with another table than its own: @none (no table: the load
+failed closed), @other (another model's table, OTHER_TABLE), @torch (its own table as a tune under
+another torch wrote it: torch's kernels' entries dropped by partial revalidation), @partial (its own
+table with every other signature removed); `x` columns compare each with sdpa (the unpatched model).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps, one explicit loop for every variant: over a DynamicCache eagerly, over a
 StaticCache for the compiled variants, as a compiled client serves: fixed shapes, no recompile
@@ -20,6 +25,8 @@ times sdpa's own distance is FAILED and not timed.
     python benchmarks/hf_end_to_end.py --write-configs cfg  # then lzsolve tune --config cfg/<model> --out art/<model>
     python benchmarks/hf_end_to_end.py --record wl          # or lzsolve tune --workload wl/<model>.json ...
     python benchmarks/hf_end_to_end.py --artifacts art --out e2e.json [--profile [--trace]]
+    python benchmarks/hf_end_to_end.py --artifacts art --variants sdpa,lzsolve,lzsolve@none,lzsolve@other,\
+        lzsolve@torch,lzsolve@partial --out states.json      # every table state a user can be in
     python benchmarks/hf_end_to_end.py --tiny --device cpu --reps 2 --warmup 1   # smoke test
 """
 from __future__ import annotations
@@ -31,8 +38,10 @@ import gc
 import inspect
 import json
 import pstats
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -48,7 +57,8 @@ from runtime_loader import custom_ops
 from runtime_loader.integrations import transformers as lz_hf
 
 GQA = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
-MODELS = {  # name -> (config class, shape, Liger family)
+MODELS = {  # name -> (config class, shape, Liger family); sdpa is the unpatched model's attention, but for
+    # Gemma 2, which transformers runs with its eager attention (SDPA cannot cap the logits)
     "llama3-8b": ("LlamaConfig", dict(GQA, hidden_size=4096, intermediate_size=14336, vocab_size=128256,
                                       rope_theta=500000.0), "llama"),
     "qwen3-8b": ("Qwen3Config", dict(GQA, hidden_size=4096, intermediate_size=12288, vocab_size=151936), "qwen3"),
@@ -57,18 +67,30 @@ MODELS = {  # name -> (config class, shape, Liger family)
                "gemma3_text"),
     "mistral": ("MistralConfig", dict(GQA, hidden_size=4096, intermediate_size=14336, vocab_size=32000,
                                       sliding_window=4096), "mistral"),
+    "gemma2": ("Gemma2Config", dict(hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                                    intermediate_size=9216, vocab_size=256000, sliding_window=4096,
+                                    attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                    query_pre_attn_scalar=256), "gemma2"),
 }
+OWN_ATTENTION = {"gemma2": "eager"}  # the unpatched model's attention where it is not sdpa
+OTHER_TABLE = {"llama3-8b": "mistral", "mistral": "llama3-8b", "qwen3-8b": "llama3-8b", "gemma3": "gemma2",
+               "gemma2": "gemma3"}  # lzsolve@other: whose table each model is patched with
+STATES = ("none", "other", "torch", "partial")
 # initializer_range 0.02 * sqrt(4096 / 64): attention scores as spread as the full-size models' (at 0.02
 # they are near uniform, and the check against sdpa would pass a wrong attention)
 TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
             vocab_size=256, initializer_range=0.16)
 SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000, 0), "b3s777": (3, 777, 0),
-             "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128)}  # name -> (batch, prompt tokens, decode steps)
+             "b1s777": (1, 777, 0), "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128),
+             "gen_b1_500": (1, 500, 64), "gen_b8_300": (8, 300, 64)}  # name -> (batch, prompt tokens, decode steps)
 TINY_SCENARIOS = {"b1s2048": (1, 64, 0), "b4s512": (4, 16, 0), "b1s1000": (1, 31, 0), "b3s777": (3, 25, 0),
-                  "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4)}
+                  "b1s777": (1, 25, 0), "gen_b1": (1, 16, 4), "gen_b16": (16, 16, 4), "gen_b1_500": (1, 15, 4),
+                  "gen_b8_300": (8, 9, 4)}
 VARIANTS = ("sdpa", "liger", "compile", "liger_compile", "lzsolve", "lzsolve_compile", "lzsolve_traced",
-            "lzsolve_traced_nofuse", "lzsolve_jit_launch")
-COMPILED = ("compile", "liger_compile", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse")
+            "lzsolve_traced_nofuse", "lzsolve_jit_launch",
+            *(f"{v}@{state}" for v in ("lzsolve", "lzsolve_traced") for state in STATES))
+COMPILED = ("compile", "liger_compile", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse",
+            *(f"lzsolve_traced@{state}" for state in STATES))
 # lzsolve_jit_launch: lzsolve with our Triton kernels launched through Triton's JIT function on every
 # call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (BENCHMARKS §11.7)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -83,7 +105,8 @@ def build(name: str, args, device, dtype):
     config = getattr(transformers, cls)(**shape, num_hidden_layers=args.layers, max_position_embeddings=8192)
     torch.manual_seed(0)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+        return AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                attn_implementation=OWN_ATTENTION.get(name, "sdpa")).eval()
 
 
 def prefill(model, ids, keep):
@@ -210,11 +233,13 @@ def setup(variant: str, model, name: str, args, artifacts: str | None = None, **
         return (None, why) if base is None else (compiled(base, args), None)
     if variant == "lzsolve_jit_launch":
         return setup("lzsolve", model, name, args)
-    if variant in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse"):  # the patched model compiled
+    kind, _, state = variant.partition("@")
+    if kind in ("lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse"):  # the patched model compiled
         # lzsolve_compile: the table's kernels as opaque custom ops, Inductor between them; lzsolve_traced:
         # the table's choice made while tracing, its kernels' ops in Inductor's graph (patch(traced=True))
-        patched, why = setup("lzsolve", model, name, args, args.graph_artifacts or args.artifacts,
-                             traced=variant != "lzsolve_compile", fuse=variant != "lzsolve_traced_nofuse")
+        patched, why = setup("lzsolve" + (f"@{state}" if state else ""), model, name, args,
+                             args.graph_artifacts or args.artifacts, traced=kind != "lzsolve_compile",
+                             fuse=kind != "lzsolve_traced_nofuse")
         return (None, why) if patched is None else (compiled(patched, args), None)
     if variant == "liger":
         try:
@@ -234,28 +259,73 @@ def setup(variant: str, model, name: str, args, artifacts: str | None = None, **
             return None, f"{apply.__name__} failed ({type(e).__name__}: {e})"
         return patched, None
     artifacts = artifacts or args.artifacts
-    folder = Path(artifacts or ".") / name
-    if not artifacts or not (folder / "dispatch.json").exists():
-        return None, f"no {folder / 'dispatch.json'}" if artifacts else "no --artifacts"
+    if not artifacts:
+        return None, "no --artifacts"
+    folder = table_of(state, name, Path(artifacts))
+    if not state and not (folder / "dispatch.json").exists():
+        return None, f"no {folder / 'dispatch.json'}"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            d = runtime_loader.load(folder, strict=True)
+            d = runtime_loader.load(folder, strict=not state)  # a state's table may fail closed: that is the state
         except runtime_loader.TableError as e:
             return None, f"table refused: {e}"
     for w in caught:
-        print(f"[{name}] lzsolve warning: {w.message}")
-    tuned = d.table.raw["model"]
-    print(f"[{name}] lzsolve table {folder} ({d.table.raw.get('timing_mode')} mode): {tuned['id']} tp {tuned['tp']} "
-          f"{tuned['dtype']}, {len(d.table.trees)} op signatures")
-    if tuned["dtype"] != args.dtype:
-        print(f"[{name}] lzsolve warning: tuned in {tuned['dtype']}, run in {args.dtype}: every call falls back")
-    lz_hf.register(d)
+        print(f"[{name}] {variant} warning: {w.message}")
+    if d.table is not None:
+        tuned, entries = d.table.raw["model"], d.explain()["entries"]
+        print(f"[{name}] {variant} table {folder} ({d.table.raw.get('timing_mode')} mode): {tuned['id']} tp "
+              f"{tuned['tp']} {tuned['dtype']}, {len(entries)} op signatures, "
+              f"{sum(e['served'] for e in entries.values())} of them usable here")
     patched = copy.deepcopy(model)
-    patched.set_attn_implementation(lz_hf.NAME)
-    if hasattr(lz_hf, "patch"):
-        print(f"[{name}] lzsolve patch(model, d) -> {lz_hf.patch(patched, d, **patch_args)}")
+    print(f"[{name}] {variant} patch(model, d) ->\n{lz_hf.patch(patched, d, **patch_args)}")
     return patched, None
+
+
+_derived: dict[tuple, Path] = {}  # (state, model) -> the folder of its table, made once per run
+
+
+def table_of(state: str, name: str, artifacts: Path) -> Path:
+    """The folder of the table a variant in table state `state` (STATES, "" for the model's own) loads."""
+    own = artifacts / name
+    if state == "other":  # OTHER_TABLE's choice where it was tuned, else another model's that was
+        tuned = sorted(p.parent.name for p in artifacts.glob("*/dispatch.json") if p.parent.name != name)
+        return artifacts / (OTHER_TABLE[name] if OTHER_TABLE[name] in tuned or not tuned else tuned[0])
+    if not state:
+        return own
+    if (state, name) not in _derived:
+        scratch = Path(tempfile.mkdtemp(prefix=f"lzsolve-{state}-"))
+        _derived[state, name] = scratch / "no-table" if state == "none" else derived(own, scratch / name, {
+            "torch": under_another_torch, "partial": every_other_signature}[state])
+    return _derived[state, name]
+
+
+def derived(source: Path, folder: Path, change) -> Path:
+    """A copy of the artifact at `source` (its table and JIT caches, not its PerfDB) whose
+    dispatch.json `change` rewrote, with a manifest of its own."""
+    from lzsolve.artifact import refresh_manifest
+
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("perfdb", ".*"))
+    raw = json.loads((folder / "dispatch.json").read_text())
+    change(raw)
+    (folder / "dispatch.json").write_text(json.dumps(raw, indent=1))
+    refresh_manifest(folder)
+    return folder
+
+
+def under_another_torch(raw: dict) -> None:
+    """As a tune under another torch would have written it: the hardware's torch and torch's kernels'
+    versions (runtime_loader keeps the other libraries' entries: partial revalidation)."""
+    here = raw["hardware"]["torch"]
+    other = "2.10.0" if here != "2.10.0" else "2.9.1"
+    raw["hardware"]["torch"] = other
+    for kernel in raw["kernels"].values():
+        if kernel["library"] == "torch" and kernel["version"]:
+            kernel["version"] = kernel["version"].replace(here, other, 1)
+
+
+def every_other_signature(raw: dict) -> None:
+    raw["ops"] = raw["ops"][::2]
 
 
 def relative_error(out, reference) -> float:
@@ -265,7 +335,7 @@ def relative_error(out, reference) -> float:
 def record_workload(name: str, args, device, dtype, shapes, scenarios) -> None:
     """What the patched model calls in these scenarios, as a workload file: the table that fits this client."""
     model = build(name, args, device, dtype)
-    lz_hf.patch(model, runtime_loader.Dispatcher(None))
+    lz_hf.patch(model, runtime_loader.Dispatcher(None), all_ops=True)  # every module: record sees every call
     keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(type(model).forward).parameters else {}
     gen = torch.Generator().manual_seed(2)  # other tokens than the timed runs'; the same shapes
     path = Path(args.record) / f"{name}.json"
@@ -387,7 +457,8 @@ def main() -> None:
                     fn = scenario(use(variant), s, static=variant in COMPILED)
                     row = {"model": name, "scenario": s, "variant": variant, "batch": batch, "seq": seq, "steps": steps}
                     try:
-                        out, calls = served(fn) if variant in ("lzsolve", "lzsolve_jit_launch") else (fn(), None)
+                        counted = variant.startswith("lzsolve") and variant not in COMPILED  # (compiled: uncounted)
+                        out, calls = served(fn) if counted else (fn(), None)
                     except Exception as e:  # noqa: BLE001 - a variant that raises fails its row, not the run
                         rows.append(row | {"ok": False, "error": f"{type(e).__name__}: {e}"})
                         print(f"[{name} {s}] {variant}: FAILED, {rows[-1]['error']}")

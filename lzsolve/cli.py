@@ -654,14 +654,18 @@ def explain(artifact, op_glob):
 @click.option("--isolate/--no-isolate", default=True, show_default=True, help="measure in a worker process")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="also write the results here")
-def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate, plugins, json_out):
+@click.option("--on-this-gpu", is_flag=True,
+              help="measure a table tuned on another device of this architecture (an H100's on an H200), or under "
+                   "other software, here: the choice is what load(..., allow_similar_gpu=True) serves here; its "
+                   "records are not written into the artifact")
+def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate, plugins, json_out, on_this_gpu):
     """Measure the table's regret on shapes it never saw: geomean and worst of
     time(table choice) / time(best kernel), and time(table choice) / time(PyTorch default),
     every admitted kernel timed at each shape in the table's timing mode. Shapes: --random N
     per op signature, --shapes, or by default the midpoints between buckets. ARTIFACT
-    defaults to the newest under ./artifacts. Exits 1 when the table's choice fails at a
-    shape (the runtime would hit that failure), 4 when its records cannot be written (disk
-    full), else 0."""
+    defaults to the newest under ./artifacts. --on-this-gpu measures a borrowed table where it
+    is loaded, not where it was tuned. Exits 1 when the table's choice fails at a shape (the
+    runtime would hit that failure), 4 when its records cannot be written (disk full), else 0."""
     from .evaluate import evaluate as run_evaluation, parse_shapes
     from .validate import summarize
 
@@ -681,7 +685,7 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     try:
         with progress(0, "measuring") as bar:
             results = run_evaluation(folder, dev, runner, wanted, on_step=lambda label: bar.update(1, label),
-                                     random_n=random_n or 0, seed=seed, op_glob=op_glob)
+                                     random_n=random_n or 0, seed=seed, op_glob=op_glob, on_this_gpu=on_this_gpu)
     finally:
         runner.close()
     if not results:
@@ -705,7 +709,7 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     if json_out:
         atomic_write_text(Path(json_out), json.dumps({"artifact": str(folder), "timing_mode": table["timing_mode"],
                                                       "random": random_n, "seed": seed if random_n else None,
-                                                      **summary}, indent=1, default=str) + "\n")
+                                                      "on_this_gpu": on_this_gpu, **summary}, indent=1, default=str) + "\n")
     return EXIT_FAILED if summary["problems"] else EXIT_OK
 
 

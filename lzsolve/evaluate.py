@@ -22,8 +22,8 @@ from typing import Callable
 
 import torch
 
-from runtime_loader import registry
-from runtime_loader.hardware import device_info, hardware_signature, mismatches
+from runtime_loader import Dispatcher, registry
+from runtime_loader.hardware import device_info, differences, hardware_signature
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.table import TableError, choose, read_table
 
@@ -78,22 +78,32 @@ def _points_for(sig: Signature, buckets: dict, shapes: list[dict] | None, random
 
 def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[dict] | None = None,
              on_step: Callable[[str], None] = lambda label: None, random_n: int = 0, seed: int = 0,
-             op_glob: str = "*") -> list[PointResult]:
+             op_glob: str = "*", on_this_gpu: bool = False) -> list[PointResult]:
     """`random_n` > 0: that many random shapes per op signature, drawn from `seed` and the
     signature; else `shapes`, else the midpoints between buckets. `op_glob` picks signatures
-    (by signature or op name)."""
+    (by signature or op name). on_this_gpu: the table may come from another device of this
+    architecture, or other software; the choice at each shape is then what the runtime serves here
+    (Dispatcher: stale kernels replaced by the next ranked one or the fallback), and the records,
+    of this machine, stay out of the artifact."""
     try:
         table = read_table(folder / "dispatch.json")
     except TableError as e:
         raise LzError(f"cannot evaluate {folder}: {e}") from None
     raw, mode = table.raw, table.raw["timing_mode"]
-    wrong = mismatches(table.hardware, hardware_signature(device))
-    if wrong:
-        raise LzError(f"{folder} was tuned on other hardware or software ({wrong[0]}); evaluate it where it was tuned")
+    signature = hardware_signature(device)
+    here_differs = differences(table.hardware, signature)
+    if here_differs.refused:
+        raise LzError(f"{folder} was tuned on another architecture ({here_differs.refused[0]}); no measurement of it "
+                      "holds here: tune on this machine")
+    wrong = here_differs.borrowed + [f"{k}: table {v[0]!r} vs here {v[1]!r}" for k, v in here_differs.stack.items()]
+    if wrong and not on_this_gpu:
+        raise LzError(f"{folder} was tuned on other hardware or software ({wrong[0]}); evaluate it where it was tuned, "
+                      "or pass --on-this-gpu to measure here what it serves here")
+    served_here = Dispatcher(table, stack=here_differs.stack) if on_this_gpu else None
     here = device_info(device)
     run_id = "eval-" + new_run_id()
-    recorder = Recorder(raw["model"]["id"], raw["model"]["tp"], raw["model"]["dtype"], device, table.hardware,
-                        run_id, runner.timer)
+    recorder = Recorder(raw["model"]["id"], raw["model"]["tp"], raw["model"]["dtype"], device,
+                        signature if on_this_gpu else table.hardware, run_id, runner.timer)
     seeds = fresh_seeds()
     entries = {str(Signature.make(e["op"], e["static"], e["flags"], e["dtype"])): e for e in raw["ops"]}
     results, written = [], False
@@ -111,13 +121,14 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
                         return measure_workload(sp, dims, kernels, runner, recorder, next(seeds), on_step,
                                                 "evaluate", (mode,))
                     recs = measure(specs)
-                    result = judge(str(sig), dims, choose(tree, dims), sp.fallback, recs, mode,
-                                   sp.instance.calls_per_forward)
+                    chosen = served_here.kernel_at(sig, dims) if served_here else choose(tree, dims)
+                    result = judge(str(sig), dims, chosen, sp.fallback, recs, mode, sp.instance.calls_per_forward)
                     result, recs = retimed(result, recs, measure, mode, sp.instance.calls_per_forward)
                     records += recs
                     results.append(result)
-            finally:  # kept beside the tuning records (for the notebook), one signature at a time
-                written = db.append(records, run_id) is not None or written
+            finally:  # kept beside the tuning records (for the notebook), one signature at a time; not a
+                # borrowed table's: the artifact's records are of the device it was tuned on
+                written = not on_this_gpu and db.append(records, run_id) is not None or written
     finally:
         if written:
             refresh_manifest(folder)

@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass
 
 from runtime_loader.ops import OPS
+from runtime_loader.table import PAST_GRID  # how far past its largest bucket a grid's shapes are checked
 
 # Per grid: op -> dim -> values; "*" covers the ops keyed by tokens only.
 GRIDS: dict[str, dict[str, dict[str, list[int]]]] = {
@@ -84,9 +85,6 @@ def workloads(grid: Grid | str, op: str) -> list[dict[str, int]]:
     """Every point of the grid for `op`, as {dim: value}."""
     dims = buckets(grid, op)
     return [dict(zip(dims, point)) for point in itertools.product(*dims.values())]
-
-
-PAST_GRID = 1.5  # requests run past the largest bucket: probes and random shapes go this far beyond it
 
 
 def _odd(value: float) -> int:

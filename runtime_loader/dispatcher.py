@@ -16,6 +16,7 @@ import itertools
 import logging
 import textwrap
 import threading
+import time
 import types
 import warnings
 import weakref
@@ -25,13 +26,16 @@ from typing import NamedTuple
 import torch
 
 from . import registry
-from .hardware import device_info
+from .hardware import device_info, differences, hardware_signature, stale_under
 from .ops import OPS, OpSchema, Signature, example_args, register_op
+from .parity import TOLERANCES, Tolerance, compare
 from .policies import Policy, lock_problem
-from .table import Leaf, Split, Table, TableError, leaf_for, leaf_kernels, leaves
+from .table import Leaf, Split, Table, TableError, leaf_for, leaf_kernels, leaves, tuned_range
 
 MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
 BREAKER_LIMIT = 3  # failures after which a kernel is dropped for every call key, not only the failing ones
+PAST_RANGE = "past the tuned range"  # why a call beyond PAST_GRID times its op's largest bucket takes the fallback
+VERIFY_BUDGET_S = 60.0  # load(verify=True): seconds its parity checks may take before the rest are dropped
 log = logging.getLogger("runtime_loader")
 
 # runtime_loader.record: while a recording is active, no call is cached, so every call reaches
@@ -54,6 +58,26 @@ def stop_recording() -> None:
     _recording = None
 
 
+class _NotServed:
+    """What the methods of Dispatcher.served return for a call the table does not serve."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_SERVED"
+
+
+# A patched module calls the table through Dispatcher.served and, on NOT_SERVED, runs its own
+# forward: the code the unpatched model ran, where the op's fallback is another formulation of it
+# (a mask built per call, a norm in another order) and cost a patched model up to 0.6x its speed.
+NOT_SERVED = _NotServed()
+OWN_CODE = "own code"  # stats(): calls handed back to their caller's own code (Dispatcher.served)
+
+
+def _hand_back(*args):
+    return NOT_SERVED
+
+
 class Entry(NamedTuple):
     """What a call key resolved to. calls is an itertools.count: next() on it is one C call,
     atomic under the GIL, so counting costs tens of nanoseconds and no lock on the hot path."""
@@ -62,6 +86,13 @@ class Entry(NamedTuple):
     op: str
     kernel_id: str
     from_table: bool
+    sig: str | None = None  # the call's signature (None: no signature describes it)
+    why: str = ""  # why it is served as it is (Dispatcher._pick's reason)
+
+    @property
+    def tally(self) -> tuple:
+        """What its calls are counted under: (op, kernel, from the table, signature, why)."""
+        return self.op, self.kernel_id, self.from_table, self.sig, self.why
 
 
 def _any_cuda(kernel_args: tuple) -> bool:
@@ -98,13 +129,41 @@ def _path(node: Leaf | Split, dims: dict) -> list[str]:
     return path
 
 
-def _stale(kernel_id: str, measured: dict) -> str | None:
-    """Why the kernel here is not the kernel that was measured, if it is not."""
+def _stale(kernel_id: str, measured: dict, stack: dict) -> str | None:
+    """Why the kernel here is not the kernel that was measured, if it is not: its library or our
+    adapter changed (its version), its declared capabilities, or software it runs on (`stack`:
+    hardware.Comparison.stack)."""
     spec = registry.get(kernel_id)
     if spec.version() != measured.get("version"):
         return f"{spec.library} is {spec.version()} here, the table measured {measured.get('version')}"
     if spec.capabilities_hash() != measured.get("capabilities"):
         return "its declared capabilities changed since the table was solved"
+    return stale_under(spec, stack)
+
+
+def _disagreement(sig: Signature, dims: dict, kernel_id: str, device: torch.device) -> str | None:
+    """Why `kernel_id`'s output for `sig` at `dims` is not its op's fallback's (within twice the
+    tune's tolerance), if it is not: both called on the same random inputs, drawn afresh for each
+    (a kernel may write over what its op consumes)."""
+    def inputs() -> tuple:
+        return OPS[sig.op].inputs(sig, dims, device, torch.Generator(device=device).manual_seed(0))
+
+    try:
+        with torch.no_grad():
+            got = registry.get(kernel_id).impl(*inputs())
+            expected = registry.fallback_for(sig).impl(*inputs())
+    except Exception as e:  # noqa: BLE001 - a kernel that raises is not trusted
+        return f"RAISED at verify on {sig} at {dims}: {type(e).__name__}: {str(e)[:200]}"
+    tolerance = TOLERANCES[sig.dtype]
+    ok, _, message = compare(got, expected, Tolerance(2 * tolerance.rel_l2, 2 * tolerance.max_rel))
+    return None if ok else f"PARITY_FAILED at verify on {sig} at {dims}: {message}"
+
+
+def _past(limits: dict[str, float], dims: dict) -> str | None:
+    """Why a call at `dims` is outside the range its table was checked over, if it is."""
+    for dim, limit in limits.items():
+        if dims.get(dim, 0) > limit:
+            return f"{PAST_RANGE} ({dim}={dims[dim]} > {limit:g})"
     return None
 
 
@@ -117,10 +176,15 @@ class Dispatcher:
     key keeps using it, and after BREAKER_LIMIT failures the kernel is dropped for every key
     (counted in stats(), warned once). strict=True lets the exception through."""
 
-    def __init__(self, table: Table | None = None, *, strict: bool = False, policy: Policy | None = None):
+    def __init__(self, table: Table | None = None, *, strict: bool = False, policy: Policy | None = None,
+                 load_error: str | None = None, stack: dict | None = None):
+        """load_error: why load() has no table for this dispatcher (its warning), for patch's report
+        and explain(); stack: the software that changed since the table was measured
+        (hardware.Comparison.stack; by default compared here)."""
         self.table = table
         self.strict = strict
         self.policy = policy if policy is not None else Policy()
+        self.load_error = load_error
         # under torch.compile, integrations call this Dispatcher's methods rather than the opaque
         # torch.ops.lzsolve custom ops: Dynamo traces the table's choice (its thresholds become guards)
         # and the kernel's own torch ops, which Inductor may fuse with the model's (patch(traced=True))
@@ -134,10 +198,18 @@ class Dispatcher:
         self._trees: dict[str, Leaf | Split] = {}
         self._usable: set[str] = set()  # kernels of the table (chosen or ranked) that may serve here
         self._locks: dict[str, str] = {}  # op -> kernel id, the policy's locks that can be honoured here
-        # one cache per method (both attention ops share one): key -> Entry
+        # one cache per method (both attention ops share one): key -> Entry; the methods of
+        # self.served keep theirs apart (a call the table does not serve resolves to NOT_SERVED there)
         self._caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
+        self._served_caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
+        self.served = _Served(self)
         # the methods again, resolved without caches or counts: what Dynamo traces (traced_call)
         self.traced_ops = types.SimpleNamespace(**{m: functools.partial(self.traced_call, m) for m in self._caches})
+        self.traced_served = types.SimpleNamespace(**{m: functools.partial(self.traced_served_call, m)
+                                                      for m in self._caches})
+        self._limits: dict[str, dict[str, float]] = {}  # op -> dim -> the largest value the table was checked at
+        self._unusable: dict[str, str] = {}  # kernel of the table -> why it does not serve here
+        self._verified: set[tuple[str, str]] = set()  # (kernel, signature) verify() checked
         # calls that are not cached (past MAX_CACHED_KEYS, or while recording) count here, by
         # (op, kernel, from table); counts of cleared cache entries are kept in _retired
         self._uncached: dict[tuple, Entry] = {}
@@ -156,20 +228,43 @@ class Dispatcher:
         self._apply_locks(here)
         if table is None:
             return
+        if stack is None:
+            stack = differences(table.hardware, hardware_signature(here.type)).stack
         for sig, tree in table.trees.items():
             self._trees[str(sig)] = tree
+        self._limits = tuned_range(table.raw.get("buckets", {}))
         chosen = {leaf.kernel_id for tree in table.trees.values() for leaf in leaves(tree)}
         served = {k for tree in table.trees.values() for leaf in leaves(tree) for k in leaf_kernels(leaf)}
         for kernel_id in sorted(served):
             # no import here (a start in well under a second): a library that is installed but does
             # not import fails the kernel's first call, and the circuit breaker serves it instead
             local = registry.get(kernel_id).local_reasons(here, load=False)
-            why = str(local[0]) if local else _stale(kernel_id, table.kernels[kernel_id])
-            if why and kernel_id in chosen:
-                warnings.warn(f"lzsolve: {kernel_id} is not used ({why}); its table entries use the next ranked "
-                              "kernel or the fallback", RuntimeWarning, stacklevel=3)
-            elif not why and not self.policy.avoids(kernel_id):
+            why = str(local[0]) if local else _stale(kernel_id, table.kernels[kernel_id], stack)
+            if why:
+                self._unusable[kernel_id] = why
+            elif self.policy.avoids(kernel_id):
+                self._unusable[kernel_id] = f"policy: avoid {registry.get(kernel_id).library}"
+            else:
                 self._usable.add(kernel_id)
+        self._warn_unusable(sorted(k for k in chosen if k in self._unusable and not self.policy.avoids(k)))
+
+    def _warn_unusable(self, kernel_ids: list[str]) -> None:
+        """One warning for the table's chosen kernels that cannot serve here (installed, stale)."""
+        if not kernel_ids:
+            return
+        if len(kernel_ids) == 1:
+            what = f"{kernel_ids[0]} is not used ({self._unusable[kernel_ids[0]]}); its table entries use"
+        else:
+            named = "; ".join(f"{k} ({self._unusable[k]})" for k in kernel_ids[:3])
+            more = f"; and {len(kernel_ids) - 3} more" if len(kernel_ids) > 3 else ""
+            what = f"{len(kernel_ids)} kernels of the table are not used here: {named}{more}; their entries use"
+        warnings.warn(f"lzsolve: {what} the next ranked kernel or the fallback (d.explain() lists each entry)",
+                      RuntimeWarning, stacklevel=4)
+
+    @property
+    def locks(self) -> dict[str, str]:
+        """op -> kernel id: the policy's locks this dispatcher honours."""
+        return dict(self._locks)
 
     def _apply_locks(self, here) -> None:
         """Keep the policy's locks this runtime can honour; log the policy once."""
@@ -211,6 +306,9 @@ class Dispatcher:
         tree = self._trees.get(str(sig))
         if tree is None:
             return fallback, False, "outside the table"
+        past = _past(self._limits.get(sig.op, {}), dims)
+        if past:
+            return fallback, False, past
         leaf = leaf_for(tree, dims)
         for rank, kernel_id in enumerate(leaf_kernels(leaf)):
             if kernel_id in self._usable and kernel_id not in broken:
@@ -218,30 +316,39 @@ class Dispatcher:
         return fallback, False, "no kernel of the leaf is usable here"
 
     def _choose(self, call, op: OpSchema, kernel_args: tuple, broken: frozenset = frozenset()) -> tuple:
-        """(kernel spec, from the table) for a call: _pick's choice, or for a call no signature
-        describes (call None) op.outside's kernel or the op's fallback."""
+        """(kernel spec, from the table, why) for a call: _pick's choice, or for a call no signature
+        describes (call None) op.outside's kernel or the op's fallback. Calls past the range the
+        table was tuned over are warned about once per signature."""
         if call is None:
-            return registry.get(op.outside(*kernel_args) if op.outside else op.fallback), False
-        spec, from_table, _ = self._pick(call[0], call[1], _any_cuda(kernel_args), broken)
-        return spec, from_table
+            return registry.get(op.outside(*kernel_args) if op.outside else op.fallback), False, "no signature"
+        spec, from_table, why = self._pick(call[0], call[1], _any_cuda(kernel_args), broken)
+        if why.startswith(PAST_RANGE):
+            self._warn_once(("past", str(call[0])), f"lzsolve: calls of {call[0]} {why} use the fallback (a patched "
+                            "module's own code): tune with a larger grid or --workload")
+        return spec, from_table, why
 
-    def _resolve(self, cache: dict, key: tuple, call, op: OpSchema, kernel_args: tuple) -> Entry:
+    def _resolve(self, cache: dict, key: tuple, call, op: OpSchema, kernel_args: tuple,
+                 hand_back: bool = False) -> Entry:
         """call: the call's (signature, dims), None for a call no signature describes (then served
-        by op.outside, or the fallback); op: the method's first op, named in stats() for such calls."""
-        spec, from_table = self._choose(call, op, kernel_args, self._broken.get((op.method, key), frozenset()))
+        by op.outside, or the fallback); op: the method's first op, named in stats() for such calls.
+        hand_back (Dispatcher.served): a call the table does not serve resolves to NOT_SERVED, for its
+        caller's own code, except while recording (a recording counts the calls its fallbacks serve)."""
+        spec, from_table, why = self._choose(call, op, kernel_args, self._broken.get((op.method, key), frozenset()))
         name = call[0].op if call is not None else op.name
-        impl = spec.impl
-        if from_table and OPS[name].consumes and not self.strict:
-            impl = self._probe(cache, key, spec.impl, OPS[name])
+        impl, kernel_id = spec.impl, spec.kernel_id
         recording = _recording
+        if hand_back and not from_table and recording is None:
+            impl, kernel_id = _hand_back, OWN_CODE
+        entry = Entry(impl, itertools.count(), name, kernel_id, from_table, str(call[0]) if call else None, why)
         if recording is not None:
             recording.count(call, spec, from_table)
         elif len(cache) < MAX_CACHED_KEYS:
-            entry = cache[key] = Entry(impl, itertools.count(), name, spec.kernel_id, from_table)
+            if from_table and OPS[name].consumes and not self.strict:
+                entry = entry._replace(impl=self._probe(cache, key, spec.impl, OPS[name]))
+            cache[key] = entry
             return entry
         with self._stats_lock:
-            return self._uncached.setdefault((name, spec.kernel_id, from_table),
-                                             Entry(spec.impl, itertools.count(), name, spec.kernel_id, from_table))
+            return self._uncached.setdefault(entry.tally, entry)
 
     # --- the circuit breaker (a table kernel raised) ------------------------
     def _probe(self, cache: dict, key: tuple, impl, op: OpSchema):
@@ -259,7 +366,8 @@ class Dispatcher:
         probe.restores_inputs = True
         return probe
 
-    def _recover(self, error: Exception, cache: dict, key: tuple, entry: Entry, call, op: OpSchema, kernel_args: tuple):
+    def _recover(self, error: Exception, cache: dict, key: tuple, entry: Entry, call, op: OpSchema, kernel_args: tuple,
+                 hand_back: bool = False):
         """Serve again a call whose table kernel raised, with the leaf's next kernel (then the
         fallback). A kernel is blamed only once another one served the same arguments: when the
         fallback raises too, the error is the caller's (bad arguments) and is raised, as it is when
@@ -285,10 +393,10 @@ class Dispatcher:
         for i, kernel_id in enumerate(failed):
             if i:  # counted as called, like the first one, so that stats() counts it as failed, not served
                 with self._stats_lock:
-                    self._retired[(entry.op, kernel_id, True)] += 1
+                    self._retired[entry._replace(kernel_id=kernel_id).tally] += 1
             self._break(entry.op, kernel_id, op.method, key, error, entry if i == 0 else None)
         if _recording is None:  # (a recording counted this call already, when it was resolved)
-            retry = self._resolve(cache, key, call, op, kernel_args)  # the kernel that just served it
+            retry = self._resolve(cache, key, call, op, kernel_args, hand_back)  # what serves that key now
             next(retry.calls)
         return out
 
@@ -301,16 +409,16 @@ class Dispatcher:
             broken = self._broken.get((method, key), frozenset()) | {kernel_id}
             if len(self._broken) < MAX_CACHED_KEYS:
                 self._broken[(method, key)] = broken
-            cache = self._caches[method]
-            if entry is not None and cache.get(key) is entry:
-                del cache[key]
-                self._retired[(entry.op, kernel_id, True)] += _count(entry)
+            for cache in (self._caches[method], self._served_caches[method]):
+                if entry is not None and cache.get(key) is entry:
+                    del cache[key]
+                    self._retired[entry.tally] += _count(entry)
         self._warn_once(("failed", kernel_id), f"lzsolve: {kernel_id} raised on {op_name} ({type(error).__name__}: "
                         f"{str(error)[:200]}); that call shape now uses the next ranked kernel or the fallback")
         if failures >= BREAKER_LIMIT or len(self._broken) >= MAX_CACHED_KEYS:
             self._warn_once(("disabled", kernel_id), f"lzsolve: {kernel_id} failed {failures} times; "
                             "it is no longer used for any call")
-            self._drop(kernel_id)
+            self._drop(kernel_id, f"raised {failures} times")
 
     def _warn_once(self, what: tuple, message: str) -> None:
         if what not in self._warned:
@@ -322,18 +430,24 @@ class Dispatcher:
         Dynamo to trace (patch(traced=True) under torch.compile): the choice depends on the call's
         shapes and dtypes alone, which Dynamo guards, and the kernel's ops join the graph. stats()
         does not see these calls."""
-        spec, kernel_args = self._traced(method, args, kwargs)
+        spec, kernel_args, _ = self._traced(method, args, kwargs)
         return spec.impl(*kernel_args)
 
+    def traced_served_call(self, method: str, *args, **kwargs):
+        """traced_call for Dispatcher.served's callers: NOT_SERVED where the traced call would take
+        the fallback, so that the caller's own code is what the graph holds, as unpatched."""
+        spec, kernel_args, served = self._traced(method, args, kwargs)
+        return spec.impl(*kernel_args) if served else NOT_SERVED
+
     def _traced(self, method: str, args: tuple, kwargs: dict) -> tuple:
-        """(kernel spec, kernel arguments) of a traced call: the table's choice, or under traced_fuse
-        the fallback of an op Inductor fuses (unless a lock names its kernel)."""
+        """(kernel spec, kernel arguments, from the table) of a traced call: the table's choice, or
+        under traced_fuse the fallback of an op Inductor fuses (unless a lock names its kernel)."""
         op = METHOD_OPS[method]
         call, (_, kernel_args) = op.call(*args, **kwargs), op.front(*args, **kwargs)
-        spec, from_table = self._choose(call, op, kernel_args)
+        spec, from_table, _ = self._choose(call, op, kernel_args)
         if from_table and self.traced_fuse and OPS[call[0].op].fusible and call[0].op not in self._locks:
-            return registry.fallback_for(call[0]), kernel_args
-        return spec, kernel_args
+            return registry.fallback_for(call[0]), kernel_args, False
+        return spec, kernel_args, from_table
 
     def traced_kernel_for(self, method: str, *args, **kwargs) -> str:
         """The kernel id a call of `method` traced by torch.compile (patch(traced=True)) would use."""
@@ -348,10 +462,21 @@ class Dispatcher:
 
     def clear_cache(self) -> None:
         with self._stats_lock:
-            for cache in self._caches.values():
+            for cache in (*self._caches.values(), *self._served_caches.values()):
                 for entry in list(cache.values()):
-                    self._retired[(entry.op, entry.kernel_id, entry.from_table)] += _count(entry)
+                    self._retired[entry.tally] += _count(entry)
                 cache.clear()
+
+    def _tallies(self) -> Counter:
+        """Calls so far by Entry.tally (a call a table kernel raised on counted where it was resolved)."""
+        with self._stats_lock:
+            totals = Counter(self._retired)
+            entries = [e for cache in (*self._caches.values(), *self._served_caches.values())
+                       for e in list(cache.values())]
+            entries += list(self._uncached.values())
+        for e in entries:
+            totals[e.tally] += _count(e)
+        return totals
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Calls since this dispatcher was made, per op and per kernel that served them:
@@ -360,12 +485,10 @@ class Dispatcher:
         " (fallback)"; calls a table kernel raised on (then served by the next one) are counted
         under "<kernel> (failed)", not as served by it. Cheap: counts are kept per call key and summed here."""
         with self._stats_lock:
-            totals = Counter(self._retired)
-            entries = [e for cache in self._caches.values() for e in list(cache.values())]
-            entries += list(self._uncached.values())
             failed = Counter(self._failed_calls)
-        for e in entries:
-            totals[(e.op, e.kernel_id, e.from_table)] += _count(e)
+        totals: Counter = Counter()
+        for (op, kernel_id, from_table, _, _), n in self._tallies().items():
+            totals[(op, kernel_id, from_table)] += n
         for (op, kernel_id), n in failed.items():
             totals[(op, kernel_id, True)] -= n  # counted when called; served by the kernel after it
         out: dict[str, dict[str, int]] = {}
@@ -376,8 +499,50 @@ class Dispatcher:
             out.setdefault(op, {})[f"{kernel_id} (failed)"] = n
         return out
 
+    def coverage(self) -> dict:
+        """The share of calls since this dispatcher was made that the table served:
+        {"calls", "served", "share" (None before any call), "outside": {signature: {"calls", "why"}}},
+        the calls it did not serve by signature (for each, the reason its first call had: outside
+        the table, past the tuned range, no usable kernel, policy...). Calls no signature
+        describes are under "(no signature)"; a call a table kernel raised on counts as the table's."""
+        calls = served = 0
+        outside: dict[str, dict] = {}
+        for (_, _, from_table, sig, why), n in sorted(self._tallies().items(), key=str):
+            calls += n
+            if from_table:
+                served += n
+            elif n:
+                row = outside.setdefault(sig or "(no signature)", {"calls": 0, "why": why})
+                row["calls"] += n
+        return {"calls": calls, "served": served, "share": served / calls if calls else None, "outside": outside}
+
     def cached_keys(self) -> int:
-        return sum(len(cache) for cache in self._caches.values())
+        return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values()))
+
+    def covers(self, sig: Signature) -> bool:
+        """Whether the table (or a policy lock) serves calls of `sig` here, at some dims: a patch
+        replaces a module only where this holds for what the module calls."""
+        return self.uncovered(sig) is None
+
+    def uncovered(self, sig: Signature) -> str | None:
+        """Why no call of `sig` is served from the table or a lock here; None when some are."""
+        if self.policy.disable:
+            return "policy: disabled"
+        locked = self._locks.get(sig.op)
+        if locked is not None:
+            wrong = registry.get(locked).semantic_reasons(sig)
+            return f"policy: lock {locked} cannot compute it ({wrong[0]})" if wrong else (
+                f"policy: lock {locked} failed" if locked in self._dropped else None)
+        if self.table is None:
+            return f"no table ({self.load_error})" if self.load_error else "no table"
+        tree = self._trees.get(str(sig))
+        if tree is None:
+            return "not in the table"
+        kernels = {k for leaf in leaves(tree) for k in leaf_kernels(leaf)}
+        if kernels & self._usable:
+            return None
+        return "no kernel of its entry is usable here (" + "; ".join(
+            f"{k}: {self._unusable.get(k, 'dropped')}" for k in sorted(kernels)) + ")"
 
     def serves(self, method: str, *args, **kwargs) -> bool:
         """Whether the table (or a policy lock) serves this call of `method`; False: the op's
@@ -386,16 +551,25 @@ class Dispatcher:
         delta rules with FLA when it is installed). While recording, every call counts as served."""
         return _recording is not None or self._entry(method, args, kwargs).from_table
 
+    def kernel_at(self, sig: Signature, dims: dict) -> str:
+        """The kernel id a call of `sig` at dynamic dims `dims` would use here (policy, tuned range and
+        the kernels usable here applied), without making one."""
+        return self._pick(sig, dims, self._on_cuda)[0].kernel_id
+
     def kernel_for(self, method: str, *args, **kwargs) -> str:
         """The kernel id a call of `method` ('attention', 'rms_norm', ...) with these args would use."""
         return self._entry(method, args, kwargs).kernel_id
 
-    def explain(self, op: str, *, dtype: str | None = None, flags=(), **dims) -> dict:
+    def explain(self, op: str | None = None, *, dtype: str | None = None, flags=(), **dims) -> dict:
         """Why a call of `op` with these dims (static and dynamic, by name) is served as it is:
         {"signature", "kernel" (what serves it now, after policy and circuit breaker), "reason",
         "from_table", "leaf" (the tree's path to it, its kernel, gain over the fallback and ranked
-        runner-ups with their measured ratios; None outside the table), "policy"}.
-        dtype defaults to the table's model dtype."""
+        runner-ups with their measured ratios and, where one cannot serve here, why; None outside
+        the table), "policy"}. dtype defaults to the table's model dtype.
+        With no op, the table's entries: {"table", "load_error", "policy", "entries": {signature:
+        {"served", "why" (None where served), "kernels": {kernel: "usable" or why not}}}}."""
+        if op is None:
+            return self._explain_table()
         schema = OPS[op]
         dtype = dtype or (self.table.raw["model"]["dtype"] if self.table else "bf16")
         static = {d: v for d, v in dims.items() if d in schema.all_static}
@@ -409,9 +583,50 @@ class Dispatcher:
         if tree is not None:
             found = leaf_for(tree, dynamic)
             leaf = {"path": _path(tree, dynamic), "kernel_id": found.kernel_id, "gain": found.gain,
-                    "ranked": [{"kernel_id": k, "ratio": r, "usable": k in self._usable} for k, r in found.ranked]}
+                    "ranked": [{"kernel_id": k, "ratio": r, "usable": k in self._usable} for k, r in found.ranked],
+                    "unusable": {k: self._unusable.get(k, "dropped") for k in leaf_kernels(found)
+                                 if k not in self._usable}}
         return {"signature": str(sig), "kernel": spec.kernel_id, "from_table": from_table, "reason": reason,
                 "leaf": leaf, "policy": self.policy.describe()}
+
+    def _explain_table(self) -> dict:
+        entries = {}
+        trees = self.table.trees if self.table is not None else {}
+        for sig, tree in sorted(trees.items(), key=lambda item: str(item[0])):
+            kernels = sorted({k for leaf in leaves(tree) for k in leaf_kernels(leaf)})
+            why = self.uncovered(sig)
+            entries[str(sig)] = {"served": why is None, "why": why,
+                                 "kernels": {k: "usable" if k in self._usable else self._unusable.get(k, "dropped")
+                                             for k in kernels}}
+        return {"table": self.table.source if self.table else None, "load_error": self.load_error,
+                "policy": self.policy.describe(), "entries": entries}
+
+    def verify(self, budget_s: float = VERIFY_BUDGET_S) -> dict[str, str]:
+        """Check each usable kernel of the table against its op's fallback, on random inputs at the
+        first grid point where a leaf names it, for every signature it serves; one that disagrees
+        beyond twice the tune's tolerance (each of the two is within it of the fp32 reference), or
+        raises, is dropped: its entries use the next ranked kernel or the fallback. Kernels not
+        reached within budget_s seconds are dropped too (an unchecked kernel is not trusted).
+        Returns kernel -> why it was dropped (load(verify=True) warns with it)."""
+        if self.table is None:
+            return {}
+        device = torch.device("cuda" if self._on_cuda else "cpu")
+        deadline, dropped = time.monotonic() + budget_s, {}
+        for sig, tree in self.table.trees.items():
+            grid = self.table.raw["buckets"].get(sig.op, {})
+            for dims in (dict(zip(grid, values)) for values in itertools.product(*grid.values())):
+                for kernel_id in leaf_kernels(leaf_for(tree, dims)):
+                    if kernel_id not in self._usable or (kernel_id, str(sig)) in self._verified:
+                        continue
+                    self._verified.add((kernel_id, str(sig)))
+                    why = (f"not verified within {budget_s:g} s" if time.monotonic() > deadline
+                           else _disagreement(sig, dims, kernel_id, device))
+                    if why:
+                        dropped[kernel_id] = why
+                        self._drop(kernel_id, why)
+        if self._on_cuda:
+            torch.cuda.synchronize()
+        return dropped
 
     def warmup(self, strict: bool = False) -> int:
         """Call every kernel the table serves once per leaf (at the smallest and largest grid point it
@@ -453,12 +668,13 @@ class Dispatcher:
                 warnings.warn(f"lzsolve: {spec.kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
                               "its table entries use the next ranked kernel or the fallback", RuntimeWarning,
                               stacklevel=3)
-                self._drop(spec.kernel_id)
+                self._drop(spec.kernel_id, f"failed its warm-up ({type(e).__name__})")
 
-    def _drop(self, kernel_id: str) -> None:
+    def _drop(self, kernel_id: str, why: str) -> None:
         """Stop using `kernel_id` for any call (a table's choice, ranked runner-up or lock)."""
         self._dropped.add(kernel_id)
         self._usable.discard(kernel_id)
+        self._unusable[kernel_id] = why
         self.clear_cache()
 
 
@@ -476,23 +692,24 @@ METHOD_OPS: dict[str, OpSchema] = {}  # method -> its first op (attention: atten
 # passed in as objects. `bind` makes one Dispatcher's method, a closure over its cache's get: a call
 # reads no attribute of the Dispatcher and passes no self (50-90 ns of a ~0.5 us overhead, measured).
 METHOD_TEMPLATE = """
-def bind(self):
-    cache = self._caches.setdefault({name!r}, {{}})
+def bind(self, hand_back):
+    cache = (self._served_caches if hand_back else self._caches).setdefault({name!r}, {{}})
     get = cache.get
 
     def {name}({params}):
         {key_line}
-        entry = get(key) or self._resolve(cache, key, call({args}), op, {kernel_args})
+        entry = get(key) or self._resolve(cache, key, call({args}), op, {kernel_args}, hand_back)
         next(entry.calls)
         try:
             return entry.impl({spread})
         except Exception as error:  # free until raised (Python 3.11); the breaker: Dispatcher._recover
-            return self._recover(error, cache, key, entry, call({args}), op, {kernel_args})
+            return self._recover(error, cache, key, entry, call({args}), op, {kernel_args}, hand_back)
 
     {name}.__qualname__, {name}.__doc__, {name}.__annotations__ = qualname, doc, dict(annotations)
     return {name}
 """
-TEMPLATE_NAMES = frozenset({"self", "cache", "get", "key", "kernel_args", "entry", "error", "front", "call", "op"})
+TEMPLATE_NAMES = frozenset({"self", "cache", "get", "key", "kernel_args", "entry", "error", "front", "call", "op",
+                            "hand_back"})
 
 
 class _Method:
@@ -511,8 +728,23 @@ class _Method:
         name = self.name if getattr(type(dispatcher), self.name) is self else f"_{self.name}_bound"
         method = dispatcher.__dict__.get(name)
         if method is None:
-            method = dispatcher.__dict__[name] = self.bind(dispatcher)
+            method = dispatcher.__dict__[name] = self.bind(dispatcher, False)
         return method
+
+
+class _Served:
+    """Dispatcher.served: the Dispatcher's methods, except that a call the table (or a lock) does not
+    serve returns NOT_SERVED instead of running the op's fallback, for its caller's own code. Each
+    method is bound on its first read and kept in this object's __dict__, where later reads find it."""
+
+    def __init__(self, dispatcher: "Dispatcher"):
+        self._dispatcher = dispatcher
+
+    def __getattr__(self, method: str):
+        if method not in METHOD_OPS:
+            raise AttributeError(f"Dispatcher.served has no method {method!r}")
+        bound = self.__dict__[method] = Dispatcher.__dict__[method].bind(self._dispatcher, True)
+        return bound
 
 
 class Inlined(NamedTuple):

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import platform
 import re
+from typing import NamedTuple
 
 import torch
 
 from .specs import DeviceInfo, library_version
 
-# Fields that must match for a table's measurements to hold here.
-MATCH_FIELDS = ("device", "name", "sm", "isa", "torch", "cuda", "cudnn", "triton")
+# What a table's measurements depend on, in three kinds (see differences):
+ARCH_FIELDS = ("device", "sm", "isa")  # another architecture: no measurement holds, the table is refused
+MODEL_FIELDS = ("name",)  # another GPU (or CPU) of that architecture: borrowed only when the user asks
+STACK_FIELDS = ("torch", "cuda", "cudnn", "triton")  # software: the entries of the kernels it changes are dropped
+MATCH_FIELDS = ARCH_FIELDS + MODEL_FIELDS + STACK_FIELDS  # all of them: where a tune's records may be mixed
 
 
 def device_info(device: torch.device | str) -> DeviceInfo:
@@ -85,5 +89,37 @@ def differing(a: dict, b: dict) -> list[str]:
     return [k for k in MATCH_FIELDS if a.get(k) != b.get(k)]
 
 
-def mismatches(table_sig: dict, here: dict) -> list[str]:
-    return [f"{k}: table {table_sig.get(k)!r} vs here {here.get(k)!r}" for k in differing(table_sig, here)]
+
+class Comparison(NamedTuple):
+    """A table's hardware signature against this machine's: `refused` names another architecture
+    (the table cannot be used), `borrowed` another device model of the same architecture (usable
+    when the user allows it), `stack` the software fields that changed, field -> (table's, here)."""
+
+    refused: list[str]
+    borrowed: list[str]
+    stack: dict[str, tuple]
+
+
+def differences(table_sig: dict, here: dict) -> Comparison:
+    def described(fields) -> list[str]:
+        return [f"{k}: table {table_sig.get(k)!r} vs here {here.get(k)!r}" for k in fields]
+
+    return Comparison(described(k for k in ARCH_FIELDS if table_sig.get(k) != here.get(k)),
+                      described(k for k in MODEL_FIELDS if table_sig.get(k) != here.get(k)),
+                      {k: (table_sig.get(k), here.get(k)) for k in STACK_FIELDS if table_sig.get(k) != here.get(k)})
+
+
+def stale_under(spec, stack: dict[str, tuple]) -> str | None:
+    """Why a kernel's measurements do not hold under the changed software `stack` (Comparison.stack),
+    beyond its own library's recorded version (KernelSpec.version): a torch change touches torch's
+    own kernels, a CUDA or cuDNN change every CUDA kernel (cuBLAS, cuDNN, compiled extensions), a
+    Triton change every kernel that runs Triton code (its JIT caches say so: ours, Liger's, FLA's,
+    Inductor's). Other libraries' kernels keep their entries."""
+    fields = ["torch"] if "torch" in stack and spec.library == "torch" else []
+    if spec.platforms & {"cuda"}:
+        fields += [k for k in ("cuda", "cudnn") if k in stack]
+    if "triton" in stack and "triton" in spec.jit_caches:
+        fields.append("triton")
+    if not fields:
+        return None
+    return "; ".join(f"{k} is {stack[k][1]} here, the table measured {stack[k][0]}" for k in fields)

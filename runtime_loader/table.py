@@ -17,6 +17,10 @@ from .schema import validate_dispatch
 
 SCHEMA_VERSION = 1
 MAX_TREE_DEPTH = 32
+# How far past its largest bucket a table was checked: the tune's probes and validation, and
+# `lzsolve evaluate --random`, draw shapes up to this factor beyond it. Calls further out are
+# outside what was measured, and the Dispatcher serves them with the fallback.
+PAST_GRID = 1.5
 
 
 class TableError(ValueError):
@@ -39,6 +43,12 @@ class Split:
     threshold: float
     le: "Leaf | Split"
     gt: "Leaf | Split"
+
+
+def tuned_range(buckets: dict) -> dict[str, dict[str, float]]:
+    """op -> dynamic dim -> the largest value a table was checked at (PAST_GRID past its buckets)."""
+    return {op: {dim: max(values) * PAST_GRID for dim, values in dims.items() if values}
+            for op, dims in buckets.items()}
 
 
 def leaf_for(node: "Leaf | Split", dims: dict) -> Leaf:

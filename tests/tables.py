@@ -11,7 +11,7 @@ from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import Signature, method_args
-from runtime_loader.table import choose
+from runtime_loader.table import choose, tuned_range
 
 
 def entry(sig: Signature, tree: dict) -> dict:
@@ -86,10 +86,11 @@ def _points(entry: dict, table: dict) -> list[dict]:
 
 def assert_replays_references(artifact: Path) -> Dispatcher:
     """Load `artifact` strictly and call every entry of its table at its smallest and largest
-    buckets and at two points off the grid: each call takes the tree's kernel and agrees with
-    the op's fp32 reference. Returns the dispatcher."""
+    buckets and at two points off the grid: each call takes the tree's kernel (the fallback past the
+    range the table was tuned over) and agrees with the op's fp32 reference. Returns the dispatcher."""
     d = runtime_loader.load(artifact, strict=True)
     table = json.loads((Path(artifact) / "dispatch.json").read_text())
+    limits = tuned_range(table["buckets"])
     gen = torch.Generator().manual_seed(3)
     for entry in table["ops"]:
         sig = Signature.make(entry["op"], entry["static"], entry["flags"], entry["dtype"])
@@ -98,15 +99,28 @@ def assert_replays_references(artifact: Path) -> Dispatcher:
             kernel_args = contract.make_inputs(sig, dims, torch.device("cpu"), gen)
             # the method's: flags the kernel's arguments leave out (qk_norm) still name the signature
             args = method_args(sig, kernel_args)
-            assert d.kernel_for(method, *args) == choose(d.table.trees[sig], dims), "replays the tree"
+            past = any(dims[dim] > limit for dim, limit in limits.get(sig.op, {}).items())
+            expected = registry.fallback_for(sig).kernel_id if past else choose(d.table.trees[sig], dims)
+            assert d.kernel_for(method, *args) == expected, "replays the tree"
             reference = contract.reference(*to_fp32(kernel_args))  # first: norm.rms_add may overwrite its inputs
             ok, _, message = compare(getattr(d, method)(*args), reference, contract.tolerances[sig.dtype])
             assert ok, f"{sig} at {dims}: {message}"
     return d
 
 
+def serving_fallbacks(**locks: str) -> Dispatcher:
+    """A dispatcher with no table that serves every op as if a table had chosen the op's fallback
+    (policy locks; `locks` names other kernels for some ops, e.g. attention_prefill="eager.attention"):
+    a model patched with it runs each of the patch's serving forwards, where Dispatcher(None) serves
+    nothing."""
+    from runtime_loader.ops import OPS
+    from runtime_loader.policies import Policy
+    lock = {op: locks.get(op.replace(".", "_"), schema.fallback) for op, schema in OPS.items()}
+    return Dispatcher(None, policy=Policy(lock=lock))
+
+
 def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
-    """generate() of each model, patched with no table, recorded as one workload, then tuned on CPU
+    """generate() of each model, patched whole with no table, recorded as one workload, then tuned on CPU
     (tiny grid, no probes or validation: the tests that use it check serving, not decisions).
     Returns the artifact folder."""
     from click.testing import CliRunner
@@ -117,7 +131,7 @@ def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
     try:
         with runtime_loader.record(root / "workload.json", name=name), torch.no_grad():
             for model in models:
-                patch(model, Dispatcher(None))
+                patch(model, Dispatcher(None), all_ops=True)
                 model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
     finally:
         unpatch()

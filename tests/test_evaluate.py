@@ -86,3 +86,31 @@ def test_evaluate_cli_on_the_spine_artifact(tmp_path, tiny_llama_artifact):
     from lzsolve.perfdb import PerfDB
     runs = PerfDB(out / "perfdb").rows("SELECT DISTINCT run_id FROM records WHERE run_id LIKE 'eval-%'")
     assert len(runs) == 1, "evaluation records are kept in the PerfDB"
+
+
+def test_a_borrowed_table_is_evaluated_on_this_gpu_only_when_asked(tmp_path, tiny_llama_artifact):
+    """An artifact tuned on another device of this architecture (here: another CPU model) is refused
+    by evaluate as by load, unless --on-this-gpu: then what it serves here is measured here, and the
+    artifact, which holds the other device's records, gets none of this one's."""
+    import shutil
+
+    from lzsolve.artifact import refresh_manifest
+    from lzsolve.perfdb import PerfDB
+
+    borrowed = tmp_path / "borrowed"
+    shutil.copytree(tiny_llama_artifact, borrowed)
+    raw = json.loads((borrowed / "dispatch.json").read_text())
+    raw["hardware"]["name"] = "A CPU of another model"
+    (borrowed / "dispatch.json").write_text(json.dumps(raw))
+    refresh_manifest(borrowed)
+    args = ["evaluate", str(borrowed), "--no-isolate", "--shapes", "tokens=3", "--op", "norm.rms*"]
+    refused = CliRunner().invoke(cli, args)
+    assert isinstance(refused.exception, LzError), refused.output  # exit 2 from the command, one line
+    assert "--on-this-gpu" in str(refused.exception) and "name: table" in str(refused.exception)
+    before = PerfDB(borrowed / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"]
+    result = CliRunner().invoke(cli, [*args, "--on-this-gpu", "--json", str(tmp_path / "eval.json")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "eval.json").read_text())
+    assert summary["on_this_gpu"] and summary["overall"]["points"] >= 1
+    assert summary["overall"]["vs_default_geomean"] > 0 and "regret" in result.output
+    assert PerfDB(borrowed / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"] == before

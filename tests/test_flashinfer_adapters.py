@@ -203,18 +203,20 @@ class FakeDecodeWrapper:
         self.plans = 0
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-             q_data_type, kv_data_type, sm_scale):
+             q_data_type, kv_data_type, sm_scale, logits_soft_cap=None):
         assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
         assert bool((last_page_len == page_size).all())
+        assert logits_soft_cap is None or logits_soft_cap > 0, "None for no cap (0 would divide by zero)"
         self.plans += 1
         self.indptr, self.indices, self.sm_scale, self.kv_data_type = indptr, indices, sm_scale, kv_data_type
+        self.softcap = logits_soft_cap or 0.0
 
     def run(self, q, paged_kv_cache, k_scale=None, v_scale=None):
         self.cache = paged_kv_cache
         assert (k_scale is None) == (self.kv_data_type != torch.float8_e4m3fn), "scales with an FP8 cache only"
         k, v = (unpage(cache, self.indptr, self.indices).to(q.dtype) * (scale or 1.0)
                 for cache, scale in zip(paged_kv_cache, (k_scale, v_scale)))
-        return eager.attention(q.unsqueeze(2), k, v, False, self.sm_scale).squeeze(2)
+        return eager.attention(q.unsqueeze(2), k, v, False, self.sm_scale, 0, self.softcap).squeeze(2)
 
 
 class FakePrefillWrapper:
@@ -223,16 +225,18 @@ class FakePrefillWrapper:
         self.plans = 0
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-             num_kv_heads, head_dim_qk, page_size, *, causal, sm_scale, q_data_type, kv_data_type):
+             num_kv_heads, head_dim_qk, page_size, *, causal, sm_scale, q_data_type, kv_data_type,
+             logits_soft_cap=None):
+        assert logits_soft_cap is None or logits_soft_cap > 0, "None for no cap (0 would divide by zero)"
         self.plans += 1
         self.indptr, self.indices, self.causal, self.sm_scale = paged_kv_indptr, paged_kv_indices, causal, sm_scale
-        self.seq = int(qo_indptr[1])
+        self.seq, self.softcap = int(qo_indptr[1]), logits_soft_cap or 0.0
 
     def run(self, q, paged_kv_cache):
         self.q, self.cache = q, paged_kv_cache
         q = q.view(-1, self.seq, *q.shape[1:]).transpose(1, 2)  # token rows -> (batch, heads, seq, d)
         k, v = (unpage(cache, self.indptr, self.indices) for cache in paged_kv_cache)
-        out = eager.attention(q, k, v, self.causal, self.sm_scale)
+        out = eager.attention(q, k, v, self.causal, self.sm_scale, 0, self.softcap)
         return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # (batch * seq, heads, d)
 
 
@@ -241,11 +245,11 @@ def fake(monkeypatch):
     """A `flashinfer` computing each op with the eager kernels, recording what it was handed."""
     calls = {}
 
-    def single_prefill_with_kv_cache(q, k, v, *, causal, kv_layout, sm_scale):
-        assert kv_layout == "NHD"
+    def single_prefill_with_kv_cache(q, k, v, *, causal, kv_layout, sm_scale, logits_soft_cap=None):
+        assert kv_layout == "NHD" and (logits_soft_cap is None or logits_soft_cap > 0)
         calls["single_prefill"] = (q, k, v)
         q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # NHD -> (1, heads, seq, d)
-        return eager.attention(q, k, v, causal, sm_scale)[0].transpose(0, 1).contiguous()
+        return eager.attention(q, k, v, causal, sm_scale, 0, logits_soft_cap or 0.0)[0].transpose(0, 1).contiguous()
 
     def fused_add_rmsnorm(input, residual, weight, eps):
         residual += input
@@ -294,6 +298,23 @@ def fake(monkeypatch):
 
 def attention_inputs(batch, hq, hkv, seq_q, kv_len, d=64):
     return torch.randn(batch, hq, seq_q, d), torch.randn(batch, hkv, kv_len, d), torch.randn(batch, hkv, kv_len, d)
+
+
+@pytest.mark.parametrize("kernel_id,batch,seq_q", [("flashinfer.prefill", 1, 9), ("flashinfer.prefill", 3, 9),
+                                                   ("flashinfer.decode", 3, 1), ("flashinfer.decode_tc", 2, 1)])
+def test_a_logit_soft_cap_reaches_flashinfer_and_plans_apart(fake, kernel_id, batch, seq_q):
+    """Gemma 2's softcap: FlashInfer's logits_soft_cap (None for none), a plan of its own."""
+    spec = registry.get(kernel_id)
+    sig = Signature.make(only_op(spec), {"hq": 4, "hkv": 2, "d": 64, "softcap": 5.0},
+                         ("causal",) if seq_q > 1 else (), "bf16")
+    assert "FEATURE_UNSUPPORTED:softcap" not in codes(spec.semantic_reasons(sig))
+    q, k, v = attention_inputs(batch, 4, 2, seq_q, 9 if seq_q > 1 else 24)
+    causal = seq_q > 1
+    capped = spec.impl(q, k, v, causal, None, 0, 5.0)
+    torch.testing.assert_close(capped, eager.attention(q, k, v, causal, None, 0, 5.0))
+    plain = spec.impl(q, k, v, causal, None)
+    assert not torch.allclose(capped, plain), "a cap small enough to bend the scores"
+    assert len(fi._PLANS) == (0 if batch == 1 else 2), "capped and plain layouts planned apart"
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -74,7 +74,7 @@ BAD = {
     "wrong_static": table(ops=[{"op": "norm.rms", "static": {"width": 3}, "dtype": "fp32",
                                 "tree": {"kernel_id": "eager.rms_norm"}}]),
     "other_gpu": table(hardware={**table()["hardware"], "device": "cuda", "name": "NVIDIA B200", "sm": 100}),
-    "other_torch": table(hardware={**table()["hardware"], "torch": "1.0.0"}),
+    "other_isa": table(hardware={**table()["hardware"], "isa": "VSX"}),
 }
 
 
@@ -99,8 +99,89 @@ def test_deep_tree_is_refused():
 
 
 def test_missing_artifact(tmp_path):
-    with pytest.raises(TableError, match="no manifest.json"):
+    with pytest.raises(TableError, match="no artifact folder at .*nothing"):
         runtime_loader.load(tmp_path / "nothing", strict=True)
+    d, warned = load_quietly(tmp_path / "nothing")
+    assert d.table is None and "no artifact folder" in d.load_error and "no artifact folder" in warned[0]
+
+
+def other_library_kernel():
+    """A CPU kernel of a library other than torch (registered for this module only: conftest)."""
+    from runtime_loader import registry
+    from runtime_loader.kernels.eager import rms_norm
+    from runtime_loader.specs import KernelSpec
+    if not registry.known("plugin.rms_norm"):
+        registry.register(KernelSpec("plugin.rms_norm", frozenset({"norm.rms"}), "plugin-lib", rms_norm,
+                                     platforms=frozenset({"cpu"}), dtypes=frozenset({"fp32"})))
+    return "plugin.rms_norm"
+
+
+def test_a_table_from_another_torch_keeps_the_entries_of_other_libraries(tmp_path):
+    """Partial revalidation: a torch upgrade drops the entries torch's kernels serve (they were
+    measured under the old torch) and keeps those of other libraries, each with its reason."""
+    kernel = other_library_kernel()
+    raw = table(ops=[entry(RMS, {"kernel_id": kernel}), entry(ATTN, {"kernel_id": "sdpa.math"})])
+    raw["hardware"]["torch"] = "1.0.0"
+    raw["kernels"]["sdpa.math"]["version"] = "1.0.0"
+    d, warned = load_quietly(write(tmp_path, raw), strict=True)
+    assert d.table is not None and len(warned) == 1 and "sdpa.math is not used (torch is" in warned[0]
+    assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == kernel, "another library's entry serves"
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    assert d.kernel_for("attention", q, k, k) == "sdpa.default", "torch's entry falls back"
+    entries = d.explain()["entries"]
+    assert entries[str(RMS)]["served"] and not entries[str(ATTN)]["served"]
+    assert "torch is" in entries[str(ATTN)]["kernels"]["sdpa.math"] and "1.0.0" in entries[str(ATTN)]["why"]
+    assert d.explain("attention.prefill", hq=4, hkv=2, d=16, flags=("causal",), dtype="fp32", batch=1,
+                     seq=8)["reason"] == "no kernel of the leaf is usable here"
+
+
+def test_a_change_of_software_drops_the_kernels_it_touches():
+    from runtime_loader import registry
+    from runtime_loader.hardware import stale_under
+    stack = {"triton": ("3.0.0", "3.6.0")}
+    assert stale_under(registry.get("liger.rms_norm"), stack) and stale_under(registry.get("compile.rms_norm"), stack)
+    assert stale_under(registry.get("triton.rms_norm"), stack)
+    assert not stale_under(registry.get("sdpa.cudnn"), stack) and not stale_under(registry.get("eager.rms_norm"), stack)
+    assert stale_under(registry.get("eager.rms_norm"), {"cudnn": (90100, 91900)}), "cuDNN: every CUDA kernel"
+    assert stale_under(registry.get("flashinfer.decode"), {"cuda": ("12.8", "13.0")}), "CUDA: every CUDA kernel"
+    assert not stale_under(registry.get("sdpa.cpu_flash"), {"cuda": ("12.8", "13.0")}), "a CPU-only kernel"
+    assert not stale_under(registry.get("flashinfer.decode"), {"torch": ("2.11.0", "2.13.0")}), "another library"
+
+
+def test_a_table_of_another_device_model_is_borrowed_only_when_asked(tmp_path):
+    raw = table(hardware={**table()["hardware"], "name": "Another CPU of this architecture"})
+    path = write(tmp_path, raw)
+    d, warned = load_quietly(path)
+    assert d.table is None and "allow_similar_gpu=True" in warned[0] and "another device" in d.load_error
+    d, warned = load_quietly(path, allow_similar_gpu=True)
+    assert d.table is not None and len(warned) == 1 and "borrowing a table tuned on another device" in warned[0]
+    assert "--on-this-gpu" in warned[0]
+    assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "torch.rms_norm"
+    other = write(tmp_path / "isa", table(hardware={**table()["hardware"], "isa": "VSX"}))
+    assert load_quietly(other, allow_similar_gpu=True)[0].table is None, "another architecture: never"
+
+
+def test_verify_drops_a_kernel_that_disagrees_with_its_fallback(tmp_path):
+    import tests.tunable_kernels  # noqa: F401  (demo.rms_norm[...,exact=0] skips the normalisation)
+    wrong = "demo.rms_norm[rows=64,exact=0]"
+    tree = {"dim": "tokens", "threshold": 8.0, "le": {"kernel_id": "torch.rms_norm"}, "gt": {"kernel_id": wrong}}
+    path = write(tmp_path, table(ops=[entry(RMS, tree)]))
+    d, warned = load_quietly(path, strict=True)
+    assert not warned and d.kernel_for("rms_norm", torch.randn(16, 64), torch.randn(64)) == wrong, "unverified"
+    d, warned = load_quietly(path, verify=True)
+    assert len(warned) == 1 and "verify dropped 1 kernels" in warned[0] and "PARITY_FAILED" in warned[0]
+    assert d.kernel_for("rms_norm", torch.randn(16, 64), torch.randn(64)) == "eager.rms_norm"
+    assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "torch.rms_norm", "the right one kept"
+    assert "PARITY_FAILED" in d.explain()["entries"][str(RMS)]["kernels"][wrong]
+    with pytest.raises(TableError, match="verify: 1 kernels disagree"):
+        runtime_loader.load(path, strict=True, verify=True)
+
+
+def test_verify_drops_what_it_cannot_reach_in_its_budget(tmp_path):
+    d = runtime_loader.load(write(tmp_path, table()), strict=True)
+    dropped = d.verify(budget_s=0)
+    assert dropped and all("not verified within 0 s" in why for why in dropped.values())
+    assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "eager.rms_norm"
 
 
 def test_checksum_mismatch_is_refused(tmp_path):

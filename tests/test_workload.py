@@ -26,7 +26,7 @@ def test_buckets_crowd_where_calls_crowd():
     assert workload.placed(calls, 5) == [100, 104, 109, 152, 199]
     assert workload.placed(Counter({1: 500, 64: 3, 2048: 1}), 3) == [1, 64, 2048]
     assert workload.placed(Counter({7: 1, 9: 1}), 4) == [7, 9]  # no more values than recorded
-    assert workload.placed(Counter({1: 9, 8: 1, 64: 1}), 1) == [1]
+    assert workload.placed(Counter({1: 9, 8: 1, 64: 1}), 1) == [64], "one bucket: every recorded call inside the range"
 
 
 def write_workload(path, calls, **fields):

@@ -89,11 +89,13 @@ def captured(workload: Workload) -> Captured:
 def placed(values: Counter, budget: int) -> list[int]:
     """`budget` values out of the recorded ones (value -> calls): the smallest, the largest and
     between them the values at evenly spaced shares of the calls (weighted quantiles), so
-    buckets crowd where calls crowd; every value when there are no more than `budget`."""
+    buckets crowd where calls crowd; every value when there are no more than `budget`. One value
+    is the largest: the runtime serves calls past the range a table was tuned over (its largest
+    bucket, runtime_loader.table.PAST_GRID) with the fallback, and every recorded call is inside it."""
     distinct = sorted(values)
     if len(distinct) <= budget:
         return distinct
-    shares = [0.5] if budget == 1 else [i / (budget - 1) for i in range(budget)]
+    shares = [1.0] if budget == 1 else [i / (budget - 1) for i in range(budget)]
     total = sum(values.values())
     cumulative = [(calls / total, v) for calls, v in zip(itertools.accumulate(values[v] for v in distinct), distinct)]
     chosen = {next(v for share_so_far, v in cumulative if share_so_far >= share - 1e-12) for share in shares}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 import sys
 import warnings
 from contextlib import contextmanager
@@ -360,36 +361,25 @@ def meta_functions(model):
             setattr(module, name, original)
 
 
-def read_together(model) -> list[tuple[str, ...]]:
-    """Names of sibling nn.Linear modules (children of one module) that read one tensor, in
-    call order: q/k/v, gate/up, whatever a model's forward makes of them. Found by running a
-    copy of the model built on the meta device from its config (no memory, no real weights)
-    for a short prefill; raises what building or running that copy raised."""
-    readers: dict[int, list[str]] = {}
-    inputs = []  # kept alive, so no two inputs share an id
-
-    def reader(name):
-        def pre_hook(module, args):
-            if args:
-                inputs.append(args[0])
-                readers.setdefault(id(args[0]), []).append(name)
-        return pre_hook
-
+def meta_twin(model):
+    """A copy of `model` built on the meta device from its config (no memory, no real weights),
+    each parameter and buffer in the dtype the model's own has (a model cast after loading, or one
+    keeping some modules in fp32, calls in those dtypes); raises what building it raised."""
     config = copy.deepcopy(model.config)  # the twin must not change the model's own config
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         twin = type(model)(config).eval()
-        try:
-            twin.set_attn_implementation("sdpa")
-        except ValueError:  # a model without SDPA (GPT-OSS's sinks): its own eager attention reads the same tensors
-            twin.set_attn_implementation("eager")
-        for name, module in twin.named_modules():
-            if type(module) is torch.nn.Linear:
-                module.register_forward_pre_hook(reader(name))
-            if is_experts(module):  # their loop follows the routing's values, which meta tensors lack
-                module.forward = lambda hidden_states, *args, **kwargs: torch.empty_like(hidden_states)
-        with torch.no_grad(), meta_functions(twin):
-            twin(input_ids=torch.zeros(1, 3, dtype=torch.long), use_cache=True)
+    dtypes = {name: t.dtype for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
+    with torch.no_grad():
+        for name, t in itertools.chain(twin.named_parameters(), twin.named_buffers()):
+            if dtypes.get(name, t.dtype) != t.dtype:
+                t.data = t.data.to(dtypes[name])
+    return twin
+
+
+def sibling_groups(readers: dict[int, list[str]]) -> list[tuple[str, ...]]:
+    """From the names of the linears that read each tensor (by its id, in call order), the groups of
+    siblings (children of one module) among them."""
     groups = []
     for names in readers.values():
         by_parent: dict[str, list[str]] = {}

@@ -26,20 +26,26 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import itertools
 import sys
 import textwrap
 import types
 import warnings
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-from ..dispatcher import Dispatcher
-from .. import custom_ops
+from .. import custom_ops, registry
+from ..dispatcher import NOT_SERVED, OWN_CODE, Dispatcher, Entry, _hand_back
+from ..dtypes import DTYPES
 from ..kernels import eager
-from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, expert_parallel, experts_arguments, is_experts, modelling_modules,
-                      own_parameters, read_together, rope_layout)
+from ..ops import Signature, linear_call
+from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, expert_parallel, experts_arguments, is_experts,
+                      meta_functions, meta_twin, modelling_modules, own_parameters, rope_layout, sibling_groups)
 
 NAME = "lzsolve"
 
@@ -66,7 +72,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                       is_causal=None, **kwargs):
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if call is None:
-        if kwargs.get("s_aux") is not None:  # attention sinks, which SDPA cannot take: the model's own eager form,
+        # what SDPA cannot take (attention sinks, a logit soft cap): the model's own eager form,
+        if kwargs.get("s_aux") is not None or kwargs.get("softcap"):
             own = sys.modules[type(module).__module__].eager_attention_forward
             if attention_mask is not None and attention_mask.dtype == torch.bool:  # which adds its mask to the scores
                 attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
@@ -76,6 +83,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal, window, softcap, sinks, qk_norm = call
+    # the plain methods, not _table(): the mask was left to the call (causal_or_sdpa_mask), so a call the
+    # table does not serve takes the op's fallback, which builds it, not transformers' own path
     out = _ops().attention(query, key, value, causal, scaling, window=window, softcap=softcap, sinks=sinks,
                            qk_norm=qk_norm)
     return out.transpose(1, 2).contiguous(), None
@@ -89,6 +98,22 @@ def _ops():
     if torch.compiler.is_compiling():
         return active.traced_ops if active.traced else torch.ops.lzsolve
     return active
+
+
+def _table():
+    """_ops(), where a call the table does not serve returns NOT_SERVED (Dispatcher.served), for the
+    caller to run its module's own code: what the unpatched model ran. Under torch.compile the custom
+    ops never hand a call back (their node is in the graph; such calls take the op's fallback)."""
+    active = custom_ops.active()
+    if torch.compiler.is_compiling():
+        return active.traced_served if active.traced else torch.ops.lzsolve
+    return active.served
+
+
+def _own(module, *args):
+    """The module's own forward, as its class had it before patch(): what the unpatched model ran
+    (its serving class names that class; a meta twin's experts name a stand-in, _ShapesOnly)."""
+    return type(module)._lzsolve_base.forward(module, *args)
 
 
 @torch.compiler.assume_constant_result  # under torch.compile: run while tracing, its answer a constant
@@ -145,15 +170,19 @@ def register(dispatcher: Dispatcher, name: str = NAME) -> str:
 # forwards once on the model's own weights), through the table.
 
 def _rms_forward(self, x):
-    return _ops().rms_norm(x, self.weight, self._lzsolve_eps, self._lzsolve_unit_offset)
+    out = _table().rms_norm(x, self.weight, self._lzsolve_eps, self._lzsolve_unit_offset)
+    return _own(self, x) if out is NOT_SERVED else out
 
 
 def _rms_gated_forward(self, x, gate):
     """Qwen3.5's gated RMSNorm, weight * rms_norm(x) * silu(gate) over each value head's rows,
     as the table tuned it: the norm per row, then a SwiGLU per token over every head (gate, normed)."""
-    normed = _ops().rms_norm(x, self.weight, self._lzsolve_eps, False)
+    normed = _table().rms_norm(x, self.weight, self._lzsolve_eps, False)
+    if normed is NOT_SERVED:
+        return _own(self, x, gate)
     rows = (-1, x.shape[-1] * self._lzsolve_heads) if x.shape[0] % self._lzsolve_heads == 0 else x.shape
-    return _ops().swiglu(gate.reshape(rows), normed.reshape(rows)).reshape(x.shape)
+    out = _table().swiglu(gate.reshape(rows), normed.reshape(rows))
+    return _own(self, x, gate) if out is NOT_SERVED else out.reshape(x.shape)
 
 
 def _qk_norm_forward(self, x):
@@ -162,16 +191,20 @@ def _qk_norm_forward(self, x):
     # says heads as the tuned one does; over the whole projection (OLMo 2) on (..., d)
     eps, unit_offset = self._lzsolve_eps, self._lzsolve_unit_offset
     if x.shape[-1] != self.weight.shape[-1] or x.dim() != 4:
-        return _ops().qk_norm(x.unsqueeze(-2), self.weight, eps, unit_offset).squeeze(-2)
+        out = _table().qk_norm(x.unsqueeze(-2), self.weight, eps, unit_offset)
+        return _own(self, x) if out is NOT_SERVED else out.squeeze(-2)
     heads = self._lzsolve_heads
     if x.shape[1] == heads and (x.shape[2] != heads or x.stride(1) < x.stride(2)):
-        return _ops().qk_norm(x.transpose(1, 2), self.weight, eps, unit_offset).transpose(1, 2)
-    return _ops().qk_norm(x, self.weight, eps, unit_offset)
+        out = _table().qk_norm(x.transpose(1, 2), self.weight, eps, unit_offset)
+        return _own(self, x) if out is NOT_SERVED else out.transpose(1, 2)
+    out = _table().qk_norm(x, self.weight, eps, unit_offset)
+    return _own(self, x) if out is NOT_SERVED else out
 
 
 def _layer_norm_forward(self, x):
     # a LayerNorm without a bias may have no bias attribute at all (Cohere's)
-    return _ops().layer_norm(x, self.weight, getattr(self, "bias", None), self._lzsolve_eps)
+    out = _table().layer_norm(x, self.weight, getattr(self, "bias", None), self._lzsolve_eps)
+    return _own(self, x) if out is NOT_SERVED else out
 
 
 # --- the fused residual add --------------------------------------------------------------------------
@@ -188,20 +221,14 @@ def _layer_norm_forward(self, x):
 ADD_NORM = "_lzsolve_add_norm"  # the name the recompiled forwards call it by, in their module's globals
 
 
-def _serves_rms(module) -> bool:
-    """Whether patch() made `module` an RMSNorm the table serves (its forward is _rms_forward)."""
-    return getattr(module.forward, "__func__", None) is _rms_forward
-
-
 def _add_norm(norm, x, residual):
-    """(norm(residual + x), residual + x): one norm.rms_add call where `norm` is an RMSNorm the patch
-    serves and the table serves that call (a table tuned before the fusion has only the norm);
-    else the add and the norm, as the layer's own lines did."""
-    if _serves_rms(norm) and _served(
-            "rms_norm_add", x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True):
-        return _ops().rms_norm_add(x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True)
-    total = residual + x
-    return norm(total), total
+    """(norm(residual + x), residual + x): one norm.rms_add call where the table serves it; else
+    the add and the norm, as the layer's own lines did."""
+    out = _table().rms_norm_add(x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True)
+    if out is NOT_SERVED:
+        total = residual + x
+        return norm(total), total
+    return out
 
 
 def _add_norm_sites(body: list) -> list[tuple[int, str, str, str]]:
@@ -298,21 +325,27 @@ def _compile_fused(cls, norms: frozenset[str]):
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     # transformers calls the experts with the router's choice: (tokens, hidden), (tokens, top_k) twice
-    return _ops().moe_experts(hidden_states, top_k_index, top_k_weights, *experts_arguments(self, self._lzsolve_kind))
+    out = _table().moe_experts(hidden_states, top_k_index, top_k_weights, *experts_arguments(self, self._lzsolve_kind))
+    return _own(self, hidden_states, top_k_index, top_k_weights) if out is NOT_SERVED else out
 
 
 def _router_forward(self, hidden_states):
     # the logits GEMM and the top-k choice through the table; each family's dtypes kept (Mixtral returns
     # float32 weights, Qwen casts them to the logits' dtype, GraniteMoE returns float32 logits)
     rows = hidden_states.reshape(-1, hidden_states.shape[-1])
-    logits = _ops().linear(rows, self.weight, getattr(self, "bias", None))
-    weights, ids = _ops().moe_router(logits, self._lzsolve_top_k, self._lzsolve_renorm)
+    logits = _table().linear(rows, self.weight, getattr(self, "bias", None))
+    routed = NOT_SERVED if logits is NOT_SERVED else _table().moe_router(logits, self._lzsolve_top_k,
+                                                                         self._lzsolve_renorm)
+    if routed is NOT_SERVED:
+        return _own(self, hidden_states)
+    weights, ids = routed
     return (logits.float() if self._lzsolve_float32_logits else logits,
             weights if self._lzsolve_float32_weights else weights.to(rows.dtype), ids)
 
 
 def _embedding_forward(self, ids):
-    return _ops().embedding(ids, self.weight, self._lzsolve_scale)
+    out = _table().embedding(ids, self.weight, self._lzsolve_scale)
+    return _own(self, ids) if out is NOT_SERVED else out
 
 
 def _embedding_scale(module) -> tuple[bool, float | None]:
@@ -336,12 +369,13 @@ def _linear(x, weight, bias):
     rows are not one matrix (the lm_head's hidden[:, -1:]) runs a batched GEMM reading the weight
     once per batch row unless autograd makes it fold (Gemma 3's lm_head at batch 4: 1.86 against
     0.48 ms on the H100, BENCHMARKS §11.3); copying those few rows costs nothing."""
-    out = _ops().linear(x.reshape(-1, x.shape[-1]), weight, bias)
-    return out.view(*x.shape[:-1], out.shape[-1])
+    out = _table().linear(x.reshape(-1, x.shape[-1]), weight, bias)
+    return out if out is NOT_SERVED else out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _linear_forward(self, x):
-    return _linear(x, self.weight, self.bias)
+    out = _linear(x, self.weight, self.bias)
+    return _own(self, x) if out is NOT_SERVED else out
 
 
 class _Siblings:
@@ -349,6 +383,7 @@ class _Siblings:
     concatenated weights, the GEMM the table tuned (capture fuses them the same way). The first
     member called computes every member's output; the others take theirs when they are called
     with that same tensor object, and compute the GEMM again otherwise (any order, any subset).
+    A call the table does not serve runs each member's own forward.
     The members' weights become views of the fused weight, so memory is not doubled; one whose
     storage has changed since (.to(), a new Parameter) makes the fused weight be built again."""
 
@@ -381,7 +416,10 @@ class _Siblings:
             return pending[2][index]
         if not torch.compiler.is_compiling() and self._pointers() != self.storage:
             self._fuse()
-        outputs = _linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        fused = _linear(x, self.weight, self.bias)
+        if fused is NOT_SERVED:
+            return _own(self.linears[index], x)
+        outputs = fused.split(self.sizes, dim=-1)
         self.pending = (x, tuple(i == index for i in range(len(self.sizes))), outputs)
         return outputs[index]
 
@@ -398,17 +436,24 @@ def _fusable(linears) -> bool:
 
 
 def _gelu_forward(self, x):
-    return _ops().gelu(x)
+    out = _table().gelu(x)
+    return _own(self, x) if out is NOT_SERVED else out
+
+
+def _gated(self, gate, up):
+    """The MLP's gated activation through the table; where it does not serve, act(gate) * up as
+    the MLP's own forward computes it (patch checked that it does, _same)."""
+    out = getattr(_table(), self._lzsolve_gated)(gate, up)
+    return getattr(self, self._lzsolve_act)(gate) * up if out is NOT_SERVED else out
 
 
 def _gated_mlp_forward(self, x):
-    gated = getattr(_ops(), self._lzsolve_gated)
-    return self.down_proj(gated(self.gate_proj(x), self.up_proj(x)))
+    return self.down_proj(_gated(self, self.gate_proj(x), self.up_proj(x)))
 
 
 def _fused_gated_mlp_forward(self, x):  # Phi-3: one gate_up projection, halves gate and up
     gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-    return self.down_proj(getattr(_ops(), self._lzsolve_gated)(gate, up))
+    return self.down_proj(_gated(self, gate, up))
 
 
 def _rope_function(original, layout: str):
@@ -421,9 +466,9 @@ def _rope_function(original, layout: str):
                  and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape[-1] << once == q.shape[-1])
         if not plain:
             return original(q, k, cos, sin, *args, **kwargs)
-        if once:
-            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-        return _ops().rope(q, k, cos, sin, interleaved)
+        out = _table().rope(q, k, *((torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)) if once
+                                    else (cos, sin)), interleaved)
+        return original(q, k, cos, sin, *args, **kwargs) if out is NOT_SERVED else out
     apply_rotary_pos_emb.lzsolve_original = original
     return apply_rotary_pos_emb
 
@@ -434,24 +479,19 @@ def _packed(kwargs: dict) -> bool:
     return any(v is not None for k, v in kwargs.items() if "cu_seq" in k or "seq_idx" in k)
 
 
-def _served(method: str, *args) -> bool:
-    """Whether the active table serves this call (see Dispatcher.serves); always, while compiling
-    (the choice is then the custom op's or the traced dispatcher's)."""
-    return torch.compiler.is_compiling() or custom_ops.active().serves(method, *args)
-
-
 def _deltanet_function(original):
     """torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule (Qwen3.5, Qwen3-Next): the
     op serves both (any chunk size computes the same); packed sequences and calls outside the
     table keep the original (transformers' choice: FLA's kernels where installed)."""
     def gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
                          use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
-        if (cu_seqlens is not None or _packed(kwargs)
-                or not _served("gated_deltanet", query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)):
+        served = NOT_SERVED if cu_seqlens is not None or _packed(kwargs) else _table().gated_deltanet(
+            query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
+        if served is NOT_SERVED:
             return original(query, key, value, g=g, beta=beta, initial_state=initial_state,
                             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                             cu_seqlens=cu_seqlens, **kwargs)
-        out, state = _ops().gated_deltanet(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
+        out, state = served
         return out, state if output_final_state else None
     gated_delta_rule.lzsolve_original = original
     return gated_delta_rule
@@ -464,10 +504,11 @@ def _conv_fn_function(original):
     parameters (no signature bound per call): Qwen3.5's layers are host-bound at decode."""
     def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
         x, silu = hidden_states.transpose(1, 2), activation is not None
-        if (activation not in (None, "silu", "swish") or _packed(kwargs) or weight.dim() != 2
-                or not _served("causal_conv1d", x, weight, bias, None, silu)):
+        plain = activation in (None, "silu", "swish") and not _packed(kwargs) and weight.dim() == 2
+        served = _table().causal_conv1d(x, weight, bias, None, silu) if plain else NOT_SERVED
+        if served is NOT_SERVED:
             return original(hidden_states, weight, bias, activation=activation, **kwargs)
-        return _ops().causal_conv1d(x, weight, bias, None, silu)[0].transpose(1, 2)
+        return served[0].transpose(1, 2)
     causal_conv1d_fn.lzsolve_original = original
     return causal_conv1d_fn
 
@@ -477,11 +518,12 @@ def _conv_update_function(original):
     else its new state is copied back, as the cache keeps that tensor)."""
     def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None):
         x, silu = hidden_states.transpose(1, 2), activation is not None
-        if (activation not in (None, "silu", "swish") or weight.dim() != 2 or hidden_states.shape[-1] != 1
-                or conv_state.shape[-1] != weight.shape[-1] or not _served("causal_conv1d", x, weight, bias,
-                                                                           conv_state, silu)):
+        plain = (activation in (None, "silu", "swish") and weight.dim() == 2 and hidden_states.shape[-1] == 1
+                 and conv_state.shape[-1] == weight.shape[-1])
+        served = _table().causal_conv1d(x, weight, bias, conv_state, silu) if plain else NOT_SERVED
+        if served is NOT_SERVED:
             return original(hidden_states, conv_state, weight, bias, activation)
-        out, new_state = _ops().causal_conv1d(x, weight, bias, conv_state, silu)
+        out, new_state = served
         if new_state is not conv_state:
             conv_state.copy_(new_state)
         return out.transpose(1, 2)
@@ -510,9 +552,11 @@ class PatchReport:
     replaced: Counter = field(default_factory=Counter)
     left: dict[str, str] = field(default_factory=dict)  # class -> why
     fused: Counter = field(default_factory=Counter)  # "q_proj+k_proj+v_proj" -> groups served as one GEMM
+    table: str = ""  # the table that serves (its file), or why none does
 
     def __str__(self) -> str:
-        lines = ["replaced: " + ", ".join(f"{name} x{n}" for name, n in sorted(self.replaced.items()))]
+        lines = [f"table: {self.table}"] if self.table else []
+        lines.append("replaced: " + (", ".join(f"{name} x{n}" for name, n in sorted(self.replaced.items())) or "nothing"))
         if self.fused:
             lines.append("one GEMM: " + ", ".join(f"{name} x{n}" for name, n in sorted(self.fused.items())))
         lines += [f"left: {name}: {why}" for name, why in sorted(self.left.items())]
@@ -520,10 +564,14 @@ class PatchReport:
 
 
 def _bind(module, forward, report: PatchReport, **attrs) -> None:
-    for name, value in attrs.items():
-        setattr(module, f"_lzsolve_{name}", value)
+    _annotate(module, **attrs)
     _serve_with(module, forward)
     report.replaced[type(module).__name__] += 1
+
+
+def _annotate(module, **attrs) -> None:
+    for name, value in attrs.items():
+        setattr(module, f"_lzsolve_{name}", value)
 
 
 def _serve_with(module, forward) -> None:
@@ -545,30 +593,38 @@ def _serving_class(cls: type, forward) -> type:
 
 
 def _mlp_form(module, kinds: dict, name: str):
-    """(forward, gated op) when the module is a gated MLP of a form we serve, else None."""
-    act = kinds.get(f"{name}.act_fn") or kinds.get(f"{name}.activation_fn")
+    """(forward, gated op, the activation's attribute) when the module is a gated MLP of a form we
+    serve, else None."""
+    act_name = next((a for a in ("act_fn", "activation_fn") if f"{name}.{a}" in kinds), None)
+    act = kinds.get(f"{name}.{act_name}")
     if act is None or act.op != "act" or act.act not in GATED_OPS:
         return None
-    gated = Dispatcher.METHODS[GATED_OPS[act.act]]  # act.swiglu -> swiglu, the method and the custom op
+    gated = GATED_OPS[act.act]
     if all(isinstance(getattr(module, a, None), torch.nn.Linear) for a in ("gate_proj", "up_proj", "down_proj")):
-        return _gated_mlp_forward, gated
+        return _gated_mlp_forward, gated, act_name
     if all(isinstance(getattr(module, a, None), torch.nn.Linear) for a in ("gate_up_proj", "down_proj")):
-        return _fused_gated_mlp_forward, gated
+        return _fused_gated_mlp_forward, gated, act_name
     return None
 
 
 def _same(module, forward, gated: str) -> bool:
-    """Whether `forward` computes what the module's own forward does, on one token through the
-    module's own weights (meta weights cannot be run: the form is trusted there)."""
+    """Whether the module's own forward computes down(gated(gate(x), up(x))) with the op's definition
+    (its fallback kernel), on one token through the module's own weights (meta weights cannot be
+    run: the form is trusted there)."""
     weight = next(module.parameters())
     if weight.is_meta:
         return True
     gen = torch.Generator(device=weight.device).manual_seed(0)  # the model's own random stream is left alone
     x = torch.randn(1, 1, weight.shape[-1], device=weight.device, dtype=weight.dtype, generator=gen)
+
+    def linear(name: str, t):
+        return F.linear(t, getattr(module, name).weight, getattr(module, name).bias)
+
     with torch.no_grad():
-        expected = type(module).forward(module, x)
-        module._lzsolve_gated = gated
-        got = forward(module, x)
+        expected = _base_class(module).forward(module, x)
+        gate, up = (linear("gate_up_proj", x).chunk(2, dim=-1) if forward is _fused_gated_mlp_forward
+                    else (linear("gate_proj", x), linear("up_proj", x)))
+        got = linear("down_proj", registry.fallback(gated).impl(gate, up))
     tol = 1e-5 if weight.dtype == torch.float32 else 2e-2
     return expected.shape == got.shape and bool(torch.allclose(got.float(), expected.float(), rtol=tol, atol=tol))
 
@@ -593,88 +649,47 @@ def _replace(module, name: str, wrap, report: PatchReport) -> None:
     report.replaced[name] += 1
 
 
-def _patch_functions(module, report: PatchReport) -> None:
-    """The modelling module's functions the table serves: RoPE (in a form an op computes, found by
-    running it, once), and the Gated DeltaNet's conv and recurrence."""
-    rope = getattr(module, "apply_rotary_pos_emb", None)
-    if callable(rope):
-        patched = hasattr(rope, "lzsolve_original")
-        layout = None if patched else rope_layout(rope)
-        if patched or layout is not None:
-            _replace(module, "apply_rotary_pos_emb", lambda original: _rope_function(original, layout), report)
-        else:
-            report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
-    for name, wrap in FUNCTIONS.items():
-        if callable(getattr(module, name, None)):
-            _replace(module, name, wrap, report)
+# --- what patch serves: planned from the model, observed on a meta twin, kept where the table serves -----
+
+@dataclass
+class _Plan:
+    """What patch() would serve of a model, by module name: each module's serving forward and its
+    attributes, the decoder layers whose residual add + norm become one call (forward, norms), the
+    sibling linears served as one GEMM, whether attention goes through the table, and the modelling
+    modules' functions replaced ((module, name) -> wrap). Nothing of the model is changed by making one."""
+    bindings: dict[str, tuple] = field(default_factory=dict)
+    layers: dict[str, tuple] = field(default_factory=dict)
+    groups: list[tuple[str, ...]] = field(default_factory=list)
+    attention: bool = True
+    functions: dict[tuple, Callable] = field(default_factory=dict)
 
 
-def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False, fuse: bool = True) -> PatchReport:
-    """Serve every module of `model` the table covers from `dispatcher` (made the active one):
-    attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
-    QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
-    apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
-    activations, token embeddings (with Gemma's scale), mixture-of-experts routers (softmax top-k)
-    and experts (SwiGLU, as transformers stores them), Qwen3.5's linear attention (its conv1d, delta
-    rules and gated norm; calls the table does not hold keep transformers' functions, which may be
-    FLA's) and nn.Linear layers, lm_head included
-    (its sliced input folded into one matrix); linears that read one tensor (q/k/v,
-    gate/up) as one GEMM over their concatenated weights (their weights become views of it:
-    patch after loading and moving the model, save before patching). Calls outside the table
-    take each op's PyTorch fallback, which computes what the module did. Works eagerly and under
-    torch.compile(fullgraph=True) (through torch.ops.lzsolve). Returns what it replaced and what
-    it left, by class. The RoPE function is replaced in the modelling module, so other models of
-    that module in this process call the dispatcher too (with the same results).
+# the op each replaced modelling-module function calls, by name
+FUNCTION_OPS = {"apply_rotary_pos_emb": "posenc.rope", "torch_chunk_gated_delta_rule": "recurrent.gated_deltanet",
+                "torch_recurrent_gated_delta_rule": "recurrent.gated_deltanet",
+                "causal_conv1d_fn": "conv.causal_depthwise", "causal_conv1d_update": "conv.causal_depthwise"}
 
-    traced=True: under torch.compile the table's calls are traced into the graph instead of staying
-    opaque custom ops: the tree's choice is made while tracing (its thresholds become Dynamo
-    guards) and Inductor sees the chosen kernel's torch ops (opaque custom ops kept the patched
-    model slower compiled than eager on the H100, BENCHMARKS.md §11.4). Eager calls are the same.
-    fuse (with traced=True): ops whose torch form Inductor fuses with its neighbours (norms,
-    activations, RoPE, the embedding: OpSchema.fusible) keep that form in the graph, and the table
-    serves the rest (attention, linears, experts); with the table's kernels for them too, a compiled
-    Llama ran 6-16% slower than compile alone (§11.8). fuse=False: the table's choice for every op."""
-    dispatcher.traced = traced
-    dispatcher.traced_fuse = fuse
-    register(dispatcher, name)
-    report = PatchReport()
-    model.set_attn_implementation(name)
-    if not traced:  # a traced patch is for a compiled model, which a graph-mode table fits
-        _warn_on_graph_table(dispatcher)
+
+def _plan(model, report: PatchReport) -> _Plan:
+    """Every module an op covers, with the forward that serves it (what patch(all_ops=True) binds)."""
+    plan = _Plan()
     kinds = classify(model)
-    # activations inside a module served whole (a gated MLP, routed experts) are not served on their own
-    mlp_parts: set[str] = {f"{module_name}.act_fn" for module_name, kind in kinds.items() if kind.op == "moe.experts"}
+    # activations inside a module served whole (a gated MLP, routed experts): no note that no op serves them alone
+    parts: set[str] = {f"{module_name}.act_fn" for module_name, kind in kinds.items() if kind.op == "moe.experts"}
     for module_name, module in model.named_modules():
         form = _mlp_form(module, kinds, module_name)
         if form is None:
             continue
-        forward, gated = form
+        forward, gated, act = form
+        parts.add(f"{module_name}.{act}")
         if _same(module, forward, gated):
-            _bind(module, forward, report, gated=gated)
-            mlp_parts.add(f"{module_name}.act_fn")
-            mlp_parts.add(f"{module_name}.activation_fn")
+            plan.bindings[module_name] = (forward, {"gated": Dispatcher.METHODS[gated], "act": act})
         else:
             report.left[type(module).__name__] = "its forward is not down(act(gate(x)) * up(x))"
     text = model.config.get_text_config()
     heads = {"q_norm": getattr(text, "num_attention_heads", None),
              "k_norm": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None),
              "linear_v": getattr(text, "linear_num_value_heads", None)}  # the gated norm's heads (Qwen3.5)
-    fused: set[str] = set()
-    modules = dict(model.named_modules())
-    try:
-        groups = read_together(model)
-    except Exception as e:  # noqa: BLE001 - a model we cannot twin keeps its linears separate, and says so
-        groups = []
-        report.left["sibling linears"] = (f"q/k/v and gate/up not fused: a meta copy of the model did not run "
-                                          f"({type(e).__name__}: {e})")
-    for names in groups:
-        linears = [modules[name] for name in names]
-        if _fusable(linears):
-            siblings = _Siblings(linears)
-            for index, (name, linear) in enumerate(zip(names, linears)):
-                _bind(linear, _sibling_forward, report, siblings=siblings, index=index)
-            report.fused["+".join(name.rpartition(".")[2] for name in names)] += 1
-            fused.update(names)
     served_classes = {type(module) for name, module in model.named_modules() if name in kinds}
     for module_name, module in model.named_modules():
         kind: Kind | None = kinds.get(module_name)
@@ -689,61 +704,339 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
         elif kind is None and is_experts(module):
             report.left[cls] = "experts in a form no op computes (an activation other than SwiGLU or GPT-OSS's, one " \
                                "bias without the other)"
-        if kind is None or module_name in mlp_parts or module_name in fused:
+        if kind is None or module_name in plan.bindings:
             continue
-        if kind.op == "linear":
-            if _base_class(module) is torch.nn.Linear:
-                _bind(module, _linear_forward, report)
-            elif isinstance(module, torch.nn.Linear):
-                report.left[cls] = "a subclass of nn.Linear (quantized?): its forward is its own"
-            else:
-                report.left[cls] = "stores its weight as (in, out) (Conv1D)"
-        elif kind.op == "norm.rms":
-            role = module_name.rsplit(".", 1)[-1]
-            if role in ("q_norm", "k_norm"):
-                _bind(module, _qk_norm_forward, report, eps=eps_of(module), unit_offset=kind.unit_offset,
-                      heads=heads[role])
-            else:
-                _bind(module, _rms_forward, report, eps=eps_of(module), unit_offset=kind.unit_offset)
-        elif kind.op == "norm.rms_gated":
-            _bind(module, _rms_gated_forward, report, eps=eps_of(module), heads=heads["linear_v"] or 1)
-        elif kind.op == "norm.layer":
-            if getattr(module, "weight", None) is None:
-                report.left[cls] = "a LayerNorm without a weight"
-            else:
-                _bind(module, _layer_norm_forward, report, eps=eps_of(module))
-        elif kind.op == "moe.experts":
-            _bind(module, _experts_forward, report, kind=kind)
-        elif kind.op == "moe.router":
-            _bind(module, _router_forward, report, top_k=module.top_k, renorm=kind.renorm,
-                  float32_logits=kind.float32_logits, float32_weights=kind.float32_weights)
-        elif kind.op == "act" and PLAIN_OPS.get(kind.act) == "act.gelu":
-            _bind(module, _gelu_forward, report)
-        elif kind.op == "embedding":
-            served, scale = _embedding_scale(module)
-            if served:
-                _bind(module, _embedding_forward, report, scale=scale)
-            else:
-                report.left[cls] = "its forward is not weight[ids] times a constant (it renormalises rows, or " \
-                                   "its weight is not materialised)"
-        else:
-            report.left[cls] = {"posenc.learned": "learned positions are left to torch",
-                                "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(
-                                    kind.op, f"no serving forward for {kind.op}")
-    _fuse_residual_adds(model, report)
-    for module in modelling_modules(model):
-        _patch_functions(module, report)
-    return report
-
-
-def _fuse_residual_adds(model, report: PatchReport) -> None:
-    """Decoder layers whose forward adds into the residual stream and norms the total with a norm
-    served above: that forward, recompiled with the two as one call (see _add_norm)."""
-    for module in model.modules():
+        binding, why = _module_binding(module_name, module, kind, heads)
+        if binding is not None:
+            plan.bindings[module_name] = binding
+        elif module_name not in parts:
+            report.left[cls] = why
+    for module_name, module in model.named_modules():
         norms = frozenset(name for name, child in module.named_children()
-                          if _serves_rms(child))
+                          if plan.bindings.get(_child(module_name, name), (None,))[0] is _rms_forward)
         forward, fused = _fused_forward(_base_class(module), norms) if norms else (None, ())
-        if forward is not None:
-            _bind(module, forward, report)
-            for norm in fused:
-                report.fused[f"residual add+{norm}"] += 1
+        if forward is not None:  # with each fused norm's eps and offset, which _add_norm reads off the norm
+            plan.layers[module_name] = (forward, {norm: plan.bindings[_child(module_name, norm)][1] for norm in fused})
+    for module in modelling_modules(model):
+        _plan_functions(module, plan, report)
+    return plan
+
+
+def _child(parent: str, name: str) -> str:
+    return f"{parent}.{name}" if parent else name
+
+
+def _module_binding(module_name: str, module, kind: Kind, heads: dict) -> tuple:
+    """((forward, attributes), None) for a module patch() serves, else (None, why it does not)."""
+    if kind.op == "linear":
+        if _base_class(module) is torch.nn.Linear:
+            return (_linear_forward, {}), None
+        if isinstance(module, torch.nn.Linear):
+            return None, "a subclass of nn.Linear (quantized?): its forward is its own"
+        return None, "stores its weight as (in, out) (Conv1D)"
+    if kind.op == "norm.rms":
+        role = module_name.rsplit(".", 1)[-1]
+        attrs = {"eps": eps_of(module), "unit_offset": kind.unit_offset}
+        if role in ("q_norm", "k_norm"):
+            return (_qk_norm_forward, {**attrs, "heads": heads[role]}), None
+        return (_rms_forward, attrs), None
+    if kind.op == "norm.rms_gated":
+        return (_rms_gated_forward, {"eps": eps_of(module), "heads": heads["linear_v"] or 1}), None
+    if kind.op == "norm.layer":
+        if getattr(module, "weight", None) is None:
+            return None, "a LayerNorm without a weight"
+        return (_layer_norm_forward, {"eps": eps_of(module)}), None
+    if kind.op == "moe.experts":
+        return (_experts_forward, {"kind": kind}), None
+    if kind.op == "moe.router":
+        return (_router_forward, {"top_k": module.top_k, "renorm": kind.renorm, "float32_logits": kind.float32_logits,
+                                  "float32_weights": kind.float32_weights}), None
+    if kind.op == "act" and PLAIN_OPS.get(kind.act) == "act.gelu":
+        return (_gelu_forward, {}), None
+    if kind.op == "embedding":
+        served, scale = _embedding_scale(module)
+        if served:
+            return (_embedding_forward, {"scale": scale}), None
+        return None, "its forward is not weight[ids] times a constant (it renormalises rows, or its weight is not " \
+                     "materialised)"
+    return None, {"posenc.learned": "learned positions are left to torch",
+                  "act": f"a {kind.act} activation outside a gated MLP: no op serves it"}.get(
+                      kind.op, f"no serving forward for {kind.op}")
+
+
+def _plan_functions(module, plan: _Plan, report: PatchReport) -> None:
+    """The modelling module's functions the table may serve: RoPE (in a form an op computes, found by
+    running it, once), and the Gated DeltaNet's conv and recurrence."""
+    rope = getattr(module, "apply_rotary_pos_emb", None)
+    if callable(rope):
+        own = getattr(rope, "lzsolve_original", rope)
+        layout = rope_layout(own)
+        if layout is not None:
+            plan.functions[(module, "apply_rotary_pos_emb")] = functools.partial(_rope_function, layout=layout)
+        else:
+            report.left[f"{module.__name__}.apply_rotary_pos_emb"] = "a RoPE form no op serves"
+    for name, wrap in FUNCTIONS.items():
+        if callable(getattr(module, name, None)):
+            plan.functions[(module, name)] = wrap
+
+
+class _Observer(Dispatcher):
+    """The Dispatcher of a meta twin's run (_observe): it records, for each call, the signature and
+    the module making it, and hands each call of Dispatcher.served back (NOT_SERVED), so that every
+    patched forward also runs the code it falls back to, whose calls are recorded in turn (a fused add
+    + norm's norm, an MLP's linears). Calls of the plain methods (attention) run the op's fallback."""
+
+    def __init__(self):
+        super().__init__(None)
+        self.frames = [""]
+        self.seen: dict[str, set[Signature]] = {}
+
+    def _resolve(self, cache, key, call, op, kernel_args, hand_back=False):
+        if call is not None:
+            self.seen.setdefault(self.frames[-1], set()).add(call[0])
+        if hand_back:
+            return Entry(_hand_back, itertools.count(), op.name, OWN_CODE, False)
+        spec, _, _ = self._choose(call, op, kernel_args)
+        return Entry(spec.impl, itertools.count(), op.name, spec.kernel_id, False)
+
+
+OBSERVER_NAME = "lzsolve_observe"  # the attention implementation a meta twin is observed through
+
+
+class _ShapesOnly:
+    """A meta twin's experts' own forward: an output of the right shape (their loop follows the routing's
+    values, which meta tensors lack)."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return torch.empty_like(hidden_states)
+
+
+def observe(model) -> tuple[dict[str, set[Signature]], list[tuple[str, ...]]]:
+    """What each module of `model` would call if patched (its op signatures, by module name; a
+    modelling function's under the module calling it) and the sibling linears that read one tensor
+    (q/k/v, gate/up), found on a meta twin of the model: what patch() serves or leaves is decided
+    from this. Nothing of the model is changed."""
+    return _observe(model, _plan(model, PatchReport()))
+
+
+def _observe(model, plan: _Plan) -> tuple[dict[str, set[Signature]], list[tuple[str, ...]]]:
+    """What each planned module of `model` calls, and which sibling linears read one tensor: found by
+    running a meta twin of the model (built from its config, each weight in the model's dtype), served
+    by `plan` and observed by an _Observer, for a short prefill and one decode step. Returns the
+    signatures by calling module's name (functions under the module that calls them) and the
+    sibling groups; raises what building or running the twin raised."""
+    twin = meta_twin(model)
+    observer, active = _Observer(), custom_ops.active()
+    modules = dict(twin.named_modules())
+    readers: dict[int, list[str]] = {}
+    kept = []  # the linears' inputs, kept alive so that no two share an id
+
+    def reader(module, args, name):
+        if args:
+            kept.append(args[0])
+            readers.setdefault(id(args[0]), []).append(name)
+
+    def leave(module, args, output) -> None:  # returns None: a forward hook's result would replace the output
+        observer.frames.pop()
+
+    with ExitStack() as stack, torch.no_grad():
+        for name, (forward, attrs) in plan.bindings.items():
+            if name in modules:
+                _serve_with(modules[name], forward)
+                _annotate(modules[name], **attrs)
+        for name, (forward, _) in plan.layers.items():
+            if name in modules:
+                _serve_with(modules[name], forward)
+        for name, module in modules.items():
+            stack.callback(module.register_forward_pre_hook(lambda m, a, name=name: observer.frames.append(name)).remove)
+            stack.callback(module.register_forward_hook(leave).remove)
+            if _base_class(module) is torch.nn.Linear:
+                stack.callback(module.register_forward_pre_hook(functools.partial(reader, name=name)).remove)
+            if is_experts(module):  # their loop follows the routing's values, which meta tensors lack
+                served = type(module) if name in plan.bindings else _serving_class(type(module), _ShapesOnly.forward)
+                module.__class__ = type(served.__name__, (served,), {"_lzsolve_base": _ShapesOnly})
+        stack.enter_context(meta_functions(twin))
+        for (module, name), wrap in plan.functions.items():
+            current = getattr(module, name)
+            setattr(module, name, wrap(getattr(current, "lzsolve_original", current)))
+            stack.callback(setattr, module, name, current)
+        register(observer, OBSERVER_NAME)
+        stack.callback(custom_ops.activate, active)
+        twin.set_attn_implementation(OBSERVER_NAME)
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        ids = torch.zeros(1, 3, dtype=torch.long, device="meta")
+        out = twin(input_ids=ids, use_cache=True)
+        cache = getattr(out, "past_key_values", None)
+        if cache is not None:  # one decode step over the prefill's cache (transformers 5.24 renamed the argument)
+            argument = "cache" if "cache" in inspect.signature(twin.forward).parameters else "past_key_values"
+            twin(input_ids=ids[:, :1], use_cache=True, **{argument: cache})
+    return observer.seen, list(dict.fromkeys(sibling_groups(readers)))
+
+
+def _fused_signature(linears, dtype: str) -> Signature | None:
+    """The signature of the one GEMM sibling linears become, as linear_call names it."""
+    first = linears[0]
+    x = torch.empty(1, first.in_features, dtype=DTYPES[dtype], device="meta")
+    weight = torch.empty(sum(m.out_features for m in linears), first.in_features, device="meta")
+    call = linear_call(x, weight, None if first.bias is None else weight[:, 0])
+    return call[0] if call else None
+
+
+def _covered(model, plan: _Plan, seen: dict, groups: list, dispatcher: Dispatcher, report: PatchReport) -> _Plan:
+    """The part of `plan` the dispatcher serves: a module where it serves some call the twin saw the
+    module make, a fused form where it serves the fused op, attention and each function where it
+    serves one of their calls. What is left is in the report, with why."""
+    uncovered: dict[str, dict[str, str]] = {}  # class (or function) -> signature -> why
+
+    def served(frame: str, label: str, op=None) -> bool:
+        calls = [sig for sig in seen.get(frame, ()) if op is None or op(sig.op)]
+        whys = {sig: dispatcher.uncovered(sig) for sig in calls}
+        for sig, why in whys.items():
+            if why is not None:
+                uncovered.setdefault(label, {})[str(sig)] = why
+        return any(why is None for why in whys.values())
+
+    modules = dict(model.named_modules())
+    kept = _Plan(attention=False)
+    for name, binding in plan.bindings.items():
+        if served(name, type(modules[name]).__name__):
+            kept.bindings[name] = binding
+    for name, layer in plan.layers.items():
+        if served(name, f"{type(modules[name]).__name__} (residual add + norm)", lambda op: op == "norm.rms_add"):
+            kept.layers[name] = layer
+    for names in groups:
+        first = seen.get(names[0], set())
+        sig = _fused_signature([modules[n] for n in names], next(iter(first)).dtype) if first else None
+        label = "+".join(n.rpartition(".")[2] for n in names) + " as one GEMM"
+        if sig is not None:
+            why = dispatcher.uncovered(sig)
+            if why is None:
+                kept.groups.append(names)
+            else:
+                uncovered.setdefault(label, {})[str(sig)] = why
+    every = {sig for sigs in seen.values() for sig in sigs}
+    attention = [sig for sig in every if sig.op.startswith("attention.")]
+    kept.attention = any(dispatcher.covers(sig) for sig in attention)
+    if attention and not kept.attention:
+        uncovered["attention"] = {str(sig): dispatcher.uncovered(sig) for sig in attention}
+    for (module, name), wrap in plan.functions.items():
+        calls = [sig for sig in every if sig.op == FUNCTION_OPS[name]]
+        if any(dispatcher.covers(sig) for sig in calls):
+            kept.functions[(module, name)] = wrap
+        elif calls:
+            uncovered[f"{module.__name__}.{name}"] = {str(sig): dispatcher.uncovered(sig) for sig in calls}
+    for label, whys in uncovered.items():
+        if label in report.left:
+            continue
+        sig, why = next(iter(sorted(whys.items())))
+        more = f" (and {len(whys) - 1} more signatures)" if len(whys) > 1 else ""
+        report.left[label] = f"{sig}: {why}{more}"
+    return kept
+
+
+def _nothing_served(model, dispatcher: Dispatcher) -> str | None:
+    """Why the dispatcher serves no call of the model at all, if it serves none."""
+    if dispatcher.policy.disable:
+        return "policy: disabled (every call uses the fallback)"
+    if dispatcher.table is None and not dispatcher.locks:
+        return f"no table: {dispatcher.load_error}" if dispatcher.load_error else "no table (Dispatcher(None))"
+    weight = next(model.parameters(), None)
+    device = weight.device.type if weight is not None else "cpu"
+    if dispatcher.device_type is not None and device != dispatcher.device_type:
+        return f"the table was tuned on {dispatcher.device_type}, the model is on {device}"
+    return None
+
+
+def _apply(model, plan: _Plan, dispatcher: Dispatcher, name: str, report: PatchReport) -> None:
+    """Serve `plan` in `model` from `dispatcher` (made the active one)."""
+    modules = dict(model.named_modules())
+    in_groups: set[str] = set()
+    for names in plan.groups:
+        linears = [modules[n] for n in names]
+        if not _fusable(linears):
+            continue
+        siblings = _Siblings(linears)
+        for index, linear in enumerate(linears):
+            _bind(linear, _sibling_forward, report, siblings=siblings, index=index)
+        report.fused["+".join(n.rpartition(".")[2] for n in names)] += 1
+        in_groups.update(names)
+    for module_name, (forward, attrs) in plan.bindings.items():
+        if module_name not in in_groups:
+            _bind(modules[module_name], forward, report, **attrs)
+    for module_name, (forward, norms) in plan.layers.items():
+        for norm, attrs in norms.items():  # whether or not the norm is served alone, _add_norm reads these
+            _annotate(modules[_child(module_name, norm)], **attrs)
+            report.fused[f"residual add+{norm}"] += 1
+        _bind(modules[module_name], forward, report)
+    custom_ops.activate(dispatcher)
+    if plan.attention:
+        register(dispatcher, name)
+        model.set_attn_implementation(name)
+    for (module, function), wrap in plan.functions.items():
+        _replace(module, function, wrap, report)
+
+
+def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False, fuse: bool = True,
+          all_ops: bool = False) -> PatchReport:
+    """Serve each module of `model` whose calls the table serves from `dispatcher` (made the active
+    one): attention (through register and attn_implementation `name`), RMSNorm, (1 + weight) RMSNorm,
+    QK-norms, LayerNorm (with or without bias), RoPE (each modelling module's
+    apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
+    activations, token embeddings (with Gemma's scale), mixture-of-experts routers (softmax top-k)
+    and experts (SwiGLU, as transformers stores them), Qwen3.5's linear attention (its conv1d, delta
+    rules and gated norm) and nn.Linear layers, lm_head included
+    (its sliced input folded into one matrix); linears that read one tensor (q/k/v,
+    gate/up) as one GEMM over their concatenated weights (their weights become views of it:
+    patch after loading and moving the model, save before patching), and a decoder layer's residual
+    add + norm as one call, where the table serves the fused op.
+
+    What each module calls is found first, on a meta twin of the model (no memory, no weights): a
+    module is replaced only where the table (or a policy lock) serves some of its calls, on the
+    model's device. Everything else keeps its own forward; with no table at all, or one that failed
+    to load, nothing is changed (one warning), and the report says what was left and why. A call
+    of a replaced module that the table does not serve (past the tuned range, another dtype) runs the
+    module's own forward, the code the unpatched model ran. Works eagerly and under
+    torch.compile(fullgraph=True) (through torch.ops.lzsolve, whose calls outside the table take the
+    op's fallback). The RoPE function is replaced in the modelling module, so other models of
+    that module in this process call the dispatcher too (with the same results).
+
+    all_ops=True replaces every module an op covers, served or not, and with no table too: for
+    runtime_loader.record(), which then sees every call (while recording, a call outside the table
+    takes the op's fallback, as what was recorded must be what runs); without a recording such calls
+    run the modules' own code.
+
+    traced=True: under torch.compile the table's calls are traced into the graph instead of staying
+    opaque custom ops: the tree's choice is made while tracing (its thresholds become Dynamo
+    guards) and Inductor sees the chosen kernel's torch ops (opaque custom ops kept the patched
+    model slower compiled than eager on the H100, BENCHMARKS.md §11.4); calls the table does not
+    serve trace the module's own code. Eager calls are the same.
+    fuse (with traced=True): ops whose torch form Inductor fuses with its neighbours (norms,
+    activations, RoPE, the embedding: OpSchema.fusible) keep the module's own code in the graph, and
+    the table serves the rest (attention, linears, experts); with the table's kernels for them too, a
+    compiled Llama ran 6-16% slower than compile alone (§11.8). fuse=False: the table's choice for every op."""
+    dispatcher.traced = traced
+    dispatcher.traced_fuse = fuse
+    report = PatchReport(table=dispatcher.table.source if dispatcher.table is not None else "none")
+    nothing = None if all_ops else _nothing_served(model, dispatcher)
+    if nothing is not None:
+        report.table = nothing
+        report.left["every module"] = f"{nothing}: the model runs as it was"
+        warnings.warn(f"lzsolve: patch() changed nothing ({nothing}); the model runs as it was", RuntimeWarning,
+                      stacklevel=2)
+        return report
+    plan = _plan(model, report)
+    try:
+        seen, plan.groups = _observe(model, plan)
+    except Exception as e:  # noqa: BLE001 - a model whose twin cannot be built or run
+        seen, why = None, f"a meta copy of the model did not run ({type(e).__name__}: {str(e)[:200]})"
+        if not all_ops:
+            report.left["every module"] = f"what its modules call is unknown: {why}; the model runs as it was"
+            return report
+        report.left["sibling linears"] = f"q/k/v and gate/up not fused: {why}"
+    if not all_ops:
+        plan = _covered(model, plan, seen, plan.groups, dispatcher, report)
+    if not traced and (plan.bindings or plan.attention):  # a traced patch is for a compiled model, which a graph-mode table fits
+        _warn_on_graph_table(dispatcher)
+    _apply(model, plan, dispatcher, name, report)
+    return report

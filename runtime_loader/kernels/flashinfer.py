@@ -1,5 +1,5 @@
-"""FlashInfer 0.5.3 adapters: attention (prefill, decode), RMSNorm, fused add + RMSNorm, LayerNorm,
-SwiGLU and GeGLU.
+"""FlashInfer 0.5.3 adapters: attention (prefill, decode; logit soft caps too), RMSNorm, fused add +
+RMSNorm, LayerNorm, SwiGLU and GeGLU.
 
 flashinfer is imported inside the adapters: runtime_loader imports without it, and FlashInfer
 reads its JIT cache location when it is first imported, which must come after
@@ -121,6 +121,7 @@ class PlanKey(NamedTuple):
     sm_scale: float  # FlashInfer fixes the softmax scale at plan time
     causal: bool
     sequence_pages: int  # pages from one sequence's first page to the next's: set by the k/v strides
+    softcap: float = 0.0  # and the logits' soft cap (its own kernel module: use_logits_cap)
 
 
 PLAN_MS: dict[PlanKey, float] = {}  # host time of plan() for every layout held in _PLANS
@@ -161,10 +162,16 @@ def _sm_scale(q, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else scale
 
 
-def _plan_key(kernel_id: str, q, k, causal: bool, scale: float | None, sequence_pages: int) -> PlanKey:
+def _plan_key(kernel_id: str, q, k, causal: bool, scale: float | None, sequence_pages: int,
+              softcap: float = 0.0) -> PlanKey:
     batch, hq, _, d = q.shape
     return PlanKey(kernel_id, batch, k.shape[2], hq, k.shape[1], d, DTYPE_NAMES[q.dtype], str(q.device),
-                   _sm_scale(q, scale), causal, sequence_pages)
+                   _sm_scale(q, scale), causal, sequence_pages, float(softcap))
+
+
+def _soft_cap(softcap: float) -> float | None:
+    """FlashInfer's logits_soft_cap: None for none (0 would divide by zero)."""
+    return float(softcap) if softcap else None
 
 
 def _check_head_dim(d: int) -> None:
@@ -216,31 +223,36 @@ def token_rows(x: torch.Tensor) -> torch.Tensor:
 
 # --- attention ---------------------------------------------------------------------
 
-def prefill(q, k, v, causal: bool, scale: float | None):
+def prefill(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
+    """softcap: FlashInfer's logits_soft_cap (Gemma 2's tanh cap on the scaled scores); window is
+    never set (the spec does not declare sliding_window)."""
     flashinfer = _flashinfer()
 
     batch, hq, seq, d = q.shape
     _check_head_dim(d)
     if batch == 1:  # no plan: the one-request kernel, on views
         out = flashinfer.single_prefill_with_kv_cache(nhd_view(q), nhd_view(k), nhd_view(v), causal=causal,
-                                                      kv_layout="NHD", sm_scale=_sm_scale(q, scale))
+                                                      kv_layout="NHD", sm_scale=_sm_scale(q, scale),
+                                                      logits_soft_cap=_soft_cap(softcap))
         return out.transpose(0, 1).unsqueeze(0)
     # Paged rather than ragged: the ragged kernels want k and v token-major too; pages are views.
     k_pages, v_pages, sequence_pages = paged_kv(k, v)
-    key = _plan_key("flashinfer.prefill", q, k, causal, scale, sequence_pages)
+    key = _plan_key("flashinfer.prefill", q, k, causal, scale, sequence_pages, softcap)
 
     def plan(wrapper):
         page_size = k_pages.shape[2]
         qo_indptr = torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32)
         wrapper.plan(qo_indptr, *page_table(batch, seq, page_size, sequence_pages), hq, k.shape[1], d, page_size,
-                     causal=causal, sm_scale=key.sm_scale, q_data_type=q.dtype, kv_data_type=k.dtype)
+                     causal=causal, sm_scale=key.sm_scale, q_data_type=q.dtype, kv_data_type=k.dtype,
+                     logits_soft_cap=_soft_cap(softcap))
 
     wrapper = _planned(key, lambda: flashinfer.BatchPrefillWithPagedKVCacheWrapper(_workspace(q.device), "HND"),
                        plan)
     return wrapper.run(token_rows(q), (k_pages, v_pages)).view(batch, seq, hq, d).transpose(1, 2)
 
 
-def _decode(kernel_id: str, use_tensor_cores: bool, q, k, v, scale: float | None, **run_options):
+def _decode(kernel_id: str, use_tensor_cores: bool, q, k, v, scale: float | None, softcap: float = 0.0,
+            **run_options):
     flashinfer = _flashinfer()
 
     batch, hq, _, d = q.shape
@@ -249,7 +261,7 @@ def _decode(kernel_id: str, use_tensor_cores: bool, q, k, v, scale: float | None
     if not use_tensor_cores and hq // hkv not in DECODE_GROUP_SIZES:
         raise ValueError(f"CUDA-core decode supports GQA group sizes {DECODE_GROUP_SIZES}, not {hq // hkv}")
     k_pages, v_pages, sequence_pages = paged_kv(k, v)
-    key = _plan_key(kernel_id, q, k, False, scale, sequence_pages)
+    key = _plan_key(kernel_id, q, k, False, scale, sequence_pages, softcap)
 
     def make():
         return flashinfer.BatchDecodeWithPagedKVCacheWrapper(_workspace(q.device), "HND",
@@ -258,16 +270,17 @@ def _decode(kernel_id: str, use_tensor_cores: bool, q, k, v, scale: float | None
     def plan(wrapper):
         page_size = k_pages.shape[2]
         wrapper.plan(*page_table(batch, kv_len, page_size, sequence_pages), hq, hkv, d, page_size,
-                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=key.sm_scale)
+                     q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=key.sm_scale,
+                     logits_soft_cap=_soft_cap(softcap))
 
     return _planned(key, make, plan).run(q.squeeze(2), (k_pages, v_pages), **run_options).unsqueeze(2)
 
 
 def batch_decode(kernel_id: str, use_tensor_cores: bool):
-    def decode(q, k, v, causal: bool = False, scale: float | None = None):
+    def decode(q, k, v, causal: bool = False, scale: float | None = None, window: int = 0, softcap: float = 0.0):
         if causal:  # SDPA's top-left causal mask would leave a single query only key 0
             raise ValueError("attention.decode is not causal")
-        return _decode(kernel_id, use_tensor_cores, q, k, v, scale)
+        return _decode(kernel_id, use_tensor_cores, q, k, v, scale, softcap)
 
     decode.__name__ = kernel_id.replace(".", "_")
     return decode
@@ -351,10 +364,11 @@ def geglu(gate, up):
 
 def plan_ms(kernel_id: str) -> Callable:
     """The spec's setup_ms: the PLAN_MS of the layout of a call (None where nothing was planned)."""
-    def setup_ms(q, k, v, causal: bool = False, scale: float | None = None) -> float | None:
+    def setup_ms(q, k, v, causal: bool = False, scale: float | None = None, window: int = 0,
+                 softcap: float = 0.0) -> float | None:
         if kernel_id == "flashinfer.prefill" and q.shape[0] == 1:
             return None  # the one-request kernel has no plan
-        return PLAN_MS.get(_plan_key(kernel_id, q, k, causal, scale, paged_kv(k, v)[2]))
+        return PLAN_MS.get(_plan_key(kernel_id, q, k, causal, scale, paged_kv(k, v)[2], softcap))
     return setup_ms
 
 
@@ -379,15 +393,15 @@ SPECS = [
           "batch > 1: BatchPrefillWithPagedKVCacheWrapper on pages that are views of k and v, q copied "
           "to (batch*seq, heads, d) unless it is a transposed view already, planned on the first call of each "
           "layout (PLAN_MS), run() captured once planned; head_dim 64/128/256 (192 raises)",
-          head_dim_max=256, head_dim_multiple=64, features=frozenset({"causal", "gqa", "qk_norm"})),
+          head_dim_max=256, head_dim_multiple=64, features=frozenset({"causal", "gqa", "qk_norm", "softcap"})),
     _spec("flashinfer.decode", "attention.decode", batch_decode("flashinfer.decode", False),
           setup_ms=plan_ms("flashinfer.decode"), notes=
           f"CUDA-core decode; GQA group sizes {DECODE_GROUP_SIZES} only (others raise); head_dim 64/128/256; "
-          + _DECODE_NOTES, head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm"})),
+          + _DECODE_NOTES, head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm", "softcap"})),
     _spec("flashinfer.decode_tc", "attention.decode", batch_decode("flashinfer.decode_tc", True),
           setup_ms=plan_ms("flashinfer.decode_tc"), notes=
           "tensor-core decode (FA2 prefill kernels), for large GQA groups; head_dim 64/128/256; " + _DECODE_NOTES,
-          head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm"})),
+          head_dim_max=256, head_dim_multiple=64, features=frozenset({"gqa", "qk_norm", "softcap"})),
     # FP8 caches: not yet run on a GPU here (issue 18); the parity gate decides
     _spec("flashinfer.decode_fp8kv", "attention.decode_fp8kv", batch_decode_fp8kv("flashinfer.decode_fp8kv", False),
           setup_ms=fp8kv_plan_ms("flashinfer.decode_fp8kv"), notes=

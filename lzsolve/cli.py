@@ -320,6 +320,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
+    spaces_dir = Path(spaces) if spaces else SPACES_DIR
+    search_spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}  # bad input ends here, not after the grid
     if ray_address is not None and (devices or device):
         raise LzError("--ray measures on the cluster's devices: leave out --devices and --device")
     if ray_workers is not None and ray_address is None:
@@ -385,8 +387,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     try:
         search_budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind),
                                             refine=refine)
-        plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, [lane.runner for lane in session.lanes],
-                                 out_dir, mode, trials, search_budget)
+        plan, searched = _search(plan, search_spaces, [lane.runner for lane in session.lanes], out_dir, mode, trials,
+                                 search_budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
                    f"({where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
@@ -507,11 +509,10 @@ def _print_notes(plan: Plan) -> None:
         click.echo(f"note: {line}", err=True)
 
 
-def _search(plan, spaces_dir: Path, runners, out_dir: Path, mode: str, trials: int | None,
+def _search(plan, spaces: dict, runners, out_dir: Path, mode: str, trials: int | None,
             budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
-    """Search the tunable kernels' configurations (when any is a candidate); the plan gains the
-    winners. Returns what the search spent too (None when there was nothing to search)."""
-    spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}
+    """Search the tunable kernels' configurations (when any is a candidate) in `spaces`; the plan gains
+    the winners. Returns what the search spent too (None when there was nothing to search)."""
     total = planned_trials(plan, spaces, trials)
     if total == 0:
         return plan, None

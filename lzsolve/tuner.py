@@ -135,7 +135,7 @@ def check_inputs_fit(sig: Signature, points: tuple[dict, ...], device: torch.dev
     largest = {dim: max(p[dim] for p in points) for dim in points[0]}
     try:
         args = CONTRACTS[sig.op].make_inputs(sig, largest, torch.device("meta"), torch.Generator())
-    except (RuntimeError, OverflowError, ValueError, TypeError) as e:
+    except (RuntimeError, ArithmeticError, ValueError, TypeError) as e:  # ArithmeticError: a size 0 divides
         raise LzError(f"{sig} at {largest}: its inputs cannot be made ({type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}); fix the model's sizes") from None
     tensors = [a for a in args if isinstance(a, torch.Tensor)]

@@ -444,6 +444,19 @@ def _workload(path: Path, tokens: int) -> Path:
     return write_workload(path, [{**RMS_CALL, "dims": {"tokens": tokens}}])
 
 
+def _workload_static(path: Path, hidden) -> Path:
+    return write_workload(path, [{**RMS_CALL, "signature": {**RMS_CALL["signature"], "static": {"hidden": hidden}}}])
+
+
+def _spaces_with(folder: Path, make) -> Path:
+    """A --spaces folder: the repo's spaces, and `make(path)` at triton.zz.yaml (read last)."""
+    from lzsolve.search import SPACES_DIR
+    spaces = folder / "spaces"
+    shutil.copytree(SPACES_DIR, spaces)
+    make(spaces / "triton.zz.yaml")
+    return spaces
+
+
 HOSTILE_INPUTS = {
     "hidden_size_1e9": (["--config", lambda p: _config(p / "c.json", hidden_size=10 ** 9, intermediate_size=10 ** 9)],
                         "hidden_size"),
@@ -457,6 +470,31 @@ HOSTILE_INPUTS = {
     "workload_fifo": (["--workload", lambda p: _fifo_input(p / "w.json")], "FIFO"),
     "workload_tokens_1e400": (["--workload", lambda p: _workload(p / "w.json", 10 ** 400)], "'calls[0].dims.tokens'"),
     "workload_tokens_1e15": (["--workload", lambda p: _workload(p / "w.json", 10 ** 15)], "tokens"),
+    # the audit of issue 55: tracebacks, a whole tune ending in tracebacks, hangs, or echoed raw
+    "hidden_size_0": (["--config", lambda p: _config(p / "c.json", hidden_size=0)], "hidden_size is 0"),
+    "intermediate_size_0": (["--config", lambda p: _config(p / "c.json", intermediate_size=0)],
+                            "intermediate_size is 0"),
+    "vocab_size_0": (["--config", lambda p: _config(p / "c.json", vocab_size=0)], "vocab_size is 0"),
+    "text_config_missing_fields": (["--config", lambda p: _config(p / "c.json", text_config={"hidden_size": 64})],
+                                   "'text_config'"),
+    "rms_norm_eps_negative": (["--config", lambda p: _config(p / "c.json", rms_norm_eps=-1.0)], "rms_norm_eps is -1.0"),
+    "rms_norm_eps_0": (["--config", lambda p: _config(p / "c.json", rms_norm_eps=0.0)], "rms_norm_eps is 0.0"),
+    "kv_heads_not_dividing_heads": (["--config", lambda p: _config(p / "c.json", num_key_value_heads=3)],
+                                    "not a multiple of num_key_value_heads 3"),
+    "model_type_3_mib": (["--config", lambda p: _config(p / "c.json", model_type="x" * (3 << 20))],
+                         "(3,145,728 characters)"),
+    "model_type_with_control_characters": (["--config", lambda p: _config(p / "c.json", model_type=FORGED)],
+                                           "\\x1b[2J"),
+    "workload_static_not_a_number": (["--workload", lambda p: _workload_static(p / "w.json", "abc")],
+                                     "static dim hidden is 'abc'"),
+    "workload_static_0": (["--workload", lambda p: _workload_static(p / "w.json", 0)], "static dim hidden is 0"),
+    "spaces_fifo": (["--config", lambda p: _config(p / "c.json"), "--spaces", lambda p: _spaces_with(p, os.mkfifo)],
+                    "FIFO"),
+    "spaces_dev_zero": (["--config", lambda p: _config(p / "c.json"),
+                         "--spaces", lambda p: _spaces_with(p, lambda yaml: yaml.symlink_to("/dev/zero"))],
+                        "character device"),
+    "spaces_1_gb": (["--config", lambda p: _config(p / "c.json"),
+                     "--spaces", lambda p: _spaces_with(p, lambda yaml: _sparse(yaml, 1 << 30))], "byte limit"),
 }
 
 
@@ -467,19 +505,20 @@ RUNS = [(case, "tune") for case in sorted(HOSTILE_INPUTS)] + [("hidden_size_1e9"
 
 @pytest.mark.parametrize("case,command", RUNS)
 def test_hostile_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, case, command):
-    (option, make), needle = HOSTILE_INPUTS[case]
+    args, needle = HOSTILE_INPUTS[case]
     inputs = tmp_path / "inputs"
     inputs.mkdir()
-    source = str(make(inputs))
+    args = [str(arg(inputs)) if callable(arg) else arg for arg in args]
     work = tmp_path / "work"
     work.mkdir()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     extra = ["--out", str(work / "out")] if command == "tune" else []
-    code, err = run_main(command, option, source, "--device", "cpu", "--grid", "tiny", *extra,
+    code, err = run_main(command, *args, "--device", "cpu", "--grid", "tiny", *extra,
                          cwd=work, capsys=capsys, monkeypatch=monkeypatch)
     assert code == cli_module.EXIT_BAD_INPUT, (code, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert lines[0].isprintable() and len(lines[0]) < ECHO_CHARS, f"{len(lines[0])} characters"
     assert "Traceback" not in err
     assert not list(work.iterdir()), "nothing written"
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024

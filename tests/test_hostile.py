@@ -412,7 +412,10 @@ def run_main(*args, cwd: Path, capsys, monkeypatch, stdout: list | None = None) 
     worker.start()
     worker.join(60)
     assert not worker.is_alive(), f"lzsolve {' '.join(args)} still running after 60 s"
-    return outcome["code"], capsys.readouterr().err
+    captured = capsys.readouterr()
+    if stdout is not None:
+        stdout.append(captured.out)
+    return outcome["code"], captured.err
 
 
 def _config(path: Path, **overrides) -> Path:
@@ -535,6 +538,71 @@ def test_commands_reading_a_hostile_table_are_one_line_exit_2(tmp_path, capsys, 
     assert err.startswith("error: ") and "byte limit" in err and len(err.strip().splitlines()) == 1, err
 
 
+# --- db query ------------------------------------------------------------------------------------
+
+def _perfdb(folder: Path) -> Path:
+    from .test_perfdb import rec
+    db = PerfDB(folder / "perfdb")
+    db.append([rec("a"), rec("b")], "r1")
+    return db.path
+
+
+def _corrupt_part(folder: Path) -> Path:
+    db = _perfdb(folder)
+    part = next(db.glob("part-*.parquet"))
+    part.write_bytes(part.read_bytes()[:200])
+    return db
+
+
+def _part_linked_outside(folder: Path) -> Path:
+    db = _perfdb(folder)
+    part = next(db.glob("part-*.parquet"))
+    outside = folder / "elsewhere.parquet"
+    part.rename(outside)
+    part.symlink_to(outside)
+    return db
+
+
+RECURSIVE = "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT count(*) FROM t"
+HOSTILE_QUERIES = {  # (PerfDB maker, SQL, options, needle)
+    "recursive_cte": (_perfdb, RECURSIVE, ["--timeout", "1"], "query stopped after 1 s"),
+    "corrupt_part": (_corrupt_part, "SELECT count(*) FROM records", [], "move it out of"),
+    "part_linked_outside": (_part_linked_outside, "SELECT count(*) FROM records", [], "outside"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_QUERIES))
+def test_db_query_on_hostile_sql_or_parts_is_one_line_exit_2(tmp_path, capsys, monkeypatch, case):
+    make, sql, options, needle = HOSTILE_QUERIES[case]
+    db = make(tmp_path)
+    started = time.perf_counter()
+    code, err = run_main("db", "query", sql, "--db", str(db), *options, cwd=tmp_path, capsys=capsys,
+                         monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_BAD_INPUT, (code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert time.perf_counter() - started < 5
+
+
+def test_db_query_prints_a_bounded_number_of_rows_unless_told(tmp_path, capsys, monkeypatch):
+    """`SELECT * FROM range(100000000)` took 3.5 GB, then a MemoryError traceback (issue 55)."""
+    db = _perfdb(tmp_path)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = []
+    code, err = run_main("db", "query", "SELECT * FROM range(100000000)", "--db", str(db), cwd=tmp_path,
+                         capsys=capsys, monkeypatch=monkeypatch, stdout=out)
+    assert code == cli_module.EXIT_OK, err
+    assert out[0].splitlines()[2:] == [str(i) for i in range(cli_module.QUERY_ROWS)]
+    assert err.strip() == f"note: the first {cli_module.QUERY_ROWS} rows of more; --limit N or --all for others"
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024 < 200, "MB"
+    for options, rows in ((["--limit", "7"], 7), (["--all"], 2500), (["--all", "--limit", "3"], 2500)):
+        out = []
+        code, err = run_main("db", "query", "SELECT * FROM range(2500)", "--db", str(db), "--json", *options,
+                             cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch, stdout=out)
+        assert code == cli_module.EXIT_OK and json.loads(out[0]) == [{"range": i} for i in range(rows)], err
+        assert ("note:" in err) == (rows == 7)
+
+
 # --- a full disk, re-runs, orphaned workers ------------------------------------------------------
 
 def _tune_args(workload: Path, out: Path) -> list[str]:
@@ -620,6 +688,30 @@ def test_disk_full_is_one_line_exit_4_and_a_rerun_continues(tmp_path, capsys, mo
     assert failed and code == cli_module.EXIT_WRITE_FAILED, (code, err)
     assert [line for line in err.splitlines() if line.startswith("error:")][0].startswith(
         "error: no space left on device writing ")
+
+
+def test_a_rerun_over_a_corrupt_part_says_how_to_repair_and_keeps_it(tmp_path, capsys, monkeypatch):
+    """A PerfDB part truncated outside our atomic writes (a copy cut short, a disk error): the re-run
+    names it and the repair in one line and exits 2 (issue 55: a 45-line traceback), deleting
+    nothing; once the part is moved aside, the next run measures its records again."""
+    workload = write_workload(tmp_path / "w.json", [{**RMS_CALL, "dims": {"tokens": t}} for t in (1, 64)])
+    out = tmp_path / "out"
+    code, err = run_main(*_tune_args(workload, out), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_OK, err
+    rows = _rows(out)
+    part = PerfDB(out / "perfdb").files()[0]
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    code, err = run_main(*_tune_args(workload, out), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_BAD_INPUT, (code, err)
+    lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert str(part) in lines[0] and f"move it out of {out / 'perfdb'}" in lines[0], lines[0]
+    assert part.exists(), "the user's file is kept"
+    part.rename(tmp_path / part.name)
+    code, err = run_main(*_tune_args(workload, out), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_OK, err
+    assert _rows(out) == rows, "the moved part's records were measured again"
+    assert runtime_loader.load(out, strict=True).table is not None
 
 
 def test_orphaned_worker_exits_quietly(capfd):

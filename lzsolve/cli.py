@@ -742,7 +742,7 @@ def db():
 
 
 QUERY_ROWS = 1000  # rows `db query` prints unless told (--limit, --all): a screenful is tens
-QUERY_TIMEOUT_S = 60.0  # a query over a PerfDB of a whole tune takes well under a second
+QUERY_TIMEOUT_S = 10.0  # a query over a tune's PerfDB (an in-memory copy) takes well under a second
 
 
 @db.command("query")

@@ -133,13 +133,17 @@ def _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels,
     return make_plan(spec, dtype, dev, grid, only, skip)
 
 
-def _print_table(columns: list[str], rows: list[tuple]) -> None:
+def _print_table(columns: list[str], rows: list[tuple], widths: list[int] | None = None) -> list[int]:
+    """Rows under their column names; given the `widths` an earlier call returned, more rows of that
+    table (no header again). Returns the widths."""
     cells = [[("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in row] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
-    click.echo("  ".join("-" * w for w in widths))
+    if widths is None:
+        widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+        click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+        click.echo("  ".join("-" * w for w in widths))
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    return widths
 
 
 class _LogProgress:
@@ -320,6 +324,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
     _load_plugins(plugins)
+    spaces_dir = Path(spaces) if spaces else SPACES_DIR
+    search_spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}  # bad input ends here, not after the grid
     if ray_address is not None and (devices or device):
         raise LzError("--ray measures on the cluster's devices: leave out --devices and --device")
     if ray_workers is not None and ray_address is None:
@@ -385,8 +391,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     try:
         search_budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind),
                                             refine=refine)
-        plan, searched = _search(plan, Path(spaces) if spaces else SPACES_DIR, [lane.runner for lane in session.lanes],
-                                 out_dir, mode, trials, search_budget)
+        plan, searched = _search(plan, search_spaces, [lane.runner for lane in session.lanes], out_dir, mode, trials,
+                                 search_budget)
         lap("search_s")
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
                    f"({where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
@@ -507,11 +513,10 @@ def _print_notes(plan: Plan) -> None:
         click.echo(f"note: {line}", err=True)
 
 
-def _search(plan, spaces_dir: Path, runners, out_dir: Path, mode: str, trials: int | None,
+def _search(plan, spaces: dict, runners, out_dir: Path, mode: str, trials: int | None,
             budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
-    """Search the tunable kernels' configurations (when any is a candidate); the plan gains the
-    winners. Returns what the search spent too (None when there was nothing to search)."""
-    spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}
+    """Search the tunable kernels' configurations (when any is a candidate) in `spaces`; the plan gains
+    the winners. Returns what the search spent too (None when there was nothing to search)."""
     total = planned_trials(plan, spaces, trials)
     if total == 0:
         return plan, None
@@ -740,25 +745,59 @@ def db():
     """Query the PerfDB with DuckDB SQL (views: records, admitted, rejected, ceilings)."""
 
 
+QUERY_ROWS = 1000  # rows `db query` prints unless told (--limit, --all): a screenful is tens
+QUERY_TIMEOUT_S = 10.0  # a query over a tune's PerfDB (an in-memory copy) takes well under a second
+
+
 @db.command("query")
 @click.argument("sql")
 @click.option("--db", "db_path", type=click.Path(), default=None,
               help="artifact folder or perfdb folder  [default: newest artifact under ./artifacts]")
 @click.option("--json", "as_json", is_flag=True, help="print rows as JSON objects")
-def db_query(sql, db_path, as_json):
+@click.option("--limit", type=click.IntRange(min=1), default=QUERY_ROWS, show_default=True, metavar="N",
+              help="print at most this many rows (a note on stderr says when there were more)")
+@click.option("--all", "all_rows", is_flag=True, help="print every row, however many (instead of --limit)")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=QUERY_TIMEOUT_S, show_default=True,
+              metavar="SECONDS", help="stop the query after this long")
+def db_query(sql, db_path, as_json, limit, all_rows, timeout):
     """Run SQL over the PerfDB, e.g.
 
     \b
     lzsolve db query "SELECT kernel_id, count(*) FROM admitted GROUP BY 1"
+
+    The query sees an in-memory copy of the PerfDB and may use 1 GiB besides it (no spilling to disk).
     """
     path = Path(db_path) if db_path else find_artifact(None) / "perfdb"
     if (path / "perfdb").is_dir():
         path = path / "perfdb"
-    columns, rows = PerfDB(path).query(sql)
-    if as_json:
-        click.echo(json.dumps([dict(zip(columns, r)) for r in rows], default=str, indent=1))
-    else:
-        _print_table(columns, rows)
+    import contextlib
+    import itertools
+
+    # batches of --limit + 1 rows: the first tells whether there are more; --all prints every batch
+    # as it comes, so a result of any size is never held whole
+    with contextlib.closing(PerfDB(path).stream(sql, timeout_s=timeout, batch_rows=limit + 1)) as batches:
+        columns, rows = next(batches)
+        more = len(rows) > limit and not all_rows
+        chunks = itertools.chain([rows], (rows for _, rows in batches)) if all_rows else [rows[:limit]]
+        if as_json:
+            _echo_json_array(dict(zip(columns, row)) for chunk in chunks for row in chunk)
+        else:
+            widths = None
+            for chunk in chunks:
+                widths = _print_table(columns, chunk, widths)
+    if more:
+        click.echo(f"note: the first {limit} rows of more; --limit N or --all for others", err=True)
+
+
+def _echo_json_array(items) -> None:
+    """json.dumps(list(items), indent=1), written an item at a time."""
+    import textwrap
+
+    first = True
+    for item in items:
+        click.echo(("[\n" if first else ",\n") + textwrap.indent(json.dumps(item, default=str, indent=1), " "), nl=False)
+        first = False
+    click.echo("[]" if first else "\n]")
 
 
 def run() -> NoReturn:

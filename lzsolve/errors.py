@@ -5,9 +5,15 @@ import errno
 import os
 from pathlib import Path
 
+from runtime_loader.safeio import one_line
+
 
 class LzError(Exception):
-    """Bad input or an unusable environment; the message names the problem and the fix."""
+    """Bad input or an unusable environment; the message names the problem and the fix, on one
+    line (escaped and bounded: it may echo what the input held)."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(one_line(message))
 
 
 # errno values that mean the output's storage failed, not the input: the user frees space or

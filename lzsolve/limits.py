@@ -75,15 +75,45 @@ def check_fits(what: str, shape: tuple[int, ...], itemsize: int, device: torch.d
                       f"({human_bytes(need)}), more than {where} ({human_bytes(have)}); {fix}")
 
 
-def _config_int(config, name: str) -> int | None:
+def _config_ints(config, name: str) -> list[int]:
     """config.<name> where it is an int; for a field its layers set apart (Gemma 4's head_dim), the
-    largest of the global and every layer's value."""
+    global and every layer's value."""
     values = [getattr(config, name, None)]
     if name in (getattr(config, "per_layer_attributes", None) or ()):
         layers = config.per_layer_config
         values += [getattr(layers[i], name, None) for i in range(len(layers))]
-    ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-    return max(ints) if ints else None
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _config_int(config, name: str) -> int | None:
+    """The largest of _config_ints."""
+    return max(_config_ints(config, name), default=None)
+
+
+# Sizes a model divides by or allocates with: 0 (or less) fails in the capture, the inputs' makers or
+# the workers, each with a traceback of its own (issue 55), so they are refused first
+POSITIVE_SIZES = ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                  "num_hidden_layers", "head_dim")
+# Norm epsilons under the names transformers' configs use: a norm divides by sqrt(mean + eps)
+NORM_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "norm_epsilon")
+
+
+def check_config_values(config, where: str) -> None:
+    """A transformers config's sizes positive, its norm epsilons positive, and its key/value
+    heads a divisor of its attention heads (grouped-query attention shares each kv head among
+    the same number of query heads); else one LzError line naming the field."""
+    for name in POSITIVE_SIZES:
+        low = min(_config_ints(config, name), default=None)
+        if low is not None and low <= 0:
+            raise LzError(f"{where}: {name} is {low}, not a positive integer; fix the config")
+    for name in NORM_EPSILONS:
+        eps = getattr(config, name, None)
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and not (math.isfinite(eps) and eps > 0):
+            raise LzError(f"{where}: {name} is {eps}, not a positive number (1e-6 is usual); fix the config")
+    heads, kv_heads = _config_int(config, "num_attention_heads"), _config_int(config, "num_key_value_heads")
+    if heads and kv_heads and heads % kv_heads:
+        raise LzError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}; "
+                      "fix the config")
 
 
 def check_config_sizes(config, itemsize: int, where: str) -> None:

@@ -17,11 +17,14 @@ import itertools
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from runtime_loader import safeio
 
 from .errors import LzError, WriteError
 from .fsutil import atomic_write_bytes
@@ -110,6 +113,10 @@ CEILINGS_SCHEMA = pa.schema([
 ])
 RECORDS_GLOB, CEILINGS_GLOB = "part-*.parquet", "ceilings-*.parquet"
 LOCK_FILE = ".measuring.lock"  # PerfDB.measuring; hidden, so no artifact manifest lists it
+MAX_PART_BYTES = 1 << 30  # a part holds one signature's records of one run: tens of KB
+# What SQL over the PerfDB may use beyond the copy of the PerfDB itself (PerfDB.connect; DuckDB's
+# own default is 80% of the host's memory, and `SELECT * FROM range(100000000)` took 3.5 GB)
+QUERY_MEMORY = 1 << 30
 
 
 def dims_key(dims: dict) -> str:
@@ -195,11 +202,20 @@ class PerfDB:
         or change a setting back. The PerfDB's files themselves are never opened for writing."""
         if not self.files() and not self.files(CEILINGS_GLOB):
             raise LzError(f"no PerfDB records under {self.path}; run `lzsolve tune` first or pass --db")
-        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        # spilling off (temp_directory ''): a query that outgrows its memory fails instead of writing
+        # beside the user's files (DuckDB's default for an in-memory database: ./.tmp)
+        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                                     "temp_directory": ""})
+        try:  # no progress bar on stdout past 2 s (copying 2,200 parts in takes longer) amid `db query --json`
+            con.execute("SET enable_progress_bar = false")
+        except duckdb.Error:  # in Jupyter without ipywidgets, where DuckDB draws none and refuses the setting
+            pass
         self._copy_in(con, "records", RECORDS_GLOB, SCHEMA)
         self._copy_in(con, "ceilings", CEILINGS_GLOB, CEILINGS_SCHEMA)
         con.execute("CREATE VIEW admitted AS SELECT * FROM records WHERE status = 'ok'")
         con.execute("CREATE VIEW rejected AS SELECT * FROM records WHERE status = 'rejected'")
+        held = con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()[0]
+        con.execute(f"SET memory_limit = '{held + QUERY_MEMORY}B'")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         return con
@@ -209,23 +225,68 @@ class PerfDB:
         (none: older PerfDBs have no ceilings, and a run may stop before its first records). A column
         that files written before it existed lack (phase, device_index, routing_skew) is null there."""
         con.register(f"_no_{table}", pa.Table.from_pylist([], schema=schema))
-        if self.files(pattern):
-            glob = str(self.path / pattern).replace("'", "''")
-            con.execute(f"CREATE TABLE {table} AS SELECT * FROM _no_{table} "
-                        f"UNION ALL BY NAME SELECT * FROM read_parquet('{glob}', union_by_name = true)")
+        parts = [self._read_part(path) for path in self.files(pattern)]
+        if parts:
+            con.register(f"_parts_{table}", pa.concat_tables(parts, promote_options="permissive"))
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM _no_{table} UNION ALL BY NAME SELECT * FROM _parts_{table}")
+            con.unregister(f"_parts_{table}")
         else:
             con.execute(f"CREATE TABLE {table} AS SELECT * FROM _no_{table}")
         con.unregister(f"_no_{table}")
 
-    def query(self, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
+    def _read_part(self, path: Path) -> pa.Table:
+        """One Parquet file of this PerfDB, opened as the runtime opens an artifact's files: a regular
+        file inside the folder (a link may not lead out of it), within MAX_PART_BYTES. A file that is
+        not Parquet (truncated by a crash outside our atomic writes, or corrupt) is one LzError line
+        naming it and the repair."""
+        data = safeio.read_regular(path, MAX_PART_BYTES, LzError, root=self.path, what=f"PerfDB part {path}")
+        try:  # from memory, one thread: a third faster than from the file over 2,200 small parts
+            return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise LzError(f"PerfDB part {path} cannot be read ({why}): it is truncated or corrupt; move it "
+                          f"out of {self.path} and run the tune again (it measures that part's records "
+                          "again)") from None
+
+    def query(self, sql: str, params: list | None = None, *, limit: int | None = None,
+              timeout_s: float | None = None) -> tuple[list[str], list[tuple]]:
+        """(columns, rows) of `sql`: every row, or the first `limit` + 1 (the caller tells from the
+        extra row that there is more; DuckDB streams the result, so a huge one is never held)."""
+        batches = self.stream(sql, params, timeout_s=timeout_s, batch_rows=None if limit is None else limit + 1)
+        with contextlib.closing(batches):
+            return next(batches)
+
+    def stream(self, sql: str, params: list | None = None, *, timeout_s: float | None = None,
+               batch_rows: int | None = None) -> Iterator[tuple[list[str], list[tuple]]]:
+        """(columns, rows) of `sql` in batches of `batch_rows` rows (None: one batch of every row),
+        at least one; a query still running after `timeout_s` is interrupted (a recursive CTE may
+        run forever). Every failure is one LzError line."""
         con = self.connect()
+        timer = threading.Timer(timeout_s, con.interrupt) if timeout_s else None
+        if timer:
+            timer.daemon = True
+            timer.start()
         try:
             result = con.execute(sql, params or [])
+            columns = [d[0] for d in result.description or ()]
+            while True:
+                rows = [] if not columns else result.fetchall() if batch_rows is None else result.fetchmany(batch_rows)
+                yield columns, rows
+                if batch_rows is None or len(rows) < batch_rows:
+                    return
+        except duckdb.InterruptException:
+            raise LzError(f"query stopped after {timeout_s:g} s; narrow it, or allow longer with --timeout") from None
+        except duckdb.OutOfMemoryException as e:
+            raise LzError(f"query failed: {_query_error(e)} (a query may use {QUERY_MEMORY >> 30} GiB besides the "
+                          "PerfDB; narrow it or aggregate)") from None
         except duckdb.Error as e:
             raise LzError(f"query failed: {_query_error(e)}") from None
-        if result.description is None:
-            return [], []
-        return [d[0] for d in result.description], result.fetchall()
+        except MemoryError:
+            raise LzError("the query's result does not fit in memory; narrow it or use --limit") from None
+        finally:
+            if timer:
+                timer.cancel()
+            con.close()
 
     def rows(self, sql: str, params: list | None = None) -> list[dict]:
         columns, rows = self.query(sql, params)

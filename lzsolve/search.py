@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 import yaml
 
-from runtime_loader import registry
+from runtime_loader import registry, safeio
 from runtime_loader.specs import config_id
 
 from .devices import groups_apart, run_sharded
@@ -57,18 +57,24 @@ class SearchSpace:
     starts: tuple[dict, ...] = ()  # configurations every study tries right after the default
 
 
+MAX_SPACE_BYTES = 64 << 10  # a search space is a few hundred bytes (the largest here: 1.2 KB)
+
+
 def load_space(path: Path) -> SearchSpace:
     """Parse and check one YAML space against its family: the file may narrow what the kernel
-    accepts, never widen it."""
+    accepts, never widen it. Read as the artifact's files are (safeio): a regular file within
+    MAX_SPACE_BYTES, opened without blocking (a FIFO named *.yaml would hang the tune, a link to
+    /dev/zero fill its memory)."""
+    data = safeio.read_regular(path, MAX_SPACE_BYTES, LzError, what=f"search space {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise LzError(f"{path}: cannot read search space ({str(e).splitlines()[0]})") from None
+        raw = yaml.safe_load(data.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as e:
+        raise LzError(f"{path}: cannot read search space ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
     if not isinstance(raw, dict) or not {"kernel", "trials", "params"} <= set(raw):
         raise LzError(f"{path}: a search space needs 'kernel', 'trials' and 'params'")
-    family = registry.TUNABLES.get(raw["kernel"])
+    family = registry.TUNABLES.get(raw["kernel"]) if isinstance(raw["kernel"], str) else None
     if family is None:
-        raise LzError(f"{path}: {raw['kernel']!r} is not a tunable kernel; known: {', '.join(registry.TUNABLES)}")
+        raise LzError(f"{path}: {safeio.shown(raw['kernel'])} is not a tunable kernel; known: {', '.join(registry.TUNABLES)}")
     params = raw["params"]
     if not isinstance(params, dict) or list(params) != list(family.params):
         raise LzError(f"{path}: params must be {list(family.params)} in that order")

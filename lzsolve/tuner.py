@@ -135,7 +135,7 @@ def check_inputs_fit(sig: Signature, points: tuple[dict, ...], device: torch.dev
     largest = {dim: max(p[dim] for p in points) for dim in points[0]}
     try:
         args = CONTRACTS[sig.op].make_inputs(sig, largest, torch.device("meta"), torch.Generator())
-    except (RuntimeError, OverflowError, ValueError, TypeError) as e:
+    except (RuntimeError, ArithmeticError, ValueError, TypeError) as e:  # ArithmeticError: a size 0 divides
         raise LzError(f"{sig} at {largest}: its inputs cannot be made ({type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}); fix the model's sizes") from None
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -321,11 +321,13 @@ class Session:
                                        plan.hardware, run_id, r.timer, device_index(getattr(r, "device", plan.device), n)))
                       for n, r in enumerate((runner, *more))]
         self.recorder = self.lanes[0].recorder
+        # PerfDB files this run has read: newer ones not its own are another tuner's. Listed before
+        # they are read, so a file another tuner writes meanwhile is read again, not missed
+        self.seen = db.names()
         self.reusable = _reusable(db, self.recorder) if reuse else {}
         self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
         self.seeds = fresh_seeds()
-        self.seen = db.names()  # PerfDB files this run has read: newer ones not its own are another tuner's
 
     @property
     def run_id(self) -> str:
@@ -340,8 +342,10 @@ class Session:
         with self.db.measuring(str(sp.instance.signature)):
             ours = f"part-{self.run_id}-"
             others = {name for name in self.db.names() if not name.startswith(ours)} - self.seen
-            if self.reuse and others:
-                self.reusable.update(_reusable(self.db, self.recorder))
+            if others:  # another tuner's records: its capability verdicts are not appended twice either
+                if self.reuse:
+                    self.reusable.update(_reusable(self.db, self.recorder))
+                self.rejections.update(_recorded_rejections(self.db, self.recorder))
             self.seen |= others
             return self._measure(sp, work, phase, modes, on_step, lane)
 

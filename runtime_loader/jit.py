@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from . import safeio
 from .manifest import MAX_FILE_BYTES
+from .safeio import shown
 from .table import TableError
 
 # cache kind -> the environment variable its library reads (lazily, at first compile;
@@ -65,31 +66,63 @@ def _open_tar(archive: Path) -> tarfile.TarFile:
         raise TableError(f"jit archive {archive.name} is not a plain tar ({e})") from None
 
 
+BLOCK = tarfile.BLOCKSIZE
+
+
+def _count_headers(f, name: str) -> int:
+    """The header blocks of a plain tar, counted by reading each one's size field alone (a
+    microsecond each, where tarfile's parse of a member takes 20-40: 200,000 members took it 4-9 s),
+    up to MAX_ARCHIVE_MEMBERS + 1; TableError unless the archive ends with its end-of-archive block.
+    tarfile itself takes a header cut short, or no end block, for the end and keeps what came
+    before: a truncated archive would pass, and restore partially. An extended (pax, GNU long
+    name) header counts as one more member: an upper bound."""
+    count, offset = 0, 0
+    while count <= MAX_ARCHIVE_MEMBERS:
+        f.seek(offset)
+        header = f.read(BLOCK)
+        if header == bytes(BLOCK):
+            return count
+        if len(header) < BLOCK:
+            where = "inside a member's header" if header else "before its end-of-archive block"
+            raise TableError(f"jit archive {name} is truncated (cut {where})")
+        field = header[124:136]
+        try:  # octal, or base-256 (a leading 0x80) for sizes past 8 GiB
+            size = int.from_bytes(field[1:], "big") if field[0] & 0x80 else int(field.rstrip(b"\0 ") or b"0", 8)
+        except ValueError:
+            raise TableError(f"jit archive {name} is not a plain tar (a bad header at byte {offset:,})") from None
+        offset += BLOCK + -(-size // BLOCK) * BLOCK
+        count += 1
+    raise TableError(f"jit archive {name} has over {MAX_ARCHIVE_MEMBERS:,} members")
+
+
 def check_members(archive: Path) -> list[tarfile.TarInfo]:
     """Every member of a jit archive, or TableError for the first one that is not plain data."""
     members = []
     tar = _open_tar(archive)
     try:
         with tar, tar.fileobj:
+            _count_headers(tar.fileobj, archive.name)  # bounds and checks the walk below
             for m in tar:
                 members.append(m)
-                if len(members) > MAX_ARCHIVE_MEMBERS:
+                if len(members) > MAX_ARCHIVE_MEMBERS:  # the file grew since it was counted
                     raise TableError(f"jit archive {archive.name} has over {MAX_ARCHIVE_MEMBERS:,} members")
+    except TableError:
+        raise
     except (tarfile.TarError, OSError, EOFError, ValueError) as e:  # truncated or corrupt
         raise TableError(f"jit archive {archive.name} cannot be read ({type(e).__name__}: {e})") from None
     total = 0
     for m in members:
         path = PurePosixPath(m.name)
         if path.is_absolute() or m.name.startswith(("/", "\\")):
-            raise TableError(f"jit archive member {m.name!r} has an absolute path")
+            raise TableError(f"jit archive member {shown(m.name)} has an absolute path")
         if ".." in path.parts:
-            raise TableError(f"jit archive member {m.name!r} climbs out with '..'")
+            raise TableError(f"jit archive member {shown(m.name)} climbs out with '..'")
         if m.issym() or m.islnk():
-            raise TableError(f"jit archive member {m.name!r} is a link ({m.linkname!r})")
+            raise TableError(f"jit archive member {shown(m.name)} is a link ({shown(m.linkname)})")
         if not (m.isfile() or m.isdir()) or m.issparse():
-            raise TableError(f"jit archive member {m.name!r} is not a regular file or folder")
+            raise TableError(f"jit archive member {shown(m.name)} is not a regular file or folder")
         if path.parts and path.parts[0] not in JIT_CACHES:
-            raise TableError(f"jit archive member {m.name!r} is outside the known caches {sorted(JIT_CACHES)}")
+            raise TableError(f"jit archive member {shown(m.name)} is outside the known caches {sorted(JIT_CACHES)}")
         total += m.size
     if total > MAX_ARCHIVE_BYTES:
         raise TableError(f"jit archive unpacks to {total >> 20} MiB, over the {MAX_ARCHIVE_BYTES >> 30} GiB limit")

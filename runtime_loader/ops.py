@@ -24,6 +24,7 @@ from torch import Tensor
 
 from . import inputs
 from .dtypes import DTYPE_NAMES, DTYPES
+from .safeio import shown
 
 
 def like_first(x: Tensor, *args) -> Tensor:
@@ -77,6 +78,22 @@ class OpSchema:
 
 
 ROPE_LAYOUTS = ("split_half", "interleaved")
+# static dims that name a variant, not a size, and the names each may take
+NAMED_DIMS = {"layout": ROPE_LAYOUTS}
+MAX_DIM = (1 << 63) - 1  # a size past int64 fits no tensor, Parquet column or C integer
+
+
+def static_problem(op: OpSchema, name: str, value) -> str | None:
+    """What a static dim's value read from a file must be, when it is not: a name of NAMED_DIMS; a
+    finite number >= 0 for an option whose default is a float (softcap); an integer >= 0 for
+    another option (window), >= 1 for a size (hidden: 0 divides by zero where inputs are made)."""
+    if name in NAMED_DIMS:
+        return None if isinstance(value, str) and value in NAMED_DIMS[name] else f"one of {NAMED_DIMS[name]}"
+    real = isinstance(dict(op.optional).get(name), float)
+    low = 0 if name not in op.static else 1
+    if isinstance(value, bool) or not isinstance(value, (int, float) if real else int) or not low <= value <= MAX_DIM:
+        return "a finite number >= 0" if real else f"an integer from {low} to {MAX_DIM}"  # nan fails the comparison
+    return None
 
 
 @dataclass(frozen=True)
@@ -91,17 +108,33 @@ class Signature:
         """Build a signature, checking names against the op's schema (optional dims may be left out)."""
         schema = OPS.get(op)
         if schema is None:
-            raise ValueError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+            raise ValueError(f"unknown op {shown(op)}; known: {', '.join(OPS)}")
         static = {**dict(schema.optional), **static}
         if set(static) != set(schema.all_static):
             raise ValueError(f"{op} needs static dims {schema.static} (optional: {dict(schema.optional)}), "
-                             f"got {tuple(static)}")
+                             f"got {shown(tuple(static))}")
         unknown = set(flags) - set(schema.flags)
         if unknown:
-            raise ValueError(f"{op} has no flags {sorted(unknown)}; allowed: {schema.flags}")
+            raise ValueError(f"{op} has no flags {shown(sorted(unknown))}; allowed: {schema.flags}")
         if dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+            raise ValueError(f"unknown dtype {shown(dtype)}; known: {', '.join(DTYPES)}")
         return cls(op, tuple((k, static[k]) for k in schema.all_static), frozenset(flags), dtype)
+
+    @classmethod
+    def from_data(cls, op, static, flags, dtype) -> "Signature":
+        """A signature read from a file (a table, a workload): `make`, after checking the types a
+        call's signature has, so that a static dim "abc" or 1e400 is refused, not kept unmatchable."""
+        if not isinstance(op, str) or op not in OPS:
+            raise ValueError(f"unknown op {shown(op)}")
+        if not isinstance(static, dict) or not isinstance(flags, (list, tuple)) or not isinstance(dtype, str):
+            raise ValueError("static must be an object, flags a list and dtype a string")
+        for name in OPS[op].all_static:  # make() refuses names the op has not
+            problem = static_problem(OPS[op], name, static[name]) if name in static else None
+            if problem:
+                raise ValueError(f"static dim {name} is {shown(static[name])}, not {problem}")
+        if not all(isinstance(flag, str) for flag in flags):
+            raise ValueError(f"flags {shown(flags)} are not all strings")
+        return cls.make(op, static, flags, dtype)
 
     @property
     def schema(self) -> OpSchema:

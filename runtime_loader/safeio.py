@@ -6,16 +6,55 @@ seconds and gigabytes, and JSON nested 100,000 deep exhausts the stack. Every
 function here checks first (lstat, then fstat of what was opened, then the size)
 and raises `error` (the caller's one-line error class: TableError in the runtime,
 LzError in the CLI) with the reason, so nothing else escapes.
+
+Messages that echo such data go through `shown` (one value) and `one_line` (a whole message):
+a table key holding ESC clears the terminal that prints the warning, a newline forges a log
+line, and a 3 MiB model_type is no message.
 """
 from __future__ import annotations
 
 import json
 import os
+import reprlib
 import stat
 from pathlib import Path
 from typing import BinaryIO
 
 READ_BLOCK = 1 << 20
+SHOWN_CHARS = 80  # of one echoed value: enough to recognise it, never a screenful
+MESSAGE_CHARS = 2000  # of a whole one-line error; its tail (the fix) is kept
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (control characters, ESC, newlines, line
+    separators) escaped as repr escapes it: '\\x1b', '\\n', '\\u2028'."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+_SHORT = reprlib.Repr()  # a repr that stops early: a few items of a container, a few levels
+_SHORT.maxstring = _SHORT.maxother = SHOWN_CHARS
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = _SHORT.maxfrozenset = 8
+_SHORT.maxlevel = 3
+
+
+def shown(value) -> str:
+    """`value` as an error message may echo it: its repr (quoted and escaped), cut to about
+    SHOWN_CHARS characters (a string's full length said), a container's first items."""
+    if isinstance(value, str) and len(value) > SHOWN_CHARS:
+        return f"{value[:SHOWN_CHARS]!r}... ({len(value):,} characters)"
+    return printable(_SHORT.repr(value))
+
+
+def one_line(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """A message for one line of a log or terminal: escaped (printable), and when longer than
+    `limit` its head and its tail (where the fix is said) around a cut."""
+    text = printable(str(message))
+    if len(text) <= limit:
+        return text
+    tail = limit // 4
+    return f"{text[:limit - tail]} [...{len(text) - limit:,} characters cut...] {text[-tail:]}"
 
 
 def _kind(mode: int) -> str:
@@ -100,9 +139,17 @@ def json_depth(value, limit: int) -> int:
     return depth
 
 
-def parse_json(data: bytes, max_depth: int, error: type[Exception], what: str):
-    """JSON from UTF-8 bytes, nested at most `max_depth` deep; every decoding failure (bad UTF-8,
-    bad syntax, nesting past the interpreter's stack, memory) is `error`."""
+def parse_json(data: bytes, max_depth: int, error: type[Exception], what: str, max_values: int | None = None):
+    """JSON from UTF-8 bytes, nested at most `max_depth` deep and, when `max_values` is given,
+    holding at most that many values, counted before anything is decoded as the bytes that open an
+    object or array or separate two items (strings' included: an upper bound). What decoding and
+    checking cost grows with the values, not the bytes: 8 MiB of `[{},{},...]` are 2.8 million
+    objects. Every decoding failure (bad UTF-8, bad syntax, nesting past the interpreter's stack,
+    memory) is `error`."""
+    if max_values is not None:
+        values = 1 + data.count(b"{") + data.count(b"[") + data.count(b",")
+        if values > max_values:
+            raise error(f"{what} holds up to {values:,} JSON values, over the {max_values:,} it may")
     try:
         value = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError, MemoryError) as e:  # ValueError: bad UTF-8 or syntax, huge ints

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from . import registry, safeio
 from .ops import DTYPES, OPS, Signature
-from .safeio import json_depth
-from .schema import validate_dispatch
+from .safeio import json_depth, one_line, shown
+from .schema import MAX_PROBLEMS, first_dispatch_problem
 
 SCHEMA_VERSION = 1
 MAX_TREE_DEPTH = 32
@@ -24,7 +24,11 @@ PAST_GRID = 1.5
 
 
 class TableError(ValueError):
-    """The artifact cannot be trusted; the message says why in one line."""
+    """The artifact cannot be trusted; the message says why in one line (escaped and bounded: it
+    may echo the artifact's data, and ends up in a server's log)."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class Table:
 
 def _known(kernel_id, sig: Signature) -> str:
     if not isinstance(kernel_id, str) or not registry.known(kernel_id):
-        raise TableError(f"{sig}: unknown kernel id {kernel_id!r} (not in this runtime's registry)")
+        raise TableError(f"{sig}: unknown kernel id {shown(kernel_id)} (not in this runtime's registry)")
     return kernel_id
 
 
@@ -91,9 +95,9 @@ def _parse_node(node, sig: Signature, depth: int) -> Leaf | Split:
         return Leaf(kernel_id, ranked, float(gain) if isinstance(gain, (int, float)) else None)
     dim, threshold = node.get("dim"), node.get("threshold")
     if dim not in sig.schema.dynamic:
-        raise TableError(f"{sig}: split on {dim!r}, which is not a dynamic dim of {sig.op}")
+        raise TableError(f"{sig}: split on {shown(dim)}, which is not a dynamic dim of {sig.op}")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-        raise TableError(f"{sig}: split threshold {threshold!r} is not a finite number")
+        raise TableError(f"{sig}: split threshold {shown(threshold)} is not a finite number")
     return Split(dim, float(threshold), _parse_node(node.get("le"), sig, depth + 1),
                  _parse_node(node.get("gt"), sig, depth + 1))
 
@@ -103,11 +107,11 @@ def _parse_signature(entry) -> Signature:
         raise TableError("an ops entry is not an object")
     op, static, flags, dtype = entry.get("op"), entry.get("static"), entry.get("flags", []), entry.get("dtype")
     if op not in OPS or not isinstance(static, dict) or not isinstance(flags, list) or dtype not in DTYPES:
-        raise TableError(f"malformed op entry {entry.get('signature', op)!r}")
+        raise TableError(f"malformed op entry {shown(entry.get('signature', op))}")
     try:
-        return Signature.make(op, static, flags, dtype)
+        return Signature.from_data(op, static, flags, dtype)
     except (ValueError, TypeError) as e:
-        raise TableError(f"malformed op entry {op!r}: {e}") from None
+        raise TableError(f"malformed op entry {shown(entry.get('signature', op))}: {e}") from None
 
 
 def leaf_kernels(leaf: Leaf) -> tuple[str, ...]:
@@ -116,46 +120,76 @@ def leaf_kernels(leaf: Leaf) -> tuple[str, ...]:
 
 
 def leaves(node: Leaf | Split):
-    if isinstance(node, Leaf):
-        yield node
-    else:
-        yield from leaves(node.le)
-        yield from leaves(node.gt)
+    """The leaves of a tree, left to right (without recursion: a nested generator per level made
+    this cost nodes x depth)."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Leaf):
+            yield node
+        else:
+            stack += (node.gt, node.le)
 
 
 MAX_JSON_DEPTH = MAX_TREE_DEPTH + 8  # table > ops > entry > tree > 32 levels of nodes
 MAX_TABLE_BYTES = 8 << 20  # a tuned model's dispatch.json is tens to hundreds of KB
 MAX_OPS = 4096  # one entry per op signature of one model: tens (checked before the schema, whose cost grows with it)
+# Tree nodes and ranked runner-ups in all: a solved tree has at most 2 ** lzsolve.solve.MAX_DEPTH
+# leaves (depth 4: 31 nodes, each leaf ranking at most 3 runner-ups), and the largest plan of the
+# catalogue has 21 op signatures (qwen3.5-0.8b), so a real table holds at most about 650 nodes and
+# 1,000 ranked entries (the tests' tuned tiny Llama at tp 2: 45 in all, for 11 signatures). 16,384
+# leaves room for tables ten times the largest and bounds what the schema and the parse walk:
+# 130,000 nodes under the byte limit took 4-15 s (issue 55).
+MAX_TREE_NODES = 1 << 14
+# JSON values in all (safeio.parse_json counts them before decoding: 8 MiB of empty objects decode to
+# 2.8 million of them, 300 MB, and the schema visits each value): the tests' tuned tiny Llama's table
+# holds 1,139 for 11 op signatures (1,358 counted), so 262,144 leaves room for hundreds of signatures
+MAX_TABLE_VALUES = 1 << 18
 
 
-def parse_table(raw, source: str = "<memory>") -> Table:
+def _count_nodes(ops: list) -> int:
+    """The tree nodes and ranked entries of the op entries, counted on data not validated yet,
+    stopping just past MAX_TREE_NODES (a subtree shared in memory counts once per path)."""
+    count, stack = 0, [entry.get("tree") for entry in ops if isinstance(entry, dict)]
+    while stack and count <= MAX_TREE_NODES:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ranked = node.get("ranked")
+            count += 1 + (len(ranked) if isinstance(ranked, list) else 0)
+            stack += [node[side] for side in ("le", "gt") if side in node]
+    return count
+
+
+def parse_table(raw, source: str = "<memory>", depth_checked: bool = False) -> Table:
+    """The table `raw` holds, checked (depth_checked: its nesting was, as it was decoded)."""
     if not isinstance(raw, dict):
         raise TableError("top level is not a JSON object")
-    if json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+    if not depth_checked and json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise TableError(f"nested deeper than {MAX_JSON_DEPTH} levels (trees are at most {MAX_TREE_DEPTH} deep)")
     version = raw.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise TableError(f"schema_version {version!r} is not supported (this runtime reads {SCHEMA_VERSION})")
+        raise TableError(f"schema_version {shown(version)} is not supported (this runtime reads {SCHEMA_VERSION})")
     if isinstance(raw.get("ops"), list) and len(raw["ops"]) > MAX_OPS:
         raise TableError(f"{len(raw['ops'])} op entries, over the {MAX_OPS} a table may hold")
-    problems = validate_dispatch(raw)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise TableError(f"does not match dispatch.schema.json: {problems[0]}{more}")
+    if isinstance(raw.get("ops"), list) and _count_nodes(raw["ops"]) > MAX_TREE_NODES:
+        raise TableError(f"over {MAX_TREE_NODES:,} tree nodes and ranked kernels in all (a tuned table holds hundreds)")
+    problem, count = first_dispatch_problem(raw)
+    if problem:
+        more = f" (and {count - 1:,}{'+' if count >= MAX_PROBLEMS else ''} more)" if count > 1 else ""
+        raise TableError(f"does not match dispatch.schema.json: {problem}{more}")
     trees = {}
     for entry in raw["ops"]:
         sig = _parse_signature(entry)
         if sig in trees:
             raise TableError(f"{sig}: listed twice")
         tree = _parse_node(entry.get("tree"), sig, 0)
-        for leaf in leaves(tree):
-            for kernel_id in leaf_kernels(leaf):
-                # A table that picks (or ranks) a kernel lacking a required feature lies: refuse it.
-                wrong = registry.get(kernel_id).semantic_reasons(sig)
-                if wrong:
-                    raise TableError(f"{sig}: kernel {kernel_id} cannot compute it ({wrong[0]})")
-                if kernel_id not in raw["kernels"]:
-                    raise TableError(f"{sig}: kernel {kernel_id} has no entry under 'kernels'")
+        for kernel_id in dict.fromkeys(k for leaf in leaves(tree) for k in leaf_kernels(leaf)):
+            # A table that picks (or ranks) a kernel lacking a required feature lies: refuse it.
+            wrong = registry.get(kernel_id).semantic_reasons(sig)
+            if wrong:
+                raise TableError(f"{sig}: kernel {kernel_id} cannot compute it ({wrong[0]})")
+            if kernel_id not in raw["kernels"]:
+                raise TableError(f"{sig}: kernel {kernel_id} has no entry under 'kernels'")
         trees[sig] = tree
     return Table(source, raw, raw["hardware"], trees, raw["kernels"], raw.get("jit"))
 
@@ -165,8 +199,9 @@ def read_table(path: str | Path) -> Table:
     regular file of at most MAX_TABLE_BYTES, JSON at most MAX_JSON_DEPTH deep."""
     path = Path(path)
     file = path / "dispatch.json" if path.is_dir() else path
-    return parse_table(safeio.read_json(file, MAX_TABLE_BYTES, MAX_JSON_DEPTH, TableError), str(file))
+    return table_from_bytes(safeio.read_regular(file, MAX_TABLE_BYTES, TableError), str(file))
 
 
 def table_from_bytes(data: bytes, source: str) -> Table:
-    return parse_table(safeio.parse_json(data, MAX_JSON_DEPTH, TableError, source), source)
+    raw = safeio.parse_json(data, MAX_JSON_DEPTH, TableError, source, MAX_TABLE_VALUES)
+    return parse_table(raw, source, depth_checked=True)

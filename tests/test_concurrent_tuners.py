@@ -1,4 +1,5 @@
-"""Two tuners on one --out: each workload is measured once (PerfDB.measuring), both runs see every record."""
+"""Two tuners on one --out: each workload is measured once (PerfDB.measuring), each capability verdict
+recorded once, and both runs see every record."""
 import json
 import subprocess
 import sys
@@ -42,3 +43,9 @@ def test_two_tuners_on_one_perfdb_measure_each_workload_once(tmp_path):
     seen = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert seen[0] == seen[1] > 0, "both runs hold every measured record, reused or their own"
     assert not list((tmp_path / "perfdb").glob("*.tmp"))
+    # the kernels left out (--kernels) and those CPU cannot run have their verdicts: once each
+    from lzsolve.perfdb import PerfDB
+    from lzsolve.tuner import _rejection_key
+    verdicts = PerfDB(tmp_path / "perfdb").rows("SELECT * FROM records WHERE stage = 'capability'")
+    keys = [_rejection_key(r) for r in verdicts]
+    assert keys and len(keys) == len(set(keys)), f"{len(keys)} verdict rows, {len(set(keys))} distinct"

@@ -3,6 +3,7 @@ import datetime as dt
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,72 @@ def test_a_lane_leaving_does_not_release_another_lanes_lock(tmp_path):
     leave.set()
     other.join()
     assert not held_elsewhere(db, "sig-a")
+
+
+def test_a_query_is_bounded_in_rows_time_and_memory(tmp_path):
+    """A result is streamed (the first limit + 1 rows of a hundred million, without holding them), a
+    query that runs forever stops at its timeout, and DuckDB may use 1 GiB besides the PerfDB's copy
+    with no spilling to disk (issue 55: `SELECT * FROM range(100000000)` took 3.5 GB, then a
+    MemoryError traceback; a recursive CTE ran until killed)."""
+    import resource
+    import time
+
+    from lzsolve.perfdb import QUERY_MEMORY
+
+    db = PerfDB(tmp_path / "perfdb")
+    db.append([rec("a")], "r1")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    columns, rows = db.query("SELECT * FROM range(100000000)", limit=1000)
+    assert len(rows) == 1001 and time.perf_counter() - started < 5
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 200, "MB"
+    started = time.perf_counter()
+    with pytest.raises(LzError, match="query stopped after 1 s; narrow it, or allow longer with --timeout"):
+        db.query("WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t) SELECT count(*) FROM t",
+                 timeout_s=1)
+    assert time.perf_counter() - started < 10
+    [limits] = db.rows("SELECT current_setting('temp_directory') AS spill, "
+                       "current_setting('memory_limit') AS memory")
+    assert limits["spill"] == "", "spilling is off: nothing is written beside the user's files"
+    gib = float(limits["memory"].removesuffix(" GiB")) if limits["memory"].endswith("GiB") else 0.0
+    assert 0 < gib * (1 << 30) <= QUERY_MEMORY * 1.1, limits
+
+
+def _part(db: PerfDB) -> Path:
+    return db.files()[0]
+
+
+def _symlink_outside(db: PerfDB) -> None:
+    outside = db.path.parent / "outside.parquet"
+    _part(db).rename(outside)
+    db.path.joinpath("part-r1-00000.parquet").symlink_to(outside)
+
+
+def _fifo(db: PerfDB) -> None:
+    import os
+    _part(db).unlink()
+    os.mkfifo(db.path / "part-r1-00000.parquet")
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda db: _part(db).write_bytes(_part(db).read_bytes()[:100]), "cannot be read"),  # a truncated part
+    (lambda db: _part(db).write_bytes(b"not parquet at all" * 10), "cannot be read"),
+    (lambda db: _part(db).write_bytes(b""), "cannot be read"),
+    (_symlink_outside, "outside"),
+    (_fifo, "FIFO"),
+], ids=["truncated", "not_parquet", "empty", "symlink_outside", "fifo"])
+def test_a_part_is_read_only_as_a_regular_parquet_file_inside_the_perfdb(tmp_path, change, needle):
+    """A part that is corrupt, or leads out of the folder, or would block, is one line naming it
+    (issue 55: a 38-line DuckDB traceback; a part linked to a Parquet file outside was read)."""
+    db = PerfDB(tmp_path / "perfdb")
+    db.append([rec("a")], "r1")
+    db.append([rec("b")], "r1")
+    change(db)
+    with pytest.raises(LzError) as e:
+        db.query("SELECT count(*) FROM records")
+    message = str(e.value)
+    assert needle in message and "part-r1-00000.parquet" in message and "\n" not in message, message
+    if needle == "cannot be read":
+        assert "move it out of" in message and "measures that part's records again" in message
+    assert (tmp_path / "perfdb" / "part-r1-00000.parquet").is_symlink() or \
+        (tmp_path / "perfdb" / "part-r1-00000.parquet").exists(), "the user's file is left where it was"

@@ -89,14 +89,43 @@ def test_a_librarys_version_is_read_once_per_process(monkeypatch):
     assert len(versions) == 1 and versions.pop().startswith("1.2.3") and reads == ["somelib"]
 
 
-def test_a_kernels_version_covers_the_source_behind_it(tmp_path):
+# torch.__version__ and the distribution's version (importlib.metadata) of the builds pip serves: PyPI's
+# CUDA wheel says its local tag in the first alone (issue 55: the README's test command failed on a
+# fresh machine with it, while CI installs the CPU wheel, where the two agree)
+TORCH_BUILDS = {
+    "pypi_cuda": ("2.13.0+cu130", "2.13.0"),
+    "index_cuda": ("2.13.0+cu130", "2.13.0+cu130"),
+    "cpu": ("2.13.0+cpu", "2.13.0+cpu"),
+    "rocm": ("2.13.0+rocm6.2", "2.13.0+rocm6.2"),
+    "plain": ("2.13.0", "2.13.0"),
+}
+
+
+@pytest.fixture(params=sorted(TORCH_BUILDS))
+def torch_build(request, monkeypatch):
+    """This process as if torch were each build: torch.__version__ and the distribution's version,
+    where the code reads them. Yields the distribution's version."""
+    import importlib.metadata
+
+    import torch
+
+    from runtime_loader import specs
+
+    version, distribution = TORCH_BUILDS[request.param]
+    real = importlib.metadata.version
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion(version))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: distribution if name == "torch" else real(name))
+    specs.library_version.cache_clear()
+    yield distribution
+    specs.library_version.cache_clear()  # the fake's answer must not outlive the test
+
+
+def test_a_kernels_version_covers_the_source_behind_it(tmp_path, torch_build):
     """What a record measured is the library and this project's code around it: a kernel whose
     adapter or Triton module changed gets another version, so the tuner measures it again and a
     table of the old code is stale (on the H100 an edited MoE kernel kept its old records)."""
     import importlib.util
     from pathlib import Path
-
-    import torch
 
     from runtime_loader.kernels.triton_ops import DeferredKernel
     from runtime_loader.specs import source_digest, source_files
@@ -112,9 +141,40 @@ def test_a_kernels_version_covers_the_source_behind_it(tmp_path):
     first, edited = load("adapter_a", "def f(x):\n    return x\n"), load("adapter_b", "def f(x):\n    return x + 0\n")
     assert source_digest(first) and source_digest(first) != source_digest(edited)
     rms = registry.get("eager.rms_norm")
-    assert rms.version().startswith(torch.__version__ + "+src.")
+    assert rms.version() == f"{torch_build}+src.{source_digest(rms.impl)}", "the distribution's version, as installed"
     assert dataclasses.replace(rms, impl=edited).version() != dataclasses.replace(rms, impl=first).version()
     compiled = registry.get("compile.rms_norm")
     assert {Path(f).name for f in source_files(compiled.impl)} == {"compiled.py", "eager.py"}, "the eager code too"
     deferred = registry.get("triton.rms_norm").impl
     assert isinstance(deferred, DeferredKernel) and source_files(deferred) == (str(deferred.source_file),)
+
+
+def test_the_version_paths_agree_under_every_build_of_torch(tmp_path, torch_build):
+    """Every path that reads torch's version, under each build: the hardware signature and its slug
+    (torch's public version; the build is the signature's cuda field), each kernel's version in a
+    table's provenance, a strict load of a table written under that build, a tune's records, and
+    `lzsolve kernels`."""
+    import json
+
+    import torch
+    from click.testing import CliRunner
+
+    import runtime_loader
+    from lzsolve.cli import cli
+    from lzsolve.tuner import Recorder
+    from runtime_loader.hardware import hardware_signature, slug
+
+    from .tables import table, write
+
+    signature = hardware_signature("cpu")
+    assert signature["torch"] == "2.13.0" and slug(signature).endswith("-torch2.13.0")
+    raw = table()
+    assert {k["version"].rsplit("+src.", 1)[0] for k in raw["kernels"].values()} == {torch_build}
+    assert runtime_loader.load(write(tmp_path / "artifact", raw), strict=True).table is not None
+    recorder = Recorder("m", 1, "fp32", torch.device("cpu"), signature, "run", "cpu")
+    assert recorder.common["torch_version"] == torch.__version__ and recorder.hw_slug == slug(signature)
+    result = CliRunner().invoke(cli, ["kernels", "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    versions = {row["kernel_id"]: row["version"] for row in map(json.loads, result.output.splitlines())}
+    assert versions["eager.rms_norm"] == registry.get("eager.rms_norm").version()
+    assert versions["eager.rms_norm"].startswith(f"{torch_build}+src.")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import runtime_loader
-from runtime_loader.table import TableError, parse_table
+from runtime_loader.table import TableError, choose, parse_table
 
 from .tables import ATTN, RMS, entry, provenance, table, write
 
@@ -96,6 +96,28 @@ def test_deep_tree_is_refused():
         node = {"dim": "tokens", "threshold": 1.0, "le": node, "gt": node}
     with pytest.raises(TableError, match="deeper"):  # shared subtrees: 2^40 paths if walked naively
         parse_table(table(ops=[entry(RMS, node)], kernels=provenance({"eager.rms_norm"})))
+
+
+@pytest.mark.parametrize("splits", [20, 31, 32])
+def test_a_tree_of_up_to_32_levels_is_accepted(splits):
+    """Trees may be MAX_TREE_DEPTH deep: the schema's own depth bound, counted in its recursion
+    (three levels per node), refused 20 splits on one path as "missing 'kernel_id'" (issue 55)."""
+    from runtime_loader.table import MAX_TREE_DEPTH
+    node = {"kernel_id": "eager.rms_norm"}
+    for i in range(splits):
+        node = {"dim": "tokens", "threshold": float(i), "le": {"kernel_id": "torch.rms_norm"}, "gt": node}
+    assert splits <= MAX_TREE_DEPTH
+    t = parse_table(table(ops=[entry(RMS, node)]))
+    assert choose(t.trees[RMS], {"tokens": -1}) == "torch.rms_norm"
+    assert choose(t.trees[RMS], {"tokens": splits}) == "eager.rms_norm"
+
+
+def test_a_tree_past_32_levels_is_refused():
+    node = {"kernel_id": "eager.rms_norm"}
+    for i in range(33):
+        node = {"dim": "tokens", "threshold": float(i), "le": {"kernel_id": "eager.rms_norm"}, "gt": node}
+    with pytest.raises(TableError, match="deeper"):
+        parse_table(table(ops=[entry(RMS, node)]))
 
 
 def test_missing_artifact(tmp_path):

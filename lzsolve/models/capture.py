@@ -46,9 +46,10 @@ from runtime_loader.integrations.modules import (GATED_OPS, META_FUNCTIONS, PLAI
 from runtime_loader.ops import (DTYPES, Signature, attention_call, causal_conv1d_call, deltanet_gates_call,
                                 embedding_call, gated_deltanet_call, linear_call,
                                 moe_experts_call, moe_router_call, qk_norm_call, rope_call, rows_call)
+from runtime_loader.safeio import shown
 
 from ..errors import LzError
-from ..limits import check_config_sizes
+from ..limits import check_config_sizes, check_config_values
 from .catalogue import CATALOGUE
 from .spec import fp8_scheme, read_config, refuse_unsupported
 from .walker import OpInstance
@@ -87,7 +88,7 @@ def text_config(cfg: dict, where: str):
 
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        raise LzError(f"{where}: model_type {model_type!r} is not known to transformers {tf.__version__}; "
+        raise LzError(f"{where}: model_type {shown(model_type)} is not known to transformers {tf.__version__}; "
                       f"pass a Hugging Face config.json of a causal language model")
     try:
         with warnings.catch_warnings(), _quiet_transformers():
@@ -97,13 +98,16 @@ def text_config(cfg: dict, where: str):
     except Exception as e:  # noqa: BLE001 - transformers' own validation, in whatever form it takes
         raise LzError(f"{where}: transformers cannot read this config ({type(e).__name__}: {_one_line(e)}); "
                       "fix the config") from None
+    if not isinstance(text, tf.PretrainedConfig):  # a text_config dict its model type has no class for
+        raise LzError(f"{where}: 'text_config' is not a config transformers reads for model_type {shown(model_type)} "
+                      "(it has no text model config of its own); put the text model's keys at the top level")
     if getattr(text, "per_layer_attributes", None):
         # layers that differ (Gemma 4's head_dim; transformers 5.2x): a read of the global value is
         # refused as ambiguous unless allowed. lzsolve reads it only to check sizes (which also take
         # each layer's, limits.py) and to shard heads; each layer's ops are what the capture observes.
         text.allow_global_per_layer_attribute_access = True
     if text.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise LzError(f"{where}: model_type {text.model_type!r} is not a causal language model in transformers "
+        raise LzError(f"{where}: model_type {shown(text.model_type)} is not a causal language model in transformers "
                       f"{tf.__version__}; lzsolve tunes decoders")
     return text
 
@@ -725,7 +729,8 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     refuse_unsupported(cfg, where)
     text = text_config(cfg, where)
     filled = fill_derived(text)
-    check_config_sizes(text, DTYPES[dtype].itemsize, where)  # before anything is built from it
+    check_config_values(text, where)  # before anything is built from it
+    check_config_sizes(text, DTYPES[dtype].itemsize, where)
     try:
         model = build_meta_model(text, dtype)
     except Exception as e:  # noqa: BLE001 - transformers' own checks of the config

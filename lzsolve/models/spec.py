@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from runtime_loader.safeio import shown
+
 from ..errors import LzError
 from ..limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, read_json_input
 from .catalogue import CATALOGUE
@@ -191,13 +193,13 @@ UNSUPPORTED_KEYS = {
 
 def _int(value, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise LzError(f"{where}: '{key}' must be a positive integer, got {value!r}; fix the config")
+        raise LzError(f"{where}: '{key}' must be a positive integer, got {shown(value)}; fix the config")
     return value
 
 
 def _float(value, key: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise LzError(f"{where}: '{key}' must be a positive number, got {value!r}; fix the config")
+        raise LzError(f"{where}: '{key}' must be a positive number, got {shown(value)}; fix the config")
     return float(value)
 
 
@@ -249,7 +251,7 @@ def _unsupported_parts(cfg: dict, fp8: bool = False) -> list[str]:
 def _refuse_unsupported(cfg: dict, model_type, where: str) -> None:
     found = _unsupported_parts(cfg) + [f"{desc} ('{key}')" for key, desc in MOE_KEYS.items() if cfg.get(key)]
     if not isinstance(model_type, str) or model_type not in FAMILIES:
-        found.insert(0, f"model_type {model_type!r}")
+        found.insert(0, f"model_type {shown(model_type)}")
     if found:
         raise LzError(f"{where}: not supported yet: {'; '.join(found)}; supported: dense decoders with "
                       f"model_type {', '.join(FAMILIES)}")
@@ -266,7 +268,7 @@ def _layer_types(cfg: dict, family: str, fam: Family, layers: int, where: str) -
         types = fam.layer_rule(cfg, layers, where)
     unknown = sorted(set(map(str, types)) - set(fam.layer_kinds))
     if unknown:
-        raise LzError(f"{where}: layer type {', '.join(map(repr, unknown))} is not supported for {family}; "
+        raise LzError(f"{where}: layer type {', '.join(map(shown, unknown[:5]))} is not supported for {family}; "
                       f"supported: {', '.join(fam.layer_kinds)}")
     return types
 
@@ -283,7 +285,7 @@ def _rope(cfg: dict, head_dim: int, where: str) -> tuple[int, float, float]:
     factor = full.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     rotary_dim = int(head_dim * factor) if isinstance(factor, (int, float)) else 0
     if not (0 < rotary_dim <= head_dim and rotary_dim % 2 == 0):
-        raise LzError(f"{where}: 'partial_rotary_factor' {factor!r} must rotate an even number of the "
+        raise LzError(f"{where}: 'partial_rotary_factor' {shown(factor)} must rotate an even number of the "
                       f"{head_dim} dims per head")
     return rotary_dim, theta, local_theta
 
@@ -326,7 +328,7 @@ def from_hf_config(cfg: dict, name: str, where: str | None = None) -> ModelSpec:
     acts = GATED_ACTS if fam.block.gated_mlp else PLAIN_ACTS
     act_key = fam.keys.get("hidden_act", "hidden_act")
     if not isinstance(raw.get(act_key), str) or raw[act_key] not in acts:
-        raise LzError(f"{where}: '{act_key}' {raw.get(act_key)!r} is not supported for {family}; "
+        raise LzError(f"{where}: '{act_key}' {shown(raw.get(act_key))} is not supported for {family}; "
                       f"supported: {', '.join(acts)}")
     rotary_dim, theta, local_theta = (0, 0.0, 0.0) if fam.block.learned_positions else _rope(raw, head_dim, where)
     linear_attn = None

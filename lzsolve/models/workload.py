@@ -54,7 +54,7 @@ def read(path: str | Path) -> Workload:
     try:
         for i, call in enumerate(data["calls"]):
             s = call["signature"]
-            sig = Signature.make(s["op"], s["static"], s["flags"], s["dtype"])
+            sig = Signature.from_data(s["op"], s["static"], s["flags"], s["dtype"])
             dims = call["dims"]
             if set(dims) != set(OPS[sig.op].dynamic) or not all(isinstance(v, int) and v > 0 for v in dims.values()):
                 raise ValueError(f"call {i}: dims {dims} are not positive ints for {OPS[sig.op].dynamic}")

@@ -318,11 +318,12 @@ class Dispatcher:
     def _choose(self, call, op: OpSchema, kernel_args: tuple, broken: frozenset = frozenset()) -> tuple:
         """(kernel spec, from the table, why) for a call: _pick's choice, or for a call no signature
         describes (call None) op.outside's kernel or the op's fallback. Calls past the range the
-        table was tuned over are warned about once per signature."""
+        table was tuned over are warned about once per signature (not while Dynamo traces a call:
+        it cannot trace a warning, and fullgraph=True would fail on it)."""
         if call is None:
             return registry.get(op.outside(*kernel_args) if op.outside else op.fallback), False, "no signature"
         spec, from_table, why = self._pick(call[0], call[1], _any_cuda(kernel_args), broken)
-        if why.startswith(PAST_RANGE):
+        if why.startswith(PAST_RANGE) and not torch.compiler.is_compiling():
             self._warn_once(("past", str(call[0])), f"lzsolve: calls of {call[0]} {why} use the fallback (a patched "
                             "module's own code): tune with a larger grid or --workload")
         return spec, from_table, why

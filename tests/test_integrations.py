@@ -477,6 +477,30 @@ def test_calls_past_the_tuned_range_run_the_modules_own_code_warn_once_and_count
     assert d.stats()["attention.prefill"] == {"sdpa.default (fallback)": 2 * 2}, "builds the mask patch left out"
 
 
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_partial_table_compiles_whole_and_calls_past_its_range_trace_the_modules_own_code(traced, restore_active):
+    """Under torch.compile(fullgraph=True): the served norms as custom ops (or traced, their kernels'
+    ops in the graph), calls past the tuned range as the module's own code when traced (the
+    custom ops take the op's fallback); no graph break, the unpatched model's logits."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(4)
+    model = tiny("llama")
+    d = Dispatcher(parse_table(table()))
+    patch(model, d, traced=traced, fuse=False)
+    for tokens in (8, 40):  # inside norm.rms's range (24), past it
+        ids = torch.randint(0, 128, (1, tokens))
+        reference = logits(tiny_copy(model), "sdpa", ids)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        if traced:
+            expected = "torch.rms_norm" if tokens == 8 else "eager.rms_norm"
+            x = torch.randn(tokens, 64)
+            assert d.traced_kernel_for("rms_norm", x, torch.randn(64), 1e-6) == expected
+
+
 def tiny_copy(model):
     """The unpatched twin of a tiny patched model: the same weights in a fresh model of its base class."""
     from runtime_loader.integrations.transformers import _base_class

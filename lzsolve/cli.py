@@ -252,7 +252,7 @@ def cli():
                    "--devices; this host plans the run and alone writes the PerfDB, so run it on a node like "
                    "the others (nodes of other hardware are refused). local: start Ray on this host alone; "
                    "auto: the cluster this host joined with `ray start`; HOST:PORT: its head. Needs "
-                   "pip install 'lzsolve[ray]'")
+                   "Ray: pip install -e '.[ray]' in the lzsolve clone")
 @click.option("--ray-workers", type=click.IntRange(min=1), default=None, metavar="N",
               help=f"with --ray: how many workers  [default: one per GPU of the cluster, {CPU_WORKERS} on a "
                    "CPU-only one]")

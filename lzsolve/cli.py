@@ -9,44 +9,37 @@ import atexit
 import dataclasses
 import fnmatch
 import functools
+import importlib
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
-import torch
 
-from runtime_loader import registry
-from runtime_loader.hardware import device_info, slug
-from runtime_loader.jit import point_caches
-from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
-from runtime_loader.ops import DTYPES, required_features
-
-from . import __version__, tuner
-from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
-from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
-from .artifact import read_table_json, report, write_artifact
-from .bench import Budget
-from .cluster import CPU_WORKERS, Cluster
-from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
+from . import __version__
 from .errors import STORAGE_ERRNOS, LzError, WriteError
-from .fsutil import atomic_write_text
-from .grid import GRIDS, default_grid
-from .models import CATALOGUE, capture, from_catalogue, workload
-from .models.capture import Captured
-from .perfdb import PerfDB
-from .devices import check_same_model, parse_devices
-from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces,
-                     planned_trials, search)
-from .tuner import Plan, make_plan, new_run_id
-from .validate import LOSS, VALIDATION_SHAPES, plan_validation
-from .validate import in_order as validation_order
-from .validate import validate as run_validation
-from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, load_plugins, share_bytecode
+
+# torch, transformers, DuckDB and the tuner's modules are imported by the commands that use them:
+# at the top they cost every command 2.2-2.5 s and 276 MB on this project's VM, `lzsolve --help`
+# and a mistyped option included (0.2 s without them; tests/test_cli.py bounds it). Option defaults
+# those modules hold are read when a command runs or shows its help (Deferred).
+if TYPE_CHECKING:
+    import torch
+
+    from .models import workload
+    from .models.capture import Captured
+    from .search import SearchBudget, SearchStats
+    from .tuner import Plan, Session
+
+# Choices that click checks before any import: runtime_loader.ops.DTYPES with capture.FP8, and
+# lzsolve.grid.GRIDS (tests/test_cli.py checks that they agree).
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+FP8 = "fp8"
+GRID_CHOICES = ("tiny", "small", "full")
 
 # Exit codes a CI step can branch on.
 EXIT_OK = 0
@@ -59,7 +52,35 @@ STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED
 LOG_EVERY_S = 30.0  # progress lines when stderr is not a terminal (CI logs)
 
 
+def _attr(module: str, name: str):
+    """lzsolve.<module>'s `name` (a dotted path: "bench.Budget"), imported now."""
+    value = importlib.import_module(f"{__package__}.{module}")
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+class Deferred(click.Option):
+    """An option whose default is a function reading a module that imports torch (_attr), and whose
+    help may be one: both are read when the command runs or shows its help, never at import, and
+    the help shows the value, not click's "(dynamic)"."""
+
+    def __init__(self, *decls, help=None, **kwargs):
+        self.help_text = help
+        super().__init__(*decls, help=None if callable(help) else help, **kwargs)
+
+    def get_help_record(self, ctx):
+        if callable(self.help_text):
+            self.help = self.help_text()
+        return super().get_help_record(ctx)
+
+    def get_default(self, ctx, call=True):
+        return super().get_default(ctx, call=True)
+
+
 def _device(value: str | None) -> torch.device:
+    import torch
+
     if value is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -80,11 +101,15 @@ def _device(value: str | None) -> torch.device:
 
 
 def _model(model: str | None, config: str | None, tp: int, dtype: str, fp8_kv: bool = False, ep: int = 1) -> Captured:
+    from .models import capture
+
     return capture.load(model, config, tp, dtype, fp8_kv, ep)
 
 
 def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: str) -> workload.Workload:
     """--workload, checked against the other options (its dtype is recorded: --dtype may only agree)."""
+    from .models import workload
+
     if model is not None or config is not None:
         raise LzError("pass one of --model, --config or --workload, not several")
     if tp != 1:
@@ -102,6 +127,10 @@ def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: 
 
 
 def _load_plugins(modules: tuple[str, ...]) -> None:
+    if not modules:
+        return
+    from .worker import load_plugins
+
     try:
         load_plugins(modules)
     except Exception as e:
@@ -114,14 +143,20 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude) -> Plan:
+    from runtime_loader import registry
+
+    from .grid import default_grid
+    from .models import workload
+    from .tuner import make_plan
+
     dev = _device(device)
     grid = grid or default_grid(dev.type)
     if recorded is None:
         spec = _model(model, config, tp, dtype, fp8_kv, ep)
-        dtype = "bf16" if dtype == capture.FP8 else dtype  # fp8 names the linears' weights, not the activations
+        dtype = "bf16" if dtype == FP8 else dtype  # fp8 names the linears' weights, not the activations
     else:
-        if dtype == capture.FP8 or fp8_kv or ep != 1:
-            option = "--fp8-kv" if fp8_kv else "--dtype fp8" if dtype == capture.FP8 else "--ep"
+        if dtype == FP8 or fp8_kv or ep != 1:
+            option = "--fp8-kv" if fp8_kv else "--dtype fp8" if dtype == FP8 else "--ep"
             raise LzError(f"{option} describes a model (--model, --config); a "
                           f"workload recorded its own calls")
         calls = _recorded(recorded, model, config, tp, dtype)
@@ -182,19 +217,19 @@ def progress(length: int, label: str):
 
 def model_options(f):
     options = [
-        click.option("--model", "model", metavar="NAME", help=f"built-in model: {', '.join(CATALOGUE)}"),
+        click.option("--model", "model", metavar="NAME", help="a built-in model (`lzsolve models` lists them)"),
         click.option("--config", "config", metavar="PATH",
                      help="a Hugging Face config.json (or its folder) instead of --model"),
         click.option("--workload", "recorded", metavar="PATH",
                      help="a workload file runtime_loader.record wrote, instead of --model: exactly the op "
                           "signatures it recorded, with buckets placed at its shapes (as many per dim as --grid has)"),
-        click.option("--tp", default=1, show_default=True, type=int,
+        click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1),
                      help="tensor-parallel degree: shards heads, kv heads (never below 1) and the MLP"),
         click.option("--ep", default=1, show_default=True, type=int,
                      help="expert-parallel degree of a mixture-of-experts model: its experts divided over that many "
                           "ranks, whole (not sharded by --tp); --tp's value (the experts over the tensor-parallel "
                           "group) or a multiple of it (over data-parallel replicas); the artifact is <model>-ep<N>"),
-        click.option("--dtype", default="bf16", show_default=True, type=click.Choice([*DTYPES, capture.FP8]),
+        click.option("--dtype", default="bf16", show_default=True, type=click.Choice([*DTYPE_CHOICES, FP8]),
                      help="the activations' dtype; fp8: an FP8 W8A8 deployment (bf16 activations, linears with "
                           "e4m3 weights and per-channel scales, activations quantised per token; lm_head in bf16)"),
         click.option("--fp8-kv", is_flag=True,
@@ -202,7 +237,7 @@ def model_options(f):
                           "attention.decode_fp8kv; the artifact is <model>-fp8kv"),
         click.option("--device", default=None, metavar="cpu|cuda[:i]",
                      help="where to measure  [default: cuda if available, else cpu]"),
-        click.option("--grid", type=click.Choice(list(GRIDS)), default=None,
+        click.option("--grid", type=click.Choice(GRID_CHOICES), default=None,
                      help="shape grid  [default: full on cuda, small on cpu (minutes on 2 cores)]"),
         click.option("--kernels", multiple=True, metavar="GLOB[,GLOB]",
                      help="only consider these kernel ids (fallbacks are always kept), e.g. 'sdpa.*'"),
@@ -237,11 +272,12 @@ def cli():
               help="seconds one measurement may take (first-call JIT included) before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
-@click.option("--sample-time", type=click.FloatRange(min=0.001), default=Budget.time_cap_s, show_default=True,
-              metavar="SECONDS",
-              help=f"how long one candidate's timing may sample, per timing mode, while its spread stays above "
-                   f"{Budget.target_spread:.0%} (its warm-up: a tenth of that at most); shorter: a quicker, noisier "
-                   "tune. Records measured with another value are reused (--fresh to time them again)")
+@click.option("--sample-time", cls=Deferred, type=click.FloatRange(min=0.001), show_default=True, metavar="SECONDS",
+              default=lambda: _attr("bench", "Budget.time_cap_s"),
+              help=lambda: f"how long one candidate's timing may sample, per timing mode, while its spread stays "
+                           f"above {_attr('bench', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
+                           "most); shorter: a quicker, noisier tune. Records measured with another value are reused "
+                           "(--fresh to time them again)")
 @click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
               help="measure on several devices of this host, one worker each (they must be the same model): "
                    "each bucket's candidates go, whole, to the next free device, largest first, as do each "
@@ -253,9 +289,9 @@ def cli():
                    "the others (nodes of other hardware are refused). local: start Ray on this host alone; "
                    "auto: the cluster this host joined with `ray start`; HOST:PORT: its head. Needs "
                    "Ray: pip install -e '.[ray]' in the lzsolve clone")
-@click.option("--ray-workers", type=click.IntRange(min=1), default=None, metavar="N",
-              help=f"with --ray: how many workers  [default: one per GPU of the cluster, {CPU_WORKERS} on a "
-                   "CPU-only one]")
+@click.option("--ray-workers", cls=Deferred, type=click.IntRange(min=1), default=None, metavar="N",
+              help=lambda: f"with --ray: how many workers  [default: one per GPU of the cluster, "
+                           f"{_attr('cluster', 'CPU_WORKERS')} on a CPU-only one]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
 @click.option("--trials", type=click.IntRange(min=0), default=None,
@@ -263,13 +299,16 @@ def cli():
                    "[default: each search space's own budget]")
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
               help="folder of search-space YAML files  [default: the repo's search_spaces/]")
-@click.option("--patience", type=click.IntRange(min=0), default=SearchBudget.patience, show_default=True,
-              help="stop a bucket's search after this many trials in a row that beat its best by less than "
-                   f"{NOISE:.0%} (timing noise); 0: always spend the whole budget")
-@click.option("--skip-behind", type=click.FloatRange(min=0), default=SearchBudget.skip_behind, show_default=True,
+@click.option("--patience", cls=Deferred, type=click.IntRange(min=0), show_default=True,
+              default=lambda: _attr("search", "SearchBudget.patience"),
+              help=lambda: "stop a bucket's search after this many trials in a row that beat its best by less than "
+                           f"{_attr('search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
+@click.option("--skip-behind", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("search", "SearchBudget.skip_behind"),
               help="skip the search at a bucket where the family's best is more than this fraction slower than the "
                    "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
-@click.option("--refine", type=click.IntRange(min=0), default=SearchBudget.refine, show_default=True,
+@click.option("--refine", cls=Deferred, type=click.IntRange(min=0), show_default=True,
+              default=lambda: _attr("search", "SearchBudget.refine"),
               help="after each bucket's search, up to this many more trials climbing from its best configuration "
                    "one parameter step at a time while that gains; 0: off")
 @click.option("--full-search", is_flag=True,
@@ -277,20 +316,23 @@ def cli():
                    "neighbours' winners (to check the smarter budget against)")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
-@click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
+@click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.1 = 10%)")
-@click.option("--min-ms", type=click.FloatRange(min=0), default=DEFAULT_MIN_MS, show_default=True,
+@click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
               help="grid points where both tables' times are under this are reported, not gated (run-to-run "
                    "noise of microsecond kernels)")
 @click.option("--probe/--no-probe", default=True, show_default=True,
               help="also time the leading kernels and the fallback at unaligned values inside each bucket and "
                    "past the last (odd lengths, where tile-aligned kernels lose what the grid shows them winning)")
-@click.option("--validate", "validate_shapes", type=click.IntRange(min=0), default=VALIDATION_SHAPES,
-              show_default=True,
+@click.option("--validate", "validate_shapes", cls=Deferred, type=click.IntRange(min=0), show_default=True,
+              default=lambda: _attr("validate", "VALIDATION_SHAPES"),
               help="random shapes per dynamic dim of each op signature (inside the buckets and up to 1.5x past "
                    "them: 8 for a tokens op, 16 for attention's batch x seq) at which the "
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
-@click.option("--routing-skew", type=click.FloatRange(min=0), default=ROUTING_SKEW, show_default=True,
+@click.option("--routing-skew", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: importlib.import_module("runtime_loader.inputs").ROUTING_SKEW,
               help="mixture-of-experts layers: how unevenly the experts' inputs are routed (the expert of popularity "
                    "rank r gets -S * log(r) on its router logits; 0.3: the fullest of 128 experts gets about 2.4x "
                    "the mean load, as trained routers roughly do; 0: uniform). Recorded with each record; records "
@@ -319,6 +361,24 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     entered, entered_cpu = time.perf_counter(), time.process_time()
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
+    from runtime_loader.inputs import skewed_routing
+    from runtime_loader.jit import point_caches
+
+    from . import tuner
+    from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
+    from .artifact import JIT_WORK, build_table, default_out, ensure_writable, leaf_ids, report, write_artifact
+    from .bench import Budget
+    from .cluster import Cluster
+    from .compare import compare
+    from .devices import check_same_model, parse_devices
+    from .perfdb import PerfDB
+    from .search import FULL_BUDGET, SPACES_DIR, SearchBudget
+    from .tuner import new_run_id
+    from .validate import in_order as validation_order
+    from .validate import plan_validation
+    from .validate import validate as run_validation
+    from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, share_bytecode
+
     _load_plugins(plugins)
     if ray_address is not None and (devices or device):
         raise LzError("--ray measures on the cluster's devices: leave out --devices and --device")
@@ -455,6 +515,9 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wall_s: float, restarts: int,
                 phases: dict[str, float]) -> dict:
     """What CI needs to know about a tune, as plain data (`tune --json`)."""
+    from . import tuner
+    from .artifact import leaf_ids
+
     measured = [r for r in records if r["stage"] != "capability"]  # capability verdicts cost nothing
     rejected: dict[str, int] = {}
     for r in records:
@@ -491,7 +554,7 @@ def _say_comparison(result: dict, say) -> None:
         say(f"  {sig}: only in the baseline")
 
 
-def _say_incremental(session: tuner.Session, plan: Plan) -> None:
+def _say_incremental(session: Session, plan: Plan) -> None:
     """On a PerfDB with earlier records, which kernels this run measures again, and why."""
     if not session.reusable:
         return
@@ -503,6 +566,8 @@ def _say_incremental(session: tuner.Session, plan: Plan) -> None:
 
 def _print_notes(plan: Plan) -> None:
     """What will run on a reference fallback, and why: one line each (stderr under tune)."""
+    from . import tuner
+
     for line in tuner.notes(plan):
         click.echo(f"note: {line}", err=True)
 
@@ -511,6 +576,10 @@ def _search(plan, spaces_dir: Path, runners, out_dir: Path, mode: str, trials: i
             budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
     """Search the tunable kernels' configurations (when any is a candidate); the plan gains the
     winners. Returns what the search spent too (None when there was nothing to search)."""
+    from runtime_loader.hardware import slug
+
+    from .search import STORAGE_NAME, load_spaces, planned_trials, search
+
     spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}
     total = planned_trials(plan, spaces, trials)
     if total == 0:
@@ -551,7 +620,7 @@ def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 @click.option("--model", "names", multiple=True, metavar="NAME", help="a built-in model (repeatable)  [default: all]")
 @click.option("--config", "configs", multiple=True, metavar="PATH", help="a Hugging Face config.json (repeatable)")
 @click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree the shapes are sharded to")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(list(DTYPES)))
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(DTYPE_CHOICES))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object per (model, op signature)")
 def matrix(names, configs, tp, dtype, as_json):
     """Model x op x required features x the kernels that support each op, from the registry.
@@ -560,6 +629,11 @@ def matrix(names, configs, tp, dtype, as_json):
     every feature the signature needs (GQA, causal, sliding window, softcap, QK-norm, RoPE
     layout, bias, (1 + weight) norms...); whether it is installed or runs on this machine is
     `lzsolve kernels`' business. An op only a reference fallback supports is marked."""
+    from runtime_loader import registry
+    from runtime_loader.ops import required_features
+
+    from .models import CATALOGUE
+
     names = names if names or configs else tuple(CATALOGUE)
     captured = [_model(n, None, tp, dtype) for n in names] + [_model(None, c, tp, dtype) for c in configs]
     rows = []
@@ -584,6 +658,8 @@ def matrix(names, configs, tp, dtype, as_json):
 @cli.command()
 def models():
     """List the built-in models."""
+    from .models import CATALOGUE, from_catalogue
+
     rows = []
     for name in CATALOGUE:
         m = from_catalogue(name)
@@ -599,6 +675,11 @@ def kernels(device, as_json):
     """List every candidate kernel: its ops, library and version, whether it can run on this
     device (and the Reason when not: NOT_INSTALLED, BACKEND_IMPORT_FAILED, PLATFORM_MISMATCH,
     SM_TOO_OLD...), and for tunable kernels the search space optuna explores."""
+    from runtime_loader import registry
+    from runtime_loader.hardware import device_info
+
+    from .search import SPACES_DIR, load_spaces
+
     here = device_info(_device(device))
     spaces = load_spaces(SPACES_DIR) if SPACES_DIR.is_dir() else {}
     rows = []
@@ -623,6 +704,8 @@ def kernels(device, as_json):
 def explain(artifact, op_glob):
     """Per op signature: the tree, the chosen kernels with their gains and margins, and
     every rejected candidate with its Reason. ARTIFACT defaults to the newest under ./artifacts."""
+    from .artifact import find_artifact, format_op, read_table_json
+
     folder = find_artifact(artifact)
     table = read_table_json(folder)
     model = table["model"]
@@ -662,15 +745,21 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     defaults to the newest under ./artifacts. Exits 1 when the table's choice fails at a
     shape (the runtime would hit that failure), 4 when its records cannot be written (disk
     full), else 0."""
+    from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
+    from runtime_loader.jit import point_caches
+
+    from .artifact import JIT_WORK, find_artifact, read_table_json
     from .evaluate import evaluate as run_evaluation, parse_shapes
-    from .validate import summarize
+    from .fsutil import atomic_write_text
+    from .validate import LOSS, summarize
+    from .worker import InProcessRunner, WorkerRunner
 
     if random_n and shapes:
         raise LzError("pass --random or --shapes, not both")
     _load_plugins(plugins)
     folder = find_artifact(artifact)
     table = read_table_json(folder)
-    dev = _device(device or ("cuda" if table["hardware"]["device"] == "cuda" else "cpu"))
+    dev = _device(device or _evaluation_device(folder, table["hardware"]))
     wanted = parse_shapes(shapes) if shapes else None
     if (folder / JIT_WORK).is_dir():  # the tuning run's compiled kernels: no JIT again where it ran
         point_caches(folder / JIT_WORK)
@@ -709,12 +798,28 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     return EXIT_FAILED if summary["problems"] else EXIT_OK
 
 
+def _evaluation_device(folder: Path, hardware: dict) -> str:
+    """Where an artifact is evaluated by default: the device type it was tuned on. A CUDA artifact
+    on a machine without CUDA is refused here: --device cpu (what _device suggests) would only be
+    refused as other hardware."""
+    import torch
+
+    if hardware["device"] != "cuda":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise LzError(f"{folder} was tuned on {hardware.get('name', 'a CUDA GPU')} and no CUDA device is available "
+                      "here; evaluate it on the machine it was tuned on")
+    return "cuda"
+
+
 @cli.command("compare")
 @click.argument("artifact", type=click.Path(file_okay=False))
 @click.argument("baseline", type=click.Path(file_okay=False))
-@click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
+@click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature (geomean over its grid points; 0.1 = 10%)")
-@click.option("--min-ms", type=click.FloatRange(min=0), default=DEFAULT_MIN_MS, show_default=True,
+@click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
               help="grid points where both times are under this are reported, not gated")
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
 def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
@@ -723,6 +828,9 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
     Per op signature: time(new table's choice) / time(old table's choice) at every grid
     point both measured, each from its own PerfDB. Exit 3 when any signature's geomean
     exceeds 1 + --max-regression, else 0."""
+    from .artifact import find_artifact
+    from .compare import compare
+
     result = compare(find_artifact(artifact), find_artifact(baseline), max_regression, min_ms)
     if as_json:
         click.echo(json.dumps(result, indent=1))
@@ -747,6 +855,9 @@ def db_query(sql, db_path, as_json):
     \b
     lzsolve db query "SELECT kernel_id, count(*) FROM admitted GROUP BY 1"
     """
+    from .artifact import find_artifact
+    from .perfdb import PerfDB
+
     path = Path(db_path) if db_path else find_artifact(None) / "perfdb"
     if (path / "perfdb").is_dir():
         path = path / "perfdb"

@@ -152,15 +152,15 @@ def test_workflow_calls_the_script_on_a_gpu_runner():
 def test_tune_exits_failed_when_a_signature_has_no_admitted_kernel(tmp_path, monkeypatch):
     """A signature whose every candidate, its fallback included, was rejected leaves the table
     blind there: the artifact is still written (to be inspected) but the exit code says failed."""
-    import lzsolve.cli as cli_module
-    real_tune = cli_module.tuner.tune
+    from lzsolve import tuner
+    real_tune = tuner.tune
 
     def parity_fails_for_swiglu(*args, **kwargs):
         records = real_tune(*args, **kwargs)
         return [dict(r, status="rejected", stage="parity", reason_code="PARITY_FAILED", reason_message="rel_l2 1")
                 if r["op"] == "act.swiglu" else r for r in records]
 
-    monkeypatch.setattr(cli_module.tuner, "tune", parity_fails_for_swiglu)
+    monkeypatch.setattr(tuner, "tune", parity_fails_for_swiglu)
     config = tiny_llama_config(tmp_path)
     result = invoke("tune", "--config", str(config), "--tp", "2", "--grid", "tiny", "--dtype", "fp32", "--device", "cpu",
                     "--kernels", "eager.*", "--no-isolate", "--no-probe", "--validate", "0", "--out", str(tmp_path / "a"),

@@ -86,3 +86,17 @@ def test_evaluate_cli_on_the_spine_artifact(tmp_path, tiny_llama_artifact):
     from lzsolve.perfdb import PerfDB
     runs = PerfDB(out / "perfdb").rows("SELECT DISTINCT run_id FROM records WHERE run_id LIKE 'eval-%'")
     assert len(runs) == 1, "evaluation records are kept in the PerfDB"
+
+
+def test_a_cuda_artifact_on_a_machine_without_cuda_is_one_line_that_names_no_wrong_fix(tmp_path, monkeypatch):
+    """It said "use --device cpu", and --device cpu was then refused as other hardware."""
+    import torch
+
+    from .tables import table, write
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = write(tmp_path / "a", table(hardware={"device": "cuda", "name": "NVIDIA H200"}))
+    result = CliRunner().invoke(cli, ["evaluate", folder])
+    assert isinstance(result.exception, LzError), result.output
+    assert str(result.exception) == (f"{folder} was tuned on NVIDIA H200 and no CUDA device is available here; "
+                                     "evaluate it on the machine it was tuned on")

@@ -47,8 +47,9 @@ EXIT_FAILED = 1  # the run finished but its result cannot be trusted (or lzsolve
 EXIT_BAD_INPUT = 2
 EXIT_REGRESSED = 3  # slower than the baseline artifact beyond --max-regression
 EXIT_WRITE_FAILED = 4  # an output could not be written (disk full, quota, I/O error); records so far are kept
+EXIT_INCONCLUSIVE = 5  # past --max-regression vs the baseline, within the noise (compare.py): the host was too busy
 EXIT_INTERRUPTED = 130
-STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED}
+STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED, "inconclusive": EXIT_INCONCLUSIVE}
 LOG_EVERY_S = 30.0  # progress lines when stderr is not a terminal (CI logs)
 
 
@@ -215,6 +216,14 @@ def progress(length: int, label: str):
     return _LogProgress(length, label)
 
 
+def add_measurements(bar, planned: int, label: str, measurements: int) -> None:
+    """Measurements a phase adds once it has begun (validation's second rounds, around its losses): the
+    total grows, and the label says by how much ("validating (120 planned +36)"), so that a percentage
+    that falls back says why."""
+    bar.length += measurements
+    bar.label = f"{label} ({planned} planned +{bar.length - planned})"
+
+
 def model_options(f):
     options = [
         click.option("--model", "model", metavar="NAME", help="a built-in model (`lzsolve models` lists them)"),
@@ -356,7 +365,9 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     Exit codes (for CI): 0 ok; 1 failed (an op signature has no admitted kernel at any
     grid point, so its table is blind); 2 bad input; 3 regressed vs --baseline;
     4 an output could not be written (disk full, I/O error: records so far are kept, re-run
-    to continue); 130 interrupted.
+    to continue); 5 inconclusive vs --baseline (past --max-regression, but by less than the
+    timings' spread, or timed on a busy machine: the host was too busy to judge); 130
+    interrupted.
     """
     entered, entered_cpu = time.perf_counter(), time.process_time()
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
@@ -366,7 +377,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 
     from . import tuner
     from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
-    from .artifact import JIT_WORK, build_table, default_out, ensure_writable, leaf_ids, report, write_artifact
+    from .artifact import JIT_WORK, build_table, default_out, ensure_writable, format_noise, leaf_ids, report
+    from .artifact import write_artifact
     from .bench import Budget
     from .cluster import Cluster
     from .compare import compare
@@ -465,11 +477,12 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         if warmer:
             warmer.begin("validation", phase_calls([(p.signature, p.work) for p in validation_order(planned)],
                                                    warmed_by_inductor))
-        with progress(sum(len(c) for p in planned for _, c in p.work), "validating") as bar:
-            def more(measurements: int) -> None:  # a second round around losses: the bar's total grows
-                bar.length += measurements
+        planned_total = sum(len(c) for p in planned for _, c in p.work)
+        with progress(planned_total, "validating") as bar:
             checked, validation = run_validation(session, planned, records, mode,
-                                                 on_step=lambda label: bar.update(1, label), on_more=more)
+                                                 on_step=lambda label: bar.update(1, label),
+                                                 on_more=functools.partial(add_measurements, bar, planned_total,
+                                                                           "validating"))
         records += checked
         lap("validation_s")
         compiled = [record for a in ahead for record in a.close()]
@@ -480,6 +493,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         if cluster:
             cluster.close()
     lap("close_s")  # the compile-ahead workers' last calls; the workers then exit beside the solve and the write
+    records = tuner.distinct(records)  # a later phase's records repeat those it reused
     table = build_table(plan, records, mode, session.run_id, validation)
     lap("solve_s")
     wall = time.perf_counter() - started
@@ -487,11 +501,15 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
                    records + compiled)  # the builds' records name the files they wrote
     lap("write_s")  # the artifact, its records and its JIT caches' archive, after the wall
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
-    say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
+    summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
+    summary["written"] += len(compiled)
+    say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({summary['records']} records: {summary['new']} of "
+        f"this run, {summary['reused']} reused; {summary['written']} rows written; {wall:.0f} s, "
         f"{session.restarts} worker restart(s))")
     for entry in table["ops"]:
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
-    summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
+    if table["noise"]["noisy_decisions"]:
+        say(f"noise: {format_noise(table['noise'])[0]}; report.md says more")
     summary["search"] = searched.as_dict() if searched else None
     summary["parent_cpu_s"] = parent_cpu
     summary["compiled_ahead"] = [call for a in ahead for call in a.summary()]
@@ -503,8 +521,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)
-    summary["status"] = ("failed" if summary["blind"] else
-                         "regressed" if summary["comparison"] and summary["comparison"]["regressed"] else "ok")
+    summary["status"] = "failed" if summary["blind"] else comparison_status(summary["comparison"])
     for sig in summary["blind"]:
         click.echo(f"error: {sig}: no kernel was admitted at any grid point (see `lzsolve explain`)", err=True)
     if as_json:
@@ -514,11 +531,14 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 
 def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wall_s: float, restarts: int,
                 phases: dict[str, float]) -> dict:
-    """What CI needs to know about a tune, as plain data (`tune --json`)."""
+    """What CI needs to know about a tune, as plain data (`tune --json`). `records` are those the
+    table was solved from, each once: `new` of them this run's (its rows in the PerfDB, with
+    `written` adding the first calls made ahead), `measured` those of them that cost a measurement
+    (capability verdicts cost nothing), `reused` earlier runs'."""
     from . import tuner
     from .artifact import leaf_ids
 
-    measured = [r for r in records if r["stage"] != "capability"]  # capability verdicts cost nothing
+    ours = [r for r in records if r["run_id"] == table["run_id"]]
     rejected: dict[str, int] = {}
     for r in records:
         if r["status"] == "rejected":
@@ -527,9 +547,11 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
         "status": None, "artifact": str(out_dir), "run_id": table["run_id"],
         "model": table["model"], "hardware": table["hardware"]["name"], "hw_slug": table["hw_slug"],
         "timing_mode": table["timing_mode"], "grid": table["grid"], "wall_s": round(wall_s, 1), "phases": phases,
-        "records": len(records), "measured": sum(r["run_id"] == table["run_id"] for r in measured),
-        "reused": sum(r["run_id"] != table["run_id"] for r in measured),
+        "records": len(records), "new": len(ours), "written": len(ours),
+        "measured": sum(r["stage"] != "capability" for r in ours),
+        "reused": len(records) - len(ours),
         "rejected_by_stage": rejected, "worker_restarts": restarts,
+        "noise": table["noise"],
         "notes": tuner.notes(plan),
         "signatures": [{"signature": e["signature"], "kernels": sorted(set(leaf_ids(e["tree"]))),
                         "grid_regret": e["grid_regret"], "worst_regret": e["worst_regret"],
@@ -540,18 +562,32 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
     }
 
 
+def comparison_status(result: dict | None) -> str:
+    """ok, regressed, or inconclusive (every signature past the allowance is within the noise)."""
+    if not result:
+        return "ok"
+    return "regressed" if result["regressed"] else "inconclusive" if result["inconclusive"] else "ok"
+
+
 def _say_comparison(result: dict, say) -> None:
     say(f"vs baseline {result['baseline']} (run {result['baseline_run']}), time new / old, "
         f"allowed +{result['threshold'] * 100:.0f}% over points of {result['min_ms'] * 1e3:g} µs or more:")
     for sig, c in result["signatures"].items():
         gate = (f"gated {c['gated_geomean']:.3f} over {c['gated_points']}" if c["gated_points"]
                 else "under the floor: not gated")
+        verdict = ("  REGRESSED" if c["regressed"] else f"  INCONCLUSIVE (timings spread {c['noise']:.0%}; "
+                   f"{c['busy_points']} of {c['gated_points']} points timed on a busy machine)"
+                   if c["inconclusive"] else "")
         say(f"  {sig}: geomean {c['ratio_geomean']:.3f}, worst {c['ratio_worst']:.3f} at {c['worst_at']} "
-            f"({c['points']} points; {gate}){'  REGRESSED' if c['regressed'] else ''}")
+            f"({c['points']} points; {gate}){verdict}")
     for sig in result["only_new"]:
         say(f"  {sig}: new (no baseline)")
     for sig in result["only_baseline"]:
         say(f"  {sig}: only in the baseline")
+    if result["inconclusive"]:
+        say(f"inconclusive: the host was too busy to judge {len(result['inconclusive'])} signature(s): past the "
+            "allowance by less than their timings spread, or timed while the machine was busy; tune again on an "
+            "idle host (exit 5)")
 
 
 def _say_incremental(session: Session, plan: Plan) -> None:
@@ -704,13 +740,15 @@ def kernels(device, as_json):
 def explain(artifact, op_glob):
     """Per op signature: the tree, the chosen kernels with their gains and margins, and
     every rejected candidate with its Reason. ARTIFACT defaults to the newest under ./artifacts."""
-    from .artifact import find_artifact, format_op, read_table_json
+    from .artifact import find_artifact, format_noise, format_op, read_table_json
 
     folder = find_artifact(artifact)
     table = read_table_json(folder)
     model = table["model"]
     click.echo(f"{folder}: {model['id']} tp={model['tp']} {model['dtype']} on {table['hardware']['name']}, "
                f"timing mode {table['timing_mode']}, run {table['run_id']}")
+    for n, line in enumerate(format_noise(table.get("noise"))):  # tables written before it have none
+        click.echo(("noise: " if n == 0 else "  ") + line)
     shown = 0
     for entry in table["ops"]:
         if fnmatch.fnmatchcase(entry["signature"], op_glob) or fnmatch.fnmatchcase(entry["op"], op_glob):
@@ -827,7 +865,9 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
 
     Per op signature: time(new table's choice) / time(old table's choice) at every grid
     point both measured, each from its own PerfDB. Exit 3 when any signature's geomean
-    exceeds 1 + --max-regression, else 0."""
+    exceeds 1 + --max-regression by more than its timings' spread, on a quiet machine; 5
+    (inconclusive: the host was too busy to judge) when those that exceed it do so within
+    the noise; else 0."""
     from .artifact import find_artifact
     from .compare import compare
 
@@ -836,7 +876,7 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
         click.echo(json.dumps(result, indent=1))
     else:
         _say_comparison(result, click.echo)
-    return EXIT_REGRESSED if result["regressed"] else EXIT_OK
+    return STATUS_EXIT[comparison_status(result)]
 
 
 @cli.group()

@@ -11,8 +11,9 @@ OUT/summary.json and OUT/summary.md (also appended to $GITHUB_STEP_SUMMARY when 
 A model that fails does not stop the others.
 
 Exit code: 1 if any model failed (tune or evaluate), else 3 if any regressed, else 5 if any
-comparison was inconclusive (past --max-regression by less than its timings' spread: the host was
-too busy to judge; tune again on an idle runner), else 0.
+comparison was inconclusive (past --max-regression, but within the noise: by less than its timings'
+spread, or timed on a busy machine; the host was too busy to judge: tune again on an idle runner),
+else 0.
 Runs the same on a laptop CPU and on a GPU runner; OUT is what the workflow uploads.
 """
 from __future__ import annotations

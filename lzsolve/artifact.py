@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import statistics
 from pathlib import Path
 
 from runtime_loader import jit, registry, safeio
@@ -130,7 +131,7 @@ def noise_summary(ops: list[dict], records: list[dict], mode: str) -> dict:
     noisy = sorted({signature for signature, leaf in decided if leaf["noisy"]})
     timed = [r for r in records if r["status"] == "ok" and r.get(f"{mode}_ms") is not None]
     spreads = [r.get(f"{mode}_spread") or 0.0 for r in timed]
-    loads = sorted(r["host_load"] for r in timed if r.get("host_load") is not None)
+    loads = [r["host_load"] for r in timed if r.get("host_load") is not None]
     others = [r["gpu_others"] for r in timed if r.get("gpu_others") is not None]
     return {
         "decisions": len(decided),
@@ -140,7 +141,7 @@ def noise_summary(ops: list[dict], records: list[dict], mode: str) -> dict:
         "busy_timings": sum(map(busy, timed)),
         "spread_over": {f"{limit:g}": sum(s > limit for s in spreads) for limit in SPREAD_COUNTED},
         "worst_spread": round(max(spreads), 4) if spreads else None,
-        "host_load": {"median": loads[len(loads) // 2], "max": loads[-1]} if loads else None,
+        "host_load": {"median": statistics.median(loads), "max": max(loads)} if loads else None,
         "gpu_others_max": max(others) if others else None,
     }
 
@@ -163,8 +164,9 @@ def format_noise(noise: dict | None) -> list[str]:
                      + (f"; other programs' processes on the GPU: {noise['gpu_others_max']} at most"
                         if noise.get("gpu_others_max") is not None else ""))
     if noise.get("busy_timings"):
-        lines.append(f"{noise['busy_timings']} of the {noise['timings']} timings ran on a busy machine: a comparison "
-                     "with another artifact resting on them is inconclusive (lzsolve compare, exit 5)")
+        lines.append(f"{noise['busy_timings']} of the {noise['timings']} timings ran on a busy machine (load per core "
+                     f"past {BUSY_LOAD:g}, or other programs on the GPU): a slowdown against a baseline that rests on "
+                     "them is inconclusive, not a regression (lzsolve compare, exit 5)")
     if noise["noisy_decisions"]:
         lines.append("to trust them, tune again on an idle host (its records are reused unless --fresh) or "
                      "with a longer --sample-time")

@@ -143,7 +143,6 @@ class Sensor:
         )
 
 
-
 def _parent(pid: int) -> int | None:
     """The parent of a process (Linux's /proc/<pid>/stat: the field after the command's name,
     which may hold spaces and parentheses), None where it cannot be read."""

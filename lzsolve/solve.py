@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -297,7 +298,7 @@ def decision_noise(pts: Points, idx: list[int], kernel: str, other: str | None) 
     both = pts.timed_both(other, kernel, idx) if other else []
     if not both:
         return None
-    noise = sorted(max(pts.spreads[kernel][i], pts.spreads[other][i]) for i in both)[len(both) // 2]
+    noise = statistics.median(max(pts.spreads[kernel][i], pts.spreads[other][i]) for i in both)
     return noise, abs(pts.ratio(other, kernel, both) - 1)
 
 

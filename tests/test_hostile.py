@@ -32,7 +32,7 @@ from lzsolve.errors import WriteError
 from lzsolve.measure import ParityTask
 from lzsolve.perfdb import PerfDB
 from lzsolve.worker import _serve
-from runtime_loader import jit
+from runtime_loader import jit, safeio
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.safeio import parse_json
 from runtime_loader.table import TableError
@@ -430,7 +430,7 @@ def _disk_full_at(monkeypatch, name_part: str) -> list[str]:
     """Make every atomic write of a file whose name contains `name_part` fail as a full disk
     does (at fsync, after its bytes were handed over); returns the names it failed."""
     failed = []
-    real = fsutil.os.fsync
+    real = safeio.os.fsync
 
     def fsync(fd):
         name = os.readlink(f"/proc/self/fd/{fd}")
@@ -439,7 +439,7 @@ def _disk_full_at(monkeypatch, name_part: str) -> list[str]:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd)
 
-    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    monkeypatch.setattr(safeio.os, "fsync", fsync)
     return failed
 
 
@@ -451,7 +451,7 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch
     def fsync(fd):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    monkeypatch.setattr(safeio.os, "fsync", fsync)
     with pytest.raises(WriteError) as e:
         fsutil.atomic_write_text(target, "new")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["dispatch.json"]

@@ -236,6 +236,21 @@ def test_tune_rejects_a_missing_baseline(tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_the_readmes_example_writes_outside_the_clone():
+    """ci/README's commands wrote ci-artifacts/ into the repo root, where `ruff check .` then linted the
+    code Inductor generated there."""
+    import shlex
+
+    commands = [shlex.split(line) for line in (REPO / "ci" / "README.md").read_text().splitlines()
+                if line.strip().startswith("python ci/tune_artifacts.py")]
+    folders = [Path(args[args.index(option) + 1]) for args in commands for option in ("--out", "--baseline")
+               if option in args]
+    assert len(commands) == 2 and len(folders) == 3
+    assert all(f.is_absolute() and REPO not in f.parents for f in folders), folders
+    ruff = next(line for line in (REPO / "pyproject.toml").read_text().splitlines() if "extend-exclude" in line)
+    assert '".jit-work"' in ruff, "an artifact's generated code is never linted, wherever it lands"
+
+
 def test_workflow_calls_the_script_on_a_gpu_runner():
     workflow = yaml.safe_load((REPO / "ci" / "github" / "lzsolve-artifacts.yml").read_text())
     job = workflow["jobs"]["tune"]

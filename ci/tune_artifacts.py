@@ -10,7 +10,10 @@ an artifact of the same name: a previous run's OUT, downloaded) and then
 OUT/summary.json and OUT/summary.md (also appended to $GITHUB_STEP_SUMMARY when set).
 A model that fails does not stop the others.
 
-Exit code: 1 if any model failed (tune or evaluate), else 3 if any regressed, else 0.
+Exit code: 1 if any model failed (tune or evaluate), else 3 if any regressed, else 5 if any
+comparison was inconclusive (past --max-regression, but within the noise: by less than its timings'
+spread, or timed on a busy machine; the host was too busy to judge: tune again on an idle runner),
+else 0.
 Runs the same on a laptop CPU and on a GPU runner; OUT is what the workflow uploads.
 """
 from __future__ import annotations
@@ -23,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-OK, FAILED, REGRESSED = 0, 1, 3  # lzsolve's exit codes (lzsolve/cli.py)
+OK, FAILED, REGRESSED, INCONCLUSIVE = 0, 1, 3, 5  # lzsolve's exit codes (lzsolve/cli.py)
+EXIT = {"ok": OK, "failed": FAILED, "regressed": REGRESSED, "inconclusive": INCONCLUSIVE}
+WORST_FIRST = ("failed", "regressed", "inconclusive", "ok")
 LZSOLVE = [sys.executable, "-m", "lzsolve"]
 
 
@@ -79,7 +84,7 @@ def tune_one(arg: str, args: argparse.Namespace, tune_extra: list[str]) -> dict:
         result["tune"] = json.loads(stdout)
     except json.JSONDecodeError:
         result["tune"] = None
-    if code not in (OK, REGRESSED) or result["tune"] is None:
+    if code not in (OK, REGRESSED, INCONCLUSIVE) or result["tune"] is None:
         return {**result, "status": "failed", "error": f"lzsolve tune exited {code}",
                 "wall_s": round(time.monotonic() - started, 1)}
     if not args.no_evaluate:
@@ -89,7 +94,7 @@ def tune_one(arg: str, args: argparse.Namespace, tune_extra: list[str]) -> dict:
         if result["evaluate_exit"] != OK:
             return {**result, "status": "failed", "error": f"lzsolve evaluate exited {result['evaluate_exit']}",
                     "wall_s": round(time.monotonic() - started, 1)}
-    status = "regressed" if code == REGRESSED else "ok"
+    status = {REGRESSED: "regressed", INCONCLUSIVE: "inconclusive"}.get(code, "ok")
     return {**result, "status": status, "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -107,6 +112,8 @@ def markdown(results: list[dict]) -> str:
         vs_base = fmt((comparison.get("overall") or {}).get("ratio_geomean"))
         if comparison.get("regressed"):
             vs_base += " (regressed: " + ", ".join(comparison["regressed"]) + ")"
+        if comparison.get("inconclusive"):
+            vs_base += " (inconclusive, the host too busy to judge: " + ", ".join(comparison["inconclusive"]) + ")"
         lines.append(f"| {r['model']} | {r['status']}{': ' + r['error'] if r.get('error') else ''} | "
                      f"{len(tune.get('signatures', []))} | {fmt(ev.get('regret_geomean'))} | "
                      f"{fmt(ev.get('vs_default_geomean'))} | {vs_base} | {r.get('wall_s', '-')} |")
@@ -118,7 +125,7 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = [tune_one(arg, args, tune_extra) for arg in args.models]
     statuses = {r["status"] for r in results}
-    overall = "failed" if "failed" in statuses else "regressed" if "regressed" in statuses else "ok"
+    overall = next(status for status in WORST_FIRST if status in statuses | {"ok"})
     (args.out / "summary.json").write_text(json.dumps({"status": overall, "models": results}, indent=1) + "\n")
     md = markdown(results)
     (args.out / "summary.md").write_text(md)
@@ -126,7 +133,7 @@ def main(argv: list[str]) -> int:
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as f:
             f.write(md)
     print(md, file=sys.stderr)
-    return {"ok": OK, "failed": FAILED, "regressed": REGRESSED}[overall]
+    return EXIT[overall]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """lzsolve: offline autotuner and dispatch-table solver for LLM inference kernels."""
+import logging as _logging
 import os as _os
 import sys as _sys
 
@@ -16,4 +17,15 @@ def adopt_shared_bytecode() -> None:
         _sys.dont_write_bytecode = False
 
 
+def quiet_cuda_home_warning() -> None:
+    """torch's CUDA build on a machine without a GPU logs "No CUDA runtime is found, using
+    CUDA_HOME=..." when Inductor first imports torch.utils.cpp_extension: once in every worker of a
+    tune, into its progress bar. It says nothing lzsolve does not (it measures on CPU there, and
+    `lzsolve kernels` says which kernels need a GPU), so that line is dropped in every lzsolve
+    process; the logger's other records pass."""
+    _logging.getLogger("torch.utils.cpp_extension").addFilter(
+        lambda record: not record.getMessage().startswith("No CUDA runtime is found"))
+
+
 adopt_shared_bytecode()
+quiet_cuda_home_warning()

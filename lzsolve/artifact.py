@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import statistics
 from pathlib import Path
 
 from runtime_loader import jit, registry, safeio
@@ -14,10 +15,11 @@ from runtime_loader.ops import OPS
 from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
 
 from . import __version__
+from .env import BUSY_LOAD, busy
 from .errors import LzError, WriteError
 from .fsutil import atomic_write_text
 from .grid import buckets
-from .solve import candidates_summary, solve_signature
+from .solve import MIN_NOISE, candidates_summary, leaves, solve_signature
 from .tuner import Plan, by_signature
 
 ARTIFACTS_ROOT = Path("artifacts")
@@ -110,9 +112,65 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
         },
         "jit": None,
         "ops": ops,
+        "noise": noise_summary(ops, records, mode),
     }
     parse_table(table)  # what we write must be what the runtime accepts (schema included)
     return table
+
+
+SPREAD_COUNTED = (0.10, 1.0)  # report.md counts the timings whose spread exceeds these
+
+
+def noise_summary(ops: list[dict], records: list[dict], mode: str) -> dict:
+    """How far a busy host may have moved the table: its decisions (leaves that chose between two
+    timed kernels) and how many rest on noisy data (solve.decision_noise), the spreads of the
+    timings it was solved from, and who else used the machine then (the records' host_load, the
+    host's load average per core, and gpu_others, other programs' processes on the GPU)."""
+    decided = [(entry["signature"], leaf) for entry in ops for leaf in leaves(entry["tree"])
+               if leaf.get("noisy") is not None]
+    noisy = sorted({signature for signature, leaf in decided if leaf["noisy"]})
+    timed = [r for r in records if r["status"] == "ok" and r.get(f"{mode}_ms") is not None]
+    spreads = [r.get(f"{mode}_spread") or 0.0 for r in timed]
+    loads = [r["host_load"] for r in timed if r.get("host_load") is not None]
+    others = [r["gpu_others"] for r in timed if r.get("gpu_others") is not None]
+    return {
+        "decisions": len(decided),
+        "noisy_decisions": sum(bool(leaf["noisy"]) for _, leaf in decided),
+        "noisy_signatures": noisy,
+        "timings": len(timed),
+        "busy_timings": sum(map(busy, timed)),
+        "spread_over": {f"{limit:g}": sum(s > limit for s in spreads) for limit in SPREAD_COUNTED},
+        "worst_spread": round(max(spreads), 4) if spreads else None,
+        "host_load": {"median": statistics.median(loads), "max": max(loads)} if loads else None,
+        "gpu_others_max": max(others) if others else None,
+    }
+
+
+def format_noise(noise: dict | None) -> list[str]:
+    """noise_summary in words: what report.md and `lzsolve explain` say of the host."""
+    if not noise:
+        return []
+    over = ", ".join(f"{n} over {float(limit):.0%}" for limit, n in noise["spread_over"].items())
+    lines = [f"{noise['noisy_decisions']} of {noise['decisions']} decisions rest on noisy data (their timings' "
+             f"spread is larger than the difference they decided, {MIN_NOISE:.0%} at least)"
+             + (f": {', '.join(noise['noisy_signatures'])}" if noise["noisy_signatures"] else "")]
+    if noise["timings"]:
+        lines.append(f"of {noise['timings']} timings, {over} (spread: IQR / median of a timing's samples; "
+                     f"worst {noise['worst_spread']:.0%})")
+    load = noise.get("host_load")
+    if load:
+        lines.append(f"host load while timing: {load['median']:.2f} per core (median), {load['max']:.2f} at most "
+                     f"(1-minute load average; past {BUSY_LOAD:g}, processes waited for a core)"
+                     + (f"; other programs' processes on the GPU: {noise['gpu_others_max']} at most"
+                        if noise.get("gpu_others_max") is not None else ""))
+    if noise.get("busy_timings"):
+        lines.append(f"{noise['busy_timings']} of the {noise['timings']} timings ran on a busy machine (load per core "
+                     f"past {BUSY_LOAD:g}, or other programs on the GPU): a slowdown against a baseline that rests on "
+                     "them is inconclusive, not a regression (lzsolve compare, exit 5)")
+    if noise["noisy_decisions"]:
+        lines.append("to trust them, tune again on an idle host (its records are reused unless --fresh) or "
+                     "with a longer --sample-time")
+    return lines
 
 
 def format_tree(node: dict, indent: str = "  ") -> list[str]:
@@ -126,6 +184,8 @@ def format_tree(node: dict, indent: str = "  ") -> list[str]:
             parts.append(f"{node['points']} point{'s' if node['points'] != 1 else ''}")
         if node.get("ranked"):  # who serves if the runtime cannot use the kernel (policy, failures)
             parts.append("then " + ", ".join(f"{r['kernel_id']} ({(r['ratio'] - 1) * 100:+.0f}%)" for r in node["ranked"]))
+        if node.get("noisy"):
+            parts.append(f"NOISY: timings spread {node['noise']:.0%}")
         return [indent + parts[0] + (f"  ({', '.join(parts[1:])})" if len(parts) > 1 else "")]
     lines = [f"{indent}if {node['dim']} <= {node['threshold']:g}:"]
     lines += format_tree(node["le"], indent + "  ")
@@ -182,6 +242,7 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
         lines.append("- time per phase: " + ", ".join(f"{name.removesuffix('_s')} {s:.0f} s" for name, s in phases.items()))
     if search:
         lines.append(f"- search: {search}")
+    lines += [f"- noise: {line}" if n == 0 else f"  {line}" for n, line in enumerate(format_noise(table.get("noise")))]
     lines += [
         f"- grid: {table['grid']}; timing mode: {table['timing_mode']}",
         "- gains are geometric means of time(fallback) / time(chosen) over the points of a leaf;",

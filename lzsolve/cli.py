@@ -9,44 +9,37 @@ import atexit
 import dataclasses
 import fnmatch
 import functools
+import importlib
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
-import torch
 
-from runtime_loader import registry
-from runtime_loader.hardware import device_info, slug
-from runtime_loader.jit import point_caches
-from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
-from runtime_loader.ops import DTYPES, required_features
-
-from . import __version__, tuner
-from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
-from .artifact import JIT_WORK, build_table, default_out, ensure_writable, find_artifact, format_op, leaf_ids
-from .artifact import read_table_json, report, write_artifact
-from .bench import Budget
-from .cluster import CPU_WORKERS, Cluster
-from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare
+from . import __version__
 from .errors import STORAGE_ERRNOS, LzError, WriteError
-from .fsutil import atomic_write_text
-from .grid import GRIDS, default_grid
-from .models import CATALOGUE, capture, from_catalogue, workload
-from .models.capture import Captured
-from .perfdb import PerfDB
-from .devices import check_same_model, parse_devices
-from .search import (FULL_BUDGET, NOISE, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces,
-                     planned_trials, search)
-from .tuner import Plan, make_plan, new_run_id
-from .validate import LOSS, VALIDATION_SHAPES, plan_validation
-from .validate import in_order as validation_order
-from .validate import validate as run_validation
-from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, load_plugins, share_bytecode
+
+# torch, transformers, DuckDB and the tuner's modules are imported by the commands that use them:
+# at the top they cost every command 2.2-2.5 s and 276 MB on this project's VM, `lzsolve --help`
+# and a mistyped option included (0.2 s without them; tests/test_cli.py bounds it). Option defaults
+# those modules hold are read when a command runs or shows its help (Deferred).
+if TYPE_CHECKING:
+    import torch
+
+    from .models import workload
+    from .models.capture import Captured
+    from .search import SearchBudget, SearchStats
+    from .tuner import Plan, Session
+
+# Choices that click checks before any import: runtime_loader.ops.DTYPES with capture.FP8, and
+# lzsolve.grid.GRIDS (tests/test_cli.py checks that they agree).
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+FP8 = "fp8"
+GRID_CHOICES = ("tiny", "small", "full")
 
 # Exit codes a CI step can branch on.
 EXIT_OK = 0
@@ -54,12 +47,41 @@ EXIT_FAILED = 1  # the run finished but its result cannot be trusted (or lzsolve
 EXIT_BAD_INPUT = 2
 EXIT_REGRESSED = 3  # slower than the baseline artifact beyond --max-regression
 EXIT_WRITE_FAILED = 4  # an output could not be written (disk full, quota, I/O error); records so far are kept
+EXIT_INCONCLUSIVE = 5  # past --max-regression vs the baseline, within the noise (compare.py): the host was too busy
 EXIT_INTERRUPTED = 130
-STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED}
+STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED, "inconclusive": EXIT_INCONCLUSIVE}
 LOG_EVERY_S = 30.0  # progress lines when stderr is not a terminal (CI logs)
 
 
+def _attr(module: str, name: str):
+    """lzsolve.<module>'s `name` (a dotted path: "bench.Budget"), imported now."""
+    value = importlib.import_module(f"{__package__}.{module}")
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+class Deferred(click.Option):
+    """An option whose default is a function reading a module that imports torch (_attr), and whose
+    help may be one: both are read when the command runs or shows its help, never at import, and
+    the help shows the value, not click's "(dynamic)"."""
+
+    def __init__(self, *decls, help=None, **kwargs):
+        self.help_text = help
+        super().__init__(*decls, help=None if callable(help) else help, **kwargs)
+
+    def get_help_record(self, ctx):
+        if callable(self.help_text):
+            self.help = self.help_text()
+        return super().get_help_record(ctx)
+
+    def get_default(self, ctx, call=True):
+        return super().get_default(ctx, call=True)
+
+
 def _device(value: str | None) -> torch.device:
+    import torch
+
     if value is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -80,11 +102,15 @@ def _device(value: str | None) -> torch.device:
 
 
 def _model(model: str | None, config: str | None, tp: int, dtype: str, fp8_kv: bool = False, ep: int = 1) -> Captured:
+    from .models import capture
+
     return capture.load(model, config, tp, dtype, fp8_kv, ep)
 
 
 def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: str) -> workload.Workload:
     """--workload, checked against the other options (its dtype is recorded: --dtype may only agree)."""
+    from .models import workload
+
     if model is not None or config is not None:
         raise LzError("pass one of --model, --config or --workload, not several")
     if tp != 1:
@@ -102,6 +128,10 @@ def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: 
 
 
 def _load_plugins(modules: tuple[str, ...]) -> None:
+    if not modules:
+        return
+    from .worker import load_plugins
+
     try:
         load_plugins(modules)
     except Exception as e:
@@ -114,14 +144,20 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude) -> Plan:
+    from runtime_loader import registry
+
+    from .grid import default_grid
+    from .models import workload
+    from .tuner import make_plan
+
     dev = _device(device)
     grid = grid or default_grid(dev.type)
     if recorded is None:
         spec = _model(model, config, tp, dtype, fp8_kv, ep)
-        dtype = "bf16" if dtype == capture.FP8 else dtype  # fp8 names the linears' weights, not the activations
+        dtype = "bf16" if dtype == FP8 else dtype  # fp8 names the linears' weights, not the activations
     else:
-        if dtype == capture.FP8 or fp8_kv or ep != 1:
-            option = "--fp8-kv" if fp8_kv else "--dtype fp8" if dtype == capture.FP8 else "--ep"
+        if dtype == FP8 or fp8_kv or ep != 1:
+            option = "--fp8-kv" if fp8_kv else "--dtype fp8" if dtype == FP8 else "--ep"
             raise LzError(f"{option} describes a model (--model, --config); a "
                           f"workload recorded its own calls")
         calls = _recorded(recorded, model, config, tp, dtype)
@@ -184,21 +220,29 @@ def progress(length: int, label: str):
     return _LogProgress(length, label)
 
 
+def add_measurements(bar, planned: int, label: str, measurements: int) -> None:
+    """Measurements a phase adds once it has begun (validation's second rounds, around its losses): the
+    total grows, and the label says by how much ("validating (120 planned +36)"), so that a percentage
+    that falls back says why."""
+    bar.length += measurements
+    bar.label = f"{label} ({planned} planned +{bar.length - planned})"
+
+
 def model_options(f):
     options = [
-        click.option("--model", "model", metavar="NAME", help=f"built-in model: {', '.join(CATALOGUE)}"),
+        click.option("--model", "model", metavar="NAME", help="a built-in model (`lzsolve models` lists them)"),
         click.option("--config", "config", metavar="PATH",
                      help="a Hugging Face config.json (or its folder) instead of --model"),
         click.option("--workload", "recorded", metavar="PATH",
                      help="a workload file runtime_loader.record wrote, instead of --model: exactly the op "
                           "signatures it recorded, with buckets placed at its shapes (as many per dim as --grid has)"),
-        click.option("--tp", default=1, show_default=True, type=int,
+        click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1),
                      help="tensor-parallel degree: shards heads, kv heads (never below 1) and the MLP"),
         click.option("--ep", default=1, show_default=True, type=int,
                      help="expert-parallel degree of a mixture-of-experts model: its experts divided over that many "
                           "ranks, whole (not sharded by --tp); --tp's value (the experts over the tensor-parallel "
                           "group) or a multiple of it (over data-parallel replicas); the artifact is <model>-ep<N>"),
-        click.option("--dtype", default="bf16", show_default=True, type=click.Choice([*DTYPES, capture.FP8]),
+        click.option("--dtype", default="bf16", show_default=True, type=click.Choice([*DTYPE_CHOICES, FP8]),
                      help="the activations' dtype; fp8: an FP8 W8A8 deployment (bf16 activations, linears with "
                           "e4m3 weights and per-channel scales, activations quantised per token; lm_head in bf16)"),
         click.option("--fp8-kv", is_flag=True,
@@ -206,7 +250,7 @@ def model_options(f):
                           "attention.decode_fp8kv; the artifact is <model>-fp8kv"),
         click.option("--device", default=None, metavar="cpu|cuda[:i]",
                      help="where to measure  [default: cuda if available, else cpu]"),
-        click.option("--grid", type=click.Choice(list(GRIDS)), default=None,
+        click.option("--grid", type=click.Choice(GRID_CHOICES), default=None,
                      help="shape grid  [default: full on cuda, small on cpu (minutes on 2 cores)]"),
         click.option("--kernels", multiple=True, metavar="GLOB[,GLOB]",
                      help="only consider these kernel ids (fallbacks are always kept), e.g. 'sdpa.*'"),
@@ -241,11 +285,12 @@ def cli():
               help="seconds one measurement may take (first-call JIT included) before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
-@click.option("--sample-time", type=click.FloatRange(min=0.001), default=Budget.time_cap_s, show_default=True,
-              metavar="SECONDS",
-              help=f"how long one candidate's timing may sample, per timing mode, while its spread stays above "
-                   f"{Budget.target_spread:.0%} (its warm-up: a tenth of that at most); shorter: a quicker, noisier "
-                   "tune. Records measured with another value are reused (--fresh to time them again)")
+@click.option("--sample-time", cls=Deferred, type=click.FloatRange(min=0.001), show_default=True, metavar="SECONDS",
+              default=lambda: _attr("bench", "Budget.time_cap_s"),
+              help=lambda: f"how long one candidate's timing may sample, per timing mode, while its spread stays "
+                           f"above {_attr('bench', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
+                           "most); shorter: a quicker, noisier tune. Records measured with another value are reused "
+                           "(--fresh to time them again)")
 @click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
               help="measure on several devices of this host, one worker each (they must be the same model): "
                    "each bucket's candidates go, whole, to the next free device, largest first, as do each "
@@ -256,10 +301,10 @@ def cli():
                    "--devices; this host plans the run and alone writes the PerfDB, so run it on a node like "
                    "the others (nodes of other hardware are refused). local: start Ray on this host alone; "
                    "auto: the cluster this host joined with `ray start`; HOST:PORT: its head. Needs "
-                   "pip install 'lzsolve[ray]'")
-@click.option("--ray-workers", type=click.IntRange(min=1), default=None, metavar="N",
-              help=f"with --ray: how many workers  [default: one per GPU of the cluster, {CPU_WORKERS} on a "
-                   "CPU-only one]")
+                   "Ray: pip install -e '.[ray]' in the lzsolve clone")
+@click.option("--ray-workers", cls=Deferred, type=click.IntRange(min=1), default=None, metavar="N",
+              help=lambda: f"with --ray: how many workers  [default: one per GPU of the cluster, "
+                           f"{_attr('cluster', 'CPU_WORKERS')} on a CPU-only one]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
 @click.option("--trials", type=click.IntRange(min=0), default=None,
@@ -267,13 +312,16 @@ def cli():
                    "[default: each search space's own budget]")
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
               help="folder of search-space YAML files  [default: the repo's search_spaces/]")
-@click.option("--patience", type=click.IntRange(min=0), default=SearchBudget.patience, show_default=True,
-              help="stop a bucket's search after this many trials in a row that beat its best by less than "
-                   f"{NOISE:.0%} (timing noise); 0: always spend the whole budget")
-@click.option("--skip-behind", type=click.FloatRange(min=0), default=SearchBudget.skip_behind, show_default=True,
+@click.option("--patience", cls=Deferred, type=click.IntRange(min=0), show_default=True,
+              default=lambda: _attr("search", "SearchBudget.patience"),
+              help=lambda: "stop a bucket's search after this many trials in a row that beat its best by less than "
+                           f"{_attr('search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
+@click.option("--skip-behind", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("search", "SearchBudget.skip_behind"),
               help="skip the search at a bucket where the family's best is more than this fraction slower than the "
                    "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
-@click.option("--refine", type=click.IntRange(min=0), default=SearchBudget.refine, show_default=True,
+@click.option("--refine", cls=Deferred, type=click.IntRange(min=0), show_default=True,
+              default=lambda: _attr("search", "SearchBudget.refine"),
               help="after each bucket's search, up to this many more trials climbing from its best configuration "
                    "one parameter step at a time while that gains; 0: off")
 @click.option("--full-search", is_flag=True,
@@ -281,20 +329,23 @@ def cli():
                    "neighbours' winners (to check the smarter budget against)")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
-@click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
+@click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.1 = 10%)")
-@click.option("--min-ms", type=click.FloatRange(min=0), default=DEFAULT_MIN_MS, show_default=True,
+@click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
               help="grid points where both tables' times are under this are reported, not gated (run-to-run "
                    "noise of microsecond kernels)")
 @click.option("--probe/--no-probe", default=True, show_default=True,
               help="also time the leading kernels and the fallback at unaligned values inside each bucket and "
                    "past the last (odd lengths, where tile-aligned kernels lose what the grid shows them winning)")
-@click.option("--validate", "validate_shapes", type=click.IntRange(min=0), default=VALIDATION_SHAPES,
-              show_default=True,
+@click.option("--validate", "validate_shapes", cls=Deferred, type=click.IntRange(min=0), show_default=True,
+              default=lambda: _attr("validate", "VALIDATION_SHAPES"),
               help="random shapes per dynamic dim of each op signature (inside the buckets and up to 1.5x past "
                    "them: 8 for a tokens op, 16 for attention's batch x seq) at which the "
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
-@click.option("--routing-skew", type=click.FloatRange(min=0), default=ROUTING_SKEW, show_default=True,
+@click.option("--routing-skew", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: importlib.import_module("runtime_loader.inputs").ROUTING_SKEW,
               help="mixture-of-experts layers: how unevenly the experts' inputs are routed (the expert of popularity "
                    "rank r gets -S * log(r) on its router logits; 0.3: the fullest of 128 experts gets about 2.4x "
                    "the mean load, as trained routers roughly do; 0: uniform). Recorded with each record; records "
@@ -318,11 +369,32 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     Exit codes (for CI): 0 ok; 1 failed (an op signature has no admitted kernel at any
     grid point, so its table is blind); 2 bad input; 3 regressed vs --baseline;
     4 an output could not be written (disk full, I/O error: records so far are kept, re-run
-    to continue); 130 interrupted.
+    to continue); 5 inconclusive vs --baseline (past --max-regression, but by less than the
+    timings' spread, or timed on a busy machine: the host was too busy to judge); 130
+    interrupted.
     """
     entered, entered_cpu = time.perf_counter(), time.process_time()
     if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
         raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
+    from runtime_loader.inputs import skewed_routing
+    from runtime_loader.jit import point_caches
+
+    from . import tuner
+    from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
+    from .artifact import JIT_WORK, build_table, default_out, ensure_writable, format_noise, leaf_ids, report
+    from .artifact import write_artifact
+    from .bench import Budget
+    from .cluster import Cluster
+    from .compare import compare
+    from .devices import check_same_model, parse_devices
+    from .perfdb import PerfDB
+    from .search import FULL_BUDGET, SPACES_DIR, SearchBudget, load_spaces
+    from .tuner import new_run_id
+    from .validate import in_order as validation_order
+    from .validate import plan_validation
+    from .validate import validate as run_validation
+    from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, share_bytecode
+
     _load_plugins(plugins)
     spaces_dir = Path(spaces) if spaces else SPACES_DIR
     search_spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}  # bad input ends here, not after the grid
@@ -411,11 +483,12 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         if warmer:
             warmer.begin("validation", phase_calls([(p.signature, p.work) for p in validation_order(planned)],
                                                    warmed_by_inductor))
-        with progress(sum(len(c) for p in planned for _, c in p.work), "validating") as bar:
-            def more(measurements: int) -> None:  # a second round around losses: the bar's total grows
-                bar.length += measurements
+        planned_total = sum(len(c) for p in planned for _, c in p.work)
+        with progress(planned_total, "validating") as bar:
             checked, validation = run_validation(session, planned, records, mode,
-                                                 on_step=lambda label: bar.update(1, label), on_more=more)
+                                                 on_step=lambda label: bar.update(1, label),
+                                                 on_more=functools.partial(add_measurements, bar, planned_total,
+                                                                           "validating"))
         records += checked
         lap("validation_s")
         compiled = [record for a in ahead for record in a.close()]
@@ -426,6 +499,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         if cluster:
             cluster.close()
     lap("close_s")  # the compile-ahead workers' last calls; the workers then exit beside the solve and the write
+    records = tuner.distinct(records)  # a later phase's records repeat those it reused
     table = build_table(plan, records, mode, session.run_id, validation)
     lap("solve_s")
     wall = time.perf_counter() - started
@@ -433,11 +507,15 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
                    records + compiled)  # the builds' records name the files they wrote
     lap("write_s")  # the artifact, its records and its JIT caches' archive, after the wall
     say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
-    say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({len(records)} records, {wall:.0f} s, "
+    summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
+    summary["written"] += len(compiled)
+    say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({summary['records']} records: {summary['new']} of "
+        f"this run, {summary['reused']} reused; {summary['written']} rows written; {wall:.0f} s, "
         f"{session.restarts} worker restart(s))")
     for entry in table["ops"]:
         say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
-    summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
+    if table["noise"]["noisy_decisions"]:
+        say(f"noise: {format_noise(table['noise'])[0]}; report.md says more")
     summary["search"] = searched.as_dict() if searched else None
     summary["parent_cpu_s"] = parent_cpu
     summary["compiled_ahead"] = [call for a in ahead for call in a.summary()]
@@ -449,8 +527,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     if baseline is not None:
         summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
         _say_comparison(summary["comparison"], say)
-    summary["status"] = ("failed" if summary["blind"] else
-                         "regressed" if summary["comparison"] and summary["comparison"]["regressed"] else "ok")
+    summary["status"] = "failed" if summary["blind"] else comparison_status(summary["comparison"])
     for sig in summary["blind"]:
         click.echo(f"error: {sig}: no kernel was admitted at any grid point (see `lzsolve explain`)", err=True)
     if as_json:
@@ -460,8 +537,14 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 
 def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wall_s: float, restarts: int,
                 phases: dict[str, float]) -> dict:
-    """What CI needs to know about a tune, as plain data (`tune --json`)."""
-    measured = [r for r in records if r["stage"] != "capability"]  # capability verdicts cost nothing
+    """What CI needs to know about a tune, as plain data (`tune --json`). `records` are those the
+    table was solved from, each once: `new` of them this run's (its rows in the PerfDB, with
+    `written` adding the first calls made ahead), `measured` those of them that cost a measurement
+    (capability verdicts cost nothing), `reused` earlier runs'."""
+    from . import tuner
+    from .artifact import leaf_ids
+
+    ours = [r for r in records if r["run_id"] == table["run_id"]]
     rejected: dict[str, int] = {}
     for r in records:
         if r["status"] == "rejected":
@@ -470,9 +553,11 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
         "status": None, "artifact": str(out_dir), "run_id": table["run_id"],
         "model": table["model"], "hardware": table["hardware"]["name"], "hw_slug": table["hw_slug"],
         "timing_mode": table["timing_mode"], "grid": table["grid"], "wall_s": round(wall_s, 1), "phases": phases,
-        "records": len(records), "measured": sum(r["run_id"] == table["run_id"] for r in measured),
-        "reused": sum(r["run_id"] != table["run_id"] for r in measured),
+        "records": len(records), "new": len(ours), "written": len(ours),
+        "measured": sum(r["stage"] != "capability" for r in ours),
+        "reused": len(records) - len(ours),
         "rejected_by_stage": rejected, "worker_restarts": restarts,
+        "noise": table["noise"],
         "notes": tuner.notes(plan),
         "signatures": [{"signature": e["signature"], "kernels": sorted(set(leaf_ids(e["tree"]))),
                         "grid_regret": e["grid_regret"], "worst_regret": e["worst_regret"],
@@ -483,21 +568,35 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
     }
 
 
+def comparison_status(result: dict | None) -> str:
+    """ok, regressed, or inconclusive (every signature past the allowance is within the noise)."""
+    if not result:
+        return "ok"
+    return "regressed" if result["regressed"] else "inconclusive" if result["inconclusive"] else "ok"
+
+
 def _say_comparison(result: dict, say) -> None:
     say(f"vs baseline {result['baseline']} (run {result['baseline_run']}), time new / old, "
         f"allowed +{result['threshold'] * 100:.0f}% over points of {result['min_ms'] * 1e3:g} µs or more:")
     for sig, c in result["signatures"].items():
         gate = (f"gated {c['gated_geomean']:.3f} over {c['gated_points']}" if c["gated_points"]
                 else "under the floor: not gated")
+        verdict = ("  REGRESSED" if c["regressed"] else f"  INCONCLUSIVE (timings spread {c['noise']:.0%}; "
+                   f"{c['busy_points']} of {c['gated_points']} points timed on a busy machine)"
+                   if c["inconclusive"] else "")
         say(f"  {sig}: geomean {c['ratio_geomean']:.3f}, worst {c['ratio_worst']:.3f} at {c['worst_at']} "
-            f"({c['points']} points; {gate}){'  REGRESSED' if c['regressed'] else ''}")
+            f"({c['points']} points; {gate}){verdict}")
     for sig in result["only_new"]:
         say(f"  {sig}: new (no baseline)")
     for sig in result["only_baseline"]:
         say(f"  {sig}: only in the baseline")
+    if result["inconclusive"]:
+        say(f"inconclusive: the host was too busy to judge {len(result['inconclusive'])} signature(s): past the "
+            "allowance by less than their timings spread, or timed while the machine was busy; tune again on an "
+            "idle host (exit 5)")
 
 
-def _say_incremental(session: tuner.Session, plan: Plan) -> None:
+def _say_incremental(session: Session, plan: Plan) -> None:
     """On a PerfDB with earlier records, which kernels this run measures again, and why."""
     if not session.reusable:
         return
@@ -509,6 +608,8 @@ def _say_incremental(session: tuner.Session, plan: Plan) -> None:
 
 def _print_notes(plan: Plan) -> None:
     """What will run on a reference fallback, and why: one line each (stderr under tune)."""
+    from . import tuner
+
     for line in tuner.notes(plan):
         click.echo(f"note: {line}", err=True)
 
@@ -517,6 +618,10 @@ def _search(plan, spaces: dict, runners, out_dir: Path, mode: str, trials: int |
             budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
     """Search the tunable kernels' configurations (when any is a candidate) in `spaces`; the plan gains
     the winners. Returns what the search spent too (None when there was nothing to search)."""
+    from runtime_loader.hardware import slug
+
+    from .search import STORAGE_NAME, planned_trials, search
+
     total = planned_trials(plan, spaces, trials)
     if total == 0:
         return plan, None
@@ -556,7 +661,7 @@ def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 @click.option("--model", "names", multiple=True, metavar="NAME", help="a built-in model (repeatable)  [default: all]")
 @click.option("--config", "configs", multiple=True, metavar="PATH", help="a Hugging Face config.json (repeatable)")
 @click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel degree the shapes are sharded to")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(list(DTYPES)))
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(DTYPE_CHOICES))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object per (model, op signature)")
 def matrix(names, configs, tp, dtype, as_json):
     """Model x op x required features x the kernels that support each op, from the registry.
@@ -565,6 +670,11 @@ def matrix(names, configs, tp, dtype, as_json):
     every feature the signature needs (GQA, causal, sliding window, softcap, QK-norm, RoPE
     layout, bias, (1 + weight) norms...); whether it is installed or runs on this machine is
     `lzsolve kernels`' business. An op only a reference fallback supports is marked."""
+    from runtime_loader import registry
+    from runtime_loader.ops import required_features
+
+    from .models import CATALOGUE
+
     names = names if names or configs else tuple(CATALOGUE)
     captured = [_model(n, None, tp, dtype) for n in names] + [_model(None, c, tp, dtype) for c in configs]
     rows = []
@@ -589,6 +699,8 @@ def matrix(names, configs, tp, dtype, as_json):
 @cli.command()
 def models():
     """List the built-in models."""
+    from .models import CATALOGUE, from_catalogue
+
     rows = []
     for name in CATALOGUE:
         m = from_catalogue(name)
@@ -604,6 +716,11 @@ def kernels(device, as_json):
     """List every candidate kernel: its ops, library and version, whether it can run on this
     device (and the Reason when not: NOT_INSTALLED, BACKEND_IMPORT_FAILED, PLATFORM_MISMATCH,
     SM_TOO_OLD...), and for tunable kernels the search space optuna explores."""
+    from runtime_loader import registry
+    from runtime_loader.hardware import device_info
+
+    from .search import SPACES_DIR, load_spaces
+
     here = device_info(_device(device))
     spaces = load_spaces(SPACES_DIR) if SPACES_DIR.is_dir() else {}
     rows = []
@@ -628,11 +745,15 @@ def kernels(device, as_json):
 def explain(artifact, op_glob):
     """Per op signature: the tree, the chosen kernels with their gains and margins, and
     every rejected candidate with its Reason. ARTIFACT defaults to the newest under ./artifacts."""
+    from .artifact import find_artifact, format_noise, format_op, read_table_json
+
     folder = find_artifact(artifact)
     table = read_table_json(folder)
     model = table["model"]
     click.echo(f"{folder}: {model['id']} tp={model['tp']} {model['dtype']} on {table['hardware']['name']}, "
                f"timing mode {table['timing_mode']}, run {table['run_id']}")
+    for n, line in enumerate(format_noise(table.get("noise"))):  # tables written before it have none
+        click.echo(("noise: " if n == 0 else "  ") + line)
     shown = 0
     for entry in table["ops"]:
         if fnmatch.fnmatchcase(entry["signature"], op_glob) or fnmatch.fnmatchcase(entry["op"], op_glob):
@@ -671,15 +792,21 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     defaults to the newest under ./artifacts. --on-this-gpu measures a borrowed table where it
     is loaded, not where it was tuned. Exits 1 when the table's choice fails at a shape (the
     runtime would hit that failure), 4 when its records cannot be written (disk full), else 0."""
+    from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
+    from runtime_loader.jit import point_caches
+
+    from .artifact import JIT_WORK, find_artifact, read_table_json
     from .evaluate import evaluate as run_evaluation, parse_shapes
-    from .validate import summarize
+    from .fsutil import atomic_write_text
+    from .validate import LOSS, summarize
+    from .worker import InProcessRunner, WorkerRunner
 
     if random_n and shapes:
         raise LzError("pass --random or --shapes, not both")
     _load_plugins(plugins)
     folder = find_artifact(artifact)
     table = read_table_json(folder)
-    dev = _device(device or ("cuda" if table["hardware"]["device"] == "cuda" else "cpu"))
+    dev = _device(device or _evaluation_device(folder, table["hardware"]))
     wanted = parse_shapes(shapes) if shapes else None
     if (folder / JIT_WORK).is_dir():  # the tuning run's compiled kernels: no JIT again where it ran
         point_caches(folder / JIT_WORK)
@@ -718,12 +845,28 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     return EXIT_FAILED if summary["problems"] else EXIT_OK
 
 
+def _evaluation_device(folder: Path, hardware: dict) -> str:
+    """Where an artifact is evaluated by default: the device type it was tuned on. A CUDA artifact
+    on a machine without CUDA is refused here: --device cpu (what _device suggests) would only be
+    refused as other hardware."""
+    import torch
+
+    if hardware["device"] != "cuda":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise LzError(f"{folder} was tuned on {hardware.get('name', 'a CUDA GPU')} and no CUDA device is available "
+                      "here; evaluate it on the machine it was tuned on")
+    return "cuda"
+
+
 @cli.command("compare")
 @click.argument("artifact", type=click.Path(file_okay=False))
 @click.argument("baseline", type=click.Path(file_okay=False))
-@click.option("--max-regression", type=click.FloatRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
+@click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature (geomean over its grid points; 0.1 = 10%)")
-@click.option("--min-ms", type=click.FloatRange(min=0), default=DEFAULT_MIN_MS, show_default=True,
+@click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
               help="grid points where both times are under this are reported, not gated")
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
 def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
@@ -731,13 +874,18 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
 
     Per op signature: time(new table's choice) / time(old table's choice) at every grid
     point both measured, each from its own PerfDB. Exit 3 when any signature's geomean
-    exceeds 1 + --max-regression, else 0."""
+    exceeds 1 + --max-regression by more than its timings' spread, on a quiet machine; 5
+    (inconclusive: the host was too busy to judge) when those that exceed it do so within
+    the noise; else 0."""
+    from .artifact import find_artifact
+    from .compare import compare
+
     result = compare(find_artifact(artifact), find_artifact(baseline), max_regression, min_ms)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     else:
         _say_comparison(result, click.echo)
-    return EXIT_REGRESSED if result["regressed"] else EXIT_OK
+    return STATUS_EXIT[comparison_status(result)]
 
 
 @cli.group()
@@ -767,6 +915,9 @@ def db_query(sql, db_path, as_json, limit, all_rows, timeout):
 
     The query sees an in-memory copy of the PerfDB and may use 1 GiB besides it (no spilling to disk).
     """
+    from .artifact import find_artifact
+    from .perfdb import PerfDB
+
     path = Path(db_path) if db_path else find_artifact(None) / "perfdb"
     if (path / "perfdb").is_dir():
         path = path / "perfdb"

@@ -27,7 +27,8 @@ from .measure import rejected
 from .bench import Budget
 from .worker import STARTUP_TIMEOUT_S, InProcessRunner, WorkerRunner
 
-INSTALL = "pip install 'lzsolve[ray]'"
+# lzsolve is on no package index: its extra installs from a clone (or Ray alone, anywhere)
+INSTALL = "pip install -e '.[ray]' in the lzsolve clone, or pip install 'ray>=2.9'"
 CPU_WORKERS = 2  # a CPU-only cluster (a laptop, CI): enough to exercise the sharding, not to tune
 
 

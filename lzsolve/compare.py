@@ -8,15 +8,27 @@ reported but do not fail the gate, because one point's noise is larger than a
 signature's. Points where both times are under `min_ms` are reported and not gated:
 between two H100 runs of one stack, kernels of 2-3 µs moved by up to 23%.
 Runs on different GPU models, dtypes or timing modes are not comparable.
+
+A signature past the allowance is *inconclusive*, not regressed, when the noise is larger than the
+change: its timings spread more than it changed (IQR / median of a timing's samples, the larger of
+the two runs' at a point, the median over the gated points), or most of its gated points were timed
+on a busy machine, in either run (env.busy: the host's load past its cores on CPU, other programs on
+the GPU), where a timing measures the share of the machine it got. On a busy 2-core VM two
+identical CI runs had 'regressed' by 349x on norm.rms; spinning processes beside a tune made two
+linears 'regress' 52x and 9.7x at spreads of 37% and 725%. `lzsolve compare`, `tune --baseline` and
+the CI step exit 5 for it: "inconclusive: the host was too busy to judge".
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 from runtime_loader.table import TableError, choose, read_table
 
+from .env import busy
 from .errors import LzError
 from .validate import geomean
 from .perfdb import PerfDB
@@ -28,9 +40,16 @@ DEFAULT_THRESHOLD = 0.10
 DEFAULT_MIN_MS = 0.010
 
 
-def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, tuple[str, float]]]]:
-    """(the table, signature -> dims key -> (chosen kernel, its time in ms)) at every grid
-    point the table's run measured. Records are those the table could have been solved
+class Timed(NamedTuple):
+    kernel_id: str
+    ms: float
+    spread: float  # IQR / median of its samples
+    busy: bool  # timed on a busy machine (env.busy)
+
+
+def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, Timed]]]:
+    """(the table, signature -> dims key -> the chosen kernel's timing) at every grid point the
+    table's run measured. Records are those the table could have been solved
     from: same hardware, written before it, not from `lzsolve evaluate`; the latest wins,
     as when `tune` reuses records."""
     try:
@@ -41,15 +60,16 @@ def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, tuple[str, flo
     mode = raw["timing_mode"]
     created = dt.datetime.fromisoformat(raw["created_at"]).astimezone(dt.timezone.utc).replace(tzinfo=None)
     rows = PerfDB(folder / "perfdb").rows(
-        f"SELECT signature, kernel_id, dims, {mode}_ms AS ms FROM admitted WHERE hw_slug = ? AND ts <= ? "
+        f"SELECT signature, kernel_id, dims, {mode}_ms AS ms, coalesce({mode}_spread, 0) AS spread, device, "
+        f"host_load, gpu_others FROM admitted WHERE hw_slug = ? AND ts <= ? "
         f"AND run_id NOT LIKE 'eval-%' AND {mode}_ms IS NOT NULL ORDER BY ts",
         [raw["hw_slug"], created + dt.timedelta(seconds=1)])  # created_at is truncated to seconds
-    latest = {(r["signature"], r["kernel_id"], r["dims"]): r["ms"] for r in rows}
+    latest = {(r["signature"], r["kernel_id"], r["dims"]): r for r in rows}
     trees = {str(sig): tree for sig, tree in table.trees.items()}
-    times: dict[str, dict[str, tuple[str, float]]] = {}
-    for (signature, kernel_id, dims), ms in latest.items():
+    times: dict[str, dict[str, Timed]] = {}
+    for (signature, kernel_id, dims), r in latest.items():
         if signature in trees and kernel_id == choose(trees[signature], json.loads(dims)):
-            times.setdefault(signature, {})[dims] = (kernel_id, ms)
+            times.setdefault(signature, {})[dims] = Timed(kernel_id, r["ms"], r["spread"], busy(r))
     return raw, times
 
 
@@ -67,24 +87,34 @@ def _comparable(new: dict, old: dict) -> None:
 def compare(new_folder: Path, old_folder: Path, threshold: float = DEFAULT_THRESHOLD,
             min_ms: float = DEFAULT_MIN_MS) -> dict:
     """Per signature: points compared, geomean and worst ratio new/old over all of them, the
-    geomean over the gated ones (either time at least min_ms), and whether it regressed."""
+    geomean over the gated ones (either time at least min_ms), their noise (the median of the larger
+    spread of the two timings at each) and how many were timed on a busy machine, and whether it
+    regressed: past the allowance by more than that noise, most points timed on a quiet machine;
+    else, past it, it is inconclusive."""
     new, new_times = chosen_times(Path(new_folder))
     old, old_times = chosen_times(Path(old_folder))
     _comparable(new, old)
     signatures, all_ratios = {}, []
     for sig in sorted(set(new_times) & set(old_times)):
         common = sorted(set(new_times[sig]) & set(old_times[sig]))
-        ratios = {d: new_times[sig][d][1] / old_times[sig][d][1] for d in common}
+        ratios = {d: new_times[sig][d].ms / old_times[sig][d].ms for d in common}
         if not ratios:
             continue
-        gated = [r for d, r in ratios.items() if max(new_times[sig][d][1], old_times[sig][d][1]) >= min_ms]
+        gated_at = [d for d in ratios if max(new_times[sig][d].ms, old_times[sig][d].ms) >= min_ms]
+        gated = [ratios[d] for d in gated_at]
+        noise = statistics.median(max(new_times[sig][d].spread, old_times[sig][d].spread) for d in gated_at) \
+            if gated_at else None
+        busy_points = sum(new_times[sig][d].busy or old_times[sig][d].busy for d in gated_at)
+        past = bool(gated) and geomean(gated) > 1 + threshold
+        inconclusive = past and (noise >= geomean(gated) - 1 or 2 * busy_points >= len(gated_at))
         worst = max(ratios, key=ratios.get)
         signatures[sig] = {
             "points": len(ratios), "ratio_geomean": geomean(list(ratios.values())), "ratio_worst": ratios[worst],
             "worst_at": json.loads(worst), "gated_points": len(gated), "gated_geomean": geomean(gated),
-            "kernels_new": sorted({new_times[sig][d][0] for d in common}),
-            "kernels_old": sorted({old_times[sig][d][0] for d in common}),
-            "regressed": bool(gated) and geomean(gated) > 1 + threshold,
+            "noise": noise, "busy_points": busy_points,
+            "kernels_new": sorted({new_times[sig][d].kernel_id for d in common}),
+            "kernels_old": sorted({old_times[sig][d].kernel_id for d in common}),
+            "regressed": past and not inconclusive, "inconclusive": inconclusive,
         }
         all_ratios += ratios.values()
     return {
@@ -93,6 +123,7 @@ def compare(new_folder: Path, old_folder: Path, threshold: float = DEFAULT_THRES
         "overall": {"points": len(all_ratios), "ratio_geomean": geomean(all_ratios)},
         "signatures": signatures,
         "regressed": sorted(s for s, v in signatures.items() if v["regressed"]),
+        "inconclusive": sorted(s for s, v in signatures.items() if v["inconclusive"]),
         "only_new": sorted(set(new_times) - set(old_times)),
         "only_baseline": sorted(set(old_times) - set(new_times)),
     }

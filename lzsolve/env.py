@@ -1,12 +1,18 @@
-"""Environment sensing: what the GPU was doing while a record was measured.
+"""Environment sensing: what the GPU and the host were doing while a record was measured.
 
 NVML (nvidia-ml-py) gives temperature, clocks, power and the reasons clocks
 were held down. Every record stores them with a temperature bucket and a
 `throttled` flag. Without NVML (CPU, containers without the library, no
 permission) every field is None and nothing fails.
+
+Who else was using the machine goes with each timing too (`contention`): the host's load
+average per core, and on a GPU the compute processes of other programs there. A busy host
+shows in the timings' spread, which the solver and `compare` judge (solve.decision_noise); these
+say why.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +105,21 @@ class Sensor:
     def available(self) -> bool:
         return self._nvml is not None
 
+    def other_processes(self) -> int | None:
+        """How many compute processes on this GPU are not this run's (this process, its parent the
+        tune, and the tune's other children: builders, warmers). None without NVML, or where NVML's
+        process ids are not this namespace's (a container): this process is then not among them."""
+        if self._nvml is None:
+            return None
+        try:
+            pids = {p.pid for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)}
+        except Exception:
+            return None
+        me, tune = os.getpid(), os.getppid()
+        if me not in pids:
+            return None
+        return sum(pid not in (me, tune) and _parent(pid) != tune for pid in pids)
+
     def read(self) -> EnvReading:
         if self._nvml is None:
             return EnvReading()
@@ -121,3 +142,39 @@ class Sensor:
             throttle_reasons=reasons,
         )
 
+
+def _parent(pid: int) -> int | None:
+    """The parent of a process (Linux's /proc/<pid>/stat: the field after the command's name,
+    which may hold spaces and parentheses), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def host_load() -> float | None:
+    """The host's 1-minute load average per core this process may run on: above 1, more processes
+    wanted a core than there were (a timing then measures its share of one); None where unknown."""
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return round(os.getloadavg()[0] / max(1, cores or 1), 3)
+    except OSError:
+        return None
+
+
+BUSY_LOAD = 1.0  # a host load per core past this: more processes wanted a core than there were
+
+
+def busy(record: dict) -> bool:
+    """Whether a record was timed on a busy machine: a CPU timing while the host's load per core was
+    past BUSY_LOAD (it timed the share of a core the scheduler gave it), a GPU timing beside other
+    programs' processes on the GPU. Records older than these fields are not judged."""
+    if str(record.get("device") or "").startswith("cuda"):
+        return (record.get("gpu_others") or 0) > 0
+    return (record.get("host_load") or 0.0) > BUSY_LOAD
+
+
+def contention(sensor: Sensor) -> dict:
+    """Record fields: the host's load per core and the GPU's other processes, when a timing ended."""
+    return {"host_load": host_load(), "gpu_others": sensor.other_processes()}

@@ -1,32 +1,21 @@
 """Writing files so that a reader never sees half of one."""
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from runtime_loader.safeio import write_whole
 
 from .errors import WriteError
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, fsync, then rename over it. A failed write (a
-    full disk) leaves `path` as it was and no temporary file, and raises WriteError naming `path`."""
-    path = Path(path)
+    """runtime_loader.safeio.write_whole (a temporary file beside `path`, fsync, rename; the
+    umask's modes): a failed write (a full disk) leaves `path` as it was and no temporary file,
+    and raises WriteError naming `path`."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_whole(path, data)
     except OSError as e:
         raise WriteError(path, e) from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise WriteError(path, e) from e
-        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

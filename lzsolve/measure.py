@@ -25,7 +25,7 @@ from runtime_loader.ops import DTYPES, Signature
 from runtime_loader.specs import CRASHED
 
 from .bench import MODES, Harness, Measurement, describe, rotation_sets, slowest
-from .env import Sensor, combine
+from .env import Sensor, combine, contention
 from .gates import parity_gate, reason_for
 from .ops import CONTRACTS, to_fp32
 
@@ -206,6 +206,7 @@ def run_timing(task: TimingTask, device: torch.device, harness: Harness, sensor:
                 if not env["throttled"]:
                     break
             rounds.append(results)
+        env |= contention(sensor)
     except Exception as e:
         return _failure("bench", e, device)
     del held

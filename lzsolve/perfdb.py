@@ -81,6 +81,9 @@ SCHEMA = pa.schema([
     ("throttle_reasons", pa.string()),
     ("env_bucket", pa.string()),  # cold / warm / hot
     ("throttled", pa.bool_()),  # still throttled after a bounded re-measure
+    # who else used the machine when the timing ended (env.contention); null in older PerfDBs
+    ("host_load", pa.float64()),  # the host's 1-minute load average per core (above 1: cores were short)
+    ("gpu_others", pa.int32()),  # compute processes of other programs on the GPU (NVML; null where it cannot tell)
     ("timer", pa.string()),
     ("device", pa.string()),
     ("device_index", pa.int32()),  # which of the run's devices measured it (tune --devices); null in older PerfDBs

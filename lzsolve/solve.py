@@ -21,12 +21,19 @@ its process's history by more than a GPU's, so a leaf leaves the fallback only f
 exceeds those swings.
 Thresholds sit at the geometric midpoint of the neighbouring measured values (the grids are
 log-spaced).
+
+Each leaf is a decision: its kernel over the fallback (or, where it kept the fallback, over the best
+other kernel). A decision rests on noisy data when its timings' spread is larger than the difference
+it decided on (MIN_NOISE at least): on a busy host 427 of 755 timings of one tune spread over 10%,
+and one RMSNorm ran 84 ms in the tune and 0.19 ms a minute later. Such a leaf is marked (`noisy`);
+report.md, `tune --json` and `lzsolve explain` count them (decision_noise).
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -284,15 +291,35 @@ def _ranked(pts: Points, idx: list[int], kernel: str) -> list[dict]:
     return [{"kernel_id": k, "ratio": round(ratios[k], 4)} for k in best]
 
 
+def decision_noise(pts: Points, idx: list[int], kernel: str, other: str | None) -> tuple[float, float] | None:
+    """(noise, difference) of choosing `kernel` over `other` at the points `idx`, over those where
+    both were timed: noise is the median of the larger of the two kernels' spreads there, difference
+    |time(other) / time(kernel) - 1| (geomean). None where they were never timed together."""
+    both = pts.timed_both(other, kernel, idx) if other else []
+    if not both:
+        return None
+    noise = statistics.median(max(pts.spreads[kernel][i], pts.spreads[other][i]) for i in both)
+    return noise, abs(pts.ratio(other, kernel, both) - 1)
+
+
+def is_noisy(noise: float, difference: float) -> bool:
+    """Whether the timings' spread could hold the difference decided on (or reverse it)."""
+    return noise > max(difference, MIN_NOISE)
+
+
 def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
     """What a leaf records: its kernel, the gain over the fallback, the runner-up and its margin,
-    the mean and worst regret over its points, and the ranked runner-ups (_ranked)."""
+    the mean and worst regret over its points, the ranked runner-ups (_ranked), and how noisy the
+    decision's timings were (decision_noise: against the fallback it left, or the kernel it kept
+    the fallback over)."""
     t = pts.times[kernel]
     regrets = [t[i] / pts.best(i) - 1 for i in idx if math.isfinite(t[i])]
     covering = [k for k in pts.times if k != kernel and all(math.isfinite(pts.times[k][i]) for i in idx)]
     runner_up = min(covering, key=lambda k: sum(pts.times[k][i] / pts.best(i) for i in idx), default=None)
     gain = pts.ratio(pts.fallback, kernel, idx)
     margin = pts.ratio(runner_up, kernel, idx) if runner_up else None
+    decided = decision_noise(pts, idx, kernel, pts.fallback if gain is not None and kernel != pts.fallback
+                             else runner_up)
     return {
         "kernel_id": kernel,
         "gain": round(gain, 4) if gain is not None else None,
@@ -302,6 +329,8 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
         "worst": round(max(regrets), 4) if regrets else None,
         "points": len(idx),
         "ranked": _ranked(pts, idx, kernel),
+        "noise": round(decided[0], 4) if decided else None,
+        "noisy": is_noisy(*decided) if decided else None,  # None: nothing decided (no other kernel timed)
     }
 
 
@@ -312,6 +341,15 @@ def _to_json(pts: Points, solver: _Solver, node: tuple, mask: int) -> dict:
     below = mask & sum(1 << i for i in solver.members(mask) if pts.dims[i][dim] <= threshold)
     return {"dim": dim, "threshold": round(threshold, 3),
             "le": _to_json(pts, solver, le, below), "gt": _to_json(pts, solver, gt, mask & ~below)}
+
+
+def leaves(node: dict):
+    """The leaves of a tree (in its dispatch.json form), left to right."""
+    if "kernel_id" in node:
+        yield node
+    else:
+        yield from leaves(node["le"])
+        yield from leaves(node["gt"])
 
 
 def pick(node: dict, dims: dict) -> str:

@@ -445,6 +445,14 @@ def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda l
 LEAD_MARGIN = 0.10  # off the buckets, time the kernels within this of the best at the neighbouring points
 
 
+def distinct(records: list[dict]) -> list[dict]:
+    """Each record once, in order: a phase's records include those it reused, this run's own too (a
+    validation shape on a bucket, a probe's fallback), and a tune's summary counted them twice: 942
+    records against the 877 rows the run had written."""
+    seen: set[int] = set()
+    return [r for r in records if not (id(r) in seen or seen.add(id(r)))]
+
+
 def by_signature(records: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for r in records:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import tempfile
 import threading
 from collections import Counter
 from contextlib import contextmanager
@@ -27,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import dispatcher
+from . import dispatcher, safeio
 from .specs import KernelSpec
 
 FORMAT, VERSION = "lzsolve-workload", 1
@@ -65,14 +63,7 @@ class Recording:
 
 def _write(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    safeio.write_whole(path, json.dumps(data, indent=1).encode())
 
 
 @contextmanager

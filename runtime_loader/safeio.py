@@ -10,12 +10,18 @@ LzError in the CLI) with the reason, so nothing else escapes.
 Messages that echo such data go through `shown` (one value) and `one_line` (a whole message):
 a table key holding ESC clears the terminal that prints the warning, a newline forges a log
 line, and a 3 MiB model_type is no message.
+
+What this project writes for others to read (an artifact, a recorded workload) is written whole
+by `write_whole`, with the modes the user's umask gives (0644 under 022): a server that runs as
+another user than the tune reads it.
 """
 from __future__ import annotations
 
 import json
 import os
 import reprlib
+
+import secrets
 import stat
 from pathlib import Path
 from typing import BinaryIO
@@ -164,3 +170,33 @@ def read_json(path: str | Path, max_bytes: int, max_depth: int, error: type[Exce
     """read_regular, then parse_json."""
     what = what or str(path)
     return parse_json(read_regular(path, max_bytes, error, root, what), max_depth, error, what)
+
+
+def write_whole(path: str | Path, data: bytes) -> None:
+    """Write `data` to a new file beside `path`, fsync it, then rename it over `path`: a reader
+    sees the old file or the new one, never half of one. The file is created as open() creates
+    one, 0666 less the umask, not 0600 as tempfile.mkstemp does: under umask 022 another user
+    (the server's) can read it. A failed write (a full disk) raises its OSError and leaves `path`
+    as it was and no temporary file."""
+    path = Path(path)
+    fd, tmp = _new_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _new_beside(path: Path) -> tuple[int, Path]:
+    """(descriptor, path) of a file created beside `path` under a name no one else holds
+    (".<name>.<random>.tmp": hidden, so no manifest lists it)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:  # 48 random bits taken: draw again
+            continue

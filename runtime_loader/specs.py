@@ -43,11 +43,17 @@ EXCLUDED = "EXCLUDED"  # left out by the user's --kernels / --exclude filter
 HEAD_DIM_ANY = 1 << 16  # head_dim_max for kernels with no head-dim limit
 
 
+def _not_installed(module: str, library: str) -> Reason:
+    """The kernel's library (the distribution a spec names) is what to install: `lzsolve[gpu]` has
+    no flash-attn, and lzsolve itself is on no package index, so an extra of it is no hint."""
+    return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install {library})")
+
+
 @functools.lru_cache(maxsize=None)
-def _import_reason(module: str) -> Reason | None:
+def _import_reason(module: str, library: str) -> Reason | None:
     try:
         if importlib.util.find_spec(module) is None:
-            return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install lzsolve[gpu])")
+            return _not_installed(module, library)
         importlib.import_module(module)
     except Exception as e:  # a broken install fails in many ways (ImportError, OSError, RuntimeError...)
         first_line = (str(e).strip().splitlines() or [""])[0][:300]
@@ -56,10 +62,10 @@ def _import_reason(module: str) -> Reason | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _find_reason(module: str) -> Reason | None:
+def _find_reason(module: str, library: str) -> Reason | None:
     """_import_reason without the import: whether the module's top-level package is there."""
     if importlib.util.find_spec(module.split(".")[0]) is None:
-        return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install lzsolve[gpu])")
+        return _not_installed(module, library)
     return None
 
 
@@ -174,7 +180,7 @@ class KernelSpec:
         load=False only looks for the modules (no import, so no BACKEND_IMPORT_FAILED): the
         runtime's start, which leaves imports to a kernel's first call."""
         for module in self.requires:
-            reason = _import_reason(module) if load else _find_reason(module)
+            reason = _import_reason(module, self.library) if load else _find_reason(module, self.library)
             if reason:
                 return reason
         return None

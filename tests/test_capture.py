@@ -117,6 +117,19 @@ def test_expert_parallelism_divides_the_experts_whole():
         capture(default_config("llama"), "dense", ep=2)
 
 
+def test_tp_is_checked_against_the_configs_heads_before_the_model_is_built(monkeypatch):
+    """--tp 3 of llama3-70b took 9 s to be refused: the model was built and run first."""
+    from lzsolve.models import capture as capture_module
+
+    def never(*args):
+        raise AssertionError("built a model that --tp cannot shard")
+
+    monkeypatch.setattr(capture_module, "build_meta_model", never)
+    with pytest.raises(LzError, match=r"^--tp 3 cannot shard llama3-70b: it does not divide 64/8 attention/kv heads$"):
+        capture_module.load("llama3-70b", None, tp=3)
+    assert capture_module._heads_problem(32, 8, 16) is None, "16 ranks replicate 8 kv heads"
+
+
 def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     status, captured = outcomes["gpt_oss"]  # biased, interleaved, clamped experts stored (experts, in, out)
     ops = {str(i.signature) for i in captured.instances}

@@ -125,7 +125,8 @@ def test_without_ray_installed_ray_is_one_line_and_exit_2(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        "error: --ray needs Ray, which is not installed here: pip install 'lzsolve[ray]'")
+        "error: --ray needs Ray, which is not installed here: pip install -e '.[ray]' in the lzsolve clone, "
+        "or pip install 'ray>=2.9'")
     assert "Traceback" not in result.stderr and not (tmp_path / "artifacts").exists()
 
 

@@ -237,7 +237,6 @@ def test_tune_on_two_lanes_solves_one_table_from_both(tmp_path):
 def test_tune_refuses_devices_of_different_models(tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "parse_devices", lambda text: [torch.device("cuda", 0), torch.device("cuda", 1)])
     monkeypatch.setattr(devices, "device_name", lambda d: f"GPU model {d.index}")
-    monkeypatch.setattr("lzsolve.cli.parse_devices", devices.parse_devices)
     result = run_tune(tmp_path, "--devices", "cuda:0,cuda:1")
     assert isinstance(result.exception, LzError), "main() prints an LzError as one line and exits 2"
     assert "must be the same model" in str(result.exception) and "cuda:1 (GPU model 1)" in str(result.exception)

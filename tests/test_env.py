@@ -1,10 +1,12 @@
 """Environment sensing: NVML readings, buckets, throttling; graceful absence."""
+import os
 import types
 
 import pytest
 import torch
 
-from lzsolve.env import HW_THERMAL, SW_POWER_CAP, EnvReading, Sensor, bucket, combine
+from lzsolve import env
+from lzsolve.env import HW_THERMAL, SW_POWER_CAP, EnvReading, Sensor, bucket, combine, contention, host_load
 
 
 def fake_nvml(temps, reasons=0, broken=()):
@@ -58,7 +60,49 @@ def test_a_failing_nvml_call_leaves_only_that_field_empty():
     assert reading.power_w is None and reading.temp_c == 50
 
 
+def test_host_load_is_the_load_average_per_core():
+    cores = len(os.sched_getaffinity(0))
+    assert host_load() == pytest.approx(os.getloadavg()[0] / cores, abs=0.01)
+    assert contention(Sensor()) == {"host_load": host_load(), "gpu_others": None}  # no NVML: no GPU figure
+
+
+def test_other_processes_on_the_gpu_leave_out_this_runs(monkeypatch):
+    """The measuring worker (11), the tune (its parent, 10) and the tune's other children (a builder,
+    12) are the run's; anything else on the GPU is another program's. Where NVML's ids are another
+    namespace's (the worker is not among them), it cannot tell: None."""
+    assert env._parent(os.getpid()) == os.getppid() and env._parent(1 << 30) is None
+    monkeypatch.setattr(os, "getpid", lambda: 11)
+    monkeypatch.setattr(os, "getppid", lambda: 10)
+    monkeypatch.setattr(env, "_parent", {11: 10, 12: 10, 13: 99}.get)
+
+    def on_gpu(*pids):
+        procs = [types.SimpleNamespace(pid=pid) for pid in pids]
+        return Sensor(types.SimpleNamespace(nvmlDeviceGetComputeRunningProcesses=lambda handle: procs), object())
+
+    assert on_gpu(11, 10, 12).other_processes() == 0
+    assert on_gpu(11, 12, 13, 14).other_processes() == 2
+    assert on_gpu(10, 12).other_processes() is None
+
+
 @pytest.mark.gpu
 def test_real_nvml_on_the_device():
     reading = Sensor.for_device(torch.device("cuda")).read()
     assert reading.temp_c is not None and reading.sm_clock_mhz > 0
+
+
+def test_the_cuda_home_warning_of_a_cpu_only_machine_is_dropped():
+    """torch's CUDA build without a GPU logs it at Inductor's first compile in every worker, into the
+    tune's progress bar (the CPU wheel, installed here, never does: the record is made as torch makes it)."""
+    import inspect
+    import subprocess
+    import sys
+
+    import torch.utils.cpp_extension
+
+    assert 'logger.warning("No CUDA runtime is found, using CUDA_HOME=' in inspect.getsource(torch.utils.cpp_extension)
+    code = ("import logging, lzsolve\n"
+            "log = logging.getLogger('torch.utils.cpp_extension')\n"
+            "log.warning(\"No CUDA runtime is found, using CUDA_HOME='%s'\", '/usr/local/cuda')\n"
+            "log.warning('another warning')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stderr.splitlines() == ["another warning"]

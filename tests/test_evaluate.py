@@ -114,3 +114,17 @@ def test_a_borrowed_table_is_evaluated_on_this_gpu_only_when_asked(tmp_path, tin
     assert summary["on_this_gpu"] and summary["overall"]["points"] >= 1
     assert summary["overall"]["vs_default_geomean"] > 0 and "regret" in result.output
     assert PerfDB(borrowed / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"] == before
+
+
+def test_a_cuda_artifact_on_a_machine_without_cuda_is_one_line_that_names_no_wrong_fix(tmp_path, monkeypatch):
+    """It said "use --device cpu", and --device cpu was then refused as other hardware."""
+    import torch
+
+    from .tables import table, write
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = write(tmp_path / "a", table(hardware={"device": "cuda", "name": "NVIDIA H200"}))
+    result = CliRunner().invoke(cli, ["evaluate", folder])
+    assert isinstance(result.exception, LzError), result.output
+    assert str(result.exception) == (f"{folder} was tuned on NVIDIA H200 and no CUDA device is available here; "
+                                     "evaluate it on the machine it was tuned on")

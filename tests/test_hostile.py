@@ -26,12 +26,13 @@ import pytest
 import runtime_loader
 from lzsolve import cli as cli_module
 from lzsolve import fsutil
+from lzsolve.artifact import JIT_WORK
 from lzsolve.bench import Budget
 from lzsolve.errors import WriteError
 from lzsolve.measure import ParityTask
 from lzsolve.perfdb import PerfDB
 from lzsolve.worker import _serve
-from runtime_loader import jit
+from runtime_loader import jit, safeio
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.safeio import parse_json
 from runtime_loader.table import TableError
@@ -615,7 +616,7 @@ def _disk_full_at(monkeypatch, name_part: str) -> list[str]:
     """Make every atomic write of a file whose name contains `name_part` fail as a full disk
     does (at fsync, after its bytes were handed over); returns the names it failed."""
     failed = []
-    real = fsutil.os.fsync
+    real = safeio.os.fsync
 
     def fsync(fd):
         name = os.readlink(f"/proc/self/fd/{fd}")
@@ -624,7 +625,7 @@ def _disk_full_at(monkeypatch, name_part: str) -> list[str]:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(fd)
 
-    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    monkeypatch.setattr(safeio.os, "fsync", fsync)
     return failed
 
 
@@ -636,12 +637,50 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch
     def fsync(fd):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    monkeypatch.setattr(safeio.os, "fsync", fsync)
     with pytest.raises(WriteError) as e:
         fsutil.atomic_write_text(target, "new")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["dispatch.json"]
     expected = "no space left on device" if code == errno.ENOSPC else "input/output error"
     assert str(e.value) == f"{expected} writing {target}; measured records are kept, re-run to continue"
+
+
+@pytest.fixture
+def umask():
+    """Sets the process's umask for the test (returns the setter), then puts the old one back."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield os.umask
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077])
+def test_written_files_take_the_umasks_modes(tmp_path, umask, mask):
+    """The atomic writes create their files as open() does, 0666 less the umask (tempfile.mkstemp's
+    0600 kept a server of another user from reading an artifact), and the folders mkdir makes
+    are 0777 less it: 0644 and 0755 under umask 022."""
+    umask(mask)
+    fsutil.atomic_write_text(tmp_path / "dispatch.json", "{}")
+    PerfDB(tmp_path / "perfdb").append([], "run")  # nothing to write: no file, no folder
+    with runtime_loader.record(tmp_path / "recorded" / "workload.json"):
+        pass
+    assert oct((tmp_path / "dispatch.json").stat().st_mode & 0o777) == oct(0o666 & ~mask)
+    assert oct((tmp_path / "recorded" / "workload.json").stat().st_mode & 0o777) == oct(0o666 & ~mask)
+    assert oct((tmp_path / "recorded").stat().st_mode & 0o777) == oct(0o777 & ~mask)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dispatch.json", "recorded"]  # no temporary left
+
+
+def test_a_tuned_artifact_has_the_umasks_modes(tiny_llama_artifact):
+    """Every file and folder of a tune's artifact (its PerfDB's parts, dispatch.json, report.md,
+    manifest.json, the JIT archive), under the umask the tune ran with: a server running as
+    another user reads them all. (.jit-work is the libraries' own, and no artifact file.)"""
+    mask = os.umask(0)
+    os.umask(mask)
+    paths = [tiny_llama_artifact, *(p for p in tiny_llama_artifact.rglob("*") if JIT_WORK not in p.parts)]
+    modes = {str(p.relative_to(tiny_llama_artifact)): oct(p.stat().st_mode & 0o777) for p in paths}
+    expected = {name: oct((0o777 if (tiny_llama_artifact / name).is_dir() else 0o666) & ~mask) for name in modes}
+    assert modes == expected
+    assert {"dispatch.json", "manifest.json", "report.md", "perfdb"} <= set(modes)
 
 
 def _rows(out: Path) -> int:

@@ -311,3 +311,17 @@ def test_an_eager_table_charges_each_call_its_share_of_a_plan():
     assert solve_signature(recs, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "fb", "one call per plan"
     nan = [{**r, "setup_ms": math.nan} for r in recs]  # a PerfDB's missing value
     assert solve_signature(nan, ("tokens",), "fb", "eager", 4)["tree"]["kernel_id"] == "planned"
+
+
+def test_a_decision_whose_timings_spread_more_than_its_difference_is_marked_noisy():
+    """A leaf decides between its kernel and the fallback it leaves (or, keeping the fallback, the
+    best other kernel): its timings' spread against the difference decided, 2% at least."""
+    two_x = {"fb": {1: 2.0, 16: 2.0}, "fast": {1: 1.0, 16: 1.0}}
+    quiet, loud = solve(two_x, spread=0.10)["tree"], solve(two_x, spread=1.5)["tree"]
+    assert (quiet["kernel_id"], quiet["noise"], quiet["noisy"]) == ("fast", 0.10, False)  # 10% against 100%
+    assert (loud["kernel_id"], loud["noise"], loud["noisy"]) == ("fast", 1.5, True)  # 150% against 100%
+    kept = solve({"fb": {1: 1.0, 16: 1.0}, "close": {1: 0.99, 16: 0.99}}, spread=0.03)["tree"]
+    assert (kept["kernel_id"], kept["noisy"]) == ("fb", True), "3% spread, 1% apart: the data cannot tell"
+    assert solve({"fb": {1: 1.0, 16: 1.0}, "close": {1: 0.99, 16: 0.99}}, spread=0.015)["tree"]["noisy"] is False
+    alone = solve({"fb": {1: 1.0, 16: 1.0}}, spread=0.5)["tree"]
+    assert alone["noisy"] is None and alone["noise"] is None, "nothing was decided"

@@ -41,6 +41,15 @@ def test_each_missing_capability_is_a_reason(overrides, device, code):
     assert code in codes(spec(**overrides).check(ATTN, device))
 
 
+@pytest.mark.parametrize("load", [True, False])
+def test_a_missing_library_names_the_distribution_to_install(load):
+    """The hint names the kernel's own distribution: the FA2 kernel's said `pip install lzsolve[gpu]`,
+    an extra without flash-attn, of a package on no index."""
+    missing = spec(library="flash-attn", requires=("surely_not_a_module_xyz",)).installed(load)
+    assert (missing.code, missing.message) == (
+        "NOT_INSTALLED", "python module 'surely_not_a_module_xyz' is not installed (pip install flash-attn)")
+
+
 def test_missing_fields_mean_unsupported():
     bare = KernelSpec("bare", frozenset({"attention.prefill"}), "torch", lambda *a: None)
     got = codes(bare.check(ATTN, H100))

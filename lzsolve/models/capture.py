@@ -525,6 +525,21 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool, ep: int =
     return Signature.make(sig.op, s, sig.flags, sig.dtype)
 
 
+def _heads_problem(hq: int, hkv: int, tp: int) -> str | None:
+    """Why `tp` ranks cannot share these attention heads (kv heads may be replicated), or None."""
+    return f"{hq}/{hkv} attention/kv heads" if hq % tp or (hkv % tp and tp % hkv) else None
+
+
+def _check_heads(text, tp: int, where: str) -> None:
+    """--tp against the config's heads, before the model is built and run (seconds): _check_tp checks
+    every captured width again, these heads included, as the attention calls have them."""
+    hq = getattr(text, "num_attention_heads", None)
+    hkv = getattr(text, "num_key_value_heads", None) or hq
+    problem = _heads_problem(hq, hkv, tp) if isinstance(hq, int) and isinstance(hkv, int) else None
+    if problem:
+        raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {problem}")
+
+
 def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
     _check_ep(events, tp, where, ep)
     problems = []
@@ -532,8 +547,8 @@ def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
         if e.sig is None:
             continue
         s = dict(e.sig.static)
-        if e.op == "attention" and (s["hq"] % tp or (s["hkv"] % tp and tp % s["hkv"])):
-            problems.append(f"{s['hq']}/{s['hkv']} attention/kv heads")
+        if e.op == "attention" and _heads_problem(s["hq"], s["hkv"], tp):
+            problems.append(_heads_problem(s["hq"], s["hkv"], tp))
         if e.sig.op.startswith("act.") and s["width"] % tp:
             problems.append(f"MLP width {s['width']}")
         if e.sig.op == "moe.experts" and ep == 1 and s["inter"] % tp:
@@ -731,6 +746,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     filled = fill_derived(text)
     check_config_values(text, where)  # before anything is built from it
     check_config_sizes(text, DTYPES[dtype].itemsize, where)
+    _check_heads(text, tp, name)
     try:
         model = build_meta_model(text, dtype)
     except Exception as e:  # noqa: BLE001 - transformers' own checks of the config

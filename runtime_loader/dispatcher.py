@@ -34,6 +34,9 @@ from .table import Leaf, Split, Table, TableError, leaf_for, leaf_kernels, leave
 
 MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
 BREAKER_LIMIT = 3  # failures after which a kernel is dropped for every call key, not only the failing ones
+# why a call is not the table's where the table's choice there is the op's fallback: a patched module
+# hands it back to its own code (the same computation, without the table's lookup)
+CHOSE_FALLBACK = "the table's choice is the fallback"
 PAST_RANGE = "past the tuned range"  # why a call beyond PAST_GRID times its op's largest bucket takes the fallback
 VERIFY_BUDGET_S = 60.0  # load(verify=True): seconds its parity checks may take before the rest are dropped
 log = logging.getLogger("runtime_loader")
@@ -315,6 +318,11 @@ class Dispatcher:
                 return registry.get(kernel_id), True, "the table's choice" if rank == 0 else f"ranked #{rank + 1}"
         return fallback, False, "no kernel of the leaf is usable here"
 
+    def _chose_fallback(self, spec, sig: Signature) -> bool:
+        """Whether the table (not a lock) chose the op's fallback for `sig`: a caller with code of its
+        own (a patched module) runs that instead, the same computation without the table's lookup."""
+        return spec.kernel_id == registry.fallback_for(sig).kernel_id and sig.op not in self._locks
+
     def _choose(self, call, op: OpSchema, kernel_args: tuple, broken: frozenset = frozenset()) -> tuple:
         """(kernel spec, from the table, why) for a call: _pick's choice, or for a call no signature
         describes (call None) op.outside's kernel or the op's fallback. Calls past the range the
@@ -338,8 +346,11 @@ class Dispatcher:
         name = call[0].op if call is not None else op.name
         impl, kernel_id = spec.impl, spec.kernel_id
         recording = _recording
-        if hand_back and not from_table and recording is None:
-            impl, kernel_id = _hand_back, OWN_CODE
+        if hand_back and recording is None:  # (a recording counts what the table decided, the fallback included)
+            if from_table and call is not None and self._chose_fallback(spec, call[0]):
+                from_table, why = False, CHOSE_FALLBACK
+            if not from_table:
+                impl, kernel_id = _hand_back, OWN_CODE
         entry = Entry(impl, itertools.count(), name, kernel_id, from_table, str(call[0]) if call else None, why)
         if recording is not None:
             recording.count(call, spec, from_table)
@@ -436,19 +447,21 @@ class Dispatcher:
 
     def traced_served_call(self, method: str, *args, **kwargs):
         """traced_call for Dispatcher.served's callers: NOT_SERVED where the traced call would take
-        the fallback, so that the caller's own code is what the graph holds, as unpatched."""
-        spec, kernel_args, served = self._traced(method, args, kwargs)
+        the fallback (or the table chose it), so that the caller's own code is what the graph holds,
+        as unpatched."""
+        spec, kernel_args, served = self._traced(method, args, kwargs, hand_back=True)
         return spec.impl(*kernel_args) if served else NOT_SERVED
 
-    def _traced(self, method: str, args: tuple, kwargs: dict) -> tuple:
+    def _traced(self, method: str, args: tuple, kwargs: dict, hand_back: bool = False) -> tuple:
         """(kernel spec, kernel arguments, from the table) of a traced call: the table's choice, or
-        under traced_fuse the fallback of an op Inductor fuses (unless a lock names its kernel)."""
+        under traced_fuse the fallback of an op Inductor fuses (unless a lock names its kernel);
+        hand_back: the table's choice of the fallback counts as not the table's (see _resolve)."""
         op = METHOD_OPS[method]
         call, (_, kernel_args) = op.call(*args, **kwargs), op.front(*args, **kwargs)
         spec, from_table, _ = self._choose(call, op, kernel_args)
         if from_table and self.traced_fuse and OPS[call[0].op].fusible and call[0].op not in self._locks:
             return registry.fallback_for(call[0]), kernel_args, False
-        return spec, kernel_args, from_table
+        return spec, kernel_args, from_table and not (hand_back and self._chose_fallback(spec, call[0]))
 
     def traced_kernel_for(self, method: str, *args, **kwargs) -> str:
         """The kernel id a call of `method` traced by torch.compile (patch(traced=True)) would use."""
@@ -520,13 +533,15 @@ class Dispatcher:
     def cached_keys(self) -> int:
         return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values()))
 
-    def covers(self, sig: Signature) -> bool:
-        """Whether the table (or a policy lock) serves calls of `sig` here, at some dims: a patch
-        replaces a module only where this holds for what the module calls."""
-        return self.uncovered(sig) is None
+    def covers(self, sig: Signature, fallback_serves: bool = False) -> bool:
+        """Whether the table (or a policy lock) serves calls of `sig` here, at some dims, with a
+        kernel other than the op's fallback (fallback_serves: or with the fallback): a patch replaces
+        a module only where this holds for what the module calls."""
+        return self.uncovered(sig, fallback_serves) is None
 
-    def uncovered(self, sig: Signature) -> str | None:
-        """Why no call of `sig` is served from the table or a lock here; None when some are."""
+    def uncovered(self, sig: Signature, fallback_serves: bool = False) -> str | None:
+        """Why no call of `sig` is served from the table or a lock here (fallback_serves: see covers);
+        None when some are."""
         if self.policy.disable:
             return "policy: disabled"
         locked = self._locks.get(sig.op)
@@ -540,8 +555,11 @@ class Dispatcher:
         if tree is None:
             return "not in the table"
         kernels = {k for leaf in leaves(tree) for k in leaf_kernels(leaf)}
-        if kernels & self._usable:
+        fallback = registry.fallback_for(sig).kernel_id
+        if kernels & self._usable - ({fallback} if not fallback_serves else set()):
             return None
+        if fallback in kernels:
+            return f"{CHOSE_FALLBACK} ({fallback}) wherever a kernel of its entry serves here"
         return "no kernel of its entry is usable here (" + "; ".join(
             f"{k}: {self._unusable.get(k, 'dropped')}" for k in sorted(kernels)) + ")"
 

@@ -119,6 +119,22 @@ def serving_fallbacks(**locks: str) -> Dispatcher:
     return Dispatcher(None, policy=Policy(lock=lock))
 
 
+def assert_served_by_its_own_table(d: Dispatcher) -> None:
+    """Every call a model made through `d`, patched with the table tuned for it, was the table's: served
+    by one of its kernels, or handed to the module's own code where its choice is the op's fallback
+    (the same computation; patch leaves a module whose every choice is). None outside the table, past
+    its range or with no usable kernel."""
+    from runtime_loader.dispatcher import CHOSE_FALLBACK
+    outside = {sig: row for sig, row in d.coverage()["outside"].items() if row["why"] != CHOSE_FALLBACK}
+    assert not outside, outside
+
+
+def table_serves(d: Dispatcher, calls: dict, name: str, op: str | None = None) -> bool:
+    """Whether `d`'s table serves, beyond the op's fallback, some call (of `op`) the module `name`
+    makes (`calls`: integrations.transformers.observe's, of the unpatched model): whether patch serves it."""
+    return any(d.covers(sig) for sig in calls.get(name, ()) if op is None or sig.op == op)
+
+
 def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
     """generate() of each model, patched whole with no table, recorded as one workload, then tuned on CPU
     (tiny grid, no probes or validation: the tests that use it check serving, not decisions).

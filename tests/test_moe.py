@@ -12,7 +12,8 @@ from lzsolve.errors import LzError
 from lzsolve.ops import CONTRACTS
 from runtime_loader import Dispatcher
 
-from .tables import QUICK, assert_replays_references, serving_fallbacks, tune_what_patched_models_call, unfused
+from .tables import (QUICK, assert_replays_references, assert_served_by_its_own_table, serving_fallbacks,
+                     table_serves, tune_what_patched_models_call, unfused)
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,24 +67,30 @@ def test_the_table_tunes_the_experts_and_replays_the_reference(moe_artifact):
 
 @pytest.mark.parametrize("model_type", list(MODELS))
 def test_patched_moe_model_is_served_from_its_table(model_type, moe_artifact, restore_active):
-    from runtime_loader.integrations.transformers import patch
+    """The experts and the router served where the table serves them beyond their fallback (each
+    module replaced exactly there), every call the table's, logits and generate() as unpatched."""
+    from runtime_loader.integrations.transformers import observe, patch
 
     model = tiny(model_type)
+    calls, _ = observe(model)
     ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         reference = model(ids).logits
         expected = model.generate(ids, max_new_tokens=6, do_sample=False)
     d = runtime_loader.load(moe_artifact, strict=True)
     report = patch(model, d)
-    assert report.replaced[type(model.model.layers[0].mlp.experts).__name__] == 2, report
-    assert report.replaced[type(router_of(model)).__name__] == 2, report
+    modules = {"moe.experts": (model.model.layers[0].mlp.experts, "model.layers.0.mlp.experts"),
+               "moe.router": (router_of(model), next(name for name, m in model.named_modules() if m is router_of(model)))}
+    served = {op for op, (module, name) in modules.items() if table_serves(d, calls, name, op)}
+    assert {op for op, (module, _) in modules.items() if report.replaced[type(module).__name__] == 2} == served, report
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+    assert_served_by_its_own_table(d)
     stats = d.stats()
-    for op in ("moe.experts", "moe.router"):
+    for op in served:
+        assert sum(n for kernel, n in stats[op].items() if not kernel.endswith("(fallback)")) > 0, stats[op]
         assert sum(stats[op].values()) == 2 * (1 + 6), "both layers, every forward"
-        assert not any("(fallback)" in k for k in stats[op]), stats[op]
 
 
 @pytest.mark.parametrize("model_type", list(MODELS))

@@ -364,12 +364,13 @@ def _embedding_scale(module) -> tuple[bool, float | None]:
     return expected.shape == got.shape and bool(torch.equal(got, expected)), scale
 
 
-def _linear(x, weight, bias):
-    """The table's GEMM over x's rows, x folded to (tokens, k) first: F.linear on a 3-D slice whose
-    rows are not one matrix (the lm_head's hidden[:, -1:]) runs a batched GEMM reading the weight
-    once per batch row unless autograd makes it fold (Gemma 3's lm_head at batch 4: 1.86 against
-    0.48 ms on the H100, BENCHMARKS §11.3); copying those few rows costs nothing."""
-    out = _table().linear(x.reshape(-1, x.shape[-1]), weight, bias)
+def _linear(x, weight, bias, ops=None):
+    """The table's GEMM over x's rows (through `ops`, default _table()), x folded to (tokens, k)
+    first: F.linear on a 3-D slice whose rows are not one matrix (the lm_head's hidden[:, -1:]) runs
+    a batched GEMM reading the weight once per batch row unless autograd makes it fold (Gemma 3's
+    lm_head at batch 4: 1.86 against 0.48 ms on the H100, BENCHMARKS §11.3); copying those few rows
+    costs nothing."""
+    out = (ops or _table()).linear(x.reshape(-1, x.shape[-1]), weight, bias)
     return out if out is NOT_SERVED else out.view(*x.shape[:-1], out.shape[-1])
 
 
@@ -383,7 +384,7 @@ class _Siblings:
     concatenated weights, the GEMM the table tuned (capture fuses them the same way). The first
     member called computes every member's output; the others take theirs when they are called
     with that same tensor object, and compute the GEMM again otherwise (any order, any subset).
-    A call the table does not serve runs each member's own forward.
+    Calls the table does not serve take the op's fallback on the fused weight (still one GEMM).
     The members' weights become views of the fused weight, so memory is not doubled; one whose
     storage has changed since (.to(), a new Parameter) makes the fused weight be built again."""
 
@@ -416,10 +417,9 @@ class _Siblings:
             return pending[2][index]
         if not torch.compiler.is_compiling() and self._pointers() != self.storage:
             self._fuse()
-        fused = _linear(x, self.weight, self.bias)
-        if fused is NOT_SERVED:
-            return _own(self.linears[index], x)
-        outputs = fused.split(self.sizes, dim=-1)
+        # the plain method: the fused GEMM computes what the members do whatever kernel serves it (the
+        # op's fallback on the fused weight too: one GEMM where their own forwards are one each)
+        outputs = _linear(x, self.weight, self.bias, _ops()).split(self.sizes, dim=-1)
         self.pending = (x, tuple(i == index for i in range(len(self.sizes))), outputs)
         return outputs[index]
 
@@ -909,8 +909,8 @@ def _covered(model, plan: _Plan, seen: dict, groups: list, dispatcher: Dispatche
         first = seen.get(names[0], set())
         sig = _fused_signature([modules[n] for n in names], next(iter(first)).dtype) if first else None
         label = "+".join(n.rpartition(".")[2] for n in names) + " as one GEMM"
-        if sig is not None:
-            why = dispatcher.uncovered(sig)
+        if sig is not None:  # in the table at all (its fallback serves calls past its range: one GEMM still)
+            why = dispatcher.uncovered(sig, fallback_serves=True)
             if why is None:
                 kept.groups.append(names)
             else:

@@ -51,8 +51,7 @@ from runtime_loader.safeio import shown
 from ..errors import LzError
 from ..limits import check_config_sizes, check_config_values
 from .catalogue import CATALOGUE
-from .spec import fp8_scheme, read_config, refuse_unsupported
-from .walker import OpInstance
+from .config import fp8_scheme, read_config, refuse_unsupported
 
 # meta shapes: any sizes give the same signatures; odd ones, so a token count is never mistaken for a head count
 BATCH, PREFILL_SEQ = 3, 7
@@ -61,6 +60,14 @@ NAME = "lzsolve_capture"
 # notes on what is tuned but that patch() cannot reach (a server calling the Dispatcher can)
 UNSERVED = "tuned, but runtime_loader's transformers integration cannot serve it"
 ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
+
+
+@dataclass(frozen=True)
+class OpInstance:
+    """One op signature a model runs: where it calls it and how often per forward pass."""
+    signature: Signature
+    roles: tuple[str, ...]  # the modules calling it, layer indices as *: "model.layers.*.self_attn", "lm_head"
+    calls_per_forward: int
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,25 @@ class Captured:
     notes: tuple[str, ...]
     config_hash: str
     summary_line: str
+    # the text model's, unsharded; None when no model was built (a recorded workload)
+    layers: int | None = None
+    parameters: int | None = None
+    covered: float | None = None  # the share of the parameters held by modules an op covers
 
     def summary(self) -> str:
         return self.summary_line
+
+    def sizes(self) -> dict[str, tuple[int, ...]]:
+        """The model's sizes as its signatures show them, per rank, each the distinct values seen
+        (more than one where layers differ): hidden and vocab from the embedding, heads ("hq",
+        "hkv") and head dims ("d") from attention, the MLP width from the activations of modules
+        named mlp (none for experts)."""
+        def seen(op_prefix: str, dim: str, role_part: str = "") -> tuple[int, ...]:
+            return tuple(sorted({i.signature.dim(dim) for i in self.instances if i.signature.op.startswith(op_prefix)
+                                 and any(role_part in r for r in i.roles)}))
+        return {"hidden": seen("embedding", "hidden"), "vocab": seen("embedding", "vocab"),
+                "hq": seen("attention.prefill", "hq"), "hkv": seen("attention.prefill", "hkv"),
+                "d": seen("attention.prefill", "d"), "mlp": seen("act.", "width", ".mlp.")}
 
 
 # --- building the model ---------------------------------------------------------------------------
@@ -586,12 +609,24 @@ def instances(prefill: list[Event], decode: list[Event], tp: int, ep: int = 1) -
     return [OpInstance(sig, tuple(roles), count) for sig, (roles, count) in merged.items()]
 
 
+def _covered(model, prefill: list[Event]) -> tuple[set[str], set[int]]:
+    """The modules an op's event came from, and the ids of the parameters they hold."""
+    seen = {part for e in prefill if e.sig is not None for part in _fused_names(e.module)}
+    return seen, {id(p) for n, m in model.named_modules() if n in seen for p in m.parameters(recurse=False)}
+
+
+def covered_share(model, prefill: list[Event]) -> float:
+    """The share of the model's parameters held by modules an op covers."""
+    _, covered_params = _covered(model, prefill)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if id(p) in covered_params) / (sum(p.numel() for p in params) or 1)
+
+
 def uncovered(model, prefill: list[Event]) -> list[str]:
     """What the model computes that no op covers, one line each: modules no event came from
     (by class, with their share of the parameters), and observed calls no signature describes."""
     total = sum(p.numel() for p in model.parameters()) or 1
-    seen = {part for e in prefill if e.sig is not None for part in _fused_names(e.module)}
-    covered_params = {id(p) for n, m in model.named_modules() if n in seen for p in m.parameters(recurse=False)}
+    seen, covered_params = _covered(model, prefill)
     by_class: Counter = Counter()
     params: Counter = Counter()
     where: dict[str, str] = {}
@@ -758,14 +793,16 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
             raise LzError(f"{where}: not supported yet: FP8 experts (moe.experts takes bf16/fp16 weights)")
         prefill = quantised_before(fp8_linears(prefill, *fp8))
     layers = getattr(text, "num_hidden_layers", "?")
-    summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
+    parameters = sum(p.numel() for p in model.parameters())
+    summary = f"{name}: {text.model_type}, {layers} layers, {parameters / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
     notes = filled + _outside_text_model(cfg, text) + uncovered(model, prefill)
     if fp8:
         notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8, and the ops that quantise for them) "
                      f"run transformers' own FP8 modules")
     return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp, ep)), tuple(notes),
-                    config_hash, summary)
+                    config_hash, summary, layers if isinstance(layers, int) else None, parameters,
+                    covered_share(model, prefill))
 
 
 def fp8_kv_cache(captured: Captured) -> Captured:

@@ -164,6 +164,17 @@ def test_tp_shards_heads_mlp_and_vocab():
     assert captured("llama3-70b", 8).tp == 8
 
 
+def test_replicated_kv_heads_keep_a_whole_head_in_the_qkv_gemm():
+    """Once tp exceeds the kv heads, every rank holds one whole kv head: the q/k/v GEMM makes its
+    share of q and one head each of k and v, as the attention after it reads them."""
+    assert "linear[k=8192,n=768,bf16]" in ops_of("llama3-70b", 16)  # (4 + 2*1) * 128
+    assert "linear[k=1024,n=1536,bf16]" in ops_of("qwen3.5-0.8b", 4)  # q and its gate (2*2*256), k and v (2*256)
+    transformers = pytest.importorskip("transformers")
+    phi3 = {**transformers.AutoConfig.for_model("phi3").to_dict(), "num_key_value_heads": 2, "num_hidden_layers": 2}
+    qkv = [o for o in capture(phi3, "phi3", tp=4).instances if o.roles == ("model.layers.*.self_attn.qkv_proj",)]
+    assert [str(o.signature) for o in qkv] == ["linear[k=3072,n=960,bf16]"], "one module: (8 + 2*1) * 96"
+
+
 def test_tp_shards_linear_attention_heads():
     ops = ops_of("qwen3.5-0.8b", 4)
     assert "recurrent.gated_deltanet[hk=4,hv=4,dk=128,dv=128,qk_l2norm,bf16]" in ops
@@ -408,6 +419,24 @@ def test_gemma3():
         "act.geglu[width=6912,bf16]": 26,
         "linear[k=6912,n=1152,bf16]": 26,
         "linear[k=1152,n=262144,bf16]": 1,
+    }
+    assert ops_of("gemma3-1b", 2) == {
+        "embedding[vocab=131072,hidden=1152,scaled,bf16]": 1,
+        "norm.rms[hidden=1152,unit_offset,bf16]": 53,
+        "norm.rms_add[hidden=1152,unit_offset,bf16]": 52,
+        "linear[k=1152,n=1024,bf16]": 26,  # (2 + 2*1) * 256: the one kv head is replicated
+        "norm.qk[heads=2,d=256,unit_offset,bf16]": 26,
+        "norm.qk[heads=1,d=256,unit_offset,bf16]": 26,
+        "posenc.rope[hq=2,hkv=1,d=256,layout=split_half,bf16]": 26,
+        "attention.prefill[hq=2,hkv=1,d=256,window=512,causal,qk_norm,bf16]": 22,
+        "attention.decode[hq=2,hkv=1,d=256,window=512,qk_norm,bf16]": 22,
+        "attention.prefill[hq=2,hkv=1,d=256,causal,qk_norm,bf16]": 4,
+        "attention.decode[hq=2,hkv=1,d=256,qk_norm,bf16]": 4,
+        "linear[k=512,n=1152,bf16]": 26,
+        "linear[k=1152,n=6912,bf16]": 26,
+        "act.geglu[width=3456,bf16]": 26,
+        "linear[k=3456,n=1152,bf16]": 26,
+        "linear[k=1152,n=131072,bf16]": 1,
     }
     roles = roles_of("gemma3-1b")
     assert roles["norm.rms[hidden=1152,unit_offset,bf16]"] == (  # layer 0's input norm among them

@@ -498,7 +498,9 @@ def _resolve(rec: _Recorder) -> list[Event]:
             first = out[i]  # one GEMM over the concatenated weights, as servers run q/k/v and gate/up
             fused = Signature.make("linear", {**dict(first.sig.static), "n": first.sig.dim("n") + e.sig.dim("n")},
                                    first.sig.flags, first.sig.dtype)
-            out[i] = replace(first, sig=fused, module=first.module + "+" + e.module.rsplit(".", 1)[1])
+            parts = first.extra.get("parts", (first.sig.dim("n"),)) + (e.sig.dim("n"),)  # for _replicated_kv
+            out[i] = replace(first, sig=fused, module=first.module + "+" + e.module.rsplit(".", 1)[1],
+                             extra={**first.extra, "parts": parts})
             continue
         out.append(e)
     return out
@@ -548,6 +550,22 @@ def _shard(sig: Signature, tp: int, row_parallel: bool, lm_head: bool, ep: int =
     return Signature.make(sig.op, s, sig.flags, sig.dtype)
 
 
+def _replicated_kv(e: Event, sig: Signature, heads: tuple[int, int, int] | None, tp: int) -> Signature:
+    """A column-parallel linear of an attention module (heads: its hq, hkv and d) once tp exceeds its
+    kv heads: every rank holds one whole kv head (attention's hkv says so), so the k and v parts of
+    the GEMM keep one head's width while the q part is divided. The parts are the fused siblings'
+    widths, or q, k and v of one module whose width is theirs together (Phi-3's qkv_proj)."""
+    if heads is None or heads[1] >= tp:
+        return sig
+    hq, hkv, d = heads
+    n = e.sig.dim("n")
+    parts = e.extra.get("parts") or ((hq * d, hkv * d, hkv * d) if n == (hq + 2 * hkv) * d else (n,))
+    if hkv * d not in parts:
+        return sig
+    width = sum(d if part == hkv * d else part // tp for part in parts)
+    return Signature.make(sig.op, {**dict(sig.static), "n": width}, sig.flags, sig.dtype)
+
+
 def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
     _check_ep(events, tp, where, ep)
     problems = []
@@ -591,9 +609,13 @@ def instances(prefill: list[Event], decode: list[Event], tp: int, ep: int = 1) -
     calls per forward from the prefill, decode attention from the decode step."""
     merged: dict[Signature, tuple[list[str], int]] = {}
     last_linear = max((i for i, e in enumerate(prefill) if e.op == "linear"), default=-1)
+    heads = {e.module: tuple(e.sig.dim(d) for d in ("hq", "hkv", "d"))
+             for e in prefill if e.op == "attention" and e.sig is not None}
 
     def add(e: Event, row_parallel: bool, lm_head: bool):
         sig = _shard(e.sig, 1 if e.extra.get("replicated") else tp, row_parallel, lm_head, ep)
+        if e.op == "linear" and not (row_parallel or lm_head):
+            sig = _replicated_kv(e, sig, heads.get(e.module.rsplit(".", 1)[0]), tp)
         roles, count = merged.get(sig, ([], 0))
         role = _role(e.module)
         merged[sig] = (roles if role in roles else roles + [role], count + 1)

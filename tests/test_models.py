@@ -189,6 +189,13 @@ def test_impossible_tp(tp):
         captured("llama3-70b", tp)
 
 
+def test_tp_must_divide_linear_attention_heads():
+    cfg = CATALOGUE["qwen3.5-0.8b"]  # 16 key and 16 value heads in its linear-attention layers
+    text = {**cfg["text_config"], "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 3200}
+    with pytest.raises(LzError, match="does not divide 16/16 linear-attention key/value heads"):
+        capture({**cfg, "text_config": text}, "x", 32)
+
+
 # --- per family: hand-derived signatures and calls per forward, against what capture observes --------
 
 def test_llama3_70b_tp8():

@@ -581,6 +581,9 @@ def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
             problems.append(f"expert width {s['inter']}")
         if e.sig.op == "conv.causal_depthwise" and s["channels"] % tp:
             problems.append(f"conv1d channels {s['channels']}")
+        if e.sig.op == "recurrent.gated_deltanet" and (s["hk"] % tp or s["hv"] % tp):
+            # divided, never replicated as kv heads are: its conv1d and projections are sharded with them
+            problems.append(f"{s['hk']}/{s['hv']} linear-attention key/value heads")
     if problems:
         raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {', '.join(sorted(set(problems)))}")
 

@@ -535,6 +535,12 @@ def test_attention_softcap_in_signature():
     assert gemma3.instances == captured("gemma3-1b").instances
 
 
+def test_the_final_logit_softcap_is_noted():
+    note = "lm_head: the final logit softcap (30 * tanh(logits / 30)): elementwise, no op covers it"
+    assert note in capture(gemma2(), "g").notes
+    assert not any("softcap" in n for n in capture(gemma2(final_logit_softcapping=None), "g").notes)
+
+
 # --- the features each family needs, derived from the captured signatures ---------------------------
 
 NONE = frozenset()

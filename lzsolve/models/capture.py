@@ -664,6 +664,10 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
             where.setdefault(cls, _role(name))
     notes = [f"{where[cls]}: {cls} ({n} module(s), {100 * params[cls] / total:.1f}% of the parameters): "
              f"no op covers it" for cls, n in by_class.most_common()]
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:  # applied to the lm_head's output by the model's own forward (Gemma 2, Gemma 3...)
+        notes.append(f"lm_head: the final logit softcap ({cap:g} * tanh(logits / {cap:g})): elementwise, "
+                     f"no op covers it")
     unfused = sum(1 for e in prefill if e.op == "norm.layer" and e.extra.get("after_sum"))
     if unfused:
         notes.append(f"the residual adds before LayerNorm ({unfused} per forward): elementwise, no norm.layer op "

@@ -36,16 +36,17 @@ import torch
 
 import runtime_loader
 from lzsolve.bench import Budget, CudaHarness
-from lzsolve.models import from_catalogue, shard
+from lzsolve.models import CATALOGUE, capture
 from lzsolve.ops import compare
 from lzsolve.ops.base import Tolerance
 from runtime_loader import registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.ops import OPS
 
-MODEL = shard(from_catalogue("llama3-70b"), 8)
-HQ, HKV, D = MODEL.heads, MODEL.kv_heads, MODEL.head_dim
-HIDDEN, INTERMEDIATE, EPS = MODEL.hidden, MODEL.intermediate, MODEL.norm_eps
+CONFIG = CATALOGUE["llama3-70b"]
+SIZES = capture.load("llama3-70b", None, tp=8).sizes()  # one rank's shard, as capture sees it
+(HQ,), (HKV,), (D,), (HIDDEN,), (INTERMEDIATE,) = (SIZES[k] for k in ("hq", "hkv", "d", "hidden", "mlp"))
+EPS, ROPE_THETA = CONFIG["rms_norm_eps"], CONFIG["rope_theta"]
 # (name, batch, tokens per sequence, kv_len); kv_len 0 = prefill
 SCENARIOS = [("prefill b1 s2048", 1, 2048, 0), ("decode b8 kv4096", 8, 1, 4096), ("decode b64 kv1024", 64, 1, 1024)]
 # A bf16 layer against the same layer in fp32: eight ops' rounding, so looser than one op's bf16 bound.
@@ -136,7 +137,7 @@ def make_inputs(batch, seq, kv_len, device, dtype, gen):
     tokens = batch * seq
     x, residual = (torch.randn(tokens, HIDDEN, generator=gen, device=device).to(dtype) for _ in range(2))
     positions = torch.arange(kv_len - 1, kv_len, device=device) if kv_len else torch.arange(seq, device=device)
-    inv_freq = 1.0 / (MODEL.rope_theta ** (torch.arange(0, D, 2, device=device).float() / D))
+    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, D, 2, device=device).float() / D))
     angles = torch.cat([positions[:, None] * inv_freq] * 2, dim=-1)
     rows = batch if kv_len else 1
     cos, sin = (f(angles)[None].expand(rows, -1, -1).contiguous().to(dtype) for f in (torch.cos, torch.sin))

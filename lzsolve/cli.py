@@ -698,14 +698,28 @@ def matrix(names, configs, tp, dtype, as_json):
 
 @cli.command()
 def models():
-    """List the built-in models."""
-    from .models import CATALOGUE, from_catalogue
+    """List the built-in models as capture sees them (unsharded): their sizes as the op signatures
+    show them, how many ops and signatures one forward runs, the share of the parameters in
+    modules an op covers, and what no op covers."""
+    from .models import CATALOGUE, capture
 
-    rows = []
+    def values(found: tuple) -> str:
+        return ",".join(map(str, found)) or "-"
+
+    rows, notes = [], []
     for name in CATALOGUE:
-        m = from_catalogue(name)
-        rows.append((name, m.family, m.layers, m.hidden, f"{m.heads}/{m.kv_heads}", m.head_dim, m.intermediate, m.vocab))
-    _print_table(["model", "family", "layers", "hidden", "heads/kv", "head_dim", "mlp", "vocab"], rows)
+        m = capture.load(name, None)
+        size = m.sizes()
+        rows.append((name, m.family, m.layers, f"{m.parameters / 1e9:.2f}B", values(size["hidden"]),
+                     f"{values(size['hq'])}/{values(size['hkv'])}", values(size["d"]), values(size["mlp"]),
+                     values(size["vocab"]), len({i.signature.op for i in m.instances}), len(m.instances),
+                     f"{100 * m.covered:.1f}%"))
+        notes += [f"{name}: {note}" for note in m.notes]
+    _print_table(["model", "family", "layers", "params", "hidden", "heads/kv", "head_dim", "mlp", "vocab", "ops",
+                  "signatures", "covered"], rows)
+    if notes:
+        click.echo("\nnotes:")
+        click.echo("\n".join(f"  {note}" for note in notes))
     click.echo("\nany Hugging Face config.json works too: lzsolve plan --config path/to/config.json")
 
 

@@ -1,162 +1,204 @@
-"""Models: catalogue values, config loading and its errors, TP sharding, the walker, the
-features each family needs and what no op covers."""
+"""Models: the catalogue, config.json reading and its errors, and what capture makes of each family:
+hand-derived signatures and calls per forward (sharded too), layer patterns read from each
+family's own keys, the features each family needs, what no op covers, and the sizes `lzsolve
+models` lists, checked against transformers' own config classes."""
 import json
 
 import pytest
+from click.testing import CliRunner
 
+from lzsolve.cli import cli
 from lzsolve.errors import LzError
-from lzsolve.models import (CATALOGUE, from_catalogue, from_config_file, from_hf_config, required_features, shard,
-                            unmodelled, walk)
+from lzsolve.models import CATALOGUE
+from lzsolve.models.capture import capture, load
+from lzsolve.models.config import read_config
+from runtime_loader.ops import required_features
+
+
+def captured(model: str, tp: int = 1):
+    return capture(CATALOGUE[model], model, tp)
 
 
 def ops_of(model: str, tp: int = 1) -> dict[str, int]:
     """signature -> calls per forward"""
-    return {str(o.signature): o.calls_per_forward for o in walk(shard(from_catalogue(model), tp), "bf16")}
+    return {str(o.signature): o.calls_per_forward for o in captured(model, tp).instances}
 
 
 def roles_of(model: str, tp: int = 1) -> dict[str, tuple[str, ...]]:
-    return {str(o.signature): o.roles for o in walk(shard(from_catalogue(model), tp), "bf16")}
+    return {str(o.signature): o.roles for o in captured(model, tp).instances}
+
+
+def sizes(c) -> tuple:
+    """(layers, hidden, heads, kv heads, head_dim, MLP width, vocab) of a capture, each seen once."""
+    size = c.sizes()
+    (hidden,), (hq,), (hkv,), (d,), (mlp,), (vocab,) = (size[k] for k in ("hidden", "hq", "hkv", "d", "mlp", "vocab"))
+    return c.layers, hidden, hq, hkv, d, mlp, vocab
+
+
+def features(c) -> dict[str, frozenset[str]]:
+    """Per op, the features a kernel must declare to compute every signature of it."""
+    found: dict[str, frozenset[str]] = {}
+    for instance in c.instances:
+        sig = instance.signature
+        found[sig.op] = found.get(sig.op, frozenset()) | required_features(sig)
+    return found
 
 
 def test_catalogue_has_real_llama3_values():
-    m = from_catalogue("llama3-70b")
-    assert (m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab) == \
-        (8192, 80, 64, 8, 128, 28672, 128256)
-    assert m.rope_theta == 500000.0 and m.norm_eps == 1e-5
-    m8 = from_catalogue("llama3-8b")
-    assert (m8.hidden, m8.layers, m8.heads, m8.kv_heads, m8.intermediate) == (4096, 32, 32, 8, 14336)
+    assert sizes(captured("llama3-70b")) == (80, 8192, 64, 8, 128, 28672, 128256)
+    assert sizes(captured("llama3-8b")) == (32, 4096, 32, 8, 128, 14336, 128256)
 
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
 @pytest.mark.parametrize("tp", [1, 2])
-def test_every_catalogue_entry_parses_and_walks(name, tp):
-    m = shard(from_catalogue(name), tp)
-    ops = walk(m, "bf16")
+def test_every_catalogue_entry_captures(name, tp):
+    c = captured(name, tp)
+    ops = c.instances
     assert ops and len({o.signature for o in ops}) == len(ops)
-    assert ops[0].signature.op == "embedding" and ops[-1].roles == ("lm_head",)
-    assert set(required_features(m)) == {o.signature.op for o in ops}
-    assert all(isinstance(line, str) and "\n" not in line for line in unmodelled(m))
+    assert ops[0].signature.op == "embedding"
+    assert [o.signature.op for o in ops if o.roles == ("lm_head",)] == ["linear"]
+    assert c.covered == 1.0, "every parameter is in a module an op covers"
+    assert all(isinstance(line, str) and "\n" not in line for line in c.notes)
 
 
 def test_unknown_model_lists_known_names():
     with pytest.raises(LzError) as e:
-        from_catalogue("llama9")
+        load("llama9", None)
     for name in CATALOGUE:
         assert name in str(e.value)
 
 
-@pytest.mark.parametrize("name", list(CATALOGUE))
-def test_config_file_round_trip(tmp_path, name):
+def test_config_file_round_trip(tmp_path):
+    name = "gemma3-4b"  # a vision-language config.json: the text model nested under text_config
     path = tmp_path / "mymodel" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(CATALOGUE[name]))
-    m = from_config_file(path)
-    assert m.name == "mymodel"
-    assert m.config_hash == from_catalogue(name).config_hash
-    assert walk(m, "bf16") == walk(from_catalogue(name), "bf16")
+    for given in (path, path.parent):  # the file, or the folder holding it
+        c = load(None, str(given))
+        assert c.name == "mymodel"
+        assert c.config_hash == captured(name).config_hash
+        assert c.instances == captured(name).instances
+
+
+def test_a_config_file_names_the_model_by_its_folder_or_its_stem(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "other.json").write_text("{}")
+    assert read_config(tmp_path / "m") == ({}, "m")
+    assert read_config(tmp_path / "other.json") == ({}, "other")
 
 
 @pytest.mark.parametrize("text,needle", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "expected a JSON object"),
-    (json.dumps({"model_type": "llama"}), "hidden_size"),
-    (json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2}), "n_embd"),  # named as the family names it
-    (json.dumps({**CATALOGUE["llama3-8b"], "num_attention_heads": 0}), "num_attention_heads"),
-    (json.dumps({**CATALOGUE["llama3-8b"], "num_key_value_heads": 5}), "not a multiple"),
-    (json.dumps({**CATALOGUE["llama3-8b"], "model_type": "deepseek_v3"}), "not supported yet"),
-    (json.dumps({**CATALOGUE["llama3-8b"], "rope_theta": "big"}), "rope_theta"),
+    (json.dumps({**CATALOGUE["llama3-8b"], "num_attention_heads": 0}), "transformers cannot read this config"),
+    (json.dumps({**CATALOGUE["llama3-8b"], "num_key_value_heads": 5}), "not a multiple of num_key_value_heads 5"),
+    (json.dumps({**CATALOGUE["llama3-8b"], "rope_theta": "big"}), "transformers cannot build llama"),
     (json.dumps({**CATALOGUE["llama3-8b"], "rope_parameters": [1]}), "rope_parameters"),
-    (json.dumps({**CATALOGUE["llama3-8b"], "hidden_act": "relu"}), "'hidden_act' 'relu' is not supported"),
-    (json.dumps({**CATALOGUE["gpt2"], "activation_function": "gelu"}), "'activation_function' 'gelu'"),
-    (json.dumps({**CATALOGUE["llama3-8b"], "layer_types": ["full_attention"]}), "each of the 32 layers"),
-    (json.dumps({**CATALOGUE["llama3-8b"], "layer_types": ["sliding_attention"] * 32}),
-     "'sliding_attention' is not supported for llama"),
-    (json.dumps({**CATALOGUE["qwen3-8b"], "partial_rotary_factor": 0.01}), "partial_rotary_factor"),  # 1 dim
-    (json.dumps({**CATALOGUE["gemma3-1b"], "sliding_window": None}), "sliding_window"),
-    (json.dumps({**CATALOGUE["qwen3.5-0.8b"], "text_config": [1]}), "text_config"),
-    (json.dumps({**CATALOGUE["qwen3.5-0.8b"], "text_config": {**CATALOGUE["qwen3.5-0.8b"]["text_config"],
-                                                               "linear_num_value_heads": 24}}), "not a multiple"),
+    (json.dumps({**CATALOGUE["llama3-8b"], "layer_types": ["full_attention"]}), "number of `layer_types` \\(1\\)"),
+    (json.dumps({**CATALOGUE["llama3-8b"], "layer_types": ["sliding_attention"] * 32}), "cannot run LlamaForCausalLM"),
+    (json.dumps({**CATALOGUE["gemma3-1b"], "sliding_window": None}), "cannot run Gemma3ForCausalLM"),
+    (json.dumps({**CATALOGUE["qwen3.5-0.8b"], "text_config": [1]}), "'text_config' must be an object"),
 ])
-def test_malformed_configs_are_named(tmp_path, text, needle):
+def test_malformed_configs_are_named_in_one_line(tmp_path, text, needle):
     path = tmp_path / "config.json"
     path.write_text(text)
-    with pytest.raises(LzError, match=needle):
-        from_config_file(path)
+    with pytest.raises(LzError, match=needle) as e:
+        load(None, str(path))
+    assert "\n" not in str(e.value)
 
 
 def test_missing_config_file(tmp_path):
     with pytest.raises(LzError, match="cannot read"):
-        from_config_file(tmp_path / "absent.json")
+        load(None, str(tmp_path / "absent.json"))
 
 
 # --- the capability gate: what no op computes is refused by name, in one line --------------
 
 @pytest.mark.parametrize("base,extra,named", [
-    ("qwen3-8b", {"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8},
-     ["model_type 'qwen3_moe'", "mixture-of-experts routing ('num_experts')"]),
-    ("llama3-8b", {"num_local_experts": 8}, ["mixture-of-experts routing ('num_local_experts')"]),
     ("llama3-8b", {"model_type": "deepseek_v3", "n_routed_experts": 256, "kv_lora_rank": 512, "q_lora_rank": 1536},
-     ["model_type 'deepseek_v3'", "('n_routed_experts')", "multi-head latent attention (MLA) ('kv_lora_rank')"]),
+     ["multi-head latent attention (MLA) ('kv_lora_rank')", "multi-head latent attention (MLA) ('q_lora_rank')"]),
     ("llama3-8b", {"kv_lora_rank": 512}, ["multi-head latent attention (MLA) ('kv_lora_rank')"]),
     ("gpt2", {"add_cross_attention": True}, ["cross-attention ('add_cross_attention')"]),
-    ("gemma3-270m", {"use_bidirectional_attention": True}, ["bidirectional"]),
-    ("llama3-8b", {"quantization_config": {"quant_method": "fp8"}}, ["quantized weights"]),
-    ("llama3-8b", {"model_type": "falcon_mamba"}, ["model_type 'falcon_mamba'"]),
+    ("gemma3-270m", {"use_bidirectional_attention": True}, ["bidirectional (non-causal) attention"]),
+    ("llama3-8b", {"quantization_config": {"quant_method": "fp8"}}, ["quantized weights (fp8)"]),
 ])
 def test_unsupported_parts_are_refused_by_name(base, extra, named):
     with pytest.raises(LzError) as e:
-        from_hf_config({**CATALOGUE[base], **extra}, "x")
+        capture({**CATALOGUE[base], **extra}, "x")
     message = str(e.value)
     assert "\n" not in message and "not supported yet" in message
     assert all(part in message for part in named), message
-    assert "supported: dense decoders with model_type gpt2, llama, mistral, qwen2, qwen3, qwen3_5" in message
 
 
-def test_inert_moe_keys_are_not_refused():
-    """Dense checkpoints often carry the MoE keys at 0 or empty: nothing to refuse."""
-    m = from_hf_config({**CATALOGUE["qwen3-8b"], "num_experts": 0, "mlp_only_layers": []}, "x")
-    assert m.family == "qwen3"
+def test_a_model_without_attention_is_refused():
+    with pytest.raises(LzError, match="runs no attention; its token mixer is not supported"):
+        capture({**CATALOGUE["llama3-8b"], "model_type": "falcon_mamba"}, "x")
 
 
-def test_moe_inside_text_config_is_refused():
+def test_inert_keys_are_not_refused():
+    """Dense checkpoints often carry these keys at 0, false, null or empty: nothing to refuse."""
+    inert = {"num_experts": 0, "mlp_only_layers": [], "kv_lora_rank": None, "add_cross_attention": False}
+    assert capture({**CATALOGUE["qwen3-8b"], **inert}, "x").family == "qwen3"
+
+
+def test_unsupported_parts_inside_text_config_are_refused():
     cfg = CATALOGUE["qwen3.5-0.8b"]
-    with pytest.raises(LzError, match="num_experts"):
-        from_hf_config({**cfg, "text_config": {**cfg["text_config"], "num_experts": 256}}, "x")
+    with pytest.raises(LzError, match="bidirectional"):
+        capture({**cfg, "text_config": {**cfg["text_config"], "use_bidirectional_attention": True}}, "x")
+
+
+def test_an_activation_no_op_computes_is_noted_not_refused():
+    relu = capture({**CATALOGUE["llama3-8b"], "hidden_act": "relu"}, "x")
+    assert "model.layers.*.mlp.act_fn: gated relu activation: no op computes it" in relu.notes
+    assert not any(o.signature.op.startswith("act.") for o in relu.instances)
+    gelu = capture({**CATALOGUE["gpt2"], "activation_function": "gelu"}, "x")  # GPT-2's is gelu_new (tanh)
+    assert "transformer.h.*.mlp.act: gelu activation: no op computes it" in gelu.notes
 
 
 # --- TP sharding ------------------------------------------------------------------------------
 
 def test_tp_shards_heads_mlp_and_vocab():
-    m = shard(from_catalogue("llama3-70b"), 8)
-    assert (m.heads, m.kv_heads, m.intermediate, m.vocab, m.tp) == (8, 1, 3584, 16032, 8)
-    m16 = shard(from_catalogue("llama3-70b"), 16)
-    assert m16.kv_heads == 1, "kv heads are replicated, never below 1"
-    assert shard(from_catalogue("llama3-8b"), 1) == from_catalogue("llama3-8b")
+    assert sizes(captured("llama3-70b", 8))[2:] == (8, 1, 128, 3584, 16032)
+    assert captured("llama3-70b", 16).sizes()["hkv"] == (1,), "kv heads are replicated, never below 1"
+    assert captured("llama3-70b", 8).tp == 8
+
+
+def test_replicated_kv_heads_keep_a_whole_head_in_the_qkv_gemm():
+    """Once tp exceeds the kv heads, every rank holds one whole kv head: the q/k/v GEMM makes its
+    share of q and one head each of k and v, as the attention after it reads them."""
+    assert "linear[k=8192,n=768,bf16]" in ops_of("llama3-70b", 16)  # (4 + 2*1) * 128
+    assert "linear[k=1024,n=1536,bf16]" in ops_of("qwen3.5-0.8b", 4)  # q and its gate (2*2*256), k and v (2*256)
+    transformers = pytest.importorskip("transformers")
+    phi3 = {**transformers.AutoConfig.for_model("phi3").to_dict(), "num_key_value_heads": 2, "num_hidden_layers": 2}
+    qkv = [o for o in capture(phi3, "phi3", tp=4).instances if o.roles == ("model.layers.*.self_attn.qkv_proj",)]
+    assert [str(o.signature) for o in qkv] == ["linear[k=3072,n=960,bf16]"], "one module: (8 + 2*1) * 96"
 
 
 def test_tp_shards_linear_attention_heads():
-    m = shard(from_catalogue("qwen3.5-0.8b"), 4)
-    assert (m.heads, m.kv_heads, m.linear_attn.key_heads, m.linear_attn.value_heads) == (2, 1, 4, 4)
-    assert (m.linear_attn.key_dim, m.linear_attn.value_dim, m.linear_attn.conv_kernel) == (128, 128, 4)
-    assert shard(from_catalogue("gemma3-270m"), 4).kv_heads == 1
+    ops = ops_of("qwen3.5-0.8b", 4)
+    assert "recurrent.gated_deltanet[hk=4,hv=4,dk=128,dv=128,qk_l2norm,bf16]" in ops
+    assert "conv.causal_depthwise[channels=1536,width=4,silu,bf16]" in ops  # q, k (2*4*128) and v (4*128)
+    assert "attention.prefill[hq=2,hkv=1,d=256,causal,qk_norm,bf16]" in ops
+    assert captured("gemma3-270m", 4).sizes()["hkv"] == (1,)
 
 
 @pytest.mark.parametrize("tp", [0, 3, 7, 128])
 def test_impossible_tp(tp):
     with pytest.raises(LzError, match="--tp"):
-        shard(from_catalogue("llama3-70b"), tp)
+        captured("llama3-70b", tp)
 
 
 def test_tp_must_divide_linear_attention_heads():
-    cfg = CATALOGUE["qwen3.5-0.8b"]
+    cfg = CATALOGUE["qwen3.5-0.8b"]  # 16 key and 16 value heads in its linear-attention layers
     text = {**cfg["text_config"], "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 3200}
-    with pytest.raises(LzError, match="linear-attention key/value heads"):
-        shard(from_hf_config({**cfg, "text_config": text}, "x"), 32)
+    with pytest.raises(LzError, match="does not divide 16/16 linear-attention key/value heads"):
+        capture({**cfg, "text_config": text}, "x", 32)
 
 
-# --- the walker, per family: hand-derived signatures and calls per forward ----------------------
+# --- per family: hand-derived signatures and calls per forward, against what capture observes --------
 
-def test_walker_llama3_70b_tp8():
+def test_llama3_70b_tp8():
     found = ops_of("llama3-70b", 8)
     expected = {
         "embedding[vocab=16032,hidden=8192,bf16]": 1,
@@ -175,12 +217,12 @@ def test_walker_llama3_70b_tp8():
     assert found == expected
     roles = roles_of("llama3-70b", 8)
     assert roles["linear[k=8192,n=16032,bf16]"] == ("lm_head",)
-    assert roles["norm.rms[hidden=8192,bf16]"] == ("layers.0.input_norm",)
+    assert roles["norm.rms[hidden=8192,bf16]"] == ("model.layers.*.input_layernorm",)  # layer 0's
     assert set(roles["norm.rms_add[hidden=8192,bf16]"]) == {
-        "layers.*.input_norm", "layers.*.post_attention_norm", "final_norm"}
+        "model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"}
 
 
-def test_walker_gpt2():
+def test_gpt2():
     # 12 layers, hidden 768, 12 heads of 64, MLP 4 * 768, every projection with a bias
     assert ops_of("gpt2") == {
         "embedding[vocab=50257,hidden=768,bf16]": 1,
@@ -208,12 +250,12 @@ def test_walker_gpt2():
         "act.gelu[width=768,bf16]": 12,
         "linear[k=768,n=12565,bf16]": 1,
     }
-    assert roles_of("gpt2", 4)["linear[k=768,n=768,bias,bf16]"] == ("layers.*.mlp.up_proj", "layers.*.mlp.down_proj")
+    assert roles_of("gpt2", 4)["linear[k=768,n=768,bias,bf16]"] == ("transformer.h.*.mlp.c_fc",
+                                                                    "transformer.h.*.mlp.c_proj")
 
 
-def test_walker_untied_llama_nanbeige():
-    m = from_catalogue("nanbeige4.1-3b")
-    assert m.family == "llama" and not m.tie_embeddings and m.rope_theta == 7e7
+def test_untied_llama_nanbeige():
+    assert captured("nanbeige4.1-3b").family == "llama"
     assert ops_of("nanbeige4.1-3b") == {
         "embedding[vocab=166144,hidden=2560,bf16]": 1,
         "norm.rms[hidden=2560,bf16]": 1,
@@ -244,7 +286,7 @@ def test_walker_untied_llama_nanbeige():
     }
 
 
-def test_walker_qwen2_bias_on_qkv_only():
+def test_qwen2_bias_on_qkv_only():
     assert ops_of("qwen2-0.5b") == {
         "embedding[vocab=151936,hidden=896,bf16]": 1,
         "norm.rms[hidden=896,bf16]": 1,
@@ -275,7 +317,7 @@ def test_walker_qwen2_bias_on_qkv_only():
     }
 
 
-def test_walker_qwen3_qk_norm():
+def test_qwen3_qk_norm():
     assert ops_of("qwen3-0.6b") == {
         "embedding[vocab=151936,hidden=1024,bf16]": 1,
         "norm.rms[hidden=1024,bf16]": 1,
@@ -310,7 +352,7 @@ def test_walker_qwen3_qk_norm():
     }
 
 
-def test_walker_qwen3_5_hybrid():
+def test_qwen3_5_hybrid():
     # 18 Gated DeltaNet layers (16/16 heads of 128) and 6 gated full-attention layers (8/2 heads
     # of 256, RoPE on the first 64 dims); (1 + weight) norms everywhere but the GDN output norm
     assert ops_of("qwen3.5-0.8b") == {
@@ -361,11 +403,11 @@ def test_walker_qwen3_5_hybrid():
         "linear[k=1024,n=124160,bf16]": 1,
     }
     roles = roles_of("qwen3.5-0.8b")
-    assert roles["linear[k=2048,n=1024,bf16]"] == ("layers.*.linear_attn.out_proj", "layers.*.attn.o_proj")
-    assert roles["act.sigmoid_gate[width=2048,bf16]"] == ("layers.*.attn.output_gate",)
+    assert roles["linear[k=2048,n=1024,bf16]"] == ("model.layers.*.linear_attn.out_proj", "model.layers.*.self_attn.o_proj")
+    assert roles["act.sigmoid_gate[width=2048,bf16]"] == ("model.layers.*.self_attn",)
 
 
-def test_walker_gemma3():
+def test_gemma3():
     # 26 layers, every 6th global; 4 norms per layer around attention and MLP, all (1 + weight)
     assert ops_of("gemma3-1b") == {
         "embedding[vocab=262144,hidden=1152,scaled,bf16]": 1,
@@ -404,80 +446,102 @@ def test_walker_gemma3():
         "linear[k=1152,n=131072,bf16]": 1,
     }
     roles = roles_of("gemma3-1b")
-    assert roles["norm.rms[hidden=1152,unit_offset,bf16]"] == (
-        "layers.0.input_norm", "layers.*.post_attention_norm", "layers.*.post_feedforward_norm")
-    assert roles["posenc.rope[hq=4,hkv=1,d=256,layout=split_half,bf16]"] == (
-        "layers.*.sliding_attn.rope", "layers.*.attn.rope")
+    assert roles["norm.rms[hidden=1152,unit_offset,bf16]"] == (  # layer 0's input norm among them
+        "model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm",
+        "model.layers.*.post_feedforward_layernorm")
+    assert roles["posenc.rope[hq=4,hkv=1,d=256,layout=split_half,bf16]"] == ("model.layers.*.self_attn",)
 
 
 def test_gemma3_4b_text_config_takes_gemma3_defaults():
-    m = from_catalogue("gemma3-4b")
-    assert (m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab, m.window) == \
-        (2560, 34, 8, 4, 256, 10240, 262208, 1024)
-    assert (m.rope_theta, m.rope_local_theta) == (1e6, 1e4)
-    assert m.layer_types.count("full_attention") == 5
+    """gemma-3-4b-it's text_config gives only hidden, intermediate, layers and window: the rest is
+    transformers' Gemma3TextConfig defaults."""
+    c = captured("gemma3-4b")
+    assert sizes(c) == (34, 2560, 8, 4, 256, 10240, 262208)
+    prefill = {str(o.signature): o.calls_per_forward for o in c.instances if o.signature.op == "attention.prefill"}
+    assert prefill == {"attention.prefill[hq=8,hkv=4,d=256,window=1024,causal,qk_norm,bf16]": 29,
+                       "attention.prefill[hq=8,hkv=4,d=256,causal,qk_norm,bf16]": 5}
 
 
-def test_walker_bias_flags():
-    cfg = {**CATALOGUE["llama3-8b"], "attention_bias": True}
-    ops = walk(from_hf_config(cfg, "biased"), "fp16")
-    for role in ("layers.*.attn.qkv_proj", "layers.*.attn.o_proj"):
+def test_bias_flags():
+    ops = capture({**CATALOGUE["llama3-8b"], "attention_bias": True}, "biased", dtype="fp16").instances
+    for role in ("model.layers.*.self_attn.q_proj+k_proj+v_proj", "model.layers.*.self_attn.o_proj"):
         sig = next(o for o in ops if role in o.roles).signature
         assert "bias" in sig.flags and sig.dtype == "fp16"
 
 
 def test_one_layer_model_has_no_residual_input_norm():
-    ops = walk(from_hf_config({**CATALOGUE["llama3-8b"], "num_hidden_layers": 1}, "one"), "bf16")
+    ops = capture({**CATALOGUE["llama3-8b"], "num_hidden_layers": 1}, "one").instances
     rms_add = next(o for o in ops if o.signature.op == "norm.rms_add")
-    assert rms_add.roles == ("layers.*.post_attention_norm", "final_norm") and rms_add.calls_per_forward == 2
+    assert rms_add.roles == ("model.layers.*.post_attention_layernorm", "model.norm") and rms_add.calls_per_forward == 2
 
 
 # --- layer patterns read from each family's own keys ----------------------------------------------
 
+def windows(cfg: dict) -> dict[int, int]:
+    """attention window (0: none) -> prefill calls per forward"""
+    found: dict[int, int] = {}
+    for o in capture(cfg, "x").instances:
+        if o.signature.op == "attention.prefill":
+            window = o.signature.dim("window")
+            found[window] = found.get(window, 0) + o.calls_per_forward
+    return found
+
+
 def test_mistral_windows_every_layer_unless_null():
     mistral = {**CATALOGUE["llama3-8b"], "model_type": "mistral", "sliding_window": 4096}
-    m = from_hf_config(mistral, "m")
-    assert m.family == "llama" and set(m.layer_types) == {"sliding_attention"} and m.window == 4096
-    assert {o.signature.dim("window") for o in walk(m, "bf16") if o.signature.op.startswith("attention")} == {4096}
-    assert from_hf_config({**mistral, "sliding_window": None}, "m").window == 0
+    assert windows(mistral) == {4096: 32}
+    assert windows({**mistral, "sliding_window": None}) == {0: 32}
 
 
 def test_qwen2_sliding_window_from_max_window_layers():
     cfg = {**CATALOGUE["qwen2-7b"], "use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 20}
-    m = from_hf_config(cfg, "q")
-    assert m.layer_types == ("full_attention",) * 20 + ("sliding_attention",) * 8 and m.window == 4096
-    assert from_catalogue("qwen2-7b").window == 0, "use_sliding_window is false in the real config"
+    assert windows(cfg) == {0: 20, 4096: 8}
+    assert windows(CATALOGUE["qwen2-7b"]) == {0: 28}, "use_sliding_window is false in the real config"
 
 
 def test_layer_patterns_without_layer_types():
     qwen = CATALOGUE["qwen3.5-0.8b"]
     no_list = {k: v for k, v in qwen["text_config"].items() if k != "layer_types"}
-    listed = from_catalogue("qwen3.5-0.8b").layer_types
-    assert from_hf_config({**qwen, "text_config": no_list}, "q").layer_types == listed
+    assert capture({**qwen, "text_config": no_list}, "q").instances == captured("qwen3.5-0.8b").instances
     gemma = {k: v for k, v in CATALOGUE["gemma3-270m"].items() if k != "layer_types"}
-    assert from_hf_config(gemma, "g").layer_types == from_catalogue("gemma3-270m").layer_types
+    assert capture(gemma, "g").instances == captured("gemma3-270m").instances
 
 
 def test_rope_parameters_per_layer_type():
-    """transformers 5 writes Gemma3's thetas as rope_parameters per layer type"""
+    """transformers 5 writes Gemma3's thetas as rope_parameters per layer type: the same ops (the
+    thetas are in the cos/sin tables the op is handed, not in its signature)"""
     cfg = {k: v for k, v in CATALOGUE["gemma3-270m"].items() if k not in ("rope_theta", "rope_local_base_freq")}
     cfg["rope_parameters"] = {"full_attention": {"rope_theta": 1e6, "rope_type": "default"},
                               "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}}
-    m = from_hf_config(cfg, "g")
-    assert (m.rope_theta, m.rope_local_theta) == (1e6, 1e4)
+    assert capture(cfg, "g").instances == captured("gemma3-270m").instances
 
 
-def test_attention_softcap_in_signature_and_logit_softcap_unmodelled():
-    m = from_hf_config({**CATALOGUE["gemma3-1b"], "attn_logit_softcapping": 50.0,
-                        "final_logit_softcapping": 30.0}, "g")
-    prefill = [str(o.signature) for o in walk(m, "bf16") if o.signature.op == "attention.prefill"]
-    assert prefill == ["attention.prefill[hq=4,hkv=1,d=256,window=512,softcap=50.0,causal,qk_norm,bf16]",
-                       "attention.prefill[hq=4,hkv=1,d=256,softcap=50.0,causal,qk_norm,bf16]"]
-    assert required_features(m)["attention.prefill"] >= {"softcap", "sliding_window"}
-    assert any("final logit softcap (30 * tanh(logits / 30))" in line for line in unmodelled(m))
+def gemma2(**extra) -> dict:
+    """transformers' default Gemma 2 config (attention softcap 50, final logit softcap 30), 4 layers."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model("gemma2").to_dict()
+    return {**cfg, "num_hidden_layers": 4, "layer_types": cfg["layer_types"][:4], **extra}
 
 
-# --- the features each family needs, derived from the walker's signatures ---------------------------
+def test_attention_softcap_in_signature():
+    """Gemma 2 hands its softcap to the attention function (transformers' Gemma 3 keeps the config key
+    but computes none: capture sees what the model runs)."""
+    c = capture(gemma2(), "g")
+    prefill = [str(o.signature) for o in c.instances if o.signature.op == "attention.prefill"]
+    assert prefill == ["attention.prefill[hq=8,hkv=4,d=256,window=4096,softcap=50.0,causal,bf16]",
+                       "attention.prefill[hq=8,hkv=4,d=256,softcap=50.0,causal,bf16]"]
+    assert features(c)["attention.prefill"] >= {"softcap", "sliding_window"}
+    gemma3 = capture({**CATALOGUE["gemma3-1b"], "attn_logit_softcapping": 50.0}, "g3")
+    assert gemma3.instances == captured("gemma3-1b").instances
+
+
+def test_the_final_logit_softcap_is_noted():
+    note = "lm_head: the final logit softcap (30 * tanh(logits / 30)): elementwise, no op covers it"
+    assert note in capture(gemma2(), "g").notes
+    assert not any("softcap" in n for n in capture(gemma2(final_logit_softcapping=None), "g").notes)
+
+
+# --- the features each family needs, derived from the captured signatures ---------------------------
 
 NONE = frozenset()
 LLAMA_FEATURES = {
@@ -505,53 +569,72 @@ LLAMA_FEATURES = {
                    "attention.decode": {"gqa", "qk_norm", "sliding_window"}}),
 ])
 def test_required_features_per_family(model, expected):
-    assert required_features(from_catalogue(model)) == expected
+    assert features(captured(model)) == expected
 
 
 def test_multi_query_needs_no_gqa_once_sharded_to_one_head():
-    m = shard(from_hf_config({**CATALOGUE["llama3-8b"], "num_key_value_heads": 32}, "mha"), 4)
-    assert "gqa" not in required_features(m)["attention.prefill"]
+    c = capture({**CATALOGUE["llama3-8b"], "num_key_value_heads": 32}, "mha", tp=4)
+    assert "gqa" not in features(c)["attention.prefill"]
 
 
 # --- what no op covers is listed, not dropped -------------------------------------------------------
 
-def test_unmodelled_parts():
-    assert unmodelled(from_catalogue("llama3-8b")) == []
-    assert unmodelled(from_catalogue("gpt2")) == [
-        "layers.*: the residual adds (24 per forward): elementwise, and no norm.layer op fuses them"]
-    qwen = unmodelled(from_catalogue("qwen3.5-0.8b"))
-    assert qwen[:2] == ["vision_config: the vision tower (only the text model is walked)",
-                        "mtp_num_hidden_layers=1: multi-token-prediction layers (they run only for speculative "
-                        "decoding)"]
-    assert len(qwen) == 2  # the conv1d and the gates are ops (conv.causal_depthwise, recurrent.deltanet_gates)
-    assert unmodelled(from_catalogue("gemma3-4b")) == [qwen[0]]
+def test_what_no_op_covers_in_the_catalogue():
+    assert captured("llama3-8b").notes == ()
+    assert captured("gpt2").notes == (
+        "the residual adds before LayerNorm (24 per forward): elementwise, no norm.layer op fuses them",)
+    vision = "vision_config: the vision tower (only the text model is captured)"
+    assert captured("qwen3.5-0.8b").notes == (
+        vision,
+        "mtp_num_hidden_layers=1: multi-token-prediction layers (they run only for speculative decoding)",
+        "model.layers.*.linear_attn.gates: tuned, but runtime_loader's transformers integration cannot serve it: "
+        "recurrent.deltanet_gates is computed inside the module's own forward")
+    assert captured("gemma3-4b").notes == (vision,)
 
 
-# --- the parsed dims agree with transformers' own config classes ------------------------------------
+# --- the sizes capture observes agree with transformers' own config classes --------------------------
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
-def test_dims_agree_with_transformers(name):
+def test_sizes_agree_with_transformers(name):
     transformers = pytest.importorskip("transformers")
     cfg = CATALOGUE[name]
     hf = transformers.CONFIG_MAPPING[cfg["model_type"]](**cfg).get_text_config()
-    m = from_catalogue(name)
+    c = captured(name)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     intermediate = getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None) or 4 * hf.hidden_size
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-    assert (m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab) == (
-        hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, kv_heads, head_dim, intermediate,
-        hf.vocab_size)
-    layer_types = getattr(hf, "layer_types", None) or ["full_attention"] * hf.num_hidden_layers
-    assert list(m.layer_types) == list(layer_types)
-    if "sliding_attention" in layer_types:
-        assert m.window == hf.sliding_window
+    assert sizes(c) == (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, kv_heads, head_dim,
+                        intermediate, hf.vocab_size)
+    layer_types = list(getattr(hf, "layer_types", None) or ["full_attention"] * hf.num_hidden_layers)
+    window = getattr(hf, "sliding_window", None) or 0
+    full, sliding = layer_types.count("full_attention"), layer_types.count("sliding_attention")
+    assert windows(cfg) == {w: n for w, n in ((0, full), (window, sliding)) if n}
     rope = getattr(hf, "rope_parameters", None)
     if rope:  # GPT-2 has learned positions
-        full, local = rope.get("full_attention", rope), rope.get("sliding_attention", rope)
-        assert (m.rope_theta, m.rope_local_theta) == (full["rope_theta"], local["rope_theta"])
-        assert m.rotary_dim == int(head_dim * full.get("partial_rotary_factor", 1.0))
+        full = rope.get("full_attention", rope)
+        (rotary,) = {o.signature.dim("d") for o in c.instances if o.signature.op == "posenc.rope"}
+        assert rotary == int(head_dim * full.get("partial_rotary_factor", 1.0))
     if name.startswith("qwen3.5"):
-        assert (m.linear_attn.key_heads, m.linear_attn.value_heads, m.linear_attn.key_dim, m.linear_attn.value_dim,
-                m.linear_attn.conv_kernel) == (hf.linear_num_key_heads, hf.linear_num_value_heads,
-                                               hf.linear_key_head_dim, hf.linear_value_head_dim,
-                                               hf.linear_conv_kernel_dim)
+        (deltanet,) = [o for o in c.instances if o.signature.op == "recurrent.gated_deltanet"]
+        (conv,) = [o.signature for o in c.instances if o.signature.op == "conv.causal_depthwise"]
+        assert deltanet.calls_per_forward == layer_types.count("linear_attention")
+        assert tuple(deltanet.signature.dim(d) for d in ("hk", "hv", "dk", "dv")) + (conv.dim("width"),) == (
+            hf.linear_num_key_heads, hf.linear_num_value_heads, hf.linear_key_head_dim, hf.linear_value_head_dim,
+            hf.linear_conv_kernel_dim)
+
+
+# --- `lzsolve models` ---------------------------------------------------------------------------------
+
+def test_models_lists_every_catalogue_entry_as_capture_sees_it():
+    result = CliRunner().invoke(cli, ["models"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split() for line in result.output.splitlines() if line.split()[:1] != []}
+    assert all(name in rows for name in CATALOGUE)
+    # model, family, layers, params, hidden, heads/kv, head_dim, mlp, vocab, ops, signatures, covered:
+    # 80 layers of 855.6M parameters and two 1.05B vocab tables; the 8 ops and 12 signatures of
+    # test_llama3_70b_tp8, unsharded
+    assert rows["llama3-70b"] == ["llama3-70b", "llama", "80", "70.55B", "8192", "64/8", "128", "28672", "128256",
+                                  "8", "12", "100.0%"]
+    qwen = rows["qwen3.5-0.8b"]
+    assert qwen[:3] + qwen[4:9] == ["qwen3.5-0.8b", "qwen3_5_text", "24", "1024", "8/2", "256", "3584", "248320"]
+    assert "  gpt2: the residual adds before LayerNorm (24 per forward)" in result.output

@@ -1,8 +1,7 @@
-"""Models: the catalogue, Hugging Face config loading, TP sharding and the op walker."""
+"""Models: the catalogue, config.json reading, and capture of the ops a model runs (TP sharding
+included) from the module tree transformers builds."""
 from . import capture
+from .capture import Captured, OpInstance
 from .catalogue import CATALOGUE
-from .spec import ModelSpec, from_catalogue, from_config_file, from_hf_config, shard
-from .walker import OpInstance, required_features, unmodelled, walk
 
-__all__ = ["CATALOGUE", "capture", "ModelSpec", "OpInstance", "from_catalogue", "from_config_file", "from_hf_config",
-           "required_features", "shard", "unmodelled", "walk"]
+__all__ = ["CATALOGUE", "Captured", "OpInstance", "capture"]

@@ -51,8 +51,7 @@ from runtime_loader.safeio import shown
 from ..errors import LzError
 from ..limits import check_config_sizes, check_config_values
 from .catalogue import CATALOGUE
-from .spec import fp8_scheme, read_config, refuse_unsupported
-from .walker import OpInstance
+from .config import fp8_scheme, read_config, refuse_unsupported
 
 # meta shapes: any sizes give the same signatures; odd ones, so a token count is never mistaken for a head count
 BATCH, PREFILL_SEQ = 3, 7
@@ -61,6 +60,14 @@ NAME = "lzsolve_capture"
 # notes on what is tuned but that patch() cannot reach (a server calling the Dispatcher can)
 UNSERVED = "tuned, but runtime_loader's transformers integration cannot serve it"
 ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
+
+
+@dataclass(frozen=True)
+class OpInstance:
+    """One op signature a model runs: where it calls it and how often per forward pass."""
+    signature: Signature
+    roles: tuple[str, ...]  # the modules calling it, layer indices as *: "model.layers.*.self_attn", "lm_head"
+    calls_per_forward: int
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,25 @@ class Captured:
     notes: tuple[str, ...]
     config_hash: str
     summary_line: str
+    # the text model's, unsharded; None when no model was built (a recorded workload)
+    layers: int | None = None
+    parameters: int | None = None
+    covered: float | None = None  # the share of the parameters held by modules an op covers
 
     def summary(self) -> str:
         return self.summary_line
+
+    def sizes(self) -> dict[str, tuple[int, ...]]:
+        """The model's sizes as its signatures show them, per rank, each the distinct values seen
+        (more than one where layers differ): hidden and vocab from the embedding, heads ("hq",
+        "hkv") and head dims ("d") from attention, the MLP width from the activations of modules
+        named mlp (none for experts)."""
+        def seen(op_prefix: str, dim: str, role_part: str = "") -> tuple[int, ...]:
+            return tuple(sorted({i.signature.dim(dim) for i in self.instances if i.signature.op.startswith(op_prefix)
+                                 and any(role_part in r for r in i.roles)}))
+        return {"hidden": seen("embedding", "hidden"), "vocab": seen("embedding", "vocab"),
+                "hq": seen("attention.prefill", "hq"), "hkv": seen("attention.prefill", "hkv"),
+                "d": seen("attention.prefill", "d"), "mlp": seen("act.", "width", ".mlp.")}
 
 
 # --- building the model ---------------------------------------------------------------------------
@@ -475,7 +498,9 @@ def _resolve(rec: _Recorder) -> list[Event]:
             first = out[i]  # one GEMM over the concatenated weights, as servers run q/k/v and gate/up
             fused = Signature.make("linear", {**dict(first.sig.static), "n": first.sig.dim("n") + e.sig.dim("n")},
                                    first.sig.flags, first.sig.dtype)
-            out[i] = replace(first, sig=fused, module=first.module + "+" + e.module.rsplit(".", 1)[1])
+            parts = first.extra.get("parts", (first.sig.dim("n"),)) + (e.sig.dim("n"),)  # for _replicated_kv
+            out[i] = replace(first, sig=fused, module=first.module + "+" + e.module.rsplit(".", 1)[1],
+                             extra={**first.extra, "parts": parts})
             continue
         out.append(e)
     return out
@@ -540,6 +565,22 @@ def _check_heads(text, tp: int, where: str) -> None:
         raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {problem}")
 
 
+def _replicated_kv(e: Event, sig: Signature, heads: tuple[int, int, int] | None, tp: int) -> Signature:
+    """A column-parallel linear of an attention module (heads: its hq, hkv and d) once tp exceeds its
+    kv heads: every rank holds one whole kv head (attention's hkv says so), so the k and v parts of
+    the GEMM keep one head's width while the q part is divided. The parts are the fused siblings'
+    widths, or q, k and v of one module whose width is theirs together (Phi-3's qkv_proj)."""
+    if heads is None or heads[1] >= tp:
+        return sig
+    hq, hkv, d = heads
+    n = e.sig.dim("n")
+    parts = e.extra.get("parts") or ((hq * d, hkv * d, hkv * d) if n == (hq + 2 * hkv) * d else (n,))
+    if hkv * d not in parts:
+        return sig
+    width = sum(d if part == hkv * d else part // tp for part in parts)
+    return Signature.make(sig.op, {**dict(sig.static), "n": width}, sig.flags, sig.dtype)
+
+
 def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
     _check_ep(events, tp, where, ep)
     problems = []
@@ -555,6 +596,9 @@ def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
             problems.append(f"expert width {s['inter']}")
         if e.sig.op == "conv.causal_depthwise" and s["channels"] % tp:
             problems.append(f"conv1d channels {s['channels']}")
+        if e.sig.op == "recurrent.gated_deltanet" and (s["hk"] % tp or s["hv"] % tp):
+            # divided, never replicated as kv heads are: its conv1d and projections are sharded with them
+            problems.append(f"{s['hk']}/{s['hv']} linear-attention key/value heads")
     if problems:
         raise LzError(f"--tp {tp} cannot shard {where}: it does not divide {', '.join(sorted(set(problems)))}")
 
@@ -583,9 +627,13 @@ def instances(prefill: list[Event], decode: list[Event], tp: int, ep: int = 1) -
     calls per forward from the prefill, decode attention from the decode step."""
     merged: dict[Signature, tuple[list[str], int]] = {}
     last_linear = max((i for i, e in enumerate(prefill) if e.op == "linear"), default=-1)
+    heads = {e.module: tuple(e.sig.dim(d) for d in ("hq", "hkv", "d"))
+             for e in prefill if e.op == "attention" and e.sig is not None}
 
     def add(e: Event, row_parallel: bool, lm_head: bool):
         sig = _shard(e.sig, 1 if e.extra.get("replicated") else tp, row_parallel, lm_head, ep)
+        if e.op == "linear" and not (row_parallel or lm_head):
+            sig = _replicated_kv(e, sig, heads.get(e.module.rsplit(".", 1)[0]), tp)
         roles, count = merged.get(sig, ([], 0))
         role = _role(e.module)
         merged[sig] = (roles if role in roles else roles + [role], count + 1)
@@ -601,12 +649,24 @@ def instances(prefill: list[Event], decode: list[Event], tp: int, ep: int = 1) -
     return [OpInstance(sig, tuple(roles), count) for sig, (roles, count) in merged.items()]
 
 
+def _covered(model, prefill: list[Event]) -> tuple[set[str], set[int]]:
+    """The modules an op's event came from, and the ids of the parameters they hold."""
+    seen = {part for e in prefill if e.sig is not None for part in _fused_names(e.module)}
+    return seen, {id(p) for n, m in model.named_modules() if n in seen for p in m.parameters(recurse=False)}
+
+
+def covered_share(model, prefill: list[Event]) -> float:
+    """The share of the model's parameters held by modules an op covers."""
+    _, covered_params = _covered(model, prefill)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if id(p) in covered_params) / (sum(p.numel() for p in params) or 1)
+
+
 def uncovered(model, prefill: list[Event]) -> list[str]:
     """What the model computes that no op covers, one line each: modules no event came from
     (by class, with their share of the parameters), and observed calls no signature describes."""
     total = sum(p.numel() for p in model.parameters()) or 1
-    seen = {part for e in prefill if e.sig is not None for part in _fused_names(e.module)}
-    covered_params = {id(p) for n, m in model.named_modules() if n in seen for p in m.parameters(recurse=False)}
+    seen, covered_params = _covered(model, prefill)
     by_class: Counter = Counter()
     params: Counter = Counter()
     where: dict[str, str] = {}
@@ -619,6 +679,10 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
             where.setdefault(cls, _role(name))
     notes = [f"{where[cls]}: {cls} ({n} module(s), {100 * params[cls] / total:.1f}% of the parameters): "
              f"no op covers it" for cls, n in by_class.most_common()]
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:  # applied to the lm_head's output by the model's own forward (Gemma 2, Gemma 3...)
+        notes.append(f"lm_head: the final logit softcap ({cap:g} * tanh(logits / {cap:g})): elementwise, "
+                     f"no op covers it")
     unfused = sum(1 for e in prefill if e.op == "norm.layer" and e.extra.get("after_sum"))
     if unfused:
         notes.append(f"the residual adds before LayerNorm ({unfused} per forward): elementwise, no norm.layer op "
@@ -774,14 +838,16 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
             raise LzError(f"{where}: not supported yet: FP8 experts (moe.experts takes bf16/fp16 weights)")
         prefill = quantised_before(fp8_linears(prefill, *fp8))
     layers = getattr(text, "num_hidden_layers", "?")
-    summary = f"{name}: {text.model_type}, {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B " \
+    parameters = sum(p.numel() for p in model.parameters())
+    summary = f"{name}: {text.model_type}, {layers} layers, {parameters / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
     notes = filled + _outside_text_model(cfg, text) + uncovered(model, prefill)
     if fp8:
         notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8, and the ops that quantise for them) "
                      f"run transformers' own FP8 modules")
     return Captured(name, text.model_type, tp, tuple(instances(prefill, decode, tp, ep)), tuple(notes),
-                    config_hash, summary)
+                    config_hash, summary, layers if isinstance(layers, int) else None, parameters,
+                    covered_share(model, prefill))
 
 
 def fp8_kv_cache(captured: Captured) -> Captured:

@@ -1,8 +1,8 @@
 """Built-in models, as the Hugging Face config.json values their checkpoints ship with.
 
 Each entry is the checkpoint's config.json (training-only keys such as dropout rates left in
-where the file has them), so the catalogue and `--config PATH` go through the same parser.
-Multimodal checkpoints keep their nested text_config; only the text model is walked.
+where the file has them), so the catalogue and `--config PATH` go through the same capture.
+Multimodal checkpoints keep their nested text_config; only the text model is captured.
 """
 
 # Gemma3 layers 1..5 of every 6 use the sliding window; Qwen3.5 layers 1..3 of every 4 are
@@ -210,7 +210,7 @@ CATALOGUE: dict[str, dict] = {
     },
     # Qwen/Qwen3.5-0.8B: a vision-language checkpoint; the text model is a hybrid of Gated
     # DeltaNet (linear attention) and gated full-attention layers. vision_config is cut to
-    # its size keys: only the text model is walked.
+    # its size keys: only the text model is captured.
     "qwen3.5-0.8b": {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "image_token_id": 248056,

@@ -20,8 +20,7 @@ from runtime_loader.record import FORMAT, VERSION
 from ..errors import LzError
 from ..grid import Grid, buckets
 from ..limits import MAX_WORKLOAD_BYTES, MAX_WORKLOAD_DEPTH, check_ints
-from .capture import Captured
-from .walker import OpInstance
+from .capture import Captured, OpInstance
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
 from runtime_loader.inputs import ROUTING_SKEW, routing
 from runtime_loader.ops import Signature
-from runtime_loader.record import FORMAT, VERSION, Recording
+from runtime_loader.recording import FORMAT, VERSION, Recording
 from runtime_loader.specs import config_id
 
 MODELS = {  # name -> moe.experts static dims of one rank

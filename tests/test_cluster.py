@@ -112,7 +112,7 @@ def test_nodes_of_other_hardware_are_refused_naming_them():
     here = {"device": "cuda", "name": "NVIDIA H100 80GB HBM3", "sm": 90, "cuda": "12.8", "torch": "2.9.0"}
     other = {**here, "name": "NVIDIA A100-SXM4-80GB", "sm": 80}
     cluster.check_same_hardware(here, [("10.0.0.1", here), ("10.0.0.2", here)])
-    with pytest.raises(LzError, match=r"10\.0\.0\.2 \(NVIDIA A100-SXM4-80GB, sm80, cuda 12\.8, torch 2\.9\.0: name/sm differ\)") as e:
+    with pytest.raises(LzError, match=r"10\.0\.0\.2 \(NVIDIA A100-SXM4-80GB, sm80, cuda 12\.8, torch 2\.9\.0: sm/name differ\)") as e:
         cluster.check_same_hardware(here, [("10.0.0.1", here), ("10.0.0.2", other)])
     assert "10.0.0.1" not in str(e.value) and "\n" not in str(e.value)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from runtime_loader import safeio
 from runtime_loader.ops import OPS, Signature
-from runtime_loader.record import FORMAT, VERSION
+from runtime_loader.recording import FORMAT, VERSION
 
 from ..errors import LzError
 from ..grid import Grid, buckets

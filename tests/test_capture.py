@@ -132,12 +132,22 @@ def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     assert any("experts in a form no op computes" in note for note in captured.notes), captured.notes
 
 
+# Falcon (transformers >= 5.25) asks for its causal mask materialised whatever its config
+# (allow_is_causal_skip=False, so that ALiBi can be added to it): its attention then has a mask, which
+# the ops do not take, and stays transformers' own; capture must say so.
+MASK_MATERIALISED = {"falcon"}
+
+
 def test_every_captured_model_has_attention_and_linears(outcomes):
     for model_type in DENSE:
         status, captured = outcomes[model_type]
         if status == "ok":
             ops = {i.signature.op for i in captured.instances}
-            assert {"attention.prefill", "attention.decode", "linear", "embedding"} <= ops, (model_type, ops)
+            expected = {"attention.prefill", "attention.decode", "linear", "embedding"}
+            if model_type in MASK_MATERIALISED and not ops & {"attention.prefill", "attention.decode"}:
+                expected -= {"attention.prefill", "attention.decode"}
+                assert any("attention with options" in note for note in captured.notes), captured.notes
+            assert expected <= ops, (model_type, ops)
 
 
 def test_null_fields_take_transformers_defaults_and_say_so(outcomes):

@@ -3,7 +3,8 @@
 A patched module hands a call the table does not serve (past the tuned range, another dtype) to
 its own forward (runtime_loader.dispatcher.NOT_SERVED); what that adds is the table lookup and the
 hand-back. This builds a table holding every signature a small Llama calls (from patch's own
-observation of the model), tuned at one token only, patches a copy of the model with it, and
+observation of the model), each served by a kernel other than the op's fallback (a table whose
+choice is the fallback leaves the module as it is), tuned at one token only, patches a copy of the model with it, and
 times each module kind, and the whole forward, on calls past that range, against the unpatched
 model's: interleaved rounds, the median per call. Small shapes, so the host sets the pace.
 
@@ -24,7 +25,7 @@ import transformers
 
 from lzsolve.artifact import kernel_provenance
 from runtime_loader import Dispatcher, registry
-from runtime_loader.hardware import hardware_signature
+from runtime_loader.hardware import device_info, hardware_signature
 from runtime_loader.integrations.transformers import observe, patch, restore_functions
 from runtime_loader.table import parse_table
 
@@ -34,11 +35,22 @@ MODULES = {"RMSNorm": "model.layers.0.input_layernorm", "Linear (o_proj)": "mode
            "MLP (gate/up one GEMM, SwiGLU)": "model.layers.0.mlp", "decoder layer": "model.layers.0"}
 
 
+def kernel_other_than_fallback(sig, device: torch.device) -> str:
+    """A kernel of sig's op that runs here and is not its fallback (so that patch replaces the module:
+    a table whose choice is the fallback leaves it), else the fallback."""
+    info, fallback = device_info(device), registry.fallback_for(sig).kernel_id
+    usable = [spec.kernel_id for spec in registry.candidates(sig.op)
+              if spec.kernel_id != fallback and not spec.check(sig, info) and not spec.jit]
+    return usable[0] if usable else fallback
+
+
 def table_of_everything(model, device: torch.device) -> dict:
-    """Every signature the model calls, each served by its fallback, tuned at one token / one row."""
+    """Every signature the model calls, each served by a kernel other than its fallback, tuned at one
+    token / one row: every module is replaced, every call of more tokens is handed back."""
     calls, _ = observe(model)
     sigs = sorted({sig for found in calls.values() for sig in found}, key=str)
-    ops = [{"signature": str(s), **s.to_json(), "tree": {"kernel_id": registry.fallback_for(s).kernel_id}} for s in sigs]
+    ops = [{"signature": str(s), **s.to_json(), "tree": {"kernel_id": kernel_other_than_fallback(s, device)}}
+           for s in sigs]
     buckets = {s.op: {dim: [1] for dim in s.schema.dynamic} for s in sigs}
     return {"schema_version": 1, "model": {"id": "fallback-cost", "tp": 1, "dtype": sigs[0].dtype},
             "hardware": hardware_signature(device), "capabilities_hash": registry.capabilities_hash(),

@@ -172,7 +172,12 @@ def _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels,
 def _print_table(columns: list[str], rows: list[tuple], widths: list[int] | None = None) -> list[int]:
     """Rows under their column names; given the `widths` an earlier call returned, more rows of that
     table (no header again). Returns the widths."""
-    cells = [[("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in row] for row in rows]
+    from runtime_loader.safeio import printable
+
+    # escaped: a PerfDB is an artifact's data, and a kernel id holding ESC would clear the terminal
+    cells = [[printable("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in row]
+             for row in rows]
+    columns = [printable(c) for c in columns]
     if widths is None:
         widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
         click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
@@ -908,6 +913,7 @@ def db():
 
 
 QUERY_ROWS = 1000  # rows `db query` prints unless told (--limit, --all): a screenful is tens
+QUERY_BATCH = 10_000  # rows fetched, and printed, at a time
 QUERY_TIMEOUT_S = 10.0  # a query over a tune's PerfDB (an in-memory copy) takes well under a second
 
 
@@ -938,18 +944,23 @@ def db_query(sql, db_path, as_json, limit, all_rows, timeout):
     import contextlib
     import itertools
 
-    # batches of --limit + 1 rows: the first tells whether there are more; --all prints every batch
-    # as it comes, so a result of any size is never held whole
-    with contextlib.closing(PerfDB(path).stream(sql, timeout_s=timeout, batch_rows=limit + 1)) as batches:
-        columns, rows = next(batches)
-        more = len(rows) > limit and not all_rows
-        chunks = itertools.chain([rows], (rows for _, rows in batches)) if all_rows else [rows[:limit]]
+    # rows fetched and printed QUERY_BATCH at a time, so a result of any size (and any --limit) is never
+    # held whole; one row past --limit tells whether there were more
+    batch_rows = QUERY_BATCH if all_rows else min(limit + 1, QUERY_BATCH)
+    with contextlib.closing(PerfDB(path).stream(sql, timeout_s=timeout, batch_rows=batch_rows)) as batches:
+        columns, first = next(batches)
+        rows = itertools.chain(first, (row for _, batch in batches for row in batch))
+        printed = rows if all_rows else itertools.islice(rows, limit)
+        chunks = iter(lambda: list(itertools.islice(printed, QUERY_BATCH)), [])
         if as_json:
             _echo_json_array(dict(zip(columns, row)) for chunk in chunks for row in chunk)
         else:
             widths = None
             for chunk in chunks:
                 widths = _print_table(columns, chunk, widths)
+            if widths is None:  # no row: the header alone
+                _print_table(columns, [])
+        more = not all_rows and next(rows, None) is not None
     if more:
         click.echo(f"note: the first {limit} rows of more; --limit N or --all for others", err=True)
 

@@ -18,7 +18,6 @@ import textwrap
 import threading
 import time
 import types
-import warnings
 import weakref
 from collections import Counter
 from typing import NamedTuple
@@ -30,6 +29,7 @@ from .hardware import device_info, differences, hardware_signature, stale_under
 from .ops import OPS, OpSchema, Signature, example_args, register_op
 from .parity import TOLERANCES, Tolerance, compare
 from .policies import Policy, lock_problem
+from .safeio import warn
 from .table import Leaf, Split, Table, TableError, leaf_for, leaf_kernels, leaves, tuned_range
 
 MAX_CACHED_KEYS = 8192  # per method; past this, new keys are resolved per call instead of cached
@@ -261,8 +261,8 @@ class Dispatcher:
             named = "; ".join(f"{k} ({self._unusable[k]})" for k in kernel_ids[:3])
             more = f"; and {len(kernel_ids) - 3} more" if len(kernel_ids) > 3 else ""
             what = f"{len(kernel_ids)} kernels of the table are not used here: {named}{more}; their entries use"
-        warnings.warn(f"lzsolve: {what} the next ranked kernel or the fallback (d.explain() lists each entry)",
-                      RuntimeWarning, stacklevel=4)
+        warn(f"lzsolve: {what} the next ranked kernel or the fallback (d.explain() lists each "
+             "entry)", stacklevel=4)
 
     @property
     def locks(self) -> dict[str, str]:
@@ -278,11 +278,11 @@ class Dispatcher:
             elif self.strict:
                 raise TableError(f"policy: cannot lock {op} to {kernel_id}: {why}")
             else:
-                warnings.warn(f"lzsolve: policy: lock {op}={kernel_id} ignored: {why}", RuntimeWarning, stacklevel=4)
+                warn(f"lzsolve: policy: lock {op}={kernel_id} ignored: {why}", stacklevel=4)
         libraries = {spec.library for spec in registry.REGISTRY.values()}
         for library in sorted(self.policy.avoid - libraries):
-            warnings.warn(f"lzsolve: policy: no kernel of this runtime comes from {library!r} (avoid has no effect); "
-                          f"libraries: {', '.join(sorted(libraries))}", RuntimeWarning, stacklevel=4)
+            warn(f"lzsolve: policy: no kernel of this runtime comes from {library!r} (avoid has no effect); "
+                 f"libraries: {', '.join(sorted(libraries))}", stacklevel=4)
         if self.policy:
             log.warning("lzsolve: policy: %s", self.policy.describe())
 
@@ -435,7 +435,7 @@ class Dispatcher:
     def _warn_once(self, what: tuple, message: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            warn(message, stacklevel=4)
 
     def traced_call(self, method: str, *args, **kwargs):
         """A call of `method` resolved without the caches, the counts or the circuit breaker, for
@@ -684,9 +684,8 @@ class Dispatcher:
             except Exception as e:
                 if strict:
                     raise TableError(f"warm-up of {spec.kernel_id} on {sig} at {dims} failed: {e}") from e
-                warnings.warn(f"lzsolve: {spec.kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
-                              "its table entries use the next ranked kernel or the fallback", RuntimeWarning,
-                              stacklevel=3)
+                warn(f"lzsolve: {spec.kernel_id} failed its warm-up on {sig} ({type(e).__name__}: {e}); "
+                     "its table entries use the next ranked kernel or the fallback", stacklevel=3)
                 self._drop(spec.kernel_id, f"failed its warm-up ({type(e).__name__})")
 
     def _drop(self, kernel_id: str, why: str) -> None:

@@ -43,7 +43,9 @@ RESTORED_FILES = {"flashinfer": ("*.so",)}
 NVCC_BUILT = frozenset({"flashinfer"})
 MAX_ARCHIVE_FILE_BYTES = MAX_FILE_BYTES  # the tar itself (a real one: 72 MB)
 MAX_ARCHIVE_BYTES = 8 << 30  # what its members unpack to
-MAX_ARCHIVE_MEMBERS = 200_000  # past this, listing the members alone takes seconds
+# Past this, checking the members at every load takes a large part of a second (0.14-0.17 s at the limit on a
+# 2-core VM, 0.7-1.5 s at 200,000 under load). A real archive holds the table kernels' files: a few thousand.
+MAX_ARCHIVE_MEMBERS = 50_000
 DEFAULT_ROOT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lzsolve" / "jit"
 
 
@@ -67,44 +69,137 @@ def _open_tar(archive: Path) -> tarfile.TarFile:
 
 
 BLOCK = tarfile.BLOCKSIZE
+MAX_EXTENDED_HEADER = 64 << 10  # a pax or GNU long-name header's data: a path, not a file
+FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
+COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")  # gzip, bzip2, xz, zstd
 
 
-def _count_headers(f, name: str) -> int:
-    """The header blocks of a plain tar, counted by reading each one's size field alone (a
-    microsecond each, where tarfile's parse of a member takes 20-40: 200,000 members took it 4-9 s),
-    up to MAX_ARCHIVE_MEMBERS + 1; TableError unless the archive ends with its end-of-archive block.
-    tarfile itself takes a header cut short, or no end block, for the end and keeps what came
-    before: a truncated archive would pass, and restore partially. An extended (pax, GNU long
-    name) header counts as one more member: an upper bound."""
-    count, offset = 0, 0
+def _member_problem(name: str, kind: str, linkname: str = "") -> str | None:
+    """Why a member (its path, its tarfile type: "file", "dir", "link", "other") may not be
+    extracted into the JIT caches, or None. One check for both readers of an archive (the
+    headers' own walk, and tarfile's parse before extraction), so a name they read differently
+    is checked as each reads it. Plain string tests: it runs on up to 200,000 members per load."""
+    parts = name.split("/")
+    if name.startswith(("/", "\\")):
+        return f"jit archive member {shown(name)} has an absolute path"
+    if ".." in parts:
+        return f"jit archive member {shown(name)} climbs out with '..'"
+    if kind == "link":
+        return f"jit archive member {shown(name)} is a link ({shown(linkname)})"
+    if kind not in ("file", "dir"):
+        return f"jit archive member {shown(name)} is not a regular file or folder"
+    if parts[0] not in JIT_CACHES and parts[0] not in ("", "."):
+        return f"jit archive member {shown(name)} is outside the known caches {sorted(JIT_CACHES)}"
+    return None
+
+
+def _header_kind(typeflag: bytes) -> str:
+    if typeflag in FILE_TYPES:
+        return "file"
+    if typeflag == tarfile.DIRTYPE:
+        return "dir"
+    return "link" if typeflag in (tarfile.SYMTYPE, tarfile.LNKTYPE) else "other"
+
+
+def _field(header: bytes, start: int, end: int) -> str:
+    return header[start:end].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _pax_paths(data: bytes) -> dict[str, str]:
+    """A pax extended header's path and linkpath records ("<length> <key>=<value>\\n" each)."""
+    found, offset = {}, 0
+    while offset < len(data):
+        length, _, rest = data[offset:offset + 20].partition(b" ")
+        if not length.isdigit() or int(length) <= 0:
+            raise ValueError("a bad pax record")
+        record = data[offset:offset + int(length)]
+        key, _, value = record[len(length) + 1:].rstrip(b"\n").partition(b"=")
+        if key in (b"path", b"linkpath"):
+            found[key.decode()] = value.decode("utf-8", "surrogateescape")
+        offset += int(length)
+    return found
+
+
+def _walk_headers(f, name: str) -> int:
+    """The members of a plain tar, read from their headers alone (a few microseconds each, where
+    tarfile's parse takes 20-40: 200,000 members took it 4-9 s; not a member's data), each checked by _member_problem,
+    up to MAX_ARCHIVE_MEMBERS, their sizes summed up to MAX_ARCHIVE_BYTES; returns their number.
+    TableError unless the archive ends with its end-of-archive block: tarfile itself takes a header
+    cut short, or no end block, for the end and keeps what came before, so a truncated archive
+    would pass and restore partially. A pax or GNU long-name header names the member after it;
+    it counts as a member too (an upper bound)."""
+    count, offset, total, pending = 0, 0, 0, {}
     while count <= MAX_ARCHIVE_MEMBERS:
         f.seek(offset)
         header = f.read(BLOCK)
         if header == bytes(BLOCK):
             return count
+        if not offset and (len(header) < BLOCK or header.startswith(COMPRESSED)):
+            raise TableError(f"jit archive {name} is not a plain tar (a compressed one could unpack to terabytes "
+                             "before its first member is checked)")
         if len(header) < BLOCK:
             where = "inside a member's header" if header else "before its end-of-archive block"
             raise TableError(f"jit archive {name} is truncated (cut {where})")
-        field = header[124:136]
-        try:  # octal, or base-256 (a leading 0x80) for sizes past 8 GiB
-            size = int.from_bytes(field[1:], "big") if field[0] & 0x80 else int(field.rstrip(b"\0 ") or b"0", 8)
-        except ValueError:
-            raise TableError(f"jit archive {name} is not a plain tar (a bad header at byte {offset:,})") from None
+        size_field, typeflag = header[124:136], header[156:157]
+        try:
+            # the first header's checksum (its bytes summed, the field itself as spaces), as tarfile
+            # checks each: a gzip or other file is no tar (tarfile checks the rest before extracting)
+            if not count and int(header[148:156].rstrip(b"\0 ") or b"-1", 8) != sum(header) - sum(header[148:156]) + 256:
+                raise ValueError("a bad header checksum")
+            # its size: octal, or base-256 (a leading 0x80) for sizes past 8 GiB
+            size = (int.from_bytes(size_field[1:], "big") if size_field[0] & 0x80
+                    else int(size_field.rstrip(b"\0 ") or b"0", 8))
+            if typeflag in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+                if size > MAX_EXTENDED_HEADER:
+                    raise ValueError("an extended header past 64 KiB")
+                data = f.read(size)
+                if typeflag == tarfile.GNUTYPE_LONGNAME:
+                    pending["path"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                elif typeflag == tarfile.GNUTYPE_LONGLINK:
+                    pending["linkpath"] = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                elif typeflag == tarfile.XGLTYPE and _pax_paths(data):
+                    raise ValueError("a global header naming a path")
+                else:
+                    pending.update(_pax_paths(data))
+            else:
+                member = pending.get("path") or _field(header, 0, 100)
+                if "path" not in pending and header[345] and header[257:262] == b"ustar":  # a ustar name prefix
+                    member = f"{_field(header, 345, 500)}/{member}"
+                kind = _header_kind(typeflag)
+                problem = _member_problem(member, kind, (pending.get("linkpath") or _field(header, 157, 257))
+                                          if kind == "link" else "")
+                if problem:
+                    raise TableError(problem)
+                pending, total = {}, total + size
+        except ValueError as e:
+            raise TableError(f"jit archive {name} is not a plain tar ({e} at byte {offset:,})") from None
+        if total > MAX_ARCHIVE_BYTES:
+            raise TableError(f"jit archive unpacks to over {MAX_ARCHIVE_BYTES >> 30} GiB, the limit")
         offset += BLOCK + -(-size // BLOCK) * BLOCK
         count += 1
     raise TableError(f"jit archive {name} has over {MAX_ARCHIVE_MEMBERS:,} members")
 
 
+def check_archive(archive: Path) -> int:
+    """A jit archive checked from its headers (every load does this, restoring or not): TableError for
+    one that is not a plain tar, is cut short, holds over MAX_ARCHIVE_MEMBERS members or unpacks past
+    MAX_ARCHIVE_BYTES, or has a member _member_problem refuses. Returns the number of headers."""
+    f, _ = safeio.open_regular(archive, MAX_ARCHIVE_FILE_BYTES, TableError, what=f"jit archive {archive.name}")
+    with f:
+        return _walk_headers(f, archive.name)
+
+
 def check_members(archive: Path) -> list[tarfile.TarInfo]:
-    """Every member of a jit archive, or TableError for the first one that is not plain data."""
+    """Every member of a jit archive as tarfile reads it (what restore extracts), after check_archive,
+    each checked again as tarfile names it; TableError for the first that is not plain data."""
+    check_archive(archive)
     members = []
     tar = _open_tar(archive)
     try:
         with tar, tar.fileobj:
-            _count_headers(tar.fileobj, archive.name)  # bounds and checks the walk below
             for m in tar:
                 members.append(m)
-                if len(members) > MAX_ARCHIVE_MEMBERS:  # the file grew since it was counted
+                if len(members) > MAX_ARCHIVE_MEMBERS:  # the file grew since it was checked
                     raise TableError(f"jit archive {archive.name} has over {MAX_ARCHIVE_MEMBERS:,} members")
     except TableError:
         raise
@@ -112,17 +207,11 @@ def check_members(archive: Path) -> list[tarfile.TarInfo]:
         raise TableError(f"jit archive {archive.name} cannot be read ({type(e).__name__}: {e})") from None
     total = 0
     for m in members:
-        path = PurePosixPath(m.name)
-        if path.is_absolute() or m.name.startswith(("/", "\\")):
-            raise TableError(f"jit archive member {shown(m.name)} has an absolute path")
-        if ".." in path.parts:
-            raise TableError(f"jit archive member {shown(m.name)} climbs out with '..'")
-        if m.issym() or m.islnk():
-            raise TableError(f"jit archive member {shown(m.name)} is a link ({shown(m.linkname)})")
-        if not (m.isfile() or m.isdir()) or m.issparse():
-            raise TableError(f"jit archive member {shown(m.name)} is not a regular file or folder")
-        if path.parts and path.parts[0] not in JIT_CACHES:
-            raise TableError(f"jit archive member {shown(m.name)} is outside the known caches {sorted(JIT_CACHES)}")
+        kind = ("file" if m.isfile() and not m.issparse() else "dir" if m.isdir()
+                else "link" if m.issym() or m.islnk() else "other")
+        problem = _member_problem(m.name, kind, m.linkname)
+        if problem:
+            raise TableError(problem)
         total += m.size
     if total > MAX_ARCHIVE_BYTES:
         raise TableError(f"jit archive unpacks to {total >> 20} MiB, over the {MAX_ARCHIVE_BYTES >> 30} GiB limit")

@@ -3,7 +3,6 @@ with one warning, when any check fails)."""
 from __future__ import annotations
 
 import tarfile
-import warnings
 from pathlib import Path
 
 import torch
@@ -13,6 +12,7 @@ from .dispatcher import Dispatcher
 from .hardware import Comparison, differences, hardware_signature
 from .manifest import read_manifest, read_verified, verify
 from .policies import Policy, PolicyError, current_policy
+from .safeio import warn
 from .table import MAX_TABLE_BYTES, Table, TableError, table_from_bytes
 
 
@@ -37,15 +37,14 @@ def _open(folder: Path, restore_jit: bool, jit_dir: Path | None, allow_similar_g
                          "load(path, allow_similar_gpu=True) borrows it, and `lzsolve evaluate PATH --on-this-gpu` "
                          "measures what that costs here")
     if here.borrowed:
-        warnings.warn(f"lzsolve: borrowing a table tuned on another device ({'; '.join(here.borrowed)}): its "
-                      "decisions were measured there; `lzsolve evaluate PATH --on-this-gpu` measures them here",
-                      RuntimeWarning, stacklevel=4)
+        warn(f"lzsolve: borrowing a table tuned on another device ({'; '.join(here.borrowed)}): its "
+             "decisions were measured there; `lzsolve evaluate PATH --on-this-gpu` measures them here", stacklevel=4)
     if table.jit:
         archive = verify(folder, manifest, table.jit["archive"], jit.MAX_ARCHIVE_FILE_BYTES)
-        jit.check_members(archive)  # refuse a hostile archive even when not restoring it
+        jit.check_archive(archive)  # a hostile archive is refused even when not restored
         if restore_jit and here.stack:  # compiled against other libraries: built again here at first calls
-            warnings.warn(f"lzsolve: JIT caches not restored: they were compiled under other software "
-                          f"({', '.join(f'{k} {v[0]}' for k, v in here.stack.items())})", RuntimeWarning, stacklevel=4)
+            warn(f"lzsolve: JIT caches not restored: they were compiled under other software "
+                 f"({', '.join(f'{k} {v[0]}' for k, v in here.stack.items())})", stacklevel=4)
         elif restore_jit:
             jit.restore(archive, manifest["files"][table.jit["archive"]]["sha256"], jit_dir)
     return table, here
@@ -106,7 +105,7 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
     except PolicyError as e:
         if strict:
             raise TableError(f"policy: {e}") from None
-        warnings.warn(f"lzsolve: policy ignored: {e}", RuntimeWarning, stacklevel=2)
+        warn(f"lzsolve: policy ignored: {e}", stacklevel=2)
         chosen = Policy().merged(disable, avoid, lock)
     try:
         table, here = _read(folder, restore_jit, Path(jit_dir) if jit_dir else None, allow_similar_gpu)
@@ -116,14 +115,13 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
             raise TableError(f"verify: {len(dropped)} kernels disagree with their fallbacks: "
                              + "; ".join(f"{k}: {why}" for k, why in list(dropped.items())[:3]))
         if dropped:
-            warnings.warn(f"lzsolve: verify dropped {len(dropped)} kernels ({'; '.join(list(dropped.values())[:3])}); "
-                          "their entries use the next ranked kernel or the fallback", RuntimeWarning, stacklevel=2)
+            warn(f"lzsolve: verify dropped {len(dropped)} kernels ({'; '.join(list(dropped.values())[:3])}); "
+                 "their entries use the next ranked kernel or the fallback", stacklevel=2)
         if warmup:
             dispatcher.warmup(strict=strict)
         return dispatcher
     except TableError as e:
         if strict:
             raise
-        warnings.warn(f"lzsolve: not using dispatch table {path}: {e}; every call uses the fallback",
-                      RuntimeWarning, stacklevel=2)
+        warn(f"lzsolve: not using dispatch table {path}: {e}; every call uses the fallback", stacklevel=2)
         return Dispatcher(None, policy=chosen, load_error=str(e))

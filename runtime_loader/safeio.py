@@ -23,6 +23,7 @@ import reprlib
 
 import secrets
 import stat
+import warnings
 from pathlib import Path
 from typing import BinaryIO
 
@@ -61,6 +62,12 @@ def one_line(message: str, limit: int = MESSAGE_CHARS) -> str:
         return text
     tail = limit // 4
     return f"{text[:limit - tail]} [...{len(text) - limit:,} characters cut...] {text[-tail:]}"
+
+
+def warn(message: str, stacklevel: int = 1) -> None:
+    """A RuntimeWarning for the user (a server's log), through one_line: warnings echo what an
+    artifact, a policy variable or a library said. stacklevel as warnings.warn's, from the caller."""
+    warnings.warn(one_line(message), RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def _kind(mode: int) -> str:

@@ -21,6 +21,7 @@ MAX_TREE_DEPTH = 32
 # `lzsolve evaluate --random`, draw shapes up to this factor beyond it. Calls further out are
 # outside what was measured, and the Dispatcher serves them with the fallback.
 PAST_GRID = 1.5
+LABEL_CHARS = 256  # of a hardware field or a kernel's version (the longest real one: ~60)
 
 
 class TableError(ValueError):
@@ -160,6 +161,19 @@ def _count_nodes(ops: list) -> int:
     return count
 
 
+def _labels_problem(raw: dict) -> str | None:
+    """The hardware signature's and the kernels' provenance strings (a name, a version), which
+    warnings echo when the software changed: each printable and at most LABEL_CHARS long (a
+    version holding ESC would clear the terminal of the server that logs it)."""
+    fields = [("hardware", raw["hardware"])] + [(f"kernels[{shown(k)}]", v) for k, v in raw["kernels"].items()]
+    for where, mapping in fields:
+        for key, value in mapping.items():
+            if isinstance(value, str) and (len(value) > LABEL_CHARS or not value.isprintable()):
+                return f"{where}.{shown(key)} is {shown(value)}: not a name or version (printable, at most " \
+                       f"{LABEL_CHARS} characters)"
+    return None
+
+
 def parse_table(raw, source: str = "<memory>", depth_checked: bool = False) -> Table:
     """The table `raw` holds, checked (depth_checked: its nesting was, as it was decoded)."""
     if not isinstance(raw, dict):
@@ -177,6 +191,9 @@ def parse_table(raw, source: str = "<memory>", depth_checked: bool = False) -> T
     if problem:
         more = f" (and {count - 1:,}{'+' if count >= MAX_PROBLEMS else ''} more)" if count > 1 else ""
         raise TableError(f"does not match dispatch.schema.json: {problem}{more}")
+    labels = _labels_problem(raw)
+    if labels:
+        raise TableError(labels)
     trees = {}
     for entry in raw["ops"]:
         sig = _parse_signature(entry)

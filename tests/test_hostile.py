@@ -236,7 +236,8 @@ CASES = {
     # the audit of issue 55: slow to refuse, accepted, or echoed raw
     "dispatch_130k_tree_nodes": _fixed(lambda a: write_table(a, _tree_table(16))),
     "dispatch_32k_tree_nodes": _fixed(lambda a: write_table(a, _tree_table(14))),
-    "archive_200001_members": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(_many_members(200_001))),
+    "archive_over_the_member_limit": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        _many_members(jit.MAX_ARCHIVE_MEMBERS + 1))),
     "archive_cut_inside_a_header": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
         GOOD_TAR[:GOOD_TAR_SECOND_HEADER + 200])),
     "archive_cut_before_its_end_block": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
@@ -249,6 +250,13 @@ CASES = {
     "dispatch_op_with_control_characters": _fixed(lambda a: write_table(a, _table_with(
         ops=[{**entry(RMS, {"kernel_id": "eager.rms_norm"}), "op": FORGED, "signature": FORGED * 1000}]))),
     "dispatch_hardware_with_control_characters": _fixed(lambda a: write_table(a, _hardware_named(FORGED * 1000))),
+    # the blind audit of the fixes above: strings a load's warnings echo when the software changed
+    "dispatch_kernel_version_with_control_characters": _fixed(lambda a: write_table(a, _table_with(
+        kernels={"eager.rms_norm": {**_table_with()["kernels"]["eager.rms_norm"], "version": FORGED}}))),
+    "dispatch_torch_version_3_mib": _fixed(lambda a: write_table(a, _table_with(
+        hardware={**_table_with()["hardware"], "torch": "2" * (3 << 20)}))),
+    "archive_member_with_a_long_pax_name_outside": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
+        tar_with("site-packages/" + "x" * 200 + ".py", size=0))),
 }
 
 
@@ -262,11 +270,13 @@ REASONS = {
     "archive_truncated_gzip": "not a plain tar", "manifest_nested_100000_deep": "not valid JSON",
     "dispatch_bad_utf8": "not valid JSON",
     "dispatch_130k_tree_nodes": "JSON values", "dispatch_32k_tree_nodes": "tree nodes",
-    "archive_200001_members": "200,000 members", "archive_cut_inside_a_header": "truncated",
+    "archive_over_the_member_limit": f"{jit.MAX_ARCHIVE_MEMBERS:,} members", "archive_cut_inside_a_header": "truncated",
     "archive_cut_before_its_end_block": "truncated", "dispatch_static_not_a_number": "static dim hidden",
     "dispatch_static_1e400": "static dim hidden", "dispatch_static_float_size": "static dim hidden",
     "dispatch_key_with_control_characters": "\\x1b[2J", "dispatch_op_with_control_characters": "\\x1b[2J",
-    "dispatch_hardware_with_control_characters": "characters cut",
+    "dispatch_hardware_with_control_characters": "not a name or version",
+    "dispatch_kernel_version_with_control_characters": "not a name or version",
+    "dispatch_torch_version_3_mib": "not a name or version", "archive_member_with_a_long_pax_name_outside": "outside",
 }
 ECHO_CHARS = 3000  # a warning may echo the artifact's data, escaped and cut to about this
 
@@ -602,6 +612,33 @@ def test_db_query_prints_a_bounded_number_of_rows_unless_told(tmp_path, capsys, 
                              cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch, stdout=out)
         assert code == cli_module.EXIT_OK and json.loads(out[0]) == [{"range": i} for i in range(rows)], err
         assert ("note:" in err) == (rows == 7)
+
+
+def test_db_query_holds_a_batch_whatever_the_limit_and_escapes_cells(tmp_path, capsys, monkeypatch):
+    """--limit 100000000 fetched its rows as one batch of 100,000,001 (5.5 GB before the query's own
+    timeout, in the blind audit of issue 55): rows are fetched and printed QUERY_BATCH at a time. A
+    PerfDB's strings are an artifact's data: a cell holding ESC or a newline is printed escaped."""
+    from lzsolve.perfdb import PerfDB
+
+    db = _perfdb(tmp_path)
+    batches = []
+    real = PerfDB.stream
+
+    def stream(self, *args, **kwargs):
+        batches.append(kwargs["batch_rows"])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PerfDB, "stream", stream)
+    out = []
+    code, err = run_main("db", "query", "SELECT * FROM range(25000)", "--db", str(db), "--limit", "100000000",
+                         cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch, stdout=out)
+    assert code == cli_module.EXIT_OK and batches == [cli_module.QUERY_BATCH], (err, batches)
+    assert out[0].splitlines()[2:] == [str(i) for i in range(25000)] and "note:" not in err
+    out = []
+    code, err = run_main("db", "query", "SELECT chr(27) || '[2J' || chr(10) || 'forged' AS kernel_id", "--db",
+                         str(db), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch, stdout=out)
+    assert code == cli_module.EXIT_OK, err
+    assert out[0].splitlines() == ["kernel_id", "-" * 15, "\\x1b[2J\\nforged"]
 
 
 # --- a full disk, re-runs, orphaned workers ------------------------------------------------------

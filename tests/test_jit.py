@@ -81,6 +81,51 @@ def test_hostile_archives_are_refused_and_nothing_extracted(tmp_path, kind):
     assert not Path("/etc/cron.d/evil").exists()
 
 
+
+LONG = "triton/" + "a" * 60 + "/" + "b" * 90 + ".json"  # past a header's 100-byte name field
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("name,link,problem", [
+    (LONG, None, None),
+    ("site-packages/" + "x" * 120 + "/evil.py", None, "outside the known caches"),
+    ("triton/" + "x" * 120 + "/../../../evil.py", None, "climbs out"),
+    ("triton/" + "l" * 120 + "/link", "/etc/passwd", "is a link"),
+])
+def test_the_header_walk_reads_names_as_tarfile_does(tmp_path, fmt, name, link, problem):
+    """check_archive reads each member's name from the headers alone (ustar's name prefix, GNU's long
+    names, pax records), as tarfile does, and refuses what extraction would refuse; restore's check of
+    tarfile's own reading agrees."""
+    archive = tmp_path / "caches.tar"
+    with tarfile.open(archive, "w", format=fmt) as tar:
+        tar.addfile(tarfile.TarInfo("triton/ok"), None)
+        info = tarfile.TarInfo(name)
+        if link:
+            info.type, info.linkname = tarfile.SYMTYPE, link
+        tar.addfile(info, None)
+    if problem is None:
+        assert jit.check_archive(archive) == len(tarfile.open(archive).getmembers()) + (fmt != tarfile.USTAR_FORMAT)
+        assert [m.name for m in jit.check_members(archive)] == ["triton/ok", name]
+        return
+    for check in (jit.check_archive, jit.check_members):
+        with pytest.raises(TableError, match=problem):
+            check(archive)
+
+
+def test_an_archive_at_the_member_limit_loads_within_a_second(tmp_path):
+    """Every load walks the archive's headers (restoring or not): at the member limit that stays well
+    under a second (tarfile's own walk of 200,000 members took 7-9 s on a loaded VM)."""
+    import time
+
+    archive = tmp_path / "caches.tar"
+    archive.write_bytes(tarfile.TarInfo("triton/x").tobuf() * jit.MAX_ARCHIVE_MEMBERS + bytes(2 * tarfile.BLOCKSIZE))
+    started = time.perf_counter()
+    assert jit.check_archive(archive) == jit.MAX_ARCHIVE_MEMBERS
+    assert time.perf_counter() - started < 1.0
+    archive.write_bytes(tarfile.TarInfo("triton/x").tobuf() * (jit.MAX_ARCHIVE_MEMBERS + 1) + bytes(1024))
+    with pytest.raises(TableError, match="members"):
+        jit.check_archive(archive)
+
 COMPILE_AND_PACK = """
 import json, sys, torch
 from pathlib import Path

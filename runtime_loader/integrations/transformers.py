@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import custom_ops, registry
+from ..safeio import warn
 from ..dispatcher import NOT_SERVED, OWN_CODE, Dispatcher, Entry, _hand_back
 from ..dtypes import DTYPES
 from ..kernels import eager
@@ -1022,8 +1023,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
     if nothing is not None:
         report.table = nothing
         report.left["every module"] = f"{nothing}: the model runs as it was"
-        warnings.warn(f"lzsolve: patch() changed nothing ({nothing}); the model runs as it was", RuntimeWarning,
-                      stacklevel=2)
+        warn(f"lzsolve: patch() changed nothing ({nothing}); the model runs as it was", stacklevel=2)
         return report
     plan = _plan(model, report)
     try:

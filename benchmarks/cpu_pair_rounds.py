@@ -14,7 +14,7 @@ import time
 import torch
 
 from runtime_loader.kernels.builtin import rms_norm_add as fused
-from runtime_loader.kernels.eager import rms_norm_add as eager
+from runtime_loader.ops.norm import rms_norm_add as eager
 
 
 def main() -> None:

@@ -38,8 +38,9 @@ import runtime_loader
 from lzsolve.bench import Budget, make_harness
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
-from runtime_loader.inputs import ROUTING_SKEW, routing
+from runtime_loader.inputs import ROUTING_SKEW
 from runtime_loader.ops import Signature
+from runtime_loader.ops.moe import routing
 from runtime_loader.recording import FORMAT, VERSION, Recording
 from runtime_loader.specs import config_id
 

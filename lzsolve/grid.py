@@ -19,39 +19,25 @@ from dataclasses import dataclass
 from runtime_loader.ops import OPS
 from runtime_loader.table import PAST_GRID  # how far past its largest bucket a grid's shapes are checked
 
-# Per grid: op -> dim -> values; "*" covers the ops keyed by tokens only.
-GRIDS: dict[str, dict[str, dict[str, list[int]]]] = {
-    # seconds: for tests and smoke runs
-    "tiny": {
-        "attention.prefill": {"batch": [1], "seq": [16, 64]},
-        "attention.decode": {"batch": [1, 2], "kv_len": [64]},
-        "attention.decode_fp8kv": {"batch": [1, 2], "kv_len": [64]},
-        "recurrent.gated_deltanet": {"batch": [1], "seq": [1, 16]},
-        "conv.causal_depthwise": {"batch": [1], "seq": [1, 16]},
-        "*": {"tokens": [1, 8]},
-    },
-    # minutes on a 2-core CPU: the default without a GPU
-    "small": {
-        "attention.prefill": {"batch": [1, 2], "seq": [32, 128, 512]},
-        "attention.decode": {"batch": [1, 8], "kv_len": [128, 1024]},
-        "attention.decode_fp8kv": {"batch": [1, 8], "kv_len": [128, 1024]},
-        "recurrent.gated_deltanet": {"batch": [1, 8], "seq": [1, 64]},  # seq 1: a decode step on the state
-        "conv.causal_depthwise": {"batch": [1, 8], "seq": [1, 64]},
-        "*": {"tokens": [1, 8, 64]},
-    },
-    # the default on a GPU: decode and prefill sizes a server sees. Prefill measures batch 1
-    # and 2 both: adapters switch paths there (FlashInfer: single prefill vs paged batch
-    # prefill), and a tree fed batch 1 and 4 alone sent batch 2 to the batch-1 winner (1.9x
-    # regret on the H100, BENCHMARKS.md §9).
-    "full": {
-        "attention.prefill": {"batch": [1, 2, 8], "seq": [128, 512, 2048, 8192]},
-        "attention.decode": {"batch": [1, 8, 32, 128], "kv_len": [512, 2048, 8192]},
-        "attention.decode_fp8kv": {"batch": [1, 8, 32, 128], "kv_len": [512, 2048, 8192]},
-        "recurrent.gated_deltanet": {"batch": [1, 8, 32], "seq": [1, 512, 2048]},
-        "conv.causal_depthwise": {"batch": [1, 8, 32], "seq": [1, 512, 2048]},
-        "*": {"tokens": [1, 4, 16, 64, 256, 1024, 4096, 16384]},
-    },
+# The named grids: tiny (seconds: tests and smoke runs), small (minutes on a 2-core CPU: the default
+# without a GPU), full (the default on a GPU). Per grid, the buckets of the ops keyed by tokens alone;
+# the other ops declare theirs with their records (OpSchema.buckets, runtime_loader.ops.<family>).
+TOKEN_BUCKETS: dict[str, list[int]] = {
+    "tiny": [1, 8],
+    "small": [1, 8, 64],
+    "full": [1, 4, 16, 64, 256, 1024, 4096, 16384],
 }
+
+
+def _grids() -> dict[str, dict[str, dict[str, list[int]]]]:
+    """Per grid: op -> dim -> values; "*" covers the ops keyed by tokens only."""
+    return {name: {**{op.name: {dim: list(values) for dim, values in op.buckets[name].items()}
+                      for op in OPS.values() if op.buckets and name in op.buckets},
+                   "*": {"tokens": tokens}}
+            for name, tokens in TOKEN_BUCKETS.items()}
+
+
+GRIDS = _grids()
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from runtime_loader import jit, registry
-from runtime_loader.ops import DTYPES, Signature
+from runtime_loader.dtypes import DTYPES
+from runtime_loader.ops import Signature
 from runtime_loader.specs import CRASHED
 
 from .bench import MODES, Harness, Measurement, describe, rotation_sets, slowest

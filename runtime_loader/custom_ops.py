@@ -19,8 +19,8 @@ import inspect
 
 import torch
 
-from .dispatcher import Dispatcher
-from .ops import OPS, OpSchema
+from .dispatcher import Dispatcher, serve_op
+from .ops import OPS, OpSchema, register_op
 
 _active = Dispatcher(None)
 CUSTOM_OPS: dict[str, object] = {}  # method -> its torch.library custom op
@@ -72,3 +72,15 @@ def define(op: OpSchema):
 
 for _op in OPS.values():
     define(_op)
+
+
+def add_op(op: OpSchema) -> OpSchema:
+    """A new op, served like the built-in ones: its record known to signatures and the registry
+    (runtime_loader.ops.register_op), its Dispatcher method (dispatcher.serve_op) and its
+    torch.ops.lzsolve custom op. A plugin adds its ops with this, its contracts with
+    lzsolve.ops.register_contract and its kernels with runtime_loader.registry.register (see
+    CONTRIBUTING.md)."""
+    register_op(op)
+    serve_op(op)
+    define(op)
+    return op

@@ -26,7 +26,7 @@ import torch
 
 from . import registry
 from .hardware import device_info, differences, hardware_signature, stale_under
-from .ops import OPS, OpSchema, Signature, example_args, register_op
+from .ops import OPS, OpSchema, Signature, example_args
 from .parity import TOLERANCES, Tolerance, compare
 from .policies import Policy, lock_problem
 from .safeio import warn
@@ -839,19 +839,6 @@ def serve_op(op: OpSchema) -> None:
     for dispatcher in list(_live):  # dispatchers made before the op was added
         dispatcher._caches.setdefault(op.method, {})
         setattr(dispatcher.traced_ops, op.method, functools.partial(dispatcher.traced_call, op.method))
-
-
-def add_op(op: OpSchema) -> OpSchema:
-    """A new op, served like the built-in ones: its record known to signatures and the registry
-    (runtime_loader.ops.register_op), its Dispatcher method and its torch.ops.lzsolve custom op.
-    A plugin adds its ops with this, its contracts with lzsolve.ops.register_contract and its
-    kernels with runtime_loader.registry.register (see CONTRIBUTING.md)."""
-    from .custom_ops import define  # custom_ops imports this module
-
-    register_op(op)
-    serve_op(op)
-    define(op)
-    return op
 
 
 Dispatcher.METHODS = {}  # op -> the method that serves it (attention.prefill -> attention)

@@ -17,9 +17,11 @@ import json
 import re
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from .ops import Signature, required_features
+if TYPE_CHECKING:
+    from .ops import Signature
+
 
 # Reason codes (DESIGN.md vocabulary). FEATURE_UNSUPPORTED carries the feature
 # after a colon, e.g. "FEATURE_UNSUPPORTED:gqa".
@@ -126,6 +128,30 @@ class DeviceInfo:
 
     type: str
     sm: int | None = None
+
+
+BOTH = frozenset({"cpu", "cuda"})  # the platforms of a kernel written in plain torch
+
+
+def required_features(sig: Signature) -> frozenset[str]:
+    """Features a kernel must declare to compute this signature correctly."""
+    features = set(sig.flags)
+    static = dict(sig.static)
+    if "hkv" in static and static["hq"] != static["hkv"]:
+        features.add("gqa")
+    if "layout" in static:
+        features.add(f"rope_{static['layout']}")
+    if static.get("window"):
+        features.add("sliding_window")
+    if static.get("softcap"):
+        features.add("softcap")
+    if static.get("limit"):
+        features.add("clamped_swiglu")
+    if static.get("ep", 1) > 1:
+        features.add("expert_parallel")
+    if "hv" in static and static["hv"] != static["hk"]:
+        features.add("gqa")
+    return frozenset(features)
 
 
 @dataclass(frozen=True)

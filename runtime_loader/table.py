@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import registry, safeio
-from .ops import DTYPES, OPS, Signature
+from .dtypes import DTYPES
+from .ops import OPS, Signature
 from .safeio import json_depth, one_line, shown
 from .schema import MAX_PROBLEMS, first_dispatch_problem
 

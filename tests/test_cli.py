@@ -151,7 +151,7 @@ def test_the_options_choices_are_the_runtimes():
     from lzsolve import cli as cli_module
     from lzsolve.grid import GRIDS
     from lzsolve.models.capture import FP8
-    from runtime_loader.ops import DTYPES
+    from runtime_loader.dtypes import DTYPES
 
     assert cli_module.DTYPE_CHOICES == tuple(DTYPES) and cli_module.FP8 == FP8
     assert cli_module.GRID_CHOICES == tuple(GRIDS)

@@ -14,7 +14,9 @@ import torch
 
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry, specs
-from runtime_loader.kernels import eager
+from runtime_loader.ops import act as act_ops
+from runtime_loader.ops import attention as attention_ops
+from runtime_loader.ops import norm as norm_ops
 from runtime_loader.kernels import flashinfer as fi
 from runtime_loader.ops import Signature
 from runtime_loader.specs import DeviceInfo
@@ -216,7 +218,7 @@ class FakeDecodeWrapper:
         assert (k_scale is None) == (self.kv_data_type != torch.float8_e4m3fn), "scales with an FP8 cache only"
         k, v = (unpage(cache, self.indptr, self.indices).to(q.dtype) * (scale or 1.0)
                 for cache, scale in zip(paged_kv_cache, (k_scale, v_scale)))
-        return eager.attention(q.unsqueeze(2), k, v, False, self.sm_scale, 0, self.softcap).squeeze(2)
+        return attention_ops.attention(q.unsqueeze(2), k, v, False, self.sm_scale, 0, self.softcap).squeeze(2)
 
 
 class FakePrefillWrapper:
@@ -236,7 +238,7 @@ class FakePrefillWrapper:
         self.q, self.cache = q, paged_kv_cache
         q = q.view(-1, self.seq, *q.shape[1:]).transpose(1, 2)  # token rows -> (batch, heads, seq, d)
         k, v = (unpage(cache, self.indptr, self.indices) for cache in paged_kv_cache)
-        out = eager.attention(q, k, v, self.causal, self.sm_scale, 0, self.softcap)
+        out = attention_ops.attention(q, k, v, self.causal, self.sm_scale, 0, self.softcap)
         return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # (batch * seq, heads, d)
 
 
@@ -249,15 +251,15 @@ def fake(monkeypatch):
         assert kv_layout == "NHD" and (logits_soft_cap is None or logits_soft_cap > 0)
         calls["single_prefill"] = (q, k, v)
         q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # NHD -> (1, heads, seq, d)
-        return eager.attention(q, k, v, causal, sm_scale, 0, logits_soft_cap or 0.0)[0].transpose(0, 1).contiguous()
+        return attention_ops.attention(q, k, v, causal, sm_scale, 0, logits_soft_cap or 0.0)[0].transpose(0, 1).contiguous()
 
     def fused_add_rmsnorm(input, residual, weight, eps):
         residual += input
-        input.copy_(eager.rms_norm(residual, weight, eps))
+        input.copy_(norm_ops.rms_norm(residual, weight, eps))
 
     def layernorm(input, gemma, beta, eps):
         assert input.is_contiguous() and gemma.dtype == beta.dtype == torch.float32
-        return eager.layer_norm(input, gemma.to(input.dtype), beta.to(input.dtype), eps)
+        return norm_ops.layer_norm(input, gemma.to(input.dtype), beta.to(input.dtype), eps)
 
     def act_and_mul(activation):
         def run(input):
@@ -273,15 +275,15 @@ def fake(monkeypatch):
     module.BatchDecodeWithPagedKVCacheWrapper = FakeDecodeWrapper
     def gemma_fused_add_rmsnorm(input, residual, weight, eps):
         residual += input
-        input.copy_(eager.rms_norm(residual, weight, eps, True))
+        input.copy_(norm_ops.rms_norm(residual, weight, eps, True))
 
-    module.rmsnorm = eager.rms_norm
-    module.gemma_rmsnorm = lambda input, weight, eps: eager.rms_norm(input, weight, eps, True)
+    module.rmsnorm = norm_ops.rms_norm
+    module.gemma_rmsnorm = lambda input, weight, eps: norm_ops.rms_norm(input, weight, eps, True)
     module.fused_add_rmsnorm = fused_add_rmsnorm
     module.gemma_fused_add_rmsnorm = gemma_fused_add_rmsnorm
     module.layernorm = layernorm
-    module.silu_and_mul = act_and_mul(eager.swiglu)
-    module.gelu_tanh_and_mul = act_and_mul(eager.geglu)
+    module.silu_and_mul = act_and_mul(act_ops.swiglu)
+    module.gelu_tanh_and_mul = act_and_mul(act_ops.geglu)
     jit, jit_core = types.ModuleType("flashinfer.jit"), types.ModuleType("flashinfer.jit.core")
     jit_core.run_ninja = flashinfer_run_ninja
     module.jit, jit.core = jit, jit_core
@@ -311,7 +313,7 @@ def test_a_logit_soft_cap_reaches_flashinfer_and_plans_apart(fake, kernel_id, ba
     q, k, v = attention_inputs(batch, 4, 2, seq_q, 9 if seq_q > 1 else 24)
     causal = seq_q > 1
     capped = spec.impl(q, k, v, causal, None, 0, 5.0)
-    torch.testing.assert_close(capped, eager.attention(q, k, v, causal, None, 0, 5.0))
+    torch.testing.assert_close(capped, attention_ops.attention(q, k, v, causal, None, 0, 5.0))
     plain = spec.impl(q, k, v, causal, None)
     assert not torch.allclose(capped, plain), "a cap small enough to bend the scores"
     assert len(fi._PLANS) == (0 if batch == 1 else 2), "capped and plain layouts planned apart"
@@ -321,7 +323,7 @@ def test_a_logit_soft_cap_reaches_flashinfer_and_plans_apart(fake, kernel_id, ba
 def test_prefill_of_one_request_runs_on_views(fake, causal):
     q, k, v = attention_inputs(1, 4, 2, 33, 33)
     out = fi.prefill(q, k, v, causal, 0.2)
-    torch.testing.assert_close(out, eager.attention(q, k, v, causal, 0.2))
+    torch.testing.assert_close(out, attention_ops.attention(q, k, v, causal, 0.2))
     assert [t.data_ptr() for t in fake["single_prefill"]] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
     assert fi.PLAN_MS == {}  # nothing to plan
 
@@ -329,14 +331,14 @@ def test_prefill_of_one_request_runs_on_views(fake, causal):
 def test_batch_prefill_plans_once_per_layout_on_pages_of_k_and_v(fake):
     q, k, v = attention_inputs(2, 4, 2, 24, 24)  # pages of 8 tokens, 3 per head, 6 per sequence
     out = fi.prefill(q, k, v, True, None)
-    torch.testing.assert_close(out, eager.attention(q, k, v, True, None))
+    torch.testing.assert_close(out, attention_ops.attention(q, k, v, True, None))
     (key, wrapper), = fi._PLANS.items()
     assert [pages.data_ptr() for pages in wrapper.cache] == [k.data_ptr(), v.data_ptr()]
     assert key == fi.PlanKey("flashinfer.prefill", 2, 24, 4, 2, 64, "fp32", "cpu", 64 ** -0.5, True, 6)
     assert wrapper.plans == 2 and key in fi.PLAN_MS  # planned, then re-planned to time the plan alone
     assert wrapper.q.data_ptr() != q.data_ptr()  # q copied to token rows
     q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in attention_inputs(2, 4, 2, 24, 24))
-    torch.testing.assert_close(fi.prefill(q, k, v, True, None), eager.attention(q, k, v, True, None))
+    torch.testing.assert_close(fi.prefill(q, k, v, True, None), attention_ops.attention(q, k, v, True, None))
     assert len(fi._PLANS) == 2  # token-major k and v: other pages, so another plan
     token_major = fi._PLANS[next(reversed(fi._PLANS))]
     assert [t.data_ptr() for t in (token_major.q, *token_major.cache)] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
@@ -348,14 +350,14 @@ def test_batch_prefill_plans_once_per_layout_on_pages_of_k_and_v(fake):
 def test_decode_plans_once_per_layout_and_pages_k_v_as_they_are(fake, kernel_id):
     impl = registry.get(kernel_id).impl
     q, k, v = attention_inputs(3, 4, 1, 1, 70)
-    torch.testing.assert_close(impl(q, k, v, False, None), eager.attention(q, k, v, False, None))
+    torch.testing.assert_close(impl(q, k, v, False, None), attention_ops.attention(q, k, v, False, None))
     (key, wrapper), = fi._PLANS.items()
     assert key == fi.PlanKey(kernel_id, 3, 70, 4, 1, 64, "fp32", "cpu", 64 ** -0.5, False, 35)  # 2-token pages
     assert [pages.data_ptr() for pages in wrapper.cache] == [k.data_ptr(), v.data_ptr()]
     assert wrapper.use_tensor_cores == (kernel_id == "flashinfer.decode_tc")
     assert wrapper.plans == 2 and fi.PLAN_MS.keys() == {key}
     q, k, v = attention_inputs(3, 4, 1, 1, 70)
-    torch.testing.assert_close(impl(q, k, v, False, None), eager.attention(q, k, v, False, None))
+    torch.testing.assert_close(impl(q, k, v, False, None), attention_ops.attention(q, k, v, False, None))
     assert wrapper.plans == 2  # same layout, new tensors: no new plan
     impl(*attention_inputs(3, 4, 1, 1, 71), False, None)
     impl(*attention_inputs(3, 4, 1, 1, 70), False, 0.5)  # the scale is fixed at plan time too
@@ -369,7 +371,7 @@ def test_fp8_cache_decode_plans_with_the_cache_dtype_and_hands_run_its_scales(fa
         Signature.make(sig.op, {"hq": 4, "hkv": 2, "d": 64}, (), "fp32"), {"batch": 2, "kv_len": 70},
         torch.device("cpu"), torch.Generator().manual_seed(0))
     out = registry.get(kernel_id).impl(q, k, v, k_scale, v_scale, scale)
-    torch.testing.assert_close(out, eager.attention_fp8kv(q, k, v, k_scale, v_scale, scale))
+    torch.testing.assert_close(out, attention_ops.attention_fp8kv(q, k, v, k_scale, v_scale, scale))
     (key, wrapper), = fi._PLANS.items()
     assert wrapper.kv_data_type == torch.float8_e4m3fn and [p.data_ptr() for p in wrapper.cache] == [
         k.data_ptr(), v.data_ptr()], "planned for the e4m3 cache, paged as views of it"
@@ -400,7 +402,7 @@ def test_decode_refuses_what_its_kernels_lack_before_compiling(fake):
 
 def test_rms_norm_add_writes_into_x_and_residual(fake):
     x, residual, weight = torch.randn(2, 5, 64), torch.randn(2, 5, 64), torch.randn(64)
-    expected = eager.rms_norm_add(x, residual, weight, 1e-6)
+    expected = norm_ops.rms_norm_add(x, residual, weight, 1e-6)
     x_ptr, residual_ptr = x.data_ptr(), residual.data_ptr()
     normed, total = fi.rms_norm_add(x, residual, weight, 1e-6)
     torch.testing.assert_close((normed, total), expected)
@@ -410,21 +412,21 @@ def test_rms_norm_add_writes_into_x_and_residual(fake):
 
 def test_unit_offset_norms_use_the_gemma_kernels(fake):
     x, residual, weight = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64) * 0.1
-    torch.testing.assert_close(fi.rms_norm(x, weight, 1e-6, True), eager.rms_norm(x, weight, 1e-6, True))
+    torch.testing.assert_close(fi.rms_norm(x, weight, 1e-6, True), norm_ops.rms_norm(x, weight, 1e-6, True))
     assert not torch.allclose(fi.rms_norm(x, weight, 1e-6, True), fi.rms_norm(x, weight, 1e-6))
-    expected = eager.rms_norm_add(x, residual, weight, 1e-6, True)
+    expected = norm_ops.rms_norm_add(x, residual, weight, 1e-6, True)
     torch.testing.assert_close(fi.rms_norm_add(x.clone(), residual.clone(), weight, 1e-6, True), expected)
 
 
 def test_norms_take_rows_with_any_leading_dims(fake):
     x, weight, bias = torch.randn(2, 3, 64, dtype=torch.bfloat16), torch.randn(64), torch.randn(64)
-    torch.testing.assert_close(fi.rms_norm(x, weight.bfloat16(), 1e-6), eager.rms_norm(x, weight.bfloat16(), 1e-6))
+    torch.testing.assert_close(fi.rms_norm(x, weight.bfloat16(), 1e-6), norm_ops.rms_norm(x, weight.bfloat16(), 1e-6))
     out = fi.layer_norm(x, weight.bfloat16(), bias.bfloat16(), 1e-5)
     assert out.shape == x.shape and out.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("kernel_id,reference", [("flashinfer.swiglu", eager.swiglu),
-                                                 ("flashinfer.geglu", eager.geglu)])
+@pytest.mark.parametrize("kernel_id,reference", [("flashinfer.swiglu", act_ops.swiglu),
+                                                 ("flashinfer.geglu", act_ops.geglu)])
 def test_gated_activations_get_the_gate_up_buffer_itself(fake, gen, kernel_id, reference):
     sig = Signature.make("act.swiglu", {"width": 96}, (), "bf16")
     gate, up = CONTRACTS["act.swiglu"].make_inputs(sig, {"tokens": 7}, torch.device("cpu"), gen)

@@ -8,9 +8,9 @@ import torch
 import runtime_loader
 from runtime_loader import Dispatcher, TableError, registry
 from runtime_loader.dispatcher import BREAKER_LIMIT
-from runtime_loader.kernels.eager import causal_conv1d as eager_causal_conv1d
-from runtime_loader.kernels.eager import rms_norm as eager_rms_norm
-from runtime_loader.kernels.eager import rms_norm_add as eager_rms_norm_add
+from runtime_loader.ops.conv import causal_conv1d as eager_causal_conv1d
+from runtime_loader.ops.norm import rms_norm as eager_rms_norm
+from runtime_loader.ops.norm import rms_norm_add as eager_rms_norm_add
 from runtime_loader.ops import Signature
 from runtime_loader.policies import PolicyError, from_env, parse_lock
 from runtime_loader.specs import KernelSpec
@@ -274,7 +274,7 @@ from pathlib import Path
 
 def lazy_rms(x, w, eps):
     import pyarrow  # noqa: F401 - the library a real adapter imports at its first call
-    return runtime_loader.kernels.eager.rms_norm(x, w, eps)
+    return runtime_loader.ops.norm.rms_norm(x, w, eps)
 
 register(KernelSpec("test.lazy_rms", frozenset({"norm.rms"}), "pyarrow", lazy_rms, platforms=frozenset({"cpu"}),
                     dtypes=frozenset({"fp32"}), requires=("pyarrow",)))

@@ -165,7 +165,7 @@ def test_the_fp8_scale_is_computed_alike_on_every_device():
     2% of 1024-wide bf16 rows (x / scale lands near a rounding midpoint): a one-token linear whose
     row it is then fails parity, for every kernel that quantises otherwise than the reference
     (an H100 tune rejected all of them at o_proj's 2 tokens, BENCHMARKS §16.7)."""
-    from runtime_loader.kernels.eager import quantize_per_token
+    from runtime_loader.quant import quantize_per_token
 
     x = torch.randn(2000, 1024, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     _, scale = quantize_per_token(x)
@@ -181,7 +181,7 @@ def test_cuda_fp8_quantisation_is_eagers():
     rounded otherwise is error charged to the kernel. The interpreter's cast differs
     (tests/triton_interpret_check.py); this is the GPU's. Before row_scale multiplied by the
     reciprocal, the values matched and the scales differed in their last bit on an H100."""
-    from runtime_loader.kernels.eager import quantize_per_token as eager_quantisation
+    from runtime_loader.quant import quantize_per_token as eager_quantisation
     from runtime_loader.kernels.triton_ops import fp8
 
     gen, mismatches = torch.Generator(device="cuda").manual_seed(0), []

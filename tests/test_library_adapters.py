@@ -233,7 +233,7 @@ def test_flex_masks_match_the_reference_visibility(causal, window, seq_q, kv_len
     """The mask mod and the eager reference agree on which keys each query sees (window, decode offset)."""
     from torch.nn.attention.flex_attention import create_mask
 
-    from runtime_loader.kernels.eager import visible_keys
+    from runtime_loader.ops.attention import visible_keys
     expected = visible_keys(seq_q, kv_len, causal, window, CPU)
     _, visible = flex.mods(causal, window, 0.0, seq_q, kv_len)
     got = create_mask(visible, 1, 1, seq_q, kv_len, CPU)[0, 0] if visible else None
@@ -247,7 +247,7 @@ def test_a_window_that_hides_no_key_is_dropped_and_only_then():
     """effective_window is 0 exactly when the window changes no query's keys, by brute force
     over small shapes (causal prefill, decode, chunks), so kernels may take their unmasked path."""
     from runtime_loader.kernels import sdpa
-    from runtime_loader.kernels.eager import effective_window
+    from runtime_loader.ops.attention import effective_window
 
     def keeps(seq_q, kv_len, causal, window):  # the definition, query by query
         start = 0 if causal else kv_len - seq_q

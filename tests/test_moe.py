@@ -253,7 +253,8 @@ def test_routing_skew_is_a_tune_setting_recorded_and_not_mixed(tmp_path):
 
     from lzsolve.cli import cli
     from lzsolve.perfdb import PerfDB
-    from runtime_loader.inputs import ROUTING_SKEW, SKEW_ENV, routing, routing_skew, skewed_routing
+    from runtime_loader.inputs import ROUTING_SKEW, SKEW_ENV, routing_skew, skewed_routing
+    from runtime_loader.ops.moe import routing
 
     def fullest(skew):  # the fullest expert's share of the slots, over 128 experts
         ids, _ = routing(4096, 128, 8, torch.float32, "cpu", torch.Generator().manual_seed(0), skew)

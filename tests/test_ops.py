@@ -1,10 +1,9 @@
 """Op contracts: references against independent float64 formulas, inputs, signatures, compare."""
+import importlib
 import inspect
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lzsolve.ops import CONTRACTS, TOLERANCES, compare, to_fp32
 from lzsolve.ops.rope import cos_sin
@@ -14,263 +13,36 @@ from runtime_loader.ops import Signature
 
 CPU = torch.device("cpu")
 
-SIGS = [
-    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16}, ("causal",), "fp32"), {"batch": 2, "seq": 7}),
-    (Signature.make("attention.prefill", {"hq": 4, "hkv": 4, "d": 16}, (), "fp32"), {"batch": 1, "seq": 5}),
-    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "window": 3}, ("causal",), "fp32"),
-     {"batch": 2, "seq": 9}),
-    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "softcap": 1.5}, ("causal", "qk_norm"), "fp32"),
-     {"batch": 1, "seq": 6}),
-    (Signature.make("attention.prefill", {"hq": 2, "hkv": 2, "d": 8, "window": 2, "softcap": 1.0}, (), "fp32"),
-     {"batch": 1, "seq": 6}),
-    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, (), "fp32"), {"batch": 3, "kv_len": 9}),
-    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "window": 3}, ("causal", "sinks"), "fp32"),
-     {"batch": 2, "seq": 7}),
-    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, ("sinks",), "fp32"), {"batch": 3, "kv_len": 9}),
-    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8, "window": 4, "softcap": 2.0}, (), "fp32"),
-     {"batch": 2, "kv_len": 9}),
-    (Signature.make("attention.decode_fp8kv", {"hq": 6, "hkv": 2, "d": 8}, (), "bf16"), {"batch": 2, "kv_len": 9}),
-    (Signature.make("norm.rms", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
-    (Signature.make("norm.rms", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 5}),
-    (Signature.make("norm.rms_add", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 3}),
-    (Signature.make("norm.rms_fp8", {"hidden": 32}, (), "fp32"), {"tokens": 3}),
-    (Signature.make("norm.rms_add_fp8", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 3}),
-    (Signature.make("norm.qk", {"heads": 3, "d": 16}, (), "fp32"), {"tokens": 4}),
-    (Signature.make("norm.qk", {"heads": 3, "d": 16}, ("unit_offset",), "fp32"), {"tokens": 4}),
-    (Signature.make("norm.layer", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
-    (Signature.make("norm.layer", {"hidden": 32}, ("no_bias",), "fp32"), {"tokens": 5}),
-    (Signature.make("posenc.rope", {"hq": 4, "hkv": 2, "d": 8, "layout": "split_half"}, (), "fp32"), {"tokens": 6}),
-    (Signature.make("posenc.rope", {"hq": 4, "hkv": 2, "d": 8, "layout": "interleaved"}, (), "fp32"), {"tokens": 6}),
-    (Signature.make("posenc.learned", {"hidden": 24}, (), "fp32"), {"tokens": 5}),
-    (Signature.make("embedding", {"vocab": 50, "hidden": 24}, (), "fp32"), {"tokens": 7}),
-    (Signature.make("embedding", {"vocab": 50, "hidden": 24}, ("scaled",), "fp32"), {"tokens": 7}),
-    (Signature.make("act.swiglu", {"width": 24}, (), "fp32"), {"tokens": 3}),
-    (Signature.make("act.swiglu_fp8", {"width": 24}, (), "fp32"), {"tokens": 3}),
-    (Signature.make("act.sigmoid_gate", {"width": 24}, (), "fp32"), {"tokens": 3}),
-    (Signature.make("act.geglu", {"width": 24}, (), "fp32"), {"tokens": 3}),
-    (Signature.make("act.gelu", {"width": 24}, (), "fp32"), {"tokens": 3}),
-    (Signature.make("linear", {"k": 16, "n": 12}, ("bias",), "fp32"), {"tokens": 4}),
-    (Signature.make("linear", {"k": 16, "n": 12}, (), "fp32"), {"tokens": 4}),
-    (Signature.make("linear.fp8", {"k": 32, "n": 12}, ("per_channel", "bias"), "bf16"), {"tokens": 4}),
-    (Signature.make("linear.fp8", {"k": 32, "n": 12}, (), "fp32"), {"tokens": 3}),
-    (Signature.make("linear.fp8_prequantised", {"k": 32, "n": 12}, ("per_channel", "bias"), "bf16"), {"tokens": 4}),
-    (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu",), "fp32"), {"batch": 2, "seq": 6}),
-    (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu", "bias"), "fp32"),
-     {"batch": 2, "seq": 1}),
-    (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 3}, (), "bf16"), {"batch": 1, "seq": 2}),
-    (Signature.make("recurrent.deltanet_gates", {"heads": 5}, (), "fp32"), {"tokens": 4}),
-    (Signature.make("recurrent.deltanet_gates", {"heads": 16}, (), "bf16"), {"tokens": 2}),
-    (Signature.make("recurrent.gated_deltanet", {"hk": 1, "hv": 2, "dk": 8, "dv": 4}, ("qk_l2norm",), "fp32"),
-     {"batch": 2, "seq": 6}),
-    (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 2, "dk": 8, "dv": 8}, ("qk_l2norm",), "fp32"),
-     {"batch": 2, "seq": 1}),
-    (Signature.make("recurrent.gated_deltanet", {"hk": 2, "hv": 4, "dk": 4, "dv": 8}, (), "fp32"),
-     {"batch": 1, "seq": 5}),
-    (Signature.make("moe.experts", {"experts": 6, "top_k": 2, "hidden": 16, "inter": 12}, (), "fp32"), {"tokens": 9}),
-    (Signature.make("moe.experts", {"experts": 5, "top_k": 2, "hidden": 16, "inter": 12, "alpha": 1.702, "limit": 0.4},
-                    ("interleaved", "bias", "transposed"), "fp32"), {"tokens": 7}),
-    (Signature.make("moe.experts", {"experts": 4, "top_k": 2, "hidden": 16, "inter": 12, "ep": 2}, (), "fp32"),
-     {"tokens": 9}),
-    (Signature.make("moe.router", {"experts": 12, "top_k": 3}, ("renorm",), "fp32"), {"tokens": 6}),
-    (Signature.make("moe.router", {"experts": 12, "top_k": 3}, (), "bf16"), {"tokens": 6}),
-]
+# Every family's oracles (tests/oracles/<family>.py, named as runtime_loader.ops's families)
+ORACLES = {family: importlib.import_module(f"tests.oracles.{family}") for family in rops.FAMILIES}
+SIGS = [case for oracle in ORACLES.values() for case in oracle.SIGS]
+INDEPENDENT = {op: formula for oracle in ORACLES.values() for op, formula in oracle.INDEPENDENT.items()}
 
-
-def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
-    """Textbook attention, one (batch, head) at a time, in float64; masks as -inf triangles, the
-    window's diagonal moved to the query's position (i, or kv_len - 1 for a decode query); a
-    sink adds exp(sink) to each row's denominator."""
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.empty_like(q)
-    groups = q.shape[1] // k.shape[1]
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    offset = 0 if causal else k.shape[2] - q.shape[2]
-    for b in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            s = q[b, h] @ k[b, h // groups].T * scale
-            if softcap:
-                s = softcap * torch.tanh(s / softcap)
-            if causal:
-                s = s + torch.full_like(s, -math.inf).triu(1)
-            if window:
-                s = s + torch.full_like(s, -math.inf).tril(offset - window)
-            weights = torch.exp(s - s.max(-1, keepdim=True).values)
-            total = weights.sum(-1, keepdim=True)
-            if sinks is not None:
-                total = total + torch.exp(sinks[h].double() - s.max(-1, keepdim=True).values)
-            out[b, h] = weights / total @ v[b, h // groups]
-    return out
-
-
-def rope64(q, k, cos, sin, interleaved):
-    """RoPE as a complex rotation of each pair, in float64."""
-    def rotate(x):
-        x = x.double()
-        d = x.shape[-1]
-        if interleaved:
-            pairs = torch.complex(x[..., 0::2], x[..., 1::2])
-            angle = torch.atan2(sin[..., 0::2].double(), cos[..., 0::2].double()).unsqueeze(1)
-        else:
-            pairs = torch.complex(x[..., : d // 2], x[..., d // 2:])
-            angle = torch.atan2(sin[..., : d // 2].double(), cos[..., : d // 2].double()).unsqueeze(1)
-        rotated = pairs * torch.polar(torch.ones_like(angle), angle)
-        if interleaved:
-            return torch.stack((rotated.real, rotated.imag), -1).flatten(-2)
-        return torch.cat((rotated.real, rotated.imag), -1)
-    return rotate(q), rotate(k)
-
-
-def rms64(x, w, eps, unit_offset=False):
-    x = x.double()
-    return x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + eps) * (w.double() + (1 if unit_offset else 0))
-
-
-def layer64(x, w, b, eps):
-    x = x.double()
-    centred = x - x.mean(-1, keepdim=True)
-    out = centred / torch.sqrt((centred ** 2).mean(-1, keepdim=True) + eps) * w.double()
-    return out if b is None else out + b.double()
-
-
-def gelu64(x):
-    """GELU's tanh approximation, written out."""
-    x = x.double()
-    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def rows64(ids, table):
-    """table[ids] as a one-hot matrix product."""
-    return F.one_hot(ids, table.shape[0]).double() @ table.double()
-
-
-def fp8_linear64(x, weight, scale, bias):
-    """Each token's row divided by its amax / 448 and cast to e4m3 (in fp32, as the format is
-    defined), then every product and sum in float64."""
-    q, step = quantised64(x)
-    out = (q * step) @ (weight.double() * scale.double().reshape(-1, 1)).T
-    return out + bias.double() if bias is not None else out
-
-
-def quantised64(rows):
-    """Each row divided by its amax / 448 and cast to e4m3 (in fp32, as the format is defined): the
-    values of q, and the scales."""
-    step = rows.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / 448.0
-    return (rows.float() / step).clamp(-448, 448).to(torch.float8_e4m3fn).double(), step.double()
-
-
-def rms_fp8_64(x, weight, eps, unit_offset=False):
-    return quantised64(rms64(x, weight, eps, unit_offset))
-
-
-def conv64(x, weight, bias, state, silu):
-    """Each output a dot product of the channel's weights with the last width inputs (zeros before
-    the first), written per token and channel; the new state the last width inputs."""
-    batch, seq, channels = x.shape
-    width = weight.shape[1]
-    history = torch.zeros(batch, channels, width, dtype=torch.float64) if state is None else state.double()
-    out = torch.empty(batch, seq, channels, dtype=torch.float64)
-    for t in range(seq):
-        history = torch.cat([history[..., 1:], x[:, t, :, None].double()], dim=-1)  # the window ending at t
-        out[:, t] = (history * weight.double()).sum(-1) + (0 if bias is None else bias.double())
-    return (out * torch.sigmoid(out) if silu else out), history
-
-
-def deltanet64(q, k, v, g, beta, state, qk_l2norm):
-    """The gated delta rule per (batch, value head) in float64, with the state update as the
-    matrix product S <- (I - beta k k^T) exp(g) S + beta k v^T."""
-    batch, seq, hk, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
-    out = torch.empty(batch, seq, hv, dv, dtype=torch.float64)
-    final = torch.empty(batch, hv, dk, dv, dtype=torch.float64)
-    eye = torch.eye(dk, dtype=torch.float64)
-    for b in range(batch):
-        for h in range(hv):
-            s = torch.zeros(dk, dv, dtype=torch.float64) if state is None else state[b, h].double()
-            for t in range(seq):
-                qt, kt = q[b, t, h * hk // hv].double(), k[b, t, h * hk // hv].double()
-                if qk_l2norm:
-                    qt, kt = qt / torch.sqrt((qt ** 2).sum() + 1e-6), kt / torch.sqrt((kt ** 2).sum() + 1e-6)
-                bt = beta[b, t, h].double()
-                decayed = math.exp(g[b, t, h]) * s
-                s = (eye - bt * torch.outer(kt, kt)) @ decayed + bt * torch.outer(kt, v[b, t, h].double())
-                out[b, t, h] = s.T @ qt / math.sqrt(dk)
-            final[b, h] = s
-    return out, final
-
-
-def moe64(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,
-          alpha=0.0, limit=0.0, ep=1):
-    """Token by token, slot by slot: the weighted sum of its experts' gated MLPs, in float64; a slot
-    of another rank's expert (an id past this rank's) adds nothing."""
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    inter = down.shape[2]
-    for t in range(x.shape[0]):
-        for slot in range(topk_ids.shape[1]):
-            e = topk_ids[t, slot]
-            if e >= gate_up.shape[0]:
-                continue
-            h = gate_up[e].double() @ x[t].double() + (0 if gate_up_bias is None else gate_up_bias[e].double())
-            gate, up = (h[0::2], h[1::2]) if interleaved else (h[:inter], h[inter:])
-            if limit:  # GPT-OSS: gate clamped from above, up both ways, (up + 1)
-                gate, up, scale = torch.minimum(gate, torch.tensor(limit)), up.clamp(-limit, limit) + 1, alpha
-            else:
-                scale = 1.0
-            y = down[e].double() @ (gate / (1 + torch.exp(-scale * gate)) * up)
-            out[t] += topk_weights[t, slot].double() * (y + (0 if down_bias is None else down_bias[e].double()))
-    return out
-
-
-def router64(logits, top_k, renorm):
-    """Row by row: exp / sum in float64, the top_k by a full descending sort."""
-    weights, ids = [], []
-    for row in logits.double():
-        probs = torch.exp(row - row.max()) / torch.exp(row - row.max()).sum()
-        order = sorted(range(len(row)), key=lambda e: -probs[e].item())[:top_k]
-        picked = probs[order]
-        weights.append(picked / picked.sum() if renorm else picked)
-        ids.append(torch.tensor(order))
-    return torch.stack(weights), torch.stack(ids)
-
-
-INDEPENDENT = {
-    "attention.prefill": attention64,
-    "attention.decode": attention64,
-    "attention.decode_fp8kv": lambda q, k, v, k_scale, v_scale, scale: attention64(
-        q, k.double() * k_scale, v.double() * v_scale, False, scale),
-    "norm.rms": rms64,
-    "norm.rms_add": lambda x, r, w, eps, unit_offset=False: (rms64(x.double() + r.double(), w, eps, unit_offset),
-                                                             x.double() + r.double()),
-    "norm.rms_fp8": rms_fp8_64,
-    "norm.rms_add_fp8": lambda x, r, w, eps, unit_offset=False: (
-        *rms_fp8_64(x.double() + r.double(), w, eps, unit_offset), x.double() + r.double()),
-    "norm.qk": rms64,
-    "norm.layer": layer64,
-    "posenc.rope": rope64,
-    "posenc.learned": lambda x, positions, table: x.double() + rows64(positions, table),
-    "embedding": lambda ids, table, scale: rows64(ids, table) * (1 if scale is None else scale),
-    "act.swiglu": lambda g, u: g.double() * torch.sigmoid(g.double()) * u.double(),
-    "act.sigmoid_gate": lambda x, g: x.double() / (1 + torch.exp(-g.double())),
-    "act.swiglu_fp8": lambda g, u: quantised64(g.double() * torch.sigmoid(g.double()) * u.double()),
-    "act.geglu": lambda g, u: gelu64(g) * u.double(),
-    "act.gelu": gelu64,
-    "linear": lambda x, w, b: x.double() @ w.double().T + (b.double() if b is not None else 0),
-    "linear.fp8": fp8_linear64,
-    "linear.fp8_prequantised": lambda q, x_scale, w, w_scale, b, out_dtype: (
-        (q.double() * x_scale.double()) @ (w.double() * w_scale.double().reshape(-1, 1)).T
-        + (b.double() if b is not None else 0)),
-    "conv.causal_depthwise": conv64,
-    # -A times softplus written as log(1 + e^x); the sigmoid as 1 / (1 + e^-x)
-    "recurrent.deltanet_gates": lambda a, b, a_log, dt: (-torch.exp(a_log.double()) * torch.log1p(
-        torch.exp(a.double() + dt.double())), 1 / (1 + torch.exp(-b.double()))),
-    "recurrent.gated_deltanet": deltanet64,
-    "moe.experts": moe64,
-    "moe.router": router64,
-}
 
 def test_every_op_has_an_independent_formula_and_signatures_here():
-    """A new op fails here until its reference is checked against a formula of its own."""
+    """A new op fails here until its reference is checked against a formula of its own, in the
+    oracle module of its family."""
+    for family, runtime in rops.FAMILIES.items():
+        ops = {record.name for record in runtime.RECORDS}
+        assert set(ORACLES[family].INDEPENDENT) == ops, family
+        assert {sig.op for sig, _ in ORACLES[family].SIGS} == ops, family
     assert set(INDEPENDENT) == set(rops.OPS)
-    assert {sig.op for sig, _ in SIGS} == set(rops.OPS)
+
+
+def test_every_op_lives_in_one_family_with_all_its_parts():
+    """An op's parts, each where CONTRIBUTING.md says: its record, input maker and fallback in its
+    family's runtime module (runtime_loader.ops.<family>; the fallback of attention, the bf16 linear
+    and the experts is a library adapter's: SDPA's, torch's), its contract in lzsolve.ops.<family>."""
+    from runtime_loader import registry
+
+    for family, runtime in rops.FAMILIES.items():
+        contracts = importlib.import_module(f"lzsolve.ops.{family}").CONTRACTS
+        for record in runtime.RECORDS:
+            assert record.inputs.__module__ == runtime.__name__, (record.name, record.inputs)
+            assert record.front.__module__ in (runtime.__name__, rops.base.__name__), record.name
+            for kernel_id in filter(None, (record.fallback, record.reference)):  # eager.*: the family's own
+                assert not kernel_id.startswith("eager.") or registry.get(kernel_id).impl.__module__ == runtime.__name__
+            assert [c for c in contracts if c.op == record.name], f"{record.name} has no contract in lzsolve.ops.{family}"
 
 
 def derive(op, args):
@@ -398,7 +170,7 @@ def test_signature_format_and_validation():
     assert str(gemma2) == "attention.prefill[hq=8,hkv=4,d=256,window=4096,softcap=50.0,causal,bf16]"
     assert rops.required_features(gemma2) == {"causal", "gqa", "sliding_window", "softcap"}
     q, k = torch.zeros(1, 8, 5, 256, dtype=torch.bfloat16), torch.zeros(1, 4, 5, 256, dtype=torch.bfloat16)
-    call = rops.attention_call(q, k, k, True, window=4096, softcap=50)
+    call = rops.attention.attention_call(q, k, k, True, window=4096, softcap=50)
     assert str(call[0]) == str(gemma2), "an int softcap names the same signature as a float one"
     with pytest.raises(ValueError):
         Signature.make("attention.prefill", {"hq": 8}, (), "bf16")

@@ -130,7 +130,7 @@ def test_missing_artifact(tmp_path):
 def other_library_kernel():
     """A CPU kernel of a library other than torch (registered for this module only: conftest)."""
     from runtime_loader import registry
-    from runtime_loader.kernels.eager import rms_norm
+    from runtime_loader.ops.norm import rms_norm
     from runtime_loader.specs import KernelSpec
     if not registry.known("plugin.rms_norm"):
         registry.register(KernelSpec("plugin.rms_norm", frozenset({"norm.rms"}), "plugin-lib", rms_norm,

@@ -11,8 +11,8 @@ from lzsolve.ops import CONTRACTS
 from lzsolve.ops.rope import cos_sin
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import device_info
-from runtime_loader.kernels import eager
 from runtime_loader.ops import Signature
+from runtime_loader.ops import recurrent as recurrent_ops
 
 pytest.importorskip("transformers")
 
@@ -260,7 +260,7 @@ def test_both_gated_deltanet_forms_are_qwen35s_rule_over_several_chunks(form):
     state = torch.randn(1, 2, 16, 8) * 0.25
     expected = qwen.torch_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True,
                                                      use_qk_l2norm_in_kernel=True)
-    close(getattr(eager, form)(q, k, v, g, beta, state, True), expected, tol=1e-4)
+    close(getattr(recurrent_ops, form)(q, k, v, g, beta, state, True), expected, tol=1e-4)
 
 
 @pytest.mark.parametrize("seq", [1, 3, 37])
@@ -346,7 +346,7 @@ def test_moe_experts_are_transformers_experts(model_type):
     for name, p in experts.named_parameters():  # std 2: GPT-OSS's clamps (at 7) bite on some entries
         torch.nn.init.normal_(p, std=0.1 if "bias" in name else 2 * min(p.shape[1:]) ** -0.5)
     from runtime_loader.integrations.modules import _classify_experts, experts_arguments
-    from runtime_loader.inputs import routing
+    from runtime_loader.ops.moe import routing
     x = torch.randn(11, 32) * 2
     ids, weights = routing(11, 6, 2, torch.float32, "cpu", torch.Generator().manual_seed(0))
     with torch.no_grad():

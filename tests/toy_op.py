@@ -16,11 +16,13 @@ from pathlib import Path
 import torch
 
 from lzsolve.ops import OpContract, register_contract
-from runtime_loader import inputs, registry
-from runtime_loader.dispatcher import add_op
+from runtime_loader import registry
+from runtime_loader.custom_ops import add_op
 from runtime_loader.dtypes import ALL_DTYPES
-from runtime_loader.kernels.eager import BOTH
-from runtime_loader.ops import OPS, OpSchema, one_input_front, rows_op_call
+from runtime_loader.ops import OPS, OpSchema
+from runtime_loader.ops.act import one_input_front, one_row_inputs
+from runtime_loader.ops.base import rows_op_call
+from runtime_loader.specs import BOTH
 from runtime_loader.specs import KernelSpec
 
 NAME = "act.squared_relu"
@@ -63,7 +65,7 @@ KERNELS = [
 
 if NAME not in OPS:  # imported once per process, as a plugin or by the script below
     add_op(OpSchema(NAME, ("width",), (), ("tokens",), "eager.squared_relu", method="squared_relu",
-                    front=squared_relu_front, call=rows_op_call(NAME), inputs=inputs.one_row))
+                    front=squared_relu_front, call=rows_op_call(NAME), inputs=one_row_inputs))
     register_contract(OpContract(NAME, reference, flops, bytes_moved,
                                  (({"width": 96}, (), {"tokens": 7}), ({"width": 1000}, (), {"tokens": 2}))))
     for _spec in KERNELS:

@@ -43,9 +43,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from runtime_loader.integrations.modules import (GATED_OPS, META_FUNCTIONS, PLAIN_OPS, Kind, classify, experts_arguments,
                                                  is_experts, modelling_modules, rope_layout)
-from runtime_loader.ops import (DTYPES, Signature, attention_call, causal_conv1d_call, deltanet_gates_call,
-                                embedding_call, gated_deltanet_call, linear_call,
-                                moe_experts_call, moe_router_call, qk_norm_call, rope_call, rows_call)
+from runtime_loader.dtypes import DTYPES
+from runtime_loader.ops import Signature
+from runtime_loader.ops.attention import attention_call
+from runtime_loader.ops.base import rows_call
+from runtime_loader.ops.conv import causal_conv1d_call
+from runtime_loader.ops.embedding import embedding_call
+from runtime_loader.ops.linear import linear_call
+from runtime_loader.ops.moe import moe_experts_call, moe_router_call
+from runtime_loader.ops.norm import qk_norm_call
+from runtime_loader.ops.recurrent import deltanet_gates_call, gated_deltanet_call
+from runtime_loader.ops.rope import rope_call
 from runtime_loader.safeio import shown
 
 from ..errors import LzError

@@ -1,25 +1,26 @@
-"""Op contracts: the tuner's half of each op of runtime_loader.ops.OPS, attached by the op's name.
+"""Op contracts: the tuner's half of each op (fp32 reference, tolerances, FLOPs and bytes, the cases
+its kernels are checked on), attached to its record by the op's name.
 
-At import every op has exactly one contract, and every contract names an op, with cases to check
-its kernels on; a plugin's op adds its contract with register_contract.
+One module per op family, named as the runtime's (runtime_loader.ops.<family> holds the records,
+inputs and eager kernels; lzsolve.ops.<family> the contracts, listed in its CONTRACTS). At import
+every op has exactly one contract, in the module of its family, with cases; a plugin's op adds
+its contract with register_contract.
 """
-from runtime_loader.ops import OPS
+import importlib
 
-from .act import GEGLU, GELU, SIGMOID_GATE, SWIGLU, SWIGLU_FP8
-from .attention import DECODE, DECODE_FP8KV, PREFILL
-from .conv import CAUSAL_DEPTHWISE
+from runtime_loader.ops import FAMILIES, OPS
+
 from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
-from .embedding import EMBEDDING, LEARNED
-from .linear import LINEAR, LINEAR_FP8, LINEAR_FP8_PREQUANTISED
-from .moe import EXPERTS, ROUTER
-from .norm import LAYER, QK, RMS, RMS_ADD, RMS_ADD_FP8, RMS_FP8
-from .recurrent import DELTANET_GATES, GATED_DELTANET
-from .rope import ROPE
 
-CONTRACTS: dict[str, OpContract] = {c.op: c for c in (
-    PREFILL, DECODE, DECODE_FP8KV, RMS, RMS_ADD, RMS_FP8, RMS_ADD_FP8, QK, LAYER, ROPE, LEARNED, EMBEDDING, SWIGLU,
-    SWIGLU_FP8, GEGLU, GELU, SIGMOID_GATE, LINEAR, LINEAR_FP8, LINEAR_FP8_PREQUANTISED,
-    CAUSAL_DEPTHWISE, DELTANET_GATES, GATED_DELTANET, EXPERTS, ROUTER)}
+CONTRACTS: dict[str, OpContract] = {}
+for _family, _runtime in FAMILIES.items():
+    _module = importlib.import_module(f"{__name__}.{_family}")
+    _records = {record.name for record in _runtime.RECORDS}
+    for _contract in _module.CONTRACTS:
+        if _contract.op not in _records:
+            raise RuntimeError(f"lzsolve.ops.{_family} holds the contract of {_contract.op}, whose record is not in "
+                               f"runtime_loader.ops.{_family}")
+        CONTRACTS[_contract.op] = _contract
 
 
 def check_contracts() -> None:

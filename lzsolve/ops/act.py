@@ -5,7 +5,7 @@ act.gelu: gelu_tanh(x) (GPT-2's gelu_new); act.sigmoid_gate: x * sigmoid(gate) (
 gated attention: the attention output times the sigmoid of a gate projected along with q).
 act.swiglu_fp8: the SwiGLU quantised per token to float8 e4m3 as an FP8 linear's input,
 (q, scale); the reference returns q's values in fp32.
-Inputs (runtime_loader.inputs): gate and up as the two halves of one (tokens, 2 * width) buffer,
+Inputs (runtime_loader.ops.act): gate and up as the two halves of one (tokens, 2 * width) buffer,
 because that is what a fused gate_up projection hands them over as.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime_loader.kernels.eager import quantize_per_token
+from runtime_loader.quant import quantize_per_token
 
 from .base import FP8_OUT_TOLERANCES, OpContract, itemsize
 
@@ -62,3 +62,5 @@ GEGLU = OpContract("act.geglu", geglu, flops_per_element(9.0), bytes_per_element
 GELU = OpContract("act.gelu", gelu, flops_per_element(8.0), bytes_per_element(2), cases(3072))
 SIGMOID_GATE = OpContract("act.sigmoid_gate", sigmoid_gate, flops_per_element(5.0), bytes_per_element(3),
                           cases(4096))
+
+CONTRACTS = (SWIGLU, SWIGLU_FP8, GEGLU, GELU, SIGMOID_GATE)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime_loader.inputs import attention_shapes as _shapes
+from runtime_loader.ops.attention import attention_shapes as _shapes
 
 from .base import OpContract, itemsize
 
@@ -122,3 +122,5 @@ DECODE_FP8KV = OpContract("attention.decode_fp8kv", fp8kv_reference, fp8kv_flops
                           (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
                            ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
                            ({"hq": 4, "hkv": 2, "d": 64}, (), {"batch": 3, "kv_len": 70})))
+
+CONTRACTS = (PREFILL, DECODE, DECODE_FP8KV)

@@ -1,7 +1,7 @@
 """The op contract: the tuner's half of one op (fp32 reference, tolerances, roofline counts).
 
 The runtime half (signature dims, how a call is served, fallback kernel, example inputs) is
-the op's record in `runtime_loader.ops.OPS`; a contract is attached to it by the op's name.
+the op's record in `runtime_loader.ops.<family>`; a contract is attached to it by the op's name.
 This half is what the solver needs to check and measure candidates.
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ import torch
 
 from runtime_loader.inputs import randn
 from runtime_loader.parity import TOLERANCES, Tolerance, compare, to_fp32
-from runtime_loader.ops import DTYPES, OPS, OpSchema, Signature
+from runtime_loader.dtypes import DTYPES
+from runtime_loader.ops import OPS, OpSchema, Signature
 
 __all__ = ["FP8_OUT_TOLERANCES", "OpContract", "Tolerance", "TOLERANCES", "compare", "itemsize", "randn", "to_fp32"]
 
@@ -48,7 +49,7 @@ class OpContract:
     @property
     def make_inputs(self) -> Callable[[Signature, dict, torch.device, torch.Generator], tuple]:
         """(signature, dynamic dims, device, generator) -> the canonical call args: the op record's
-        inputs, the ones the runtime warms up with (runtime_loader.inputs)."""
+        inputs, the ones the runtime warms up with (runtime_loader.ops.<family>)."""
         return OPS[self.op].inputs
 
 

@@ -48,3 +48,5 @@ CASES = (({"channels": 96, "width": 4}, ("silu",), {"batch": 2, "seq": 37}),
          ({"channels": 40, "width": 4}, ("silu", "bias"), {"batch": 1, "seq": 3}),
          ({"channels": 40, "width": 3}, (), {"batch": 2, "seq": 1}))
 CAUSAL_DEPTHWISE = OpContract("conv.causal_depthwise", reference, flops, bytes_moved, CASES)
+
+CONTRACTS = (CAUSAL_DEPTHWISE,)

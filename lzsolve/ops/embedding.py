@@ -37,3 +37,5 @@ EMBEDDING = OpContract("embedding", embedding, embedding_flops, lookup_bytes(2),
                         ({"vocab": 3000, "hidden": 640}, ("scaled",), {"tokens": 5})))
 LEARNED = OpContract("posenc.learned", learned_positions, learned_flops, lookup_bytes(3),
                      (({"hidden": 768}, (), {"tokens": 9}), ({"hidden": 96}, (), {"tokens": 1})))
+
+CONTRACTS = (LEARNED, EMBEDDING)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime_loader.kernels.eager import quantize_per_token
+from runtime_loader.quant import quantize_per_token
 
 from .base import TOLERANCES, OpContract, Tolerance, itemsize
 
@@ -74,3 +74,5 @@ def fp8_prequantised_bytes(sig, dims):
 
 LINEAR_FP8_PREQUANTISED = OpContract("linear.fp8_prequantised", fp8_prequantised_reference, flops,
                                      fp8_prequantised_bytes, LINEAR_FP8.cases, tolerances=LINEAR_FP8.tolerances)
+
+CONTRACTS = (LINEAR, LINEAR_FP8, LINEAR_FP8_PREQUANTISED)

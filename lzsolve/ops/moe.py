@@ -93,3 +93,5 @@ ROUTER = OpContract("moe.router", router_reference, router_flops, router_bytes, 
     ({"experts": 60, "top_k": 4}, (), {"tokens": 5}),  # Qwen2-MoE: no renormalisation, experts not a power of 2
     ({"experts": 128, "top_k": 8}, ("renorm",), {"tokens": 1}),  # Qwen3-MoE at decode
 ))
+
+CONTRACTS = (ROUTER, EXPERTS)

@@ -9,18 +9,18 @@ norm.qk: rms over each head of x (tokens, heads, d) with one weight (d,) for eve
 norm.layer: (x - mean) / sqrt(var + eps) * weight + bias (no bias under the flag no_bias).
 
 norm.rms_fp8 / norm.rms_add_fp8: the same, the normed rows then quantised per token to float8
-e4m3 as an FP8 linear's input (runtime_loader.kernels.eager.quantize_per_token): (q, scale[,
+e4m3 as an FP8 linear's input (runtime_loader.quant.quantize_per_token): (q, scale[,
 total]). The reference quantises the fp32 normed rows and returns q's values in fp32.
 
 unit_offset (Gemma, Qwen3.5): the RMS norms scale by (1 + weight), whose trained weights sit
 near 0; the canonical call appends True as a last argument only when the signature sets it.
-Inputs: runtime_loader.inputs.
+Records, inputs and eager kernels: runtime_loader.ops.norm.
 """
 from __future__ import annotations
 
 import torch
 
-from runtime_loader.kernels.eager import quantize_per_token
+from runtime_loader.quant import quantize_per_token
 
 from .base import FP8_OUT_TOLERANCES, OpContract, itemsize
 
@@ -91,3 +91,5 @@ QK = OpContract("norm.qk", rms, qk_flops, qk_bytes, (({"heads": 8, "d": 128}, ()
                                                      ({"heads": 2, "d": 256}, ("unit_offset",), {"tokens": 5})))
 LAYER = OpContract("norm.layer", layer, flops(7.0), bytes_moved(2, 2),
                    (({"hidden": 192}, (), {"tokens": 9}), ({"hidden": 2048}, (), {"tokens": 3})))
+
+CONTRACTS = (RMS, RMS_ADD, RMS_FP8, RMS_ADD_FP8, QK, LAYER)

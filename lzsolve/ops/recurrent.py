@@ -87,3 +87,5 @@ def gates_bytes(sig, dims):
 # a few tokens of an odd head count; a decode batch of Qwen3.5-0.8B's 16 value heads
 DELTANET_GATES = OpContract("recurrent.deltanet_gates", gates_reference, gates_flops, gates_bytes,
                             (({"heads": 6}, (), {"tokens": 5}), ({"heads": 16}, (), {"tokens": 3})))
+
+CONTRACTS = (DELTANET_GATES, GATED_DELTANET)

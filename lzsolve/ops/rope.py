@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime_loader.inputs import cos_sin
+from runtime_loader.ops.rope import cos_sin
 
 from .base import OpContract, itemsize
 
@@ -46,3 +46,5 @@ ROPE = OpContract("posenc.rope", reference, flops, bytes_moved,
                   (({"hq": 4, "hkv": 2, "d": 64, "layout": "split_half"}, (), {"tokens": 11}),
                    ({"hq": 4, "hkv": 2, "d": 64, "layout": "interleaved"}, (), {"tokens": 11}),
                    ({"hq": 8, "hkv": 8, "d": 128, "layout": "split_half"}, (), {"tokens": 5})))
+
+CONTRACTS = (ROPE,)

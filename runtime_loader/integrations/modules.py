@@ -190,7 +190,7 @@ def _classify_experts(module) -> Kind | None:
     """The module's Kind("moe.experts") when it computes moe.experts in the form it declares: its
     own forward is run, with transformers' eager experts loop, on a stand-in holding small random
     CPU weights of its expert count, and compared with ours."""
-    from ..kernels.eager import moe_experts
+    from ..ops.moe import moe_experts
 
     kind = _experts_form(module) if is_experts(module) else None
     if kind is None:
@@ -224,7 +224,7 @@ def _classify_router(module) -> Kind | None:
     (+ bias) and moe.router of those logits (softmax, top_k, renormalised or not; GPT-OSS's softmax
     over the top_k logits is the renormalised one): found by running a CPU copy, in fp32 for the
     values and in bf16 for the dtypes it returns."""
-    from ..kernels.eager import moe_router
+    from ..ops.moe import moe_router
 
     weight, top_k = getattr(module, "weight", None), getattr(module, "top_k", None)
     if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and isinstance(top_k, int)) or \
@@ -293,7 +293,7 @@ def rope_layout(apply_rotary_pos_emb) -> str | None:
     form (split_half: the angles twice, concatenated; interleaved: each angle twice in a row,
     Cohere and GLM; split_half_once: split halves with each angle once, GPT-OSS): "split_half",
     "interleaved", "split_half_once", or None for any other form."""
-    from ..kernels.eager import rope
+    from ..ops.rope import rope
 
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 1, 5, 8, generator=gen)

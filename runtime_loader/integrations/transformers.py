@@ -43,8 +43,9 @@ from .. import custom_ops, registry
 from ..safeio import warn
 from ..dispatcher import NOT_SERVED, OWN_CODE, Dispatcher, Entry, _hand_back
 from ..dtypes import DTYPES
-from ..kernels import eager
-from ..ops import Signature, linear_call
+from ..ops import Signature
+from ..ops.embedding import embedding as eager_embedding
+from ..ops.linear import linear_call
 from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, expert_parallel, experts_arguments, is_experts,
                       meta_functions, meta_twin, modelling_modules, own_parameters, rope_layout, sibling_groups)
 
@@ -361,7 +362,7 @@ def _embedding_scale(module) -> tuple[bool, float | None]:
     ids = torch.tensor([[0, module.weight.shape[0] - 1]], device=module.weight.device)
     with torch.no_grad():
         expected = type(module).forward(module, ids)
-        got = eager.embedding(ids, module.weight, scale)  # the op's definition, not a table's kernel
+        got = eager_embedding(ids, module.weight, scale)  # the op's definition, not a table's kernel
     return expected.shape == got.shape and bool(torch.equal(got, expected)), scale
 
 

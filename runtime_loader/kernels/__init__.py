@@ -1,8 +1,10 @@
 """Kernel adapters: each module declares SPECS (a KernelSpec list); tunable families
 (kernels with a search space) are declared as TUNABLES. Optional libraries are imported
 lazily, inside the adapters, so a missing one is a Reason rather than an ImportError."""
-from . import builtin, compiled, eager, fla, flash_attn, flashinfer, flex, liger, sdpa, triton_ops
+from .. import ops
+from . import builtin, compiled, fla, flash_attn, flashinfer, flex, liger, sdpa, triton_ops
 
-ALL_SPECS = [*sdpa.SPECS, *eager.SPECS, *builtin.SPECS, *compiled.SPECS,
+# ops.SPECS: the eager kernels each op family defines beside its records
+ALL_SPECS = [*sdpa.SPECS, *ops.SPECS, *builtin.SPECS, *compiled.SPECS,
              *flex.SPECS, *flash_attn.SPECS, *flashinfer.SPECS, *liger.SPECS, *fla.SPECS]
 ALL_TUNABLES = [*triton_ops.TUNABLES, *fla.TUNABLES]

@@ -7,7 +7,11 @@ import torch.nn.functional as F
 
 from ..specs import HEAD_DIM_ANY, KernelSpec
 from ..dtypes import ALL_DTYPES
-from .eager import BOTH, EXPERT_FORMS, KEEP_INPUTS, UNIT_OFFSET, expert_activation, quantize_per_token, scaled
+from ..ops.embedding import scaled
+from ..ops.moe import EXPERT_FORMS, expert_activation
+from ..ops.norm import KEEP_INPUTS, UNIT_OFFSET
+from ..quant import quantize_per_token
+from ..specs import BOTH
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):
@@ -103,12 +107,12 @@ def scaled_mm(q, x_scale, weight, weight_scale, bias=None, out_dtype=torch.bfloa
 
 SPECS = [
     KernelSpec("torch.rms_norm", frozenset({"norm.rms"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
-               features=UNIT_OFFSET, graph_safe=True, deterministic=True),
+               features=frozenset(UNIT_OFFSET), graph_safe=True, deterministic=True),
     KernelSpec("torch.rms_norm_add", frozenset({"norm.rms_add"}), "torch", rms_norm_add,
-               platforms=BOTH, dtypes=ALL_DTYPES, features=UNIT_OFFSET | KEEP_INPUTS, graph_safe=True,
+               platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset(UNIT_OFFSET + KEEP_INPUTS), graph_safe=True,
                deterministic=True, notes="an add, then F.rms_norm"),
     KernelSpec("torch.qk_norm", frozenset({"norm.qk"}), "torch", rms_norm, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET, graph_safe=True, deterministic=True,
+               head_dim_max=HEAD_DIM_ANY, features=frozenset(UNIT_OFFSET), graph_safe=True, deterministic=True,
                notes="F.rms_norm over each head"),
     KernelSpec("torch.layer_norm", frozenset({"norm.layer"}), "torch", layer_norm,
                platforms=BOTH, dtypes=ALL_DTYPES, features=frozenset({"no_bias"}), graph_safe=True, deterministic=True),

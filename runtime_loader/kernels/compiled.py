@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from ..specs import KernelSpec
-from . import eager
+from .. import ops
+from ..ops.conv import causal_conv1d_taps
 
 LEADING = "leading"  # every dim but the last
 PRIME_TOKENS = 256
@@ -94,7 +95,7 @@ def compile_variant(spec: KernelSpec, kernel_id: str, token_dims: dict[int, tupl
                                notes=f"torch.compile(dynamic=True, token dims unbacked) of {spec.kernel_id}")
 
 
-_EAGER = {s.kernel_id: s for s in eager.SPECS}
+_EAGER = {s.kernel_id: s for s in ops.SPECS}
 SPECS = [
     compile_variant(_EAGER["eager.rms_norm"], "compile.rms_norm", {0: LEADING}),
     compile_variant(_EAGER["eager.rms_norm_add"], "compile.rms_norm_add", {0: LEADING, 1: LEADING}),
@@ -110,7 +111,7 @@ SPECS = [
     # the conv's taps as multiply-adds, which Inductor fuses; no dim unbacked (torch 2.11's Inductor
     # failed to lower those slices over an unbacked seq on the H100): traced at the first call's shape,
     # dynamic from the next
-    dataclasses.replace(compile_variant(dataclasses.replace(_EAGER["eager.causal_conv1d"], impl=eager.causal_conv1d_taps),
+    dataclasses.replace(compile_variant(dataclasses.replace(_EAGER["eager.causal_conv1d"], impl=causal_conv1d_taps),
                                         "compile.causal_conv1d", {}),
                         notes="torch.compile(dynamic=True) of the conv as width multiply-adds"),
 ]

@@ -9,7 +9,7 @@ top-left; the two agree only when seq_q == kv_len, which attention.prefill alway
 (attention.decode is not causal). A causal call with seq_q != kv_len is refused, so it
 can never silently mean something else. A sliding window is FA's window_size (left
 window - 1, right 0 under a causal mask), aligned the same way; softcap is FA's own.
-Attention sinks take the row log-sum-exps FA returns (eager.with_sinks).
+Attention sinks take the row log-sum-exps FA returns (ops.attention.with_sinks).
 The fa3-fwd wheel is built with FLASHATTENTION_DISABLE_LOCAL (fa3_fwd_config.py), so
 FA3 declares softcap but no sliding window.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..specs import KernelSpec
 from ..dtypes import HALF
-from .eager import with_sinks
+from ..ops.attention import with_sinks
 from .sdpa import ATTENTION, ATTENTION_FEATURES, SINKS
 
 

@@ -17,7 +17,7 @@ warmed up.
 
 The signature's options become a score mod (softcap) and a mask mod (causal, sliding
 window) in `mods`; each is built once per option value, so Dynamo's guards on them hold.
-Attention sinks take the row log-sum-exps flex returns (eager.with_sinks).
+Attention sinks take the row log-sum-exps flex returns (ops.attention.with_sinks).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..specs import KernelSpec
 from ..dtypes import ALL_DTYPES
-from .eager import with_sinks
+from ..ops.attention import with_sinks
 from .sdpa import ATTENTION, ATTENTION_FEATURES, SINKS
 
 try:
@@ -44,7 +44,7 @@ BLOCK_MASKS_KEPT = 64  # a causal block mask is (seq / 128)^2 block indices; cre
 
 @functools.lru_cache(maxsize=None)
 def mask_mod(causal: bool, window: int, offset: int) -> Callable | None:
-    """Keys a query sees, as runtime_loader.kernels.eager.visible_keys: under a causal mask query i
+    """Keys a query sees, as runtime_loader.ops.attention.visible_keys: under a causal mask query i
     sits at position i (SDPA's top-left), otherwise at offset + i (offset = kv_len - seq_q, so a
     decode query is the last position); a window keeps keys j > position - window."""
     if not causal and not window:
@@ -83,7 +83,7 @@ def _attend(q, k, v, score_mod, block_mask, scale, enable_gqa):
 
 
 def _attend_lse(q, k, v, score_mod, block_mask, scale, enable_gqa):
-    """(out, each row's natural log-sum-exp): for attention sinks (eager.with_sinks)."""
+    """(out, each row's natural log-sum-exp): for attention sinks (ops.attention.with_sinks)."""
     if AuxRequest is None:  # a torch before return_aux
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                               enable_gqa=enable_gqa, return_lse=True)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from ..dtypes import ALL_DTYPES, HALF
 from ..specs import HEAD_DIM_ANY, KernelSpec
-from .eager import BOTH, effective_window, visible_keys, with_sinks
+from ..ops.attention import effective_window, visible_keys, with_sinks
+from ..specs import BOTH
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
 CAUSAL_GQA = frozenset({"causal", "gqa"})
 # qk_norm only says q and k come from a per-head norm: every attention kernel that takes q and k

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ...dtypes import ALL_DTYPES
 from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
-from ..eager import EXPERT_FORMS, KEEP_INPUTS, UNIT_OFFSET
+from ...ops.moe import EXPERT_FORMS
+from ...ops.norm import KEEP_INPUTS, UNIT_OFFSET
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:
@@ -71,20 +72,20 @@ FP8_TMA_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 4, "
 TUNABLES = [
     family("triton.rms_norm", "norm.rms", "norm", "rms_norm", NORM_PARAMS, NORM_DEFAULT,
            "one row per program, fp32 statistics; rows wider than block take two passes",
-           features=UNIT_OFFSET),
+           features=frozenset(UNIT_OFFSET)),
     family("triton.rms_norm_add", "norm.rms_add", "norm", "rms_norm_add", NORM_PARAMS, NORM_DEFAULT,
            "in place: total into residual, normed into x (keep_inputs: both new); rows wider than block take two "
-           "passes", features=UNIT_OFFSET | KEEP_INPUTS),
+           "passes", features=frozenset(UNIT_OFFSET + KEEP_INPUTS)),
     # the norm and an FP8 linear's per-token quantisation of its output in one pass (e4m3: sm 89+)
     family("triton.rms_norm_fp8", "norm.rms_fp8", "norm", "rms_norm_fp8", NORM_PARAMS, NORM_DEFAULT,
            "one row per program, quantised in the same pass; rows wider than block take three passes",
-           features=UNIT_OFFSET, min_sm=89),
+           features=frozenset(UNIT_OFFSET), min_sm=89),
     family("triton.rms_norm_add_fp8", "norm.rms_add_fp8", "norm", "rms_norm_add_fp8", NORM_PARAMS, NORM_DEFAULT,
            "total into residual, q and scales new; rows wider than block take three passes",
-           features=UNIT_OFFSET, min_sm=89),
+           features=frozenset(UNIT_OFFSET), min_sm=89),
     # one launch where F.rms_norm over Gemma's (1 + weight) takes five (casts, the add, the norm)
     family("triton.qk_norm", "norm.qk", "norm", "rms_norm", QK_NORM_PARAMS, QK_NORM_DEFAULT,
-           "the rms_norm kernel over rows of one head", head_dim_max=HEAD_DIM_ANY, features=UNIT_OFFSET),
+           "the rms_norm kernel over rows of one head", head_dim_max=HEAD_DIM_ANY, features=frozenset(UNIT_OFFSET)),
     family("triton.layer_norm", "norm.layer", "norm", "layer_norm", NORM_PARAMS, NORM_DEFAULT,
            "one row per program, two-pass fp32 variance; rows wider than block take three passes"),
     family("triton.swiglu", "act.swiglu", "act", "swiglu", ACT_PARAMS, ACT_DEFAULT,

@@ -9,7 +9,7 @@ descriptors. On an H200 the TMA form ran 1.69-1.94x bf16 cuBLAS from 1024 tokens
 down_proj, where cuBLASLt's row-wise FP8 GEMM ran 1.63-1.94x and the pointer form 1.60-1.86x
 (BENCHMARKS §16.6).
 
-The eager quantisation (kernels/eager.quantize_per_token) is about seven launches with fp32
+The eager quantisation (runtime_loader.quant.quantize_per_token) is about seven launches with fp32
 temporaries of the whole activation; it cost more than the FP8 GEMM saved, so FP8 linears ran
 0.2-0.9x bf16 on the H100 (BENCHMARKS §16). Here it is one read of x and one write of a byte per
 element. The rounding is the format's, as the reference does it: scale = amax times the fp32 reciprocal of
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..eager import E4M3_MAX
+from ...quant import E4M3_MAX
 from .launch import launcher
 from .layout import as_rows
 from .linear import REDUCE_BLOCK, _sum_splits_kernel, output_tile, split_share
@@ -35,7 +35,7 @@ QUANT_BLOCK_MAX = 8192  # a row up to this wide is read once for its amax and on
 @triton.jit
 def row_scale(amax, E4M3: tl.constexpr):
     """A row's e4m3 scale from its amax (a scalar, or a block whose max is taken): amax times the
-    fp32 reciprocal of E4M3, as eager.quantize_per_token computes it; amax at least 1e-12."""
+    fp32 reciprocal of E4M3, as quant.quantize_per_token computes it; amax at least 1e-12."""
     return tl.maximum(tl.max(amax, 0), 1e-12) * (1.0 / E4M3)
 
 

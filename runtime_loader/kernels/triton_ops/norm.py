@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..eager import E4M3_MAX
+from ...quant import E4M3_MAX
 from .fp8 import row_scale, store_quantised
 from .launch import launcher
 from .layout import as_rows

@@ -1,0 +1,221 @@
+"""Attention: prefill (seq_q == kv_len), decode (one query over a cache) and a decode step over
+an FP8 KV cache. Their records, how a call is read, their example inputs, the eager reference
+(the fallback where SDPA cannot: softcap, sinks) and the FP8 cache's baseline.
+
+Layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads. The fallback of prefill
+and decode is SDPA's default (runtime_loader.kernels.sdpa). Contract: lzsolve.ops.attention.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..dtypes import ALL_DTYPES, DTYPE_NAMES
+from ..inputs import randn
+from ..quant import E4M3_MAX
+from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
+from .base import OpSchema, Signature
+
+
+def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: float | None = None, window: int = 0,
+                    softcap: float = 0.0, sinks: Tensor | None = None, qk_norm: bool = False):
+    """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads.
+    window: a query at position p sees keys j > p - window, where p is i for query i under a
+    causal mask and kv_len - seq_q + i without one (a decode query is the newest token);
+    softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
+    sinks: one learned logit per q head, (q heads,), that joins every row of the softmax's
+    denominator and carries no value (GPT-OSS's attention sinks); qk_norm: q and k come from a
+    per-head norm (no change to the math, only to which kernels may serve the call)."""
+    # v.shape, not k.shape: a valid SDPA call has k.shape == v.shape but for the last dim, which must equal q's
+    return ((q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, qk_norm),
+            (q, k, v, causal, scale, window, softcap, sinks) if sinks is not None
+            else (q, k, v, causal, scale, window, softcap) if window or softcap else (q, k, v, causal, scale))
+
+
+def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sinks=None, qk_norm=False):
+    if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES or sinks is not None and sinks.shape != q.shape[1:2]:
+        return None
+    batch, hq, seq_q, d = q.shape
+    hkv, kv_len = k.shape[1], k.shape[2]
+    # int and float as the schema's defaults, so softcap=50 and softcap=50.0 name one signature
+    static = {"hq": hq, "hkv": hkv, "d": d, "window": int(window), "softcap": float(softcap)}
+    dtype = DTYPE_NAMES[q.dtype]
+    marker = ("qk_norm",) * qk_norm + ("sinks",) * (sinks is not None)
+    if seq_q == kv_len:
+        flags = ("causal",) if causal else ()
+        return Signature.make("attention.prefill", static, flags + marker, dtype), {"batch": batch, "seq": seq_q}
+    if seq_q == 1 and not causal:
+        return Signature.make("attention.decode", static, marker, dtype), {"batch": batch, "kv_len": kv_len}
+    return None  # e.g. chunked prefill: SDPA's top-left causal alignment is kept by the fallback
+
+
+def attention_outside(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None) -> str:
+    """A call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA
+    cannot softcap or take sinks."""
+    return "eager.attention" if softcap or sinks is not None else "sdpa.default"
+
+
+def attention_fake(q: Tensor, k: Tensor, v: Tensor, *args) -> Tensor:
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def attention_fp8kv_front(q: Tensor, k: Tensor, v: Tensor, k_scale: float = 1.0, v_scale: float = 1.0,
+                          scale: float | None = None):
+    """A decode step over an FP8 KV cache: q (batch, q heads, 1, d) in the activation dtype, k and
+    v (batch, kv heads, kv_len, d) in float8 e4m3, each dequantised by its scale (per tensor, as
+    vLLM's and FlashInfer's FP8 caches keep them); GQA when kv heads divide q heads."""
+    return (q.shape, v.shape, q.dtype, q.is_cuda), (q, k, v, k_scale, v_scale, scale)
+
+
+def attention_fp8kv_call(q, k, v, k_scale=1.0, v_scale=1.0, scale=None):
+    if (q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES or k.dtype != torch.float8_e4m3fn
+            or v.dtype != torch.float8_e4m3fn or q.shape[2] != 1):
+        return None
+    batch, hq, _, d = q.shape
+    static = {"hq": hq, "hkv": k.shape[1], "d": d}
+    return (Signature.make("attention.decode_fp8kv", static, (), DTYPE_NAMES[q.dtype]),
+            {"batch": batch, "kv_len": k.shape[2]})
+
+
+# --- example inputs ---------------------------------------------------------------------------------
+def attention_shapes(sig, dims):
+    """(batch, hq, hkv, d, seq_q, kv_len): a prefill has seq, a decode one query and kv_len keys."""
+    hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
+    batch = dims["batch"]
+    seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
+    return batch, hq, hkv, d, seq_q, kv_len
+
+
+def attention_inputs(sig, dims, device, gen):
+    """(q, k, v, causal, scale), with (window, softcap) appended only when the signature sets one,
+    and sinks after them with the sinks flag (logits about as large as a short row's log-sum-exp,
+    so they take a real share of the softmax)."""
+    batch, hq, hkv, d, seq_q, kv_len = attention_shapes(sig, dims)
+    q = randn((batch, hq, seq_q, d), sig, device, gen)
+    k = randn((batch, hkv, kv_len, d), sig, device, gen)
+    v = randn((batch, hkv, kv_len, d), sig, device, gen)
+    options = (sig.dim("window"), sig.dim("softcap"))
+    if "sinks" in sig.flags:
+        return q, k, v, "causal" in sig.flags, None, *options, randn((hq,), sig, device, gen).add_(1.0)
+    return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
+
+
+def attention_fp8kv_inputs(sig, dims, device, gen):
+    """A cache written as FP8 caches are: k and v divided by their scale into e4m3 (a fixed scale
+    that maps N(0, 1) values well inside e4m3's range: no device sync to measure an amax)."""
+
+    batch, hq, hkv, d, _, kv_len = attention_shapes(sig, dims)
+    q = randn((batch, hq, 1, d), sig, device, gen)
+    k_scale, v_scale = 1 / 64, 1 / 48
+
+    def cached(scale):
+        values = torch.randn((batch, hkv, kv_len, d), generator=gen, device=device) / scale
+        return values.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, cached(k_scale), cached(v_scale), k_scale, v_scale, None
+
+
+# --- the eager kernels: the fallbacks, written as transformers computes these ops ------------------
+def effective_window(seq_q: int, kv_len: int, causal: bool, window: int) -> int:
+    """`window`, or 0 when it hides no key: every query sits below it (a prompt or a cache shorter
+    than the window, as most requests to a Mistral or Gemma sliding layer are), so a kernel can
+    take its plain causal path instead of a mask."""
+    last_position = seq_q - 1 if causal else kv_len - 1
+    return window if window and last_position >= window else 0
+
+
+def visible_keys(seq_q: int, kv_len: int, causal: bool, window: int, device):
+    """Which keys each query sees, as a (seq_q, kv_len) boolean mask; None when it sees them all.
+    Query i sits at position i under a causal mask (SDPA's top-left alignment: it sees keys 0..i)
+    and at kv_len - seq_q + i without one (the newest tokens: a decode query is at kv_len - 1);
+    a window lets it see keys j > position - window. Every query keeps at least one key."""
+    window = effective_window(seq_q, kv_len, causal, window)
+    if not causal and not window:
+        return None
+    query = torch.arange(seq_q, device=device)[:, None]
+    key = torch.arange(kv_len, device=device)[None, :]
+    keep = key <= query if causal else torch.ones(seq_q, kv_len, dtype=torch.bool, device=device)
+    if window:
+        position = query if causal else query + (kv_len - seq_q)
+        keep = keep & (key > position - window)
+    return keep
+
+
+def with_sinks(out, lse, sinks):
+    """Attention over the keys alone, made attention with sinks: each row's sink logit joins the
+    denominator, exp(lse) -> exp(lse) + exp(sink), so the row scales by sigmoid(lse - sink).
+    out (batch, heads, seq_q, d); lse (batch, heads, seq_q), the natural log-sum-exp of the row's
+    scaled scores that flash kernels return; sinks (heads,)."""
+    scale = torch.sigmoid(lse.float() - sinks.float()[None, :, None])
+    return (out.float() * scale[..., None]).to(out.dtype)
+
+
+def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+    """window and softcap are passed only by signatures that set them, sinks by those with sinks
+    (see lzsolve.ops.attention); a sink is one more column of the softmax, as GPT-OSS's eager
+    attention computes it."""
+    groups = q.shape[1] // k.shape[1]
+    if groups != 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if softcap:  # Gemma 2: squash the scaled scores, then mask
+        scores = torch.tanh(scores / softcap) * softcap
+    keep = visible_keys(q.shape[2], k.shape[2], causal, window, q.device)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if sinks is None:
+        return torch.matmul(scores.softmax(-1).to(q.dtype), v)
+    sink_column = sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+    probs = torch.cat([scores, sink_column], dim=-1).softmax(-1)[..., :-1]
+    return torch.matmul(probs.to(q.dtype), v)
+
+
+def attention_fp8kv(q, k, v, k_scale: float, v_scale: float, scale=None):
+    """The baseline any device runs: the cache dequantised to q's dtype, then SDPA's default."""
+    k, v = k.to(q.dtype) * k_scale, v.to(q.dtype) * v_scale
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
+# --- the records ---------------------------------------------------------------------------------------
+# The tuner's buckets per named grid (lzsolve.grid): tiny for tests, small the default on a CPU, full
+# on a GPU, at the decode and prefill sizes a server sees. Prefill measures batch 1 and 2 both:
+# adapters switch paths there (FlashInfer: single prefill vs paged batch prefill), and a tree fed
+# batch 1 and 4 alone sent batch 2 to the batch-1 winner (1.9x regret on the H100, BENCHMARKS.md §9).
+PREFILL_BUCKETS = {"tiny": {"batch": (1,), "seq": (16, 64)},
+                   "small": {"batch": (1, 2), "seq": (32, 128, 512)},
+                   "full": {"batch": (1, 2, 8), "seq": (128, 512, 2048, 8192)}}
+DECODE_BUCKETS = {"tiny": {"batch": (1, 2), "kv_len": (64,)},
+                  "small": {"batch": (1, 8), "kv_len": (128, 1024)},
+                  "full": {"batch": (1, 8, 32, 128), "kv_len": (512, 2048, 8192)}}
+ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0))
+ATTENTION = dict(method="attention", front=attention_front, call=attention_call, inputs=attention_inputs,
+                 fake=attention_fake, outside=attention_outside)
+
+
+RECORDS = (
+    # window: query i sees keys j with i - window < j (0: all); softcap: scores -> softcap * tanh(scores / softcap);
+    # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
+    # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS)
+    OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm", "sinks"), ("batch", "seq"),
+             "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", buckets=PREFILL_BUCKETS, **ATTENTION),
+    OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks"), ("batch", "kv_len"), "sdpa.default",
+             ATTENTION_OPTIONAL, "eager.attention", buckets=DECODE_BUCKETS, **ATTENTION),
+    # a decode step over an FP8 (e4m3) KV cache with a scale for k and one for v
+    OpSchema("attention.decode_fp8kv", ("hq", "hkv", "d"), (), ("batch", "kv_len"), "eager.attention_fp8kv",
+             method="attention_fp8kv", front=attention_fp8kv_front, call=attention_fp8kv_call,
+             inputs=attention_fp8kv_inputs, fake=attention_fake, buckets=DECODE_BUCKETS),
+)
+
+
+SPECS = [
+    KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
+               platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
+               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks"}), graph_safe=True,
+               deterministic=True, notes="matmul + fp32 softmax + matmul; materialises the score matrix; "
+                                         "the reference for what SDPA cannot do (softcap, sinks)"),
+    KernelSpec("eager.attention_fp8kv", frozenset({"attention.decode_fp8kv"}), "torch", attention_fp8kv, platforms=BOTH,
+               dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY, features=frozenset({"gqa"}), graph_safe=True,
+               notes="dequantise the whole cache to q's dtype, then SDPA"),
+]

@@ -1,0 +1,61 @@
+"""The attention family's oracles: a signature or more per op (with dynamic dims) and an
+independent float64 formula per op (attention: textbook attention per (batch, head)), which tests/test_ops.py checks each
+contract's reference against."""
+import math
+
+import torch
+
+from runtime_loader.ops import Signature
+
+
+SIGS = [
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16}, ("causal",), "fp32"), {"batch": 2, "seq": 7}),
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 4, "d": 16}, (), "fp32"), {"batch": 1, "seq": 5}),
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "window": 3}, ("causal",), "fp32"),
+     {"batch": 2, "seq": 9}),
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "softcap": 1.5}, ("causal", "qk_norm"), "fp32"),
+     {"batch": 1, "seq": 6}),
+    (Signature.make("attention.prefill", {"hq": 2, "hkv": 2, "d": 8, "window": 2, "softcap": 1.0}, (), "fp32"),
+     {"batch": 1, "seq": 6}),
+    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, (), "fp32"), {"batch": 3, "kv_len": 9}),
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16, "window": 3}, ("causal", "sinks"), "fp32"),
+     {"batch": 2, "seq": 7}),
+    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8}, ("sinks",), "fp32"), {"batch": 3, "kv_len": 9}),
+    (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8, "window": 4, "softcap": 2.0}, (), "fp32"),
+     {"batch": 2, "kv_len": 9}),
+    (Signature.make("attention.decode_fp8kv", {"hq": 6, "hkv": 2, "d": 8}, (), "bf16"), {"batch": 2, "kv_len": 9}),
+]
+
+
+def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
+    """Textbook attention, one (batch, head) at a time, in float64; masks as -inf triangles, the
+    window's diagonal moved to the query's position (i, or kv_len - 1 for a decode query); a
+    sink adds exp(sink) to each row's denominator."""
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.empty_like(q)
+    groups = q.shape[1] // k.shape[1]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    offset = 0 if causal else k.shape[2] - q.shape[2]
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            s = q[b, h] @ k[b, h // groups].T * scale
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            if causal:
+                s = s + torch.full_like(s, -math.inf).triu(1)
+            if window:
+                s = s + torch.full_like(s, -math.inf).tril(offset - window)
+            weights = torch.exp(s - s.max(-1, keepdim=True).values)
+            total = weights.sum(-1, keepdim=True)
+            if sinks is not None:
+                total = total + torch.exp(sinks[h].double() - s.max(-1, keepdim=True).values)
+            out[b, h] = weights / total @ v[b, h // groups]
+    return out
+
+
+INDEPENDENT = {
+    "attention.prefill": attention64,
+    "attention.decode": attention64,
+    "attention.decode_fp8kv": lambda q, k, v, k_scale, v_scale, scale: attention64(
+        q, k.double() * k_scale, v.double() * v_scale, False, scale),
+}

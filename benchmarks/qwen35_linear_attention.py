@@ -12,7 +12,7 @@ Shapes: prefill b1 s2048 and b8 s512 from no state; decode steps at batch 1-128 
 (after a 64-token prompt). Timed interleaved by lzsolve's harness (eager launches, median us).
 
     python benchmarks/qwen35_linear_attention.py --record w.json     # what the patched layer calls
-    lzsolve tune --workload w.json --mode eager ... --out art          # (benchmarks/device_qwen35.sh)
+    lzsolve tune --workload w.json --mode eager ... --out art          # (benchmarks/device.sh qwen35)
     python benchmarks/qwen35_linear_attention.py --artifact art --json out.json
     python benchmarks/qwen35_linear_attention.py --device cpu --tiny   # a smoke test of the script
 """

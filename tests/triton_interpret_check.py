@@ -152,7 +152,7 @@ def check(kernel_id: str, sig: Signature, dims: dict, variant=None) -> list[str]
 def moe_rows_are_aligned(device: torch.device = CPU) -> list[str]:
     """The fused MoE's sort (align_blocks): every pair of this rank's experts in exactly one row,
     in a block of its expert; blocks in expert order, unused ones -1; other ranks' pairs nowhere.
-    `device`: cuda for real atomics (benchmarks/device_moe.sh, with TRITON_INTERPRET unset)."""
+    `device`: cuda for real atomics (`benchmarks/device.sh moe`, with TRITON_INTERPRET unset)."""
     from runtime_loader.kernels.triton_ops.moe import align_blocks
     failures, gen = [], torch.Generator().manual_seed(5)
     # (tokens, top_k, experts, block_m, ids past `experts`: another rank's), over several programs too

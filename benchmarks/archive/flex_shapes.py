@@ -7,16 +7,19 @@ Per shape, in one process: the static kernel's first call, the dynamic one's (a 
 a slow first call and in Dynamo's graph count), then both checked against the op's fp32 reference
 and timed interleaved with SDPA's default by lzsolve's harness (graph replay, median µs).
 
-    python benchmarks/flex_shapes.py [--json out.json]
+    python benchmarks/archive/flex_shapes.py [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for checked_timing (this script is in archive/)
 from checked_timing import checked, write_figures
 from lzsolve.bench import make_harness
 from lzsolve.ops import CONTRACTS

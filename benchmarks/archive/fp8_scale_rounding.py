@@ -9,7 +9,7 @@
    TP8's lm_head, down_proj and q/k/v shapes: rel_l2 of each, and whether the Triton
    quantisation gives eager's values and scales exactly.
 
-    python benchmarks/fp8_scale_rounding.py [--device cuda] [--rows 20000]
+    python benchmarks/archive/fp8_scale_rounding.py [--device cuda] [--rows 20000]
 """
 from __future__ import annotations
 

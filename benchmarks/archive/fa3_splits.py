@@ -6,7 +6,7 @@ powers of two. Every variant is checked against SDPA first, then all are timed i
 lzsolve's harness (graph replay, median µs). Why runtime_loader/kernels/flash_attn.fa3_splits
 splits decode and never a causal prefill: BENCHMARKS §10.10.
 
-    python benchmarks/fa3_splits.py [--json out.json]     # needs a Hopper GPU and fa3-fwd
+    python benchmarks/archive/fa3_splits.py [--json out.json]     # needs a Hopper GPU and fa3-fwd
 """
 from __future__ import annotations
 

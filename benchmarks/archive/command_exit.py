@@ -1,7 +1,7 @@
 """How long the `lzsolve` command takes from its last output line to its exit (BENCHMARKS §15.11-15.12):
 a tiny CPU tune through `python -m lzsolve`, stdout read line by line.
 
-    python benchmarks/command_exit.py [--repeat N]
+    python benchmarks/archive/command_exit.py [--repeat N]
 """
 from __future__ import annotations
 

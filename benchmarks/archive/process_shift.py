@@ -18,7 +18,7 @@ FlashInfer and Inductor kernels alike, torch's own not):
 If "first" shifts by process and "second" does not, the shift is what a kernel's first run after
 the flush pays, once per sample.
 
-    python benchmarks/process_shift.py [--processes 4] [--rounds 3] [--variants] [--device cuda] [--json out.json]
+    python benchmarks/archive/process_shift.py [--processes 4] [--rounds 3] [--variants] [--device cuda] [--json out.json]
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for checked_timing (this script is in archive/)
 from checked_timing import agreeing, write_figures
 from lzsolve.bench import Budget, make_harness
 from lzsolve.ops import CONTRACTS

@@ -6,7 +6,7 @@ Each kernel gets two fresh processes sharing one set of caches: the first makes 
 (filling the caches, as the ahead worker does), the second makes it again under cProfile and
 prints where its time went, by cumulative time.
 
-    python benchmarks/first_call_profile.py --device cuda \\
+    python benchmarks/archive/first_call_profile.py --device cuda \\
         'flex.attention:attention.prefill:hq=8,hkv=1,d=128:causal:batch=1,seq=128' \\
         'liger.rms_norm:norm.rms:hidden=8192::tokens=16'
 """
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for cpu_modes (this script is in archive/)
 from cpu_modes import pairs
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry

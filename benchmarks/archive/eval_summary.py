@@ -5,7 +5,7 @@ calls leave their timings in several `eval-*` runs; this judges every evaluated 
 the artifact's table with the same code `evaluate` uses (lzsolve.validate.judge/summarize) and
 prints one row per signature. BENCHMARKS.md §10.4 came from it:
 
-    python benchmarks/eval_summary.py ARTIFACT [--since eval-20261123T125000Z]
+    python benchmarks/archive/eval_summary.py ARTIFACT [--since eval-20261123T125000Z]
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ dequantised cache with a bf16 q) beside FlashInfer's tensor-core FP8 decode, and
 (CUDA events around each call, median of 100: host launches included, so these are not the
 graph-replay figures of benchmarks/fp8.py, and the FA3 column pays q's eager quantisation).
 
-    python benchmarks/fa3_fp8_probe.py     # on an H100 with fa3-fwd and FlashInfer"""
+    python benchmarks/archive/fa3_fp8_probe.py     # on an H100 with fa3-fwd and FlashInfer"""
 import torch
 from fa3_fwd_interface import flash_attn_func
 from lzsolve.ops import CONTRACTS, compare, to_fp32

@@ -1,7 +1,7 @@
 """Two FlashInfer modules built at once from one JIT folder, as a tune's workers on two GPUs build
 them: are they built again afterwards? (BENCHMARKS §15.3)
 
-    python benchmarks/flashinfer_concurrent_builds.py    # on a GPU; FlashInfer 0.5.3
+    python benchmarks/archive/flashinfer_concurrent_builds.py    # on a GPU; FlashInfer 0.5.3
 
 For each way of running ninja (FlashInfer's own; runtime_loader's, with each module's logs in its
 folder), in a fresh JIT folder: two processes each build one module (RMSNorm, SiLU-and-mul) at

@@ -3,7 +3,7 @@
 the get_trials call per trial that lzsolve.search's callback makes, in SQLite (the storage
 before), optuna's journal file (lzsolve.search.STORAGE_NAME now) and memory (the floor).
 
-    python benchmarks/search_storage.py [sqlite|journal|memory ...]
+    python benchmarks/archive/search_storage.py [sqlite|journal|memory ...]
 """
 from __future__ import annotations
 

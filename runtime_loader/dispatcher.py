@@ -61,24 +61,37 @@ def stop_recording() -> None:
     _recording = None
 
 
-class _NotServed:
-    """What the methods of Dispatcher.served return for a call the table does not serve."""
+class NotServed:
+    """What the methods of Dispatcher.served return for a call the table does not serve. `calls` is
+    the counter of the entry that handed it back (None where there is none), so that a caller which
+    remembers the call's shape (Dispatcher.own_calls_memo) can count its later calls there without
+    the table's lookup."""
 
-    __slots__ = ()
+    __slots__ = ("calls",)
+
+    def __init__(self, calls: itertools.count | None = None):
+        self.calls = calls
 
     def __repr__(self) -> str:
         return "NOT_SERVED"
 
 
-# A patched module calls the table through Dispatcher.served and, on NOT_SERVED, runs its own
+# A patched module calls the table through Dispatcher.served and, on a NotServed, runs its own
 # forward: the code the unpatched model ran, where the op's fallback is another formulation of it
 # (a mask built per call, a norm in another order) and cost a patched model up to 0.6x its speed.
-NOT_SERVED = _NotServed()
+NOT_SERVED = NotServed()
 OWN_CODE = "own code"  # stats(): calls handed back to their caller's own code (Dispatcher.served)
+MAX_MEMO_SHAPES = 1024  # per caller's memo (own_calls_memo): past this, new shapes go through the table
 
 
 def _hand_back(*args):
     return NOT_SERVED
+
+
+def _handing_back(calls: itertools.count):
+    """A hand-back entry's impl: the NotServed that names its counter."""
+    marker = NotServed(calls)
+    return lambda *args: marker
 
 
 class Entry(NamedTuple):
@@ -205,6 +218,7 @@ class Dispatcher:
         # self.served keep theirs apart (a call the table does not serve resolves to NOT_SERVED there)
         self._caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
         self._served_caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
+        self._own_memos: list[dict] = []  # own_calls_memo's, cleared with the caches
         self.served = _Served(self)
         # the methods again, resolved without caches or counts: what Dynamo traces (traced_call)
         self.traced_ops = types.SimpleNamespace(**{m: functools.partial(self.traced_call, m) for m in self._caches})
@@ -344,14 +358,14 @@ class Dispatcher:
         caller's own code, except while recording (a recording counts the calls its fallbacks serve)."""
         spec, from_table, why = self._choose(call, op, kernel_args, self._broken.get((op.method, key), frozenset()))
         name = call[0].op if call is not None else op.name
-        impl, kernel_id = spec.impl, spec.kernel_id
+        impl, kernel_id, calls = spec.impl, spec.kernel_id, itertools.count()
         recording = _recording
         if hand_back and recording is None:  # (a recording counts what the table decided, the fallback included)
             if from_table and call is not None and self._chose_fallback(spec, call[0]):
                 from_table, why = False, CHOSE_FALLBACK
             if not from_table:
-                impl, kernel_id = _hand_back, OWN_CODE
-        entry = Entry(impl, itertools.count(), name, kernel_id, from_table, str(call[0]) if call else None, why)
+                impl, kernel_id = _handing_back(calls), OWN_CODE
+        entry = Entry(impl, calls, name, kernel_id, from_table, str(call[0]) if call else None, why)
         if recording is not None:
             recording.count(call, spec, from_table)
         elif len(cache) < MAX_CACHED_KEYS:
@@ -480,6 +494,19 @@ class Dispatcher:
                 for entry in list(cache.values()):
                     self._retired[entry.tally] += _count(entry)
                 cache.clear()
+            for memo in self._own_memos:  # their counters are the retired entries'
+                memo.clear()
+
+    def own_calls_memo(self) -> dict:
+        """A memo for a caller with code of its own (a patched module): the input shapes it saw
+        handed back -> the counter of the entry that did, which the caller advances itself for
+        later calls of those shapes, skipping the table's lookup (and counted as before).
+        Cleared with the caches (a recording's start, a kernel dropped), so counts stay exact; at
+        most MAX_MEMO_SHAPES shapes are kept (the caller checks)."""
+        memo: dict = {}
+        with self._stats_lock:
+            self._own_memos.append(memo)
+        return memo
 
     def _tallies(self) -> Counter:
         """Calls so far by Entry.tally (a call a table kernel raised on counted where it was resolved)."""

@@ -502,6 +502,39 @@ def test_calls_past_the_tuned_range_run_the_modules_own_code_warn_once_and_count
     assert d.stats()["attention.prefill"] == {"sdpa.default (fallback)": 2 * 2}, "builds the mask patch left out"
 
 
+
+def test_a_shape_handed_back_once_skips_the_tables_lookup_after_and_still_counts(restore_active, monkeypatch, tmp_path):
+    """A patched module remembers the shapes the table handed back (Dispatcher.own_calls_memo): their
+    later calls run its own forward without the table's lookup (a call less through the method and its
+    key), counted as before; a served shape is never remembered; clear_cache (a recording's start, a
+    kernel dropped) forgets them, and a recording sees every call."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(4)
+    model = tiny("llama")
+    d = Dispatcher(parse_table(table()))  # norm.rms tuned at tokens 1 and 16: served up to 24
+    patch(model, d)
+    norm = model.model.norm
+    lookups = []
+    real = d.served.rms_norm
+    monkeypatch.setattr(d.served, "rms_norm", lambda *args: lookups.append(args[0].shape) or real(*args))
+    past, inside = torch.randn(1, 40, 64), torch.randn(1, 8, 64)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            torch.testing.assert_close(norm(past), type(norm)._lzsolve_base.forward(norm, past))
+            norm(inside)
+    assert lookups == [past.shape] + [inside.shape] * 3, "the handed-back shape is looked up once"
+    assert list(norm._lzsolve_own) == [(past.shape, past.dtype)]
+    assert d.stats()["norm.rms"] == {"own code (fallback)": 3, "torch.rms_norm": 3}, d.stats()
+    d.clear_cache()
+    assert not norm._lzsolve_own and d.stats()["norm.rms"] == {"own code (fallback)": 3, "torch.rms_norm": 3}
+    with runtime_loader.record(tmp_path / "workload.json") as recording, torch.no_grad():
+        norm(past)
+        norm(past)
+    assert not norm._lzsolve_own and lookups[-2:] == [past.shape] * 2, "a recording resolves every call"
+    assert sum(recording.calls.values()) == 2
+
 @pytest.mark.parametrize("traced", [False, True])
 def test_a_partial_table_compiles_whole_and_calls_past_its_range_trace_the_modules_own_code(traced, restore_active):
     """Under torch.compile(fullgraph=True): the served norms as custom ops (or traced, their kernels'

@@ -140,6 +140,8 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class TuneConfig:
+    """A tune's settings, by concern; only the model has no default (`lzsolve tune` with no option
+    but the model is TuneConfig(ModelSource(...)))."""
     model: ModelSource
     grid: GridConfig = field(default_factory=GridConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)

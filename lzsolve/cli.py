@@ -6,9 +6,7 @@ nothing written.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import fnmatch
-import functools
 import importlib
 import json
 import math
@@ -22,18 +20,14 @@ import click
 
 from . import __version__
 from .errors import STORAGE_ERRNOS, LzError, WriteError
+from .progress import progress
 
 # torch, transformers, DuckDB and the tuner's modules are imported by the commands that use them:
 # at the top they cost every command 2.2-2.5 s and 276 MB on this project's VM, `lzsolve --help`
 # and a mistyped option included (0.2 s without them; tests/test_cli.py bounds it). Option defaults
 # those modules hold are read when a command runs or shows its help (Deferred).
 if TYPE_CHECKING:
-    import torch
-
-    from .models import workload
-    from .models.capture import Captured
-    from .search import SearchBudget, SearchStats
-    from .tuner import Plan, Session
+    from .pipeline import ModelSource
 
 # Choices that click checks before any import: runtime_loader.ops.DTYPES with capture.FP8, and
 # lzsolve.grid.GRIDS (tests/test_cli.py checks that they agree).
@@ -50,7 +44,6 @@ EXIT_WRITE_FAILED = 4  # an output could not be written (disk full, quota, I/O e
 EXIT_INCONCLUSIVE = 5  # past --max-regression vs the baseline, within the noise (compare.py): the host was too busy
 EXIT_INTERRUPTED = 130
 STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED, "inconclusive": EXIT_INCONCLUSIVE}
-LOG_EVERY_S = 30.0  # progress lines when stderr is not a terminal (CI logs)
 
 
 def _attr(module: str, name: str):
@@ -79,94 +72,18 @@ class Deferred(click.Option):
         return super().get_default(ctx, call=True)
 
 
-def _device(value: str | None) -> torch.device:
-    import torch
-
-    if value is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(value)
-    except RuntimeError:
-        raise LzError(f"--device {value!r} is not a device; use cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise LzError(f"--device {value!r} is not supported; use cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise LzError(f"--device {value}: no CUDA device is available here (torch {torch.__version__}); "
-                          "use --device cpu")
-        index = device.index or 0
-        if index >= torch.cuda.device_count():
-            raise LzError(f"--device {value}: only {torch.cuda.device_count()} CUDA device(s) here")
-        device = torch.device("cuda", index)
-    return device
-
-
-def _model(model: str | None, config: str | None, tp: int, dtype: str, fp8_kv: bool = False, ep: int = 1) -> Captured:
-    from .models import capture
-
-    return capture.load(model, config, tp, dtype, fp8_kv, ep)
-
-
-def _recorded(path: str, model: str | None, config: str | None, tp: int, dtype: str) -> workload.Workload:
-    """--workload, checked against the other options (its dtype is recorded: --dtype may only agree)."""
-    from .models import workload
-
-    if model is not None or config is not None:
-        raise LzError("pass one of --model, --config or --workload, not several")
-    if tp != 1:
-        raise LzError("--tp does not apply to --workload: its shapes are per rank already (the process that "
-                      "recorded them ran them); leave --tp out")
-    recorded = workload.read(path)
-    if len(recorded.dtypes) > 1:
-        raise LzError(f"{path}: the workload mixes dtypes {sorted(recorded.dtypes)}; record one dtype per file")
-    (recorded_dtype,) = recorded.dtypes
-    ctx = click.get_current_context(silent=True)
-    explicit = ctx is not None and ctx.get_parameter_source("dtype") == click.core.ParameterSource.COMMANDLINE
-    if explicit and dtype != recorded_dtype:
-        raise LzError(f"--dtype {dtype}: the workload {path} recorded {recorded_dtype} calls; leave --dtype out")
-    return recorded
-
-
-def _load_plugins(modules: tuple[str, ...]) -> None:
-    if not modules:
-        return
-    from .worker import load_plugins
-
-    try:
-        load_plugins(modules)
-    except Exception as e:
-        raise LzError(f"--plugin: cannot import {e.name if isinstance(e, ImportError) else ''} "
-                      f"({type(e).__name__}: {e}); pass an importable module name") from None
-
-
 def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
-def _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude) -> Plan:
-    from runtime_loader import registry
+def _source(model, config, recorded, tp, ep, dtype, fp8_kv) -> ModelSource:
+    """The model options as a ModelSource: --dtype only where the command line gave it (a workload's
+    dtype is its recorded one, which another contradicts; a model's is bf16)."""
+    from .pipeline import ModelSource
 
-    from .grid import default_grid
-    from .models import workload
-    from .tuner import make_plan
-
-    dev = _device(device)
-    grid = grid or default_grid(dev.type)
-    if recorded is None:
-        spec = _model(model, config, tp, dtype, fp8_kv, ep)
-        dtype = "bf16" if dtype == FP8 else dtype  # fp8 names the linears' weights, not the activations
-    else:
-        if dtype == FP8 or fp8_kv or ep != 1:
-            option = "--fp8-kv" if fp8_kv else "--dtype fp8" if dtype == FP8 else "--ep"
-            raise LzError(f"{option} describes a model (--model, --config); a "
-                          f"workload recorded its own calls")
-        calls = _recorded(recorded, model, config, tp, dtype)
-        spec, grid, (dtype,) = workload.captured(calls), workload.grid(calls, grid), calls.dtypes
-    only, skip = _patterns(kernels), _patterns(exclude)
-    for pattern in only + skip:
-        if not any(fnmatch.fnmatchcase(k, pattern) for k in registry.REGISTRY):
-            raise LzError(f"kernel pattern {pattern!r} matches no kernel; see `lzsolve kernels`")
-    return make_plan(spec, dtype, dev, grid, only, skip)
+    given = click.get_current_context().get_parameter_source("dtype") == click.core.ParameterSource.COMMANDLINE
+    return ModelSource(name=model, config=config, workload=recorded, tp=tp, ep=ep, dtype=dtype if given else None,
+                       fp8_kv=fp8_kv)
 
 
 def _print_table(columns: list[str], rows: list[tuple], widths: list[int] | None = None) -> list[int]:
@@ -185,52 +102,6 @@ def _print_table(columns: list[str], rows: list[tuple], widths: list[int] | None
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
     return widths
-
-
-class _LogProgress:
-    """click.progressbar's interface for logs: a line every LOG_EVERY_S seconds and one at the end,
-    instead of a bar redrawn with carriage returns."""
-
-    def __init__(self, length: int, label: str):
-        self.length, self.label, self.done = length, label, 0
-        self.started = self.last = time.monotonic()
-
-    def __enter__(self):
-        return self
-
-    def update(self, n: int, item: str | None = None) -> None:
-        self.done += n
-        now = time.monotonic()
-        if now - self.last >= LOG_EVERY_S:
-            self.last = now
-            self._line(f"{self._count()}, {now - self.started:.0f} s" + (f": {item}" if item else ""))
-
-    def _count(self) -> str:
-        if not self.length:
-            return f"{self.done} done"
-        return f"{self.done}/{self.length} ({100 * self.done / self.length:.0f}%)"
-
-    def _line(self, text: str) -> None:
-        click.echo(f"{self.label} {text}", err=True)
-
-    def __exit__(self, *exc):
-        self._line(f"{self._count()} in {time.monotonic() - self.started:.0f} s" + (" (stopped)" if exc[0] else ""))
-
-
-def progress(length: int, label: str):
-    """A progress bar on a terminal, periodic lines otherwise."""
-    if sys.stderr.isatty():
-        return click.progressbar(length=length, label=label, show_eta=bool(length), show_pos=True,
-                                 item_show_func=lambda s: s, file=sys.stderr)
-    return _LogProgress(length, label)
-
-
-def add_measurements(bar, planned: int, label: str, measurements: int) -> None:
-    """Measurements a phase adds once it has begun (validation's second rounds, around its losses): the
-    total grows, and the label says by how much ("validating (120 planned +36)"), so that a percentage
-    that falls back says why."""
-    bar.length += measurements
-    bar.label = f"{label} ({planned} planned +{bar.length - planned})"
 
 
 def model_options(f):
@@ -378,265 +249,24 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     timings' spread, or timed on a busy machine: the host was too busy to judge); 130
     interrupted.
     """
-    entered, entered_cpu = time.perf_counter(), time.process_time()
-    if baseline is not None and not (Path(baseline) / "dispatch.json").is_file():
-        raise LzError(f"--baseline {baseline}: no dispatch.json there; pass a folder `lzsolve tune` wrote")
-    from runtime_loader.inputs import skewed_routing
-    from runtime_loader.jit import point_caches
+    entered = time.perf_counter(), time.process_time()
+    from .pipeline import (GridConfig, MeasureConfig, OutputConfig, SearchConfig, Tune, TuneConfig,
+                           ValidateConfig)
 
-    from . import tuner
-    from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
-    from .artifact import JIT_WORK, build_table, default_out, ensure_writable, format_noise, leaf_ids, report
-    from .artifact import write_artifact
-    from .bench import Budget
-    from .cluster import Cluster
-    from .compare import compare
-    from .devices import check_same_model, parse_devices
-    from .perfdb import PerfDB
-    from .search import FULL_BUDGET, SPACES_DIR, SearchBudget, load_spaces
-    from .tuner import new_run_id
-    from .validate import in_order as validation_order
-    from .validate import plan_validation
-    from .validate import validate as run_validation
-    from .worker import BUILDER_NICE, InProcessRunner, WorkerRunner, close_all, share_bytecode
-
-    _load_plugins(plugins)
-    spaces_dir = Path(spaces) if spaces else SPACES_DIR
-    search_spaces = load_spaces(spaces_dir) if spaces_dir.is_dir() else {}  # bad input ends here, not after the grid
-    if ray_address is not None and (devices or device):
-        raise LzError("--ray measures on the cluster's devices: leave out --devices and --device")
-    if ray_workers is not None and ray_address is None:
-        raise LzError("--ray-workers applies to --ray only")
-    lanes = parse_devices(devices) if devices else []
-    check_same_model(lanes)
-    budget = Budget().sampling(sample_time)
-    # the measuring workers start now, their imports and devices' starts beside the planning
-    # (WorkerRunner.prestart); stopped with the command if it ends before they are used
-    measuring = [] if ray_address is not None or not isolate else \
-        [WorkerRunner(dev, budget, plugins, timeout) for dev in lanes or [_device(device)]]
-    for worker in measuring:
-        worker.prestart()
-    click.get_current_context().call_on_close(functools.partial(close_all, measuring, False))
-    cluster = Cluster(ray_address) if ray_address is not None else None
-    plan = _plan(model, config, recorded, tp, ep, dtype, fp8_kv,
-                 str(lanes[0]) if lanes else cluster.kind if cluster else device, grid, kernels, exclude)
-    mode = mode or ("graph" if plan.device.type == "cuda" else "eager")
-    if mode == "graph" and plan.device.type != "cuda":
-        raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
-    out_dir = Path(out) if out else default_out(plan)
-    ensure_writable(out_dir)
-    db = PerfDB(out_dir / "perfdb")
-    point_caches(out_dir / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run
-    share_bytecode(out_dir / JIT_WORK / "bytecode")  # and this, where torch's bytecode is missing
-    click.get_current_context().with_resource(skewed_routing(routing_skew))  # and this
-    if cluster:
-        runner, *more = cluster.runners(ray_workers, isolate, plugins, timeout, plan.hardware, budget)
-        where = f"Ray cluster, {1 + len(more)} workers"
-    else:
-        runner, *more = measuring or [InProcessRunner(dev, budget, plugins) for dev in lanes or [plan.device]]
-        where = ", ".join(map(str, lanes)) or str(plan.device)
-    _print_notes(plan)
-    session = tuner.Session(plan, db, runner, new_run_id(), reuse=not fresh, more=tuple(more))
-    _say_incremental(session, plan)
-    # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare. The
-    # builders run niced: their nvcc jobs take the cores the measuring workers leave (on two H200s,
-    # two builders beside the search made its trials 21% slower, BENCHMARKS §15.5)
-    builders = [functools.partial(WorkerRunner, dev, plugins=plugins, timeout_s=timeout, nice=BUILDER_NICE)
-                for dev in lanes or [plan.device]]
-    # the nvcc builders; the primer, one for the run (bytecode and Triton's cache are the run's);
-    # on a GPU, Inductor's warming processes (lzsolve/ahead.py)
-    ahead, warmer = [], None
-    if isolate and not cluster:
-        ahead.append(CompileAhead.start(plan.signatures, session, builders))
-        ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))
-        if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
-            warmer = CompileAhead.start(plan.signatures, session, builders, warmed_by_inductor, every_workload=True)
-            ahead.append(warmer)
-        ahead = [a for a in ahead if a is not None]
-    compiled: list[dict] = []
-    started = time.perf_counter()
-    # outside the wall, which starts here: planning, the gates' imports, the workers' objects
-    phases: dict[str, float] = {"start_s": round(started - entered, 1)}
-    # this process's CPU seconds per phase, all its threads (the devices' lanes): near the phase's
-    # time, this process, not the devices, is what a run on more devices waits for
-    parent_cpu: dict[str, float] = {"start_s": round(time.process_time() - entered_cpu, 1)}
-
-    def lap(name: str) -> None:
-        phases[name] = max(0.0, round(time.perf_counter() - entered - sum(phases.values()), 1))
-        parent_cpu[name] = max(0.0, round(time.process_time() - entered_cpu - sum(parent_cpu.values()), 1))
-
-    try:
-        search_budget = dataclasses.replace(FULL_BUDGET if full_search else SearchBudget(patience, skip_behind),
-                                            refine=refine)
-        plan, searched = _search(plan, search_spaces, [lane.runner for lane in session.lanes], out_dir, mode, trials,
-                                 search_budget)
-        lap("search_s")
-        click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
-                   f"({where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
-                   f"{plan.measurements} measurements", err=True)
-        with progress(plan.measurements, "measuring") as bar:
-            records = tuner.tune(plan, session, on_step=lambda label: bar.update(1, label))
-        lap("grid_s")
-        if probe:
-            probes = tuner.plan_probes(plan, records, mode)
-            if warmer:
-                warmer.begin("probe", phase_calls(session.order(probes), warmed_by_inductor))
-            with progress(sum(len(c) for _, work in probes for _, c in work), "probing") as bar:
-                records += tuner.probe(session, probes, mode, on_step=lambda label: bar.update(1, label))
-        lap("probe_s")
-        planned = plan_validation(plan, records, mode, validate_shapes)
-        if warmer:
-            warmer.begin("validation", phase_calls([(p.signature, p.work) for p in validation_order(planned)],
-                                                   warmed_by_inductor))
-        planned_total = sum(len(c) for p in planned for _, c in p.work)
-        with progress(planned_total, "validating") as bar:
-            checked, validation = run_validation(session, planned, records, mode,
-                                                 on_step=lambda label: bar.update(1, label),
-                                                 on_more=functools.partial(add_measurements, bar, planned_total,
-                                                                           "validating"))
-        records += checked
-        lap("validation_s")
-        compiled = [record for a in ahead for record in a.close()]
-    finally:
-        for a in ahead:
-            a.close(wait=False)
-        close_all([lane.runner for lane in session.lanes], wait=False)  # they exit beside the solve and the write
-        if cluster:
-            cluster.close()
-    lap("close_s")  # the compile-ahead workers' last calls; the workers then exit beside the solve and the write
-    records = tuner.distinct(records)  # a later phase's records repeat those it reused
-    table = build_table(plan, records, mode, session.run_id, validation)
-    lap("solve_s")
-    wall = time.perf_counter() - started
-    write_artifact(out_dir, table, report(table, wall, len(records), phases, searched.line() if searched else None),
-                   records + compiled)  # the builds' records name the files they wrote
-    lap("write_s")  # the artifact, its records and its JIT caches' archive, after the wall
-    say = functools.partial(click.echo, err=as_json)  # with --json, stdout carries the summary alone
-    summary = run_summary(plan, table, records, out_dir, wall, session.restarts, phases)
-    summary["written"] += len(compiled)
-    say(f"wrote {out_dir}/dispatch.json, report.md and perfdb/ ({summary['records']} records: {summary['new']} of "
-        f"this run, {summary['reused']} reused; {summary['written']} rows written; {wall:.0f} s, "
-        f"{session.restarts} worker restart(s))")
-    for entry in table["ops"]:
-        say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
-    if table["noise"]["noisy_decisions"]:
-        say(f"noise: {format_noise(table['noise'])[0]}; report.md says more")
-    summary["search"] = searched.as_dict() if searched else None
-    summary["parent_cpu_s"] = parent_cpu
-    summary["compiled_ahead"] = [call for a in ahead for call in a.summary()]
-    if ahead:
-        built = ", ".join(f"{c['kernel_id']} {c['dims']} {c['jit_s']} s" for c in summary["compiled_ahead"] if c["jit_s"] >= 1)
-        errors = "; ".join(a.error for a in ahead if a.error)
-        say(f"built ahead beside the measuring workers: {built or 'nothing slow'}"
-            + (f" (it stopped: {errors})" if errors else ""))
-    if baseline is not None:
-        summary["comparison"] = compare(out_dir, Path(baseline), max_regression, min_ms)
-        _say_comparison(summary["comparison"], say)
-    summary["status"] = "failed" if summary["blind"] else comparison_status(summary["comparison"])
-    for sig in summary["blind"]:
-        click.echo(f"error: {sig}: no kernel was admitted at any grid point (see `lzsolve explain`)", err=True)
+    settings = TuneConfig(
+        model=_source(model, config, recorded, tp, ep, dtype, fp8_kv),
+        grid=GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude), plugins=plugins),
+        measure=MeasureConfig(device=device, devices=devices, ray=ray_address, ray_workers=ray_workers, mode=mode,
+                              sample_time=sample_time, timeout=timeout, isolate=isolate, routing_skew=routing_skew),
+        search=SearchConfig(trials=trials, spaces=spaces, patience=patience, skip_behind=skip_behind, refine=refine,
+                            full=full_search),
+        validate=ValidateConfig(probe=probe, shapes=validate_shapes, baseline=baseline,
+                                max_regression=max_regression, min_ms=min_ms),
+        output=OutputConfig(out=out, fresh=fresh, json=as_json))
+    result = Tune(settings, entered).run()
     if as_json:
-        click.echo(json.dumps(summary, indent=1, default=str))
-    return STATUS_EXIT[summary["status"]]
-
-
-def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wall_s: float, restarts: int,
-                phases: dict[str, float]) -> dict:
-    """What CI needs to know about a tune, as plain data (`tune --json`). `records` are those the
-    table was solved from, each once: `new` of them this run's (its rows in the PerfDB, with
-    `written` adding the first calls made ahead), `measured` those of them that cost a measurement
-    (capability verdicts cost nothing), `reused` earlier runs'."""
-    from . import tuner
-    from .artifact import leaf_ids
-
-    ours = [r for r in records if r["run_id"] == table["run_id"]]
-    rejected: dict[str, int] = {}
-    for r in records:
-        if r["status"] == "rejected":
-            rejected[r["stage"]] = rejected.get(r["stage"], 0) + 1
-    return {
-        "status": None, "artifact": str(out_dir), "run_id": table["run_id"],
-        "model": table["model"], "hardware": table["hardware"]["name"], "hw_slug": table["hw_slug"],
-        "timing_mode": table["timing_mode"], "grid": table["grid"], "wall_s": round(wall_s, 1), "phases": phases,
-        "records": len(records), "new": len(ours), "written": len(ours),
-        "measured": sum(r["stage"] != "capability" for r in ours),
-        "reused": len(records) - len(ours),
-        "rejected_by_stage": rejected, "worker_restarts": restarts,
-        "noise": table["noise"],
-        "notes": tuner.notes(plan),
-        "signatures": [{"signature": e["signature"], "kernels": sorted(set(leaf_ids(e["tree"]))),
-                        "grid_regret": e["grid_regret"], "worst_regret": e["worst_regret"],
-                        "points_by_phase": e["points_by_phase"], "validation": e["validation"],
-                        "fallback": e["fallback"]} for e in table["ops"]],
-        "blind": [e["signature"] for e in table["ops"] if e["grid_regret"] is None],
-        "comparison": None,
-    }
-
-
-def comparison_status(result: dict | None) -> str:
-    """ok, regressed, or inconclusive (every signature past the allowance is within the noise)."""
-    if not result:
-        return "ok"
-    return "regressed" if result["regressed"] else "inconclusive" if result["inconclusive"] else "ok"
-
-
-def _say_comparison(result: dict, say) -> None:
-    say(f"vs baseline {result['baseline']} (run {result['baseline_run']}), time new / old, "
-        f"allowed +{result['threshold'] * 100:.0f}% over points of {result['min_ms'] * 1e3:g} µs or more:")
-    for sig, c in result["signatures"].items():
-        gate = (f"gated {c['gated_geomean']:.3f} over {c['gated_points']}" if c["gated_points"]
-                else "under the floor: not gated")
-        verdict = ("  REGRESSED" if c["regressed"] else f"  INCONCLUSIVE (timings spread {c['noise']:.0%}; "
-                   f"{c['busy_points']} of {c['gated_points']} points timed on a busy machine)"
-                   if c["inconclusive"] else "")
-        say(f"  {sig}: geomean {c['ratio_geomean']:.3f}, worst {c['ratio_worst']:.3f} at {c['worst_at']} "
-            f"({c['points']} points; {gate}){verdict}")
-    for sig in result["only_new"]:
-        say(f"  {sig}: new (no baseline)")
-    for sig in result["only_baseline"]:
-        say(f"  {sig}: only in the baseline")
-    if result["inconclusive"]:
-        say(f"inconclusive: the host was too busy to judge {len(result['inconclusive'])} signature(s): past the "
-            "allowance by less than their timings spread, or timed while the machine was busy; tune again on an "
-            "idle host (exit 5)")
-
-
-def _say_incremental(session: Session, plan: Plan) -> None:
-    """On a PerfDB with earlier records, which kernels this run measures again, and why."""
-    if not session.reusable:
-        return
-    changed, new = session.changes(plan)
-    parts = ([f"version changed: {', '.join(changed)}"] if changed else []) + ([f"new: {', '.join(new)}"] if new else [])
-    click.echo(f"incremental: {len(session.reusable)} earlier records reused where kernel and version match; "
-               f"measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
-
-
-def _print_notes(plan: Plan) -> None:
-    """What will run on a reference fallback, and why: one line each (stderr under tune)."""
-    from . import tuner
-
-    for line in tuner.notes(plan):
-        click.echo(f"note: {line}", err=True)
-
-
-def _search(plan, spaces: dict, runners, out_dir: Path, mode: str, trials: int | None,
-            budget: SearchBudget) -> tuple[Plan, SearchStats | None]:
-    """Search the tunable kernels' configurations (when any is a candidate) in `spaces`; the plan gains
-    the winners. Returns what the search spent too (None when there was nothing to search)."""
-    from runtime_loader.hardware import slug
-
-    from .search import STORAGE_NAME, planned_trials, search
-
-    total = planned_trials(plan, spaces, trials)
-    if total == 0:
-        return plan, None
-    click.echo(f"searching {', '.join(sorted(spaces))} configurations: up to {total} trials "
-               f"(studies in {out_dir / STORAGE_NAME})", err=True)
-    with progress(total, "searching") as bar:  # a full disk under the studies' journal: WriteError naming it
-        plan, stats = search(plan, spaces, runners, out_dir / STORAGE_NAME, mode, slug(plan.hardware), trials,
-                             on_trial=lambda label: bar.update(1, label), budget=budget)
-    click.echo(f"search: {stats.line()}", err=True)
-    return plan, stats
+        click.echo(json.dumps(result.summary, indent=1, default=str))
+    return STATUS_EXIT[result.status]
 
 
 @cli.command()
@@ -644,8 +274,11 @@ def _search(plan, spaces: dict, runners, out_dir: Path, mode: str, trials: int |
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
 def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
-    _load_plugins(plugins)
-    p = _plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude)
+    from .pipeline import GridConfig, load_plugins, plan_model, print_notes
+
+    load_plugins(plugins)
+    p = plan_model(_source(model, config, recorded, tp, ep, dtype, fp8_kv),
+                   GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude)), device)
     click.echo(f"{p.model.summary()}, tp={p.model.tp}, {p.dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
     for sp in p.signatures:
         sig = sp.instance.signature
@@ -658,7 +291,7 @@ def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
             verdict = "admitted" if cand.admitted else "; ".join(str(r) for r in cand.reasons)
             click.echo(f"  {cand.spec.kernel_id + tag:<28} {verdict}")
     click.echo("")
-    _print_notes(p)
+    print_notes(p)
     click.echo(f"{p.measurements} measurements (parity check + timing) would run")
 
 
@@ -678,10 +311,10 @@ def matrix(names, configs, tp, dtype, as_json):
     from runtime_loader import registry
     from runtime_loader.ops import required_features
 
-    from .models import CATALOGUE
+    from .models import CATALOGUE, capture
 
     names = names if names or configs else tuple(CATALOGUE)
-    captured = [_model(n, None, tp, dtype) for n in names] + [_model(None, c, tp, dtype) for c in configs]
+    captured = [capture.load(n, None, tp, dtype) for n in names] + [capture.load(None, c, tp, dtype) for c in configs]
     rows = []
     for spec in captured:
         for instance in spec.instances:
@@ -738,9 +371,10 @@ def kernels(device, as_json):
     from runtime_loader import registry
     from runtime_loader.hardware import device_info
 
+    from .devices import resolve_device
     from .search import SPACES_DIR, load_spaces
 
-    here = device_info(_device(device))
+    here = device_info(resolve_device(device))
     spaces = load_spaces(SPACES_DIR) if SPACES_DIR.is_dir() else {}
     rows = []
     for spec in registry.REGISTRY.values():
@@ -815,17 +449,19 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     from runtime_loader.jit import point_caches
 
     from .artifact import JIT_WORK, find_artifact, read_table_json
+    from .devices import resolve_device
     from .evaluate import evaluate as run_evaluation, parse_shapes
     from .fsutil import atomic_write_text
+    from .pipeline import load_plugins
     from .validate import LOSS, summarize
     from .worker import InProcessRunner, WorkerRunner
 
     if random_n and shapes:
         raise LzError("pass --random or --shapes, not both")
-    _load_plugins(plugins)
+    load_plugins(plugins)
     folder = find_artifact(artifact)
     table = read_table_json(folder)
-    dev = _device(device or _evaluation_device(folder, table["hardware"]))
+    dev = resolve_device(device or _evaluation_device(folder, table["hardware"]))
     wanted = parse_shapes(shapes) if shapes else None
     if (folder / JIT_WORK).is_dir():  # the tuning run's compiled kernels: no JIT again where it ran
         point_caches(folder / JIT_WORK)
@@ -897,13 +533,13 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
     (inconclusive: the host was too busy to judge) when those that exceed it do so within
     the noise; else 0."""
     from .artifact import find_artifact
-    from .compare import compare
+    from .compare import compare, comparison_status, say_comparison
 
     result = compare(find_artifact(artifact), find_artifact(baseline), max_regression, min_ms)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     else:
-        _say_comparison(result, click.echo)
+        say_comparison(result, click.echo)
     return STATUS_EXIT[comparison_status(result)]
 
 

@@ -127,3 +127,32 @@ def compare(new_folder: Path, old_folder: Path, threshold: float = DEFAULT_THRES
         "only_new": sorted(set(new_times) - set(old_times)),
         "only_baseline": sorted(set(old_times) - set(new_times)),
     }
+
+
+def comparison_status(result: dict | None) -> str:
+    """ok, regressed, or inconclusive (every signature past the allowance is within the noise)."""
+    if not result:
+        return "ok"
+    return "regressed" if result["regressed"] else "inconclusive" if result["inconclusive"] else "ok"
+
+
+def say_comparison(result: dict, say) -> None:
+    """`compare`'s result in lines, each given to `say` (`lzsolve compare`, `tune --baseline`)."""
+    say(f"vs baseline {result['baseline']} (run {result['baseline_run']}), time new / old, "
+        f"allowed +{result['threshold'] * 100:.0f}% over points of {result['min_ms'] * 1e3:g} µs or more:")
+    for sig, c in result["signatures"].items():
+        gate = (f"gated {c['gated_geomean']:.3f} over {c['gated_points']}" if c["gated_points"]
+                else "under the floor: not gated")
+        verdict = ("  REGRESSED" if c["regressed"] else f"  INCONCLUSIVE (timings spread {c['noise']:.0%}; "
+                   f"{c['busy_points']} of {c['gated_points']} points timed on a busy machine)"
+                   if c["inconclusive"] else "")
+        say(f"  {sig}: geomean {c['ratio_geomean']:.3f}, worst {c['ratio_worst']:.3f} at {c['worst_at']} "
+            f"({c['points']} points; {gate}){verdict}")
+    for sig in result["only_new"]:
+        say(f"  {sig}: new (no baseline)")
+    for sig in result["only_baseline"]:
+        say(f"  {sig}: only in the baseline")
+    if result["inconclusive"]:
+        say(f"inconclusive: the host was too busy to judge {len(result['inconclusive'])} signature(s): past the "
+            "allowance by less than their timings spread, or timed while the machine was busy; tune again on an "
+            "idle host (exit 5)")

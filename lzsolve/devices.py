@@ -21,6 +21,27 @@ Lane = TypeVar("Lane")
 Unit = TypeVar("Unit")
 
 
+def resolve_device(value: str | None) -> torch.device:
+    """`--device`: cpu, cuda or cuda:N, checked against this host (None: cuda if available, else cpu)."""
+    if value is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise LzError(f"--device {value!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise LzError(f"--device {value!r} is not supported; use cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LzError(f"--device {value}: no CUDA device is available here (torch {torch.__version__}); "
+                          "use --device cpu")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise LzError(f"--device {value}: only {torch.cuda.device_count()} CUDA device(s) here")
+        device = torch.device("cuda", index)
+    return device
+
+
 def parse_devices(text: str) -> list[torch.device]:
     """`all` (every CUDA device) or a comma-separated list of devices of one type."""
     if text.strip() == "all":

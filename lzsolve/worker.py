@@ -59,7 +59,7 @@ def share_bytecode(folder: Path) -> bool:
 @dataclass(frozen=True)
 class Environment:
     """What the run changed in its environment since a worker process started (the JIT caches'
-    folders, the shared bytecode, the routing skew: lzsolve.cli.tune sets them once the plan has
+    folders, the shared bytecode, the routing skew: lzsolve.pipeline.Tune sets them once the plan has
     named the out folder), for a worker started before that (WorkerRunner.prestart)."""
 
     changed: dict[str, str]

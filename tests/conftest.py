@@ -53,16 +53,12 @@ def gen():
 @pytest.fixture(scope="session")
 def tiny_llama_artifact(tmp_path_factory):
     """One CPU tune of a tiny Llama (tiny grid, fp32, torch.compile left out, default probes and
-    validation, quick sampling), shared by the tests that read an artifact (they may add evaluation records)."""
-    from click.testing import CliRunner
-
-    from lzsolve.cli import cli
-    from tests.tables import QUICK
+    validation, quick sampling), in this process, shared by the tests that read an artifact (they may
+    add evaluation records)."""
+    from lzsolve.pipeline import ModelSource, ValidateConfig
+    from tests.tables import tuned
     from tests.test_cli import tiny_llama_config
 
     root = tmp_path_factory.mktemp("tiny-artifact")
-    out = root / "artifact"
-    result = CliRunner().invoke(cli, ["tune", "--config", str(tiny_llama_config(root)), "--grid", "tiny", "--dtype",
-                                      "fp32", "--device", "cpu", "--exclude", "compile.*", "--out", str(out), *QUICK])
-    assert result.exit_code == 0, result.output
-    return out
+    return tuned(ModelSource(config=tiny_llama_config(root), dtype="fp32"), root / "artifact",
+                 validate=ValidateConfig()).artifact

@@ -7,6 +7,8 @@ import torch
 
 import runtime_loader
 from lzsolve.ops import CONTRACTS, compare, to_fp32
+from lzsolve.pipeline import (GridConfig, MeasureConfig, ModelSource, OutputConfig, SearchConfig, Tune, TuneConfig,
+                              TuneResult, ValidateConfig)
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.manifest import MANIFEST, build_manifest
@@ -25,6 +27,21 @@ ATTN = Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16}, ("causa
 # for a tenth of the default time (tune --sample-time): on 2 cores a tiny Llama's tune with probes
 # and validation took 31 s where the default's took 99 s (2026-11-28).
 QUICK = ("--sample-time", "0.05")
+# The same for tunes in this process (lzsolve.pipeline.Tune), measured here too (no worker process)
+QUICK_CPU = MeasureConfig(device="cpu", isolate=False, sample_time=0.05)
+# torch.compile left out (seconds of Inductor per kernel on CPU)
+NO_COMPILE = GridConfig(grid="tiny", exclude=("compile.*",))
+# no probes or validation: for the tests that check what is tuned and served, not the decisions
+SERVING = ValidateConfig(probe=False, shapes=0)
+
+
+def tuned(model: ModelSource, out: Path, grid: GridConfig = NO_COMPILE, measure: MeasureConfig = QUICK_CPU,
+          validate: ValidateConfig = SERVING, search: SearchConfig = SearchConfig()) -> TuneResult:
+    """A tune in this process (the tiny grid, quick sampling, no probes or validation unless told),
+    its artifact in `out`; it must end ok."""
+    result = Tune(TuneConfig(model, grid, measure, search, validate, OutputConfig(out=out))).run()
+    assert result.status == "ok", result.summary
+    return result
 
 
 def leaf_ids(node):
@@ -137,11 +154,8 @@ def table_serves(d: Dispatcher, calls: dict, name: str, op: str | None = None) -
 
 def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
     """generate() of each model, patched whole with no table, recorded as one workload, then tuned on CPU
-    (tiny grid, no probes or validation: the tests that use it check serving, not decisions).
-    Returns the artifact folder."""
-    from click.testing import CliRunner
-
-    from lzsolve.cli import cli
+    in this process (tiny grid, no probes or validation: the tests that use it check serving, not
+    decisions). Returns the artifact folder."""
     from runtime_loader.integrations.transformers import patch
 
     try:
@@ -151,11 +165,7 @@ def tune_what_patched_models_call(root: Path, name: str, models) -> Path:
                 model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=4, do_sample=False)
     finally:
         unpatch()
-    result = CliRunner().invoke(cli, ["tune", "--workload", str(root / "workload.json"), "--grid", "tiny",
-                                      "--device", "cpu", "--exclude", "compile.*", "--no-probe", "--validate", "0",
-                                      "--out", str(root / "artifact"), *QUICK])
-    assert result.exit_code == 0, result.output
-    return root / "artifact"
+    return tuned(ModelSource(workload=root / "workload.json"), root / "artifact").artifact
 
 
 def unpatch() -> None:

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from lzsolve.cli import cli
 from lzsolve.errors import LzError
 from lzsolve.models.capture import capture
-from tests.tables import QUICK
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
@@ -233,17 +232,14 @@ def test_a_cpu_tune_of_an_fp8_checkpoint_serves_its_linears_from_the_table(tmp_p
     GEMM says why it is not here."""
     import json
 
-    from tests.tables import assert_replays_references
+    from lzsolve.pipeline import ModelSource
+    from tests.tables import assert_replays_references, tuned
     from tests.test_cli import TINY_LLAMA
 
     config = tmp_path / "tiny-fp8" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps({**TINY_LLAMA, "quantization_config": compressed_tensors("channel")}))
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--fp8-kv", "--grid", "tiny", "--device", "cpu",
-                                      "--no-isolate", "--exclude", "compile.*", "--no-probe", "--validate", "0",
-                                      "--out", str(out), *QUICK])
-    assert result.exit_code == 0, result.output
+    out = tuned(ModelSource(config=config, fp8_kv=True), tmp_path / "out").artifact
     ops = [e["op"] for e in json.loads((out / "dispatch.json").read_text())["ops"]]
     assert ops.count("linear.fp8") == 1, "o_proj"
     assert ops.count("linear.fp8_prequantised") == 3, "q/k/v as one GEMM, gate/up as one, down_proj"

@@ -106,7 +106,7 @@ def test_logs_without_a_terminal_are_lines_not_a_redrawn_bar(ci_run):
 def test_measurements_a_phase_adds_once_begun_show_as_plus_n(capsys):
     """Validation's second rounds are announced as they are planned: the total grows, and the label
     says by how much, so that a percentage that falls back says why."""
-    from lzsolve.cli import _LogProgress, add_measurements
+    from lzsolve.progress import _LogProgress, add_measurements
 
     with _LogProgress(10, "validating") as bar:
         bar.update(10)

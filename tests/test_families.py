@@ -10,9 +10,10 @@ from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE
 from lzsolve.models.capture import capture
 from lzsolve.perfdb import PerfDB
+from lzsolve.pipeline import GridConfig, ModelSource
 from runtime_loader.ops import required_features
 
-from .tables import QUICK, assert_replays_references, leaf_ids
+from .tables import assert_replays_references, leaf_ids, tuned
 
 # Small but structurally faithful: every family keeps its layer pattern, GQA, head layout and options.
 SMALL = {"hidden_size": 64, "n_embd": 64, "intermediate_size": 128, "num_attention_heads": 4, "n_head": 4,
@@ -60,17 +61,13 @@ def test_plan_every_catalogue_model_and_its_config_json(tmp_path, name):
     assert by_name.output.split("\n", 1)[1] == by_file.output.split("\n", 1)[1], "same plan either way"
 
 
-def tune_small(tmp_path, family: str, *extra):
+def tune_small(tmp_path, family: str, kernels: tuple[str, ...] = (), plugins: tuple[str, ...] = ()):
     name = FAMILIES[family]
     config = write_config(tmp_path, f"small-{name}", shrink(CATALOGUE[name]))
-    out = tmp_path / "out"
     # no probes or validation: these tests check what a family tunes and serves, not the decisions
     # (the default tune's: tests/test_validate.py, conftest's tiny_llama_artifact)
-    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
-                                      "--device", "cpu", "--no-isolate", "--exclude", "compile.*", "--no-probe",
-                                      "--validate", "0", "--out", str(out), *QUICK, *extra])
-    assert result.exit_code == 0, result.output
-    return out, result
+    grid = GridConfig(grid="tiny", kernels=kernels, exclude=("compile.*",), plugins=plugins)
+    return tuned(ModelSource(config=config, dtype="fp32"), tmp_path / "out", grid).artifact
 
 
 # ops a family is told apart by: each must be tuned and replayed from the table
@@ -85,7 +82,7 @@ FAMILY_OPS = {"gpt2": {"embedding", "posenc.learned", "norm.layer", "act.gelu"},
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_tune_a_small_member_of_every_family(tmp_path, family):
-    out, _ = tune_small(tmp_path, family)
+    out = tune_small(tmp_path, family)
     table = json.loads((out / "dispatch.json").read_text())
     ops = {e["op"] for e in table["ops"]}
     assert FAMILY_OPS[family] <= ops
@@ -125,11 +122,7 @@ def test_tune_and_replay_a_tiny_model_of_a_type_no_walker_knows(tmp_path, model_
     if model_type == "starcoder2":
         cfg["sliding_window"] = 8  # its default config has none; starcoder2-3b has 4096
     config = write_config(tmp_path, f"tiny-{model_type}", cfg)
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
-                                      "--device", "cpu", "--no-isolate", "--exclude", "compile.*", "--no-probe",
-                                      "--validate", "0", "--out", str(out), *QUICK])
-    assert result.exit_code == 0, result.output
+    out = tuned(ModelSource(config=config, dtype="fp32"), tmp_path / "out").artifact
     table = json.loads((out / "dispatch.json").read_text())
     assert NEW_TYPES[model_type] <= {e["op"] for e in table["ops"]}
     d = assert_replays_references(out)
@@ -165,7 +158,7 @@ def test_tune_and_replay_a_tiny_model_of_a_type_no_walker_knows(tmp_path, model_
 
 
 def test_a_kernel_without_qk_norm_is_never_chosen_for_qwen3_attention(tmp_path):
-    out, _ = tune_small(tmp_path, "qwen3", "--plugin", "tests.plain_attention", "--kernels", "plain.*")
+    out = tune_small(tmp_path, "qwen3", ("plain.*",), ("tests.plain_attention",))
     rows = PerfDB(out / "perfdb").rows("SELECT signature, status, reason_code FROM records "
                                        "WHERE kernel_id = 'plain.attention'")
     assert rows and all(r["status"] == "rejected" and r["reason_code"] == "FEATURE_UNSUPPORTED:qk_norm"
@@ -173,7 +166,7 @@ def test_a_kernel_without_qk_norm_is_never_chosen_for_qwen3_attention(tmp_path):
     table = json.loads((out / "dispatch.json").read_text())
     assert not any("plain.attention" in leaf_ids(e["tree"]) for e in table["ops"])
     # the same kernel is a fair candidate where no QK-norm is needed: the gate is specific
-    llama_out, _ = tune_small(tmp_path / "llama", "llama", "--plugin", "tests.plain_attention", "--kernels", "plain.*")
+    llama_out = tune_small(tmp_path / "llama", "llama", ("plain.*",), ("tests.plain_attention",))
     admitted = PerfDB(llama_out / "perfdb").rows("SELECT count(*) AS n FROM admitted WHERE kernel_id = 'plain.attention'")
     assert admitted[0]["n"] > 0
 

@@ -31,13 +31,14 @@ from lzsolve.bench import Budget
 from lzsolve.errors import WriteError
 from lzsolve.measure import ParityTask
 from lzsolve.perfdb import PerfDB
+from lzsolve.pipeline import GridConfig, ModelSource
 from lzsolve.worker import _serve
 from runtime_loader import jit, safeio
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.safeio import parse_json
 from runtime_loader.table import TableError
 
-from .tables import RMS, entry, table, write
+from .tables import RMS, entry, table, tuned, write
 from .test_workload import RMS_CALL, write_workload
 
 LOAD_SECONDS = 1.0  # each hostile artifact fails closed well within this
@@ -707,15 +708,17 @@ def test_written_files_take_the_umasks_modes(tmp_path, umask, mask):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dispatch.json", "recorded"]  # no temporary left
 
 
-def test_a_tuned_artifact_has_the_umasks_modes(tiny_llama_artifact):
+def test_a_tuned_artifact_has_the_umasks_modes(tmp_path):
     """Every file and folder of a tune's artifact (its PerfDB's parts, dispatch.json, report.md,
     manifest.json, the JIT archive), under the umask the tune ran with: a server running as
     another user reads them all. (.jit-work is the libraries' own, and no artifact file.)"""
     mask = os.umask(0)
     os.umask(mask)
-    paths = [tiny_llama_artifact, *(p for p in tiny_llama_artifact.rglob("*") if JIT_WORK not in p.parts)]
-    modes = {str(p.relative_to(tiny_llama_artifact)): oct(p.stat().st_mode & 0o777) for p in paths}
-    expected = {name: oct((0o777 if (tiny_llama_artifact / name).is_dir() else 0o666) & ~mask) for name in modes}
+    workload = write_workload(tmp_path / "w.json", [{**RMS_CALL, "dims": {"tokens": t}} for t in (1, 64)])
+    artifact = tuned(ModelSource(workload=workload), tmp_path / "out", GridConfig(grid="tiny", kernels=("eager.*",))).artifact
+    paths = [artifact, *(p for p in artifact.rglob("*") if JIT_WORK not in p.parts)]
+    modes = {str(p.relative_to(artifact)): oct(p.stat().st_mode & 0o777) for p in paths}
+    expected = {name: oct((0o777 if (artifact / name).is_dir() else 0o666) & ~mask) for name in modes}
     assert modes == expected
     assert {"dispatch.json", "manifest.json", "report.md", "perfdb"} <= set(modes)
 

@@ -13,7 +13,7 @@ from lzsolve.ops import CONTRACTS
 from runtime_loader import Dispatcher
 
 from .tables import (QUICK, assert_replays_references, assert_served_by_its_own_table, serving_fallbacks,
-                     table_serves, tune_what_patched_models_call, unfused)
+                     table_serves, tune_what_patched_models_call, tuned, unfused)
 
 transformers = pytest.importorskip("transformers")
 
@@ -210,21 +210,18 @@ def test_expert_parallel_table_serves_a_rank_and_patch_leaves_transformers_ep(tm
     strictly on a rank's view of the routing (the other rank's slots as sentinel ids, weight 0) against
     the fp32 reference; a call without ep is another signature. Experts transformers has divided over
     ranks itself are left to its EP forward, which holds their own."""
-    from click.testing import CliRunner
+    import dataclasses
 
-    from lzsolve.cli import cli
+    from lzsolve.pipeline import GridConfig, ModelSource, SearchConfig
     from runtime_loader.integrations.transformers import patch
 
     model = tiny("qwen3_moe")
     config = tmp_path / "tiny-qwen3-moe" / "config.json"
     config.parent.mkdir()
     config.write_text(model.config.to_json_string())
-    out = tmp_path / "artifact"
-    args = ["tune", "--config", str(config), "--tp", "2", "--ep", "2", "--grid", "tiny", "--trials", "0", "--dtype",
-            "fp32", "--device", "cpu", "--no-isolate", "--no-probe", "--validate", "0", "--kernels", "torch.grouped_mm,eager.moe*",
-            "--out", str(out), *QUICK]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
+    source = ModelSource(config=config, tp=2, ep=2, dtype="fp32")
+    grid = GridConfig(grid="tiny", kernels=("torch.grouped_mm", "eager.moe*"))
+    out = tuned(source, tmp_path / "artifact", grid, search=SearchConfig(trials=0)).artifact
     table = json.loads((out / "dispatch.json").read_text())
     assert table["model"]["id"] == "tiny-qwen3-moe-ep2"
     (experts,) = [e for e in table["ops"] if e["op"] == "moe.experts"]
@@ -234,8 +231,8 @@ def test_expert_parallel_table_serves_a_rank_and_patch_leaves_transformers_ep(tm
     kernel_args = CONTRACTS["moe.experts"].make_inputs(sig, {"tokens": 6}, torch.device("cpu"), torch.Generator())
     assert (kernel_args[1] == 4).any(), "some slots are the other rank's"
     assert d.kernel_for("moe_experts", *kernel_args[:5]) == "torch.grouped_mm", "ep=1: outside the table"
-    bad = CliRunner().invoke(cli, [*args[:5], "--ep", "3", *args[7:]])
-    assert isinstance(bad.exception, LzError) and "--ep 3 is not a multiple of --tp 2" in str(bad.exception)
+    with pytest.raises(LzError, match="--ep 3 is not a multiple of --tp 2"):
+        tuned(dataclasses.replace(source, ep=3), tmp_path / "bad", grid, search=SearchConfig(trials=0))
 
     for layer in model.model.layers:
         layer.mlp.experts._is_expert_parallel = True  # as transformers' expert-parallel plan marks them

@@ -266,25 +266,26 @@ def test_explain_names_leaf_kernel_gain_runner_ups_and_policy():
 
 LAZY_LOAD = """
 import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])  # lazy_library.py: a module nothing else imports
 import runtime_loader
 from runtime_loader.registry import register
 from runtime_loader.specs import KernelSpec
 from tests.tables import RMS, entry, table, write
-from pathlib import Path
 
 def lazy_rms(x, w, eps):
-    import pyarrow  # noqa: F401 - the library a real adapter imports at its first call
+    import lazy_library  # noqa: F401 - as a real adapter imports its library at its first call
     return runtime_loader.ops.norm.rms_norm(x, w, eps)
 
 register(KernelSpec("test.lazy_rms", frozenset({"norm.rms"}), "pyarrow", lazy_rms, platforms=frozenset({"cpu"}),
-                    dtypes=frozenset({"fp32"}), requires=("pyarrow",)))
+                    dtypes=frozenset({"fp32"}), requires=("lazy_library",)))
 folder = write(Path(sys.argv[1]), table([entry(RMS, {"kernel_id": "test.lazy_rms"})]))
 d = runtime_loader.load(folder, strict=True)
-imported_at_load = "pyarrow" in sys.modules
+imported_at_load = "lazy_library" in sys.modules
 import torch
 kernel = d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64))
 d.rms_norm(torch.randn(4, 64), torch.randn(64))
-print(json.dumps([imported_at_load, kernel, "pyarrow" in sys.modules]))
+print(json.dumps([imported_at_load, kernel, "lazy_library" in sys.modules]))
 """
 
 
@@ -293,7 +294,8 @@ def test_load_leaves_kernel_libraries_to_their_first_call(tmp_path):
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", LAZY_LOAD, str(tmp_path / "art")], capture_output=True, text=True,
+    (tmp_path / "lazy_library.py").write_text("LOADED = True\n")
+    run = subprocess.run([sys.executable, "-c", LAZY_LOAD, str(tmp_path / "art"), str(tmp_path)], capture_output=True, text=True,
                          cwd=str(__import__("pathlib").Path(__file__).parent.parent))
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.strip().splitlines()[-1]) == [False, "test.lazy_rms", True]

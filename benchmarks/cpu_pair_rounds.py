@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from runtime_loader.kernels.builtin import rms_norm_add as fused
+from runtime_loader.kernels.torch_ops import rms_norm_add as fused
 from runtime_loader.ops.norm import rms_norm_add as eager
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from checked_timing import agreeing, checked, timed, write_figures
-from lzsolve.artifact import leaf_ids
-from lzsolve.bench import Budget, make_harness
+from lzsolve.store.artifact import leaf_ids
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.hardware import device_info

@@ -21,7 +21,7 @@ import torch
 
 from checked_timing import agreeing, timed, write_figures
 from fp8 import SHAPES
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.ops import Signature

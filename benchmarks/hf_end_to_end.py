@@ -303,7 +303,7 @@ def table_of(state: str, name: str, artifacts: Path) -> Path:
 def derived(source: Path, folder: Path, change) -> Path:
     """A copy of the artifact at `source` (its table and JIT caches, not its PerfDB) whose
     dispatch.json `change` rewrote, with a manifest of its own."""
-    from lzsolve.artifact import refresh_manifest
+    from lzsolve.store.artifact import refresh_manifest
 
     shutil.copytree(source, folder, ignore=shutil.ignore_patterns("perfdb", ".*"))
     raw = json.loads((folder / "dispatch.json").read_text())

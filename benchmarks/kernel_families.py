@@ -21,7 +21,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB
 
 
 def geomean(values: list[float]) -> float:

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB
 
 PHASES = ("compile", "grid", "probe", "validation")
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 import runtime_loader
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
 from runtime_loader.inputs import ROUTING_SKEW

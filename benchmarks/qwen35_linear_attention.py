@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity
 
 import runtime_loader
 from checked_timing import write_figures
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from runtime_loader import Dispatcher
 from runtime_loader.policies import Policy
 

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from . import __version__
-from .errors import STORAGE_ERRNOS, LzError, WriteError
-from .progress import progress
+from lzsolve import __version__
+from lzsolve.errors import STORAGE_ERRNOS, LzError, WriteError
+from lzsolve.progress import progress
 
 # torch, transformers, DuckDB and the tuner's modules are imported by the commands that use them:
 # at the top they cost every command 2.2-2.5 s and 276 MB on this project's VM, `lzsolve --help`
 # and a mistyped option included (0.2 s without them; tests/test_cli.py bounds it). Option defaults
 # those modules hold are read when a command runs or shows its help (Deferred).
 if TYPE_CHECKING:
-    from .pipeline import ModelSource
+    from lzsolve.pipeline import ModelSource
 
 # Choices that click checks before any import: runtime_loader.ops.DTYPES with capture.FP8, and
-# lzsolve.grid.GRIDS (tests/test_cli.py checks that they agree).
+# lzsolve.measure.grid.GRIDS (tests/test_cli.py checks that they agree).
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 FP8 = "fp8"
 GRID_CHOICES = ("tiny", "small", "full")
@@ -79,7 +79,7 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
 def _source(model, config, recorded, tp, ep, dtype, fp8_kv) -> ModelSource:
     """The model options as a ModelSource: --dtype only where the command line gave it (a workload's
     dtype is its recorded one, which another contradicts; a model's is bf16)."""
-    from .pipeline import ModelSource
+    from lzsolve.pipeline import ModelSource
 
     given = click.get_current_context().get_parameter_source("dtype") == click.core.ParameterSource.COMMANDLINE
     return ModelSource(name=model, config=config, workload=recorded, tp=tp, ep=ep, dtype=dtype if given else None,
@@ -250,7 +250,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     interrupted.
     """
     entered = time.perf_counter(), time.process_time()
-    from .pipeline import (GridConfig, MeasureConfig, OutputConfig, SearchConfig, Tune, TuneConfig,
+    from lzsolve.pipeline import (GridConfig, MeasureConfig, OutputConfig, SearchConfig, Tune, TuneConfig,
                            ValidateConfig)
 
     settings = TuneConfig(
@@ -274,7 +274,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
 def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
-    from .pipeline import GridConfig, load_plugins, plan_model, print_notes
+    from lzsolve.pipeline import GridConfig, load_plugins, plan_model, print_notes
 
     load_plugins(plugins)
     p = plan_model(_source(model, config, recorded, tp, ep, dtype, fp8_kv),
@@ -311,7 +311,7 @@ def matrix(names, configs, tp, dtype, as_json):
     from runtime_loader import registry
     from runtime_loader.ops import required_features
 
-    from .models import CATALOGUE, capture
+    from lzsolve.models import CATALOGUE, capture
 
     names = names if names or configs else tuple(CATALOGUE)
     captured = [capture.load(n, None, tp, dtype) for n in names] + [capture.load(None, c, tp, dtype) for c in configs]
@@ -339,7 +339,7 @@ def models():
     """List the built-in models as capture sees them (unsharded): their sizes as the op signatures
     show them, how many ops and signatures one forward runs, the share of the parameters in
     modules an op covers, and what no op covers."""
-    from .models import CATALOGUE, capture
+    from lzsolve.models import CATALOGUE, capture
 
     def values(found: tuple) -> str:
         return ",".join(map(str, found)) or "-"
@@ -371,8 +371,8 @@ def kernels(device, as_json):
     from runtime_loader import registry
     from runtime_loader.hardware import device_info
 
-    from .devices import resolve_device
-    from .search import SPACES_DIR, load_spaces
+    from lzsolve.measure.devices import resolve_device
+    from lzsolve.measure.search import SPACES_DIR, load_spaces
 
     here = device_info(resolve_device(device))
     spaces = load_spaces(SPACES_DIR) if SPACES_DIR.is_dir() else {}
@@ -398,7 +398,7 @@ def kernels(device, as_json):
 def explain(artifact, op_glob):
     """Per op signature: the tree, the chosen kernels with their gains and margins, and
     every rejected candidate with its Reason. ARTIFACT defaults to the newest under ./artifacts."""
-    from .artifact import find_artifact, format_noise, format_op, read_table_json
+    from lzsolve.store.artifact import find_artifact, format_noise, format_op, read_table_json
 
     folder = find_artifact(artifact)
     table = read_table_json(folder)
@@ -448,13 +448,13 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
     from runtime_loader.jit import point_caches
 
-    from .artifact import JIT_WORK, find_artifact, read_table_json
-    from .devices import resolve_device
-    from .evaluate import evaluate as run_evaluation, parse_shapes
-    from .fsutil import atomic_write_text
-    from .pipeline import load_plugins
-    from .validate import LOSS, summarize
-    from .worker import InProcessRunner, WorkerRunner
+    from lzsolve.store.artifact import JIT_WORK, find_artifact, read_table_json
+    from lzsolve.measure.devices import resolve_device
+    from lzsolve.decide.evaluate import evaluate as run_evaluation, parse_shapes
+    from lzsolve.store.fsutil import atomic_write_text
+    from lzsolve.pipeline import load_plugins
+    from lzsolve.decide.validate import LOSS, summarize
+    from lzsolve.measure.worker import InProcessRunner, WorkerRunner
 
     if random_n and shapes:
         raise LzError("pass --random or --shapes, not both")
@@ -532,8 +532,8 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
     exceeds 1 + --max-regression by more than its timings' spread, on a quiet machine; 5
     (inconclusive: the host was too busy to judge) when those that exceed it do so within
     the noise; else 0."""
-    from .artifact import find_artifact
-    from .compare import compare, comparison_status, say_comparison
+    from lzsolve.store.artifact import find_artifact
+    from lzsolve.decide.compare import compare, comparison_status, say_comparison
 
     result = compare(find_artifact(artifact), find_artifact(baseline), max_regression, min_ms)
     if as_json:
@@ -571,8 +571,8 @@ def db_query(sql, db_path, as_json, limit, all_rows, timeout):
 
     The query sees an in-memory copy of the PerfDB and may use 1 GiB besides it (no spilling to disk).
     """
-    from .artifact import find_artifact
-    from .perfdb import PerfDB
+    from lzsolve.store.artifact import find_artifact
+    from lzsolve.store.perfdb import PerfDB
 
     path = Path(db_path) if db_path else find_artifact(None) / "perfdb"
     if (path / "perfdb").is_dir():

@@ -42,25 +42,29 @@ from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.jit import point_caches
 
-from . import devices, tuner, worker
-from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
-from .artifact import JIT_WORK, build_table, default_out, ensure_writable, format_noise, leaf_ids
-from .artifact import report as report_markdown
-from .artifact import write_artifact
-from .bench import Budget
-from .cluster import Cluster
-from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare, comparison_status, say_comparison
-from .errors import LzError
-from .grid import default_grid
-from .models import capture, workload
-from .perfdb import PerfDB
-from .progress import add_measurements, progress
-from .search import FULL_BUDGET, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces, planned_trials
-from .search import search as search_configurations
-from .tuner import Plan, Session
-from .validate import VALIDATION_SHAPES, plan_validation
-from .validate import in_order as validation_order
-from .validate import validate as validate_table
+from lzsolve.measure import devices
+
+from lzsolve.measure import tuner
+
+from lzsolve.measure import worker
+from lzsolve.measure.ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
+from lzsolve.store.artifact import JIT_WORK, build_table, default_out, ensure_writable, format_noise, leaf_ids
+from lzsolve.store.artifact import report as report_markdown
+from lzsolve.store.artifact import write_artifact
+from lzsolve.measure.harness import Budget
+from lzsolve.measure.cluster import Cluster
+from lzsolve.decide.compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare, comparison_status, say_comparison
+from lzsolve.errors import LzError
+from lzsolve.measure.grid import default_grid
+from lzsolve.models import capture, workload
+from lzsolve.store.perfdb import PerfDB
+from lzsolve.progress import add_measurements, progress
+from lzsolve.measure.search import FULL_BUDGET, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces, planned_trials
+from lzsolve.measure.search import search as search_configurations
+from lzsolve.measure.tuner import Plan, Session
+from lzsolve.decide.validate import VALIDATION_SHAPES, plan_validation
+from lzsolve.decide.validate import in_order as validation_order
+from lzsolve.decide.validate import validate as validate_table
 
 # --- what to tune, and how (one field per option of `lzsolve tune`) ------------------------------
 
@@ -378,7 +382,7 @@ class Tune:
                                       nice=worker.BUILDER_NICE)
                     for dev in self.lanes or [plan.device]]
         # the nvcc builders; the primer, one for the run (bytecode and Triton's cache are the run's);
-        # on a GPU, Inductor's warming processes (lzsolve/ahead.py)
+        # on a GPU, Inductor's warming processes (lzsolve/measure/ahead.py)
         if measure.isolate and not self.cluster:
             self.ahead.append(CompileAhead.start(plan.signatures, session, builders))
             self.ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))

@@ -39,7 +39,7 @@ JIT_CACHES = {
 # and were most of the 40 MiB it took in an H100 artifact (BENCHMARKS §14).
 RESTORED_FILES = {"flashinfer": ("*.so",)}
 # Caches whose entries nvcc builds, a module at a time: tens of seconds per module, where a Triton
-# or Inductor compile takes about a second. The tuner builds these ahead (lzsolve.ahead).
+# or Inductor compile takes about a second. The tuner builds these ahead (lzsolve.measure.ahead).
 NVCC_BUILT = frozenset({"flashinfer"})
 MAX_ARCHIVE_FILE_BYTES = MAX_FILE_BYTES  # the tar itself (a real one: 72 MB)
 MAX_ARCHIVE_BYTES = 8 << 30  # what its members unpack to

@@ -9,7 +9,7 @@ import runtime_loader
 from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB
 from lzsolve.pipeline import GridConfig, ModelSource
 from runtime_loader.ops import required_features
 

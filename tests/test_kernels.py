@@ -129,7 +129,7 @@ def test_cuda_searched_configs_are_right_or_refused():
     """Configurations at the corners of each search space and the ones every study starts from: a
     config may fail to compile (too much shared memory: the search prunes it), but one that runs
     must agree with the reference."""
-    from lzsolve.search import load_spaces
+    from lzsolve.measure.search import load_spaces
     from runtime_loader.specs import config_id
 
     here = device_info("cuda")

@@ -249,7 +249,7 @@ def test_routing_skew_is_a_tune_setting_recorded_and_not_mixed(tmp_path):
     from click.testing import CliRunner
 
     from lzsolve.cli import cli
-    from lzsolve.perfdb import PerfDB
+    from lzsolve.store.perfdb import PerfDB
     from runtime_loader.inputs import ROUTING_SKEW, SKEW_ENV, routing_skew, skewed_routing
     from runtime_loader.ops.moe import routing
 

@@ -9,10 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 import runtime_loader
-from lzsolve import pipeline, tuner
+from lzsolve import pipeline
+from lzsolve.measure import tuner
 from lzsolve.cli import EXIT_REGRESSED, cli
 from lzsolve.errors import LzError
-from lzsolve.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB
 from lzsolve.pipeline import (GridConfig, MeasureConfig, ModelSource, OutputConfig, SearchConfig, Tune, TuneConfig,
                               TuneResult, ValidateConfig)
 from runtime_loader.inputs import SKEW_ENV

@@ -17,13 +17,13 @@ from optuna.storages.journal import JournalFileBackend
 import tests.tunable_kernels as demo
 from lzsolve.cli import EXIT_WRITE_FAILED, cli
 from lzsolve.errors import LzError
-from lzsolve.grid import GRIDS, Grid
-from lzsolve.measure import ParityTask
+from lzsolve.measure.grid import GRIDS, Grid
+from lzsolve.measure.tasks import ParityTask
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB, dims_key
-from lzsolve.search import (FULL_BUDGET, NOISE, SMART_BUDGET, STORAGE_NAME, bucket_order, grid_index, load_space,
+from lzsolve.store.perfdb import PerfDB, dims_key
+from lzsolve.measure.search import (FULL_BUDGET, NOISE, SMART_BUDGET, STORAGE_NAME, bucket_order, grid_index, load_space,
                             load_spaces, near, search, stale_trials)
-from lzsolve.tuner import make_plan
+from lzsolve.measure.tuner import make_plan
 from tests.test_cli import TINY_LLAMA
 from tests.test_hostile import run_main
 
@@ -360,7 +360,7 @@ def test_devices_start_on_different_families_then_take_the_largest_searches():
     the same configurations), then go largest first."""
     from types import SimpleNamespace
 
-    from lzsolve.search import search_units
+    from lzsolve.measure.search import search_units
     plan = make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
     spaces = {"torch.linear": SimpleNamespace(kernel="torch.linear", trials=8),
               "torch.rms_norm": SimpleNamespace(kernel="torch.rms_norm", trials=2)}

@@ -4,7 +4,7 @@ import json
 import math
 import random
 
-from lzsolve.solve import candidates_summary, solve_signature
+from lzsolve.decide.solve import candidates_summary, solve_signature
 from runtime_loader.table import Leaf, Split, choose
 
 
@@ -106,7 +106,7 @@ def grid_records(times: dict[str, dict[tuple, float | None]], spread=0.01, mode=
 
 
 def pick_2d(tree, batch, seq):
-    from lzsolve.solve import pick
+    from lzsolve.decide.solve import pick
     return pick(tree, {"batch": batch, "seq": seq})
 
 
@@ -214,7 +214,7 @@ def _random_instance(rng, two_dims: bool):
 
 
 def _tree_cost(pts, tree):
-    from lzsolve.solve import pick
+    from lzsolve.decide.solve import pick
     return sum(pts.cost(pick(tree, p), i)[0] for i, p in enumerate(pts.dims))
 
 
@@ -222,7 +222,7 @@ def test_properties_on_random_instances():
     """On random instances: never slower than the fallback beyond noise at a measured point;
     never more excess regret than the best single kernel that may replace the fallback (one
     clearly faster than it over all the points); never deeper than MAX_DEPTH."""
-    from lzsolve.solve import MAX_DEPTH, points_from, pick
+    from lzsolve.decide.solve import MAX_DEPTH, points_from, pick
 
     rng = random.Random(12)
     for case in range(120):
@@ -243,7 +243,7 @@ def _depth(node):
 
 def _brute_force(pts, solver, mask, depth):
     """Every tree of at most `depth` levels over the points of `mask`: the cheapest cost."""
-    from lzsolve.solve import LEAF_COST, TIE_BREAK
+    from lzsolve.decide.solve import LEAF_COST, TIE_BREAK
 
     idx = solver.members(mask)
     best = min(sum(pts.cost(k, i)[0] + TIE_BREAK * pts.cost(k, i)[1] for i in idx)
@@ -261,7 +261,7 @@ def _brute_force(pts, solver, mask, depth):
 def test_dynamic_programme_finds_the_cheapest_tree(monkeypatch):
     """Against a brute-force enumeration of all trees of depth <= 2 (the fallback preference
     aside, which only changes leaves whose excess ties)."""
-    import lzsolve.solve as solve_module
+    import lzsolve.decide.solve as solve_module
 
     monkeypatch.setattr(solve_module, "MAX_DEPTH", 2)
     rng = random.Random(5)

@@ -170,7 +170,7 @@ def test_the_version_paths_agree_under_every_build_of_torch(tmp_path, torch_buil
 
     import runtime_loader
     from lzsolve.cli import cli
-    from lzsolve.tuner import Recorder
+    from lzsolve.measure.tuner import Recorder
     from runtime_loader.hardware import hardware_signature, slug
 
     from .tables import table, write

@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
-from lzsolve.solve import pick
+from lzsolve.store.perfdb import PerfDB
+from lzsolve.decide.solve import pick
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tune_agreement.py"
 

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from runtime_loader import registry
 
 HEADS = ((8, 1), (32, 8))  # (q heads, kv heads)

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for checked_timing (this script is in archive/)
 from checked_timing import agreeing, write_figures
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.hardware import device_info

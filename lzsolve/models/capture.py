@@ -56,10 +56,10 @@ from runtime_loader.ops.recurrent import deltanet_gates_call, gated_deltanet_cal
 from runtime_loader.ops.rope import rope_call
 from runtime_loader.safeio import shown
 
-from ..errors import LzError
-from ..limits import check_config_sizes, check_config_values
-from .catalogue import CATALOGUE
-from .config import fp8_scheme, read_config, refuse_unsupported
+from lzsolve.errors import LzError
+from lzsolve.limits import check_config_sizes, check_config_values
+from lzsolve.models.catalogue import CATALOGUE
+from lzsolve.models.config import fp8_scheme, read_config, refuse_unsupported
 
 # meta shapes: any sizes give the same signatures; odd ones, so a token count is never mistaken for a head count
 BATCH, PREFILL_SEQ = 3, 7

@@ -17,10 +17,10 @@ from runtime_loader import safeio
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.recording import FORMAT, VERSION
 
-from ..errors import LzError
-from ..grid import Grid, buckets
-from ..limits import MAX_WORKLOAD_BYTES, MAX_WORKLOAD_DEPTH, check_ints
-from .capture import Captured, OpInstance
+from lzsolve.errors import LzError
+from lzsolve.measure.grid import Grid, buckets
+from lzsolve.limits import MAX_WORKLOAD_BYTES, MAX_WORKLOAD_DEPTH, check_ints
+from lzsolve.models.capture import Captured, OpInstance
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import importlib
 
 from runtime_loader.ops import FAMILIES, OPS
 
-from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
+from lzsolve.ops.base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
 
 CONTRACTS: dict[str, OpContract] = {}
 for _family, _runtime in FAMILIES.items():

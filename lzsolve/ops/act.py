@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from runtime_loader.quant import quantize_per_token
 
-from .base import FP8_OUT_TOLERANCES, OpContract, itemsize
+from lzsolve.ops.base import FP8_OUT_TOLERANCES, OpContract, itemsize
 
 
 def swiglu(gate, up):

@@ -15,7 +15,7 @@ import torch
 
 from runtime_loader.ops.attention import attention_shapes as _shapes
 
-from .base import OpContract, itemsize
+from lzsolve.ops.base import OpContract, itemsize
 
 MAX_SCORE_ELEMENTS = 1 << 26  # reference works on score blocks of at most 256 MiB in fp32
 

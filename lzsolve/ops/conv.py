@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from runtime_loader.inputs import starts_from_state
 
-from .base import OpContract, itemsize
+from lzsolve.ops.base import OpContract, itemsize
 
 
 def reference(x, weight, bias, state, silu):

@@ -7,7 +7,7 @@ import torch
 
 from runtime_loader.quant import quantize_per_token
 
-from .base import TOLERANCES, OpContract, Tolerance, itemsize
+from lzsolve.ops.base import TOLERANCES, OpContract, Tolerance, itemsize
 
 
 def reference(x, weight, bias):

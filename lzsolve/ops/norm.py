@@ -22,7 +22,7 @@ import torch
 
 from runtime_loader.quant import quantize_per_token
 
-from .base import FP8_OUT_TOLERANCES, OpContract, itemsize
+from lzsolve.ops.base import FP8_OUT_TOLERANCES, OpContract, itemsize
 
 
 def rms(x, weight, eps, unit_offset=False):

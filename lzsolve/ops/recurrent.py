@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from runtime_loader.inputs import starts_from_state as _starts_from_state
 
-from .base import OpContract, itemsize
+from lzsolve.ops.base import OpContract, itemsize
 
 
 def reference(q, k, v, g, beta, state, qk_l2norm):

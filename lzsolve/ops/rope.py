@@ -5,7 +5,7 @@ import torch
 
 from runtime_loader.ops.rope import cos_sin
 
-from .base import OpContract, itemsize
+from lzsolve.ops.base import OpContract, itemsize
 
 __all__ = ["ROPE", "cos_sin", "reference"]
 

@@ -70,7 +70,7 @@ class OpSchema:
     # its fallback is torch ops Inductor fuses with the model's own (row-wise norms, activations,
     # RoPE, embedding lookups): a compiled model keeps that form by default (Dispatcher.traced_fuse)
     fusible: bool = False
-    # the tuner's buckets of the dynamic dims per named grid (tiny, small, full: lzsolve.grid), for
+    # the tuner's buckets of the dynamic dims per named grid (tiny, small, full: lzsolve.measure.grid), for
     # ops not keyed by tokens alone; None: the grid's token buckets
     buckets: Mapping[str, Mapping[str, tuple[int, ...]]] | None = field(default=None, compare=False, hash=False)
 

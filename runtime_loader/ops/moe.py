@@ -1,7 +1,7 @@
 """Mixture of experts: the router's top-k choice and the experts' gated MLPs over routed tokens
 (Mixtral's form, GPT-OSS's interleaved, biased and clamped one, expert parallelism). Their
 records, how a call is read, example inputs (routings with a realistic skew) and eager kernels
-(the experts' fallback is torch.grouped_mm, runtime_loader.kernels.builtin). Contract: lzsolve.ops.moe.
+(the experts' fallback is torch.grouped_mm, runtime_loader.kernels.torch_ops). Contract: lzsolve.ops.moe.
 """
 from __future__ import annotations
 

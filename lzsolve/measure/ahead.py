@@ -35,7 +35,7 @@ whose first calls the search makes) get one more process, the primer, for the wh
 first calls at their branch points, from the start. What a measuring worker pays
 at such a kernel's first call is mostly the library's import (Liger's about 10 s per process,
 §15.11), which is slow where the interpreter has no bytecode for what it imports; the primer
-writes that bytecode to the run's shared cache (lzsolve.worker.share_bytecode) and compiles the
+writes that bytecode to the run's shared cache (lzsolve.measure.worker.share_bytecode) and compiles the
 library's Triton kernels into the run's cache while the search runs, so the measuring workers read
 both. One is enough: bytecode and Triton's cache are shared by every device of the run.
 """
@@ -50,9 +50,9 @@ from runtime_loader import registry
 from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
 
-from .measure import FirstCallTask, ParityTask
-from .perfdb import dims_key
-from .tuner import Runner, Session, SignaturePlan, Work
+from lzsolve.measure.tasks import FirstCallTask, ParityTask
+from lzsolve.store.perfdb import dims_key
+from lzsolve.measure.tuner import Runner, Session, SignaturePlan, Work
 
 Call = tuple[SignaturePlan, KernelSpec, dict]  # (signature, kernel, workload)
 PHASES = ("grid", "probe", "validation")  # the tune's measuring phases, in their order
@@ -92,7 +92,7 @@ def imports_a_library(spec: KernelSpec) -> bool:
     """The primer's kernels: those of an optional library (`requires`) that nothing else calls
     first: not the builders, not the warmers, and not the search, whose trials make the tunable
     kernels' first calls. Such a kernel's first call in a process imports its library, and
-    where the interpreter has no bytecode for it (lzsolve.worker.share_bytecode) compiles every
+    where the interpreter has no bytecode for it (lzsolve.measure.worker.share_bytecode) compiles every
     module the library imports: importing Liger's RMSNorm took 12.1 s in a process that wrote the
     run's shared bytecode and 4.4 s in one that read it (an H200 host, torch, transformers and
     PEFT without bytecode; benchmarks/import_costs.py, BENCHMARKS §15.13). The measuring workers

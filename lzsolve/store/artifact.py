@@ -14,13 +14,13 @@ from runtime_loader.inputs import ROUTED_OPS, routing_skew
 from runtime_loader.ops import OPS
 from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
 
-from . import __version__
-from .env import BUSY_LOAD, busy
-from .errors import LzError, WriteError
-from .fsutil import atomic_write_text
-from .grid import buckets
-from .solve import MIN_NOISE, candidates_summary, leaves, solve_signature
-from .tuner import Plan, by_signature
+from lzsolve import __version__
+from lzsolve.measure.env import BUSY_LOAD, busy
+from lzsolve.errors import LzError, WriteError
+from lzsolve.store.fsutil import atomic_write_text
+from lzsolve.measure.grid import buckets
+from lzsolve.decide.solve import MIN_NOISE, candidates_summary, leaves, solve_signature
+from lzsolve.measure.tuner import Plan, by_signature
 
 ARTIFACTS_ROOT = Path("artifacts")
 

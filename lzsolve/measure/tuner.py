@@ -28,19 +28,19 @@ from runtime_loader.inputs import ROUTED_OPS, ROUTING_SKEW, routing_skew
 from runtime_loader.ops import Signature
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
-from . import __version__
-from .bench import MODES
-from .devices import device_index, groups_apart, run_sharded
-from .errors import LzError
-from .gates import capability_gate
-from .grid import Grid, as_grid, probe_points, workloads
-from .limits import check_fits
-from .measure import CeilingTask, ParityTask, Task, TimingTask
-from .models import OpInstance
-from .models.capture import UNSERVED, Captured
-from .ops import CONTRACTS
-from .perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
-from .solve import Points, points_from
+from lzsolve import __version__
+from lzsolve.measure.harness import MODES
+from lzsolve.measure.devices import device_index, groups_apart, run_sharded
+from lzsolve.errors import LzError
+from lzsolve.measure.gates import capability_gate
+from lzsolve.measure.grid import Grid, as_grid, probe_points, workloads
+from lzsolve.limits import check_fits
+from lzsolve.measure.tasks import CeilingTask, ParityTask, Task, TimingTask
+from lzsolve.models import OpInstance
+from lzsolve.models.capture import UNSERVED, Captured
+from lzsolve.ops import CONTRACTS
+from lzsolve.store.perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
+from lzsolve.decide.solve import Points, points_from
 
 
 class Runner(Protocol):

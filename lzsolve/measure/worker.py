@@ -22,14 +22,14 @@ import torch
 
 from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 
-from . import adopt_shared_bytecode
-from .bench import Budget, make_harness, timer_name
-from .env import Sensor
-from .errors import LzError
-from .measure import Task, needs_restart, rejected, run_task
+from lzsolve import adopt_shared_bytecode
+from lzsolve.measure.harness import Budget, make_harness, timer_name
+from lzsolve.measure.env import Sensor
+from lzsolve.errors import LzError
+from lzsolve.measure.tasks import Task, needs_restart, rejected, run_task
 
 STARTUP_TIMEOUT_S = 180.0
-BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/ahead.py)
+BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/measure/ahead.py)
 
 
 # a module whose bytecode every worker's first Inductor, Dynamo or Liger call needs
@@ -119,7 +119,7 @@ class InProcessRunner:
 def own_device(device: str, visible: str | None) -> tuple[str, str | None]:
     """A worker's device and CUDA_VISIBLE_DEVICES: a GPU worker sees its GPU alone, as cuda:0 (None:
     nothing to change). Inductor's compiled graphs name their device, and its cache does too: a
-    FlexAttention shape warmed on cuda:0 (lzsolve/ahead.py) took the cuda:1 worker of a two-GPU run
+    FlexAttention shape warmed on cuda:0 (lzsolve/measure/ahead.py) took the cuda:1 worker of a two-GPU run
     0.6-1.0 s to compile again where the cuda:0 worker read it back in 0.15 s (BENCHMARKS §15.10).
     `visible`: the CUDA_VISIBLE_DEVICES this process was given, whose n-th entry cuda:n is."""
     parsed = torch.device(device)

@@ -15,7 +15,7 @@ from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from .errors import LzError
+from lzsolve.errors import LzError
 
 Lane = TypeVar("Lane")
 Unit = TypeVar("Unit")

@@ -21,11 +21,11 @@ from runtime_loader.hardware import differing, hardware_signature
 from runtime_loader.inputs import SKEW_ENV, routing_skew
 from runtime_loader.specs import CRASHED, TIMEOUT
 
-from .bench import timer_name
-from .errors import LzError
-from .measure import rejected
-from .bench import Budget
-from .worker import STARTUP_TIMEOUT_S, InProcessRunner, WorkerRunner
+from lzsolve.measure.harness import timer_name
+from lzsolve.errors import LzError
+from lzsolve.measure.tasks import rejected
+from lzsolve.measure.harness import Budget
+from lzsolve.measure.worker import STARTUP_TIMEOUT_S, InProcessRunner, WorkerRunner
 
 # lzsolve is on no package index: its extra installs from a clone (or Ray alone, anywhere)
 INSTALL = "pip install -e '.[ray]' in the lzsolve clone, or pip install 'ray>=2.9'"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from runtime_loader.safeio import write_whole
 
-from .errors import WriteError
+from lzsolve.errors import WriteError
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -39,11 +39,11 @@ import yaml
 from runtime_loader import registry, safeio
 from runtime_loader.specs import config_id
 
-from .devices import groups_apart, run_sharded
-from .errors import STORAGE_ERRNOS, LzError, WriteError
-from .measure import ParityTask, TimingTask
-from .perfdb import dims_key
-from .tuner import Candidate, Plan, Runner, SignaturePlan, fresh_seeds
+from lzsolve.measure.devices import groups_apart, run_sharded
+from lzsolve.errors import STORAGE_ERRNOS, LzError, WriteError
+from lzsolve.measure.tasks import ParityTask, TimingTask
+from lzsolve.store.perfdb import dims_key
+from lzsolve.measure.tuner import Candidate, Plan, Runner, SignaturePlan, fresh_seeds
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 STORAGE_NAME = "search.journal"

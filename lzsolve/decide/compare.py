@@ -28,10 +28,10 @@ from typing import NamedTuple
 
 from runtime_loader.table import TableError, choose, read_table
 
-from .env import busy
-from .errors import LzError
-from .validate import geomean
-from .perfdb import PerfDB
+from lzsolve.measure.env import busy
+from lzsolve.errors import LzError
+from lzsolve.decide.validate import geomean
+from lzsolve.store.perfdb import PerfDB
 
 # Three pairs of H100 tunes of one stack on the tiny grid (BENCHMARKS.md §9.5): norms, SwiGLU and
 # RoPE (1.6-3.1 µs kernels at tokens <= 16) moved by up to 21% in a signature's geomean, the

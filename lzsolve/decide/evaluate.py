@@ -27,13 +27,13 @@ from runtime_loader.hardware import device_info, differences, hardware_signature
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.table import TableError, choose, read_table
 
-from .artifact import refresh_manifest
-from .errors import LzError
-from .grid import random_points
-from .models import OpInstance
-from .perfdb import PerfDB
-from .tuner import Candidate, Recorder, Runner, SignaturePlan, fresh_seeds, measure_workload, new_run_id
-from .validate import LOSS, PointResult, judge
+from lzsolve.store.artifact import refresh_manifest
+from lzsolve.errors import LzError
+from lzsolve.measure.grid import random_points
+from lzsolve.models import OpInstance
+from lzsolve.store.perfdb import PerfDB
+from lzsolve.measure.tuner import Candidate, Recorder, Runner, SignaturePlan, fresh_seeds, measure_workload, new_run_id
+from lzsolve.decide.validate import LOSS, PointResult, judge
 
 
 def between(values: list[int]) -> list[int]:

@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 
 from runtime_loader import safeio
 
-from .errors import LzError, WriteError
-from .fsutil import atomic_write_bytes
+from lzsolve.errors import LzError, WriteError
+from lzsolve.store.fsutil import atomic_write_bytes
 
 DIMS = ("batch", "seq", "kv_len", "tokens")  # every dynamic dim of runtime_loader.ops.OPS gets a column
 
@@ -46,10 +46,10 @@ SCHEMA = pa.schema([
     ("is_fallback", pa.bool_()),
     ("status", pa.string()),  # 'ok' or 'rejected'
     ("stage", pa.string()),  # where it was decided: 'capability', 'parity', 'bench'; or 'compile',
-    # a first call made ahead unchecked (lzsolve.ahead), which decides nothing
+    # a first call made ahead unchecked (lzsolve.measure.ahead), which decides nothing
     ("phase", pa.string()),  # which points: 'grid' (buckets), 'probe' (unaligned, in-bucket),
     # 'validation' (random shapes after solving), 'evaluate' (lzsolve evaluate), 'compile' (a first
-    # call made ahead to build a kernel: lzsolve.ahead; no times); null in older PerfDBs
+    # call made ahead to build a kernel: lzsolve.measure.ahead; no times); null in older PerfDBs
     ("reason_code", pa.string()),
     ("reason_message", pa.string()),
     *[(d, pa.int64()) for d in DIMS],

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from checked_timing import checked, write_figures
+
 from lzsolve.measure.harness import Budget, make_harness
 from runtime_loader import registry
 from runtime_loader.hardware import device_info

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from lzsolve.measure.harness import Budget, CpuHarness, CPU_PLACEMENTS
+from lzsolve.measure.harness import CPU_PLACEMENTS, Budget, CpuHarness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.ops import Signature

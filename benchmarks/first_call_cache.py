@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from cpu_modes import pairs
+
 from lzsolve.measure.tasks import ParityTask
 from lzsolve.measure.worker import WorkerRunner, share_bytecode
 from runtime_loader.jit import point_caches

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from checked_timing import agreeing, timed, write_figures
 from fp8 import SHAPES
+
 from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry

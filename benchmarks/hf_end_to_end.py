@@ -32,8 +32,8 @@ times sdpa's own distance is FAILED and not timed.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import copy
+import cProfile
 import gc
 import inspect
 import json
@@ -49,7 +49,8 @@ from pathlib import Path
 import torch
 import transformers
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile as torch_profile
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 
 import runtime_loader

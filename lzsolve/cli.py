@@ -250,8 +250,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     interrupted.
     """
     entered = time.perf_counter(), time.process_time()
-    from lzsolve.pipeline import (GridConfig, MeasureConfig, OutputConfig, SearchConfig, Tune, TuneConfig,
-                           ValidateConfig)
+    from lzsolve.pipeline import GridConfig, MeasureConfig, OutputConfig, SearchConfig, Tune, TuneConfig, ValidateConfig
 
     settings = TuneConfig(
         model=_source(model, config, recorded, tp, ep, dtype, fp8_kv),
@@ -308,10 +307,9 @@ def matrix(names, configs, tp, dtype, as_json):
     every feature the signature needs (GQA, causal, sliding window, softcap, QK-norm, RoPE
     layout, bias, (1 + weight) norms...); whether it is installed or runs on this machine is
     `lzsolve kernels`' business. An op only a reference fallback supports is marked."""
+    from lzsolve.models import CATALOGUE, capture
     from runtime_loader import registry
     from runtime_loader.ops import required_features
-
-    from lzsolve.models import CATALOGUE, capture
 
     names = names if names or configs else tuple(CATALOGUE)
     captured = [capture.load(n, None, tp, dtype) for n in names] + [capture.load(None, c, tp, dtype) for c in configs]
@@ -368,11 +366,10 @@ def kernels(device, as_json):
     """List every candidate kernel: its ops, library and version, whether it can run on this
     device (and the Reason when not: NOT_INSTALLED, BACKEND_IMPORT_FAILED, PLATFORM_MISMATCH,
     SM_TOO_OLD...), and for tunable kernels the search space optuna explores."""
-    from runtime_loader import registry
-    from runtime_loader.hardware import device_info
-
     from lzsolve.measure.devices import resolve_device
     from lzsolve.measure.search import SPACES_DIR, load_spaces
+    from runtime_loader import registry
+    from runtime_loader.hardware import device_info
 
     here = device_info(resolve_device(device))
     spaces = load_spaces(SPACES_DIR) if SPACES_DIR.is_dir() else {}
@@ -445,16 +442,16 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     defaults to the newest under ./artifacts. --on-this-gpu measures a borrowed table where it
     is loaded, not where it was tuned. Exits 1 when the table's choice fails at a shape (the
     runtime would hit that failure), 4 when its records cannot be written (disk full), else 0."""
+    from lzsolve.decide.evaluate import evaluate as run_evaluation
+    from lzsolve.decide.evaluate import parse_shapes
+    from lzsolve.decide.validate import LOSS, summarize
+    from lzsolve.measure.devices import resolve_device
+    from lzsolve.measure.worker import InProcessRunner, WorkerRunner
+    from lzsolve.pipeline import load_plugins
+    from lzsolve.store.artifact import JIT_WORK, find_artifact, read_table_json
+    from lzsolve.store.fsutil import atomic_write_text
     from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
     from runtime_loader.jit import point_caches
-
-    from lzsolve.store.artifact import JIT_WORK, find_artifact, read_table_json
-    from lzsolve.measure.devices import resolve_device
-    from lzsolve.decide.evaluate import evaluate as run_evaluation, parse_shapes
-    from lzsolve.store.fsutil import atomic_write_text
-    from lzsolve.pipeline import load_plugins
-    from lzsolve.decide.validate import LOSS, summarize
-    from lzsolve.measure.worker import InProcessRunner, WorkerRunner
 
     if random_n and shapes:
         raise LzError("pass --random or --shapes, not both")
@@ -532,8 +529,8 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
     exceeds 1 + --max-regression by more than its timings' spread, on a quiet machine; 5
     (inconclusive: the host was too busy to judge) when those that exceed it do so within
     the noise; else 0."""
-    from lzsolve.store.artifact import find_artifact
     from lzsolve.decide.compare import compare, comparison_status, say_comparison
+    from lzsolve.store.artifact import find_artifact
 
     result = compare(find_artifact(artifact), find_artifact(baseline), max_regression, min_ms)
     if as_json:

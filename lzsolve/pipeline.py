@@ -37,34 +37,44 @@ from pathlib import Path
 
 import click
 
+from lzsolve.decide.compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare, comparison_status, say_comparison
+from lzsolve.decide.validate import VALIDATION_SHAPES, plan_validation
+from lzsolve.decide.validate import in_order as validation_order
+from lzsolve.decide.validate import validate as validate_table
+from lzsolve.errors import LzError
+from lzsolve.measure import devices, tuner, worker
+from lzsolve.measure.ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
+from lzsolve.measure.cluster import Cluster
+from lzsolve.measure.grid import default_grid
+from lzsolve.measure.harness import Budget
+from lzsolve.measure.search import (
+    FULL_BUDGET,
+    SPACES_DIR,
+    STORAGE_NAME,
+    SearchBudget,
+    SearchStats,
+    load_spaces,
+    planned_trials,
+)
+from lzsolve.measure.search import search as search_configurations
+from lzsolve.measure.tuner import Plan, Session
+from lzsolve.models import capture, workload
+from lzsolve.progress import add_measurements, progress
+from lzsolve.store.artifact import (
+    JIT_WORK,
+    build_table,
+    default_out,
+    ensure_writable,
+    format_noise,
+    leaf_ids,
+    write_artifact,
+)
+from lzsolve.store.artifact import report as report_markdown
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader import registry
 from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.jit import point_caches
-
-from lzsolve.measure import devices
-
-from lzsolve.measure import tuner
-
-from lzsolve.measure import worker
-from lzsolve.measure.ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
-from lzsolve.store.artifact import JIT_WORK, build_table, default_out, ensure_writable, format_noise, leaf_ids
-from lzsolve.store.artifact import report as report_markdown
-from lzsolve.store.artifact import write_artifact
-from lzsolve.measure.harness import Budget
-from lzsolve.measure.cluster import Cluster
-from lzsolve.decide.compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare, comparison_status, say_comparison
-from lzsolve.errors import LzError
-from lzsolve.measure.grid import default_grid
-from lzsolve.models import capture, workload
-from lzsolve.store.perfdb import PerfDB
-from lzsolve.progress import add_measurements, progress
-from lzsolve.measure.search import FULL_BUDGET, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces, planned_trials
-from lzsolve.measure.search import search as search_configurations
-from lzsolve.measure.tuner import Plan, Session
-from lzsolve.decide.validate import VALIDATION_SHAPES, plan_validation
-from lzsolve.decide.validate import in_order as validation_order
-from lzsolve.decide.validate import validate as validate_table
 
 # --- what to tune, and how (one field per option of `lzsolve tune`) ------------------------------
 

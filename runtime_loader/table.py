@@ -47,8 +47,8 @@ class Leaf:
 class Split:
     dim: str
     threshold: float
-    le: "Leaf | Split"
-    gt: "Leaf | Split"
+    le: Leaf | Split
+    gt: Leaf | Split
 
 
 def tuned_range(buckets: dict) -> dict[str, dict[str, float]]:
@@ -57,7 +57,7 @@ def tuned_range(buckets: dict) -> dict[str, dict[str, float]]:
             for op, dims in buckets.items()}
 
 
-def leaf_for(node: "Leaf | Split", dims: dict) -> Leaf:
+def leaf_for(node: Leaf | Split, dims: dict) -> Leaf:
     """Walk a tree to the leaf that serves these dynamic dims (<= threshold goes left)."""
     while isinstance(node, Split):
         node = node.le if dims[node.dim] <= node.threshold else node.gt

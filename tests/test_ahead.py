@@ -8,12 +8,19 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from lzsolve.measure.ahead import CompileAhead, branch_points, first_calls, imports_a_library, phase_calls, warmed_by_inductor
 from lzsolve.cli import cli
-from lzsolve.models.capture import capture
-from lzsolve.store.perfdb import PerfDB, dims_key
+from lzsolve.measure.ahead import (
+    CompileAhead,
+    branch_points,
+    first_calls,
+    imports_a_library,
+    phase_calls,
+    warmed_by_inductor,
+)
 from lzsolve.measure.tuner import Session, make_plan, tune
 from lzsolve.measure.worker import InProcessRunner
+from lzsolve.models.capture import capture
+from lzsolve.store.perfdb import PerfDB, dims_key
 from runtime_loader import jit
 
 from .test_cli import TINY_LLAMA

@@ -17,9 +17,9 @@ import yaml
 from click.testing import CliRunner
 
 from lzsolve.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSED, cli
-from lzsolve.measure.env import BUSY_LOAD
 from lzsolve.decide.compare import compare
 from lzsolve.errors import LzError
+from lzsolve.measure.env import BUSY_LOAD
 from tests.tables import QUICK
 from tests.test_cli import tiny_llama_config
 

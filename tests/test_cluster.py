@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lzsolve.measure import cluster
 from lzsolve.errors import LzError
+from lzsolve.measure import cluster
 from lzsolve.measure.tasks import ParityTask, TimingTask
+from lzsolve.measure.tuner import make_plan
 from lzsolve.models.capture import capture
 from lzsolve.store.perfdb import PerfDB
-from lzsolve.measure.tuner import make_plan
 from tests.test_cli import TINY_LLAMA
 from tests.test_devices import run_tune
 

@@ -44,8 +44,8 @@ def test_two_tuners_on_one_perfdb_measure_each_workload_once(tmp_path):
     assert seen[0] == seen[1] > 0, "both runs hold every measured record, reused or their own"
     assert not list((tmp_path / "perfdb").glob("*.tmp"))
     # the kernels left out (--kernels) and those CPU cannot run have their verdicts: once each
-    from lzsolve.store.perfdb import PerfDB
     from lzsolve.measure.tuner import _rejection_key
+    from lzsolve.store.perfdb import PerfDB
     verdicts = PerfDB(tmp_path / "perfdb").rows("SELECT * FROM records WHERE stage = 'capability'")
     keys = [_rejection_key(r) for r in verdicts]
     assert keys and len(keys) == len(set(keys)), f"{len(keys)} verdict rows, {len(set(keys))} distinct"

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime_loader import Dispatcher, custom_ops
 from lzsolve.ops import CONTRACTS
+from runtime_loader import Dispatcher, custom_ops
 from runtime_loader.ops import OPS, Signature, method_args
 from runtime_loader.table import parse_table
 

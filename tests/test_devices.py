@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 import lzsolve.measure.devices as devices
 from lzsolve.cli import cli
+from lzsolve.decide.validate import plan_validation, validate
 from lzsolve.errors import LzError
 from lzsolve.measure.tasks import CeilingTask, ParityTask
+from lzsolve.measure.tuner import Session, make_plan, tune
 from lzsolve.models.capture import capture
 from lzsolve.store.perfdb import SCHEMA, PerfDB
-from lzsolve.measure.tuner import Session, make_plan, tune
-from lzsolve.decide.validate import plan_validation, validate
 from tests.tables import QUICK
 from tests.test_cli import TINY_LLAMA, run_cli
 
@@ -257,7 +257,8 @@ def test_a_rerun_measures_only_the_kernels_whose_version_changed(tmp_path, monke
     session = Session(plan, db, LaneRunner("cpu"))
     assert session.changes(plan) == ([], [])
     upgraded = next(c.spec for c in plan.signatures[0].candidates if c.admitted and not c.spec.kernel_id.startswith("eager."))
-    monkeypatch.setattr(type(upgraded), "version", lambda spec, real=type(upgraded).version: "99.0" if spec is upgraded
+    real_version = type(upgraded).version
+    monkeypatch.setattr(type(upgraded), "version", lambda spec, real=real_version: "99.0" if spec is upgraded
                         else real(spec))
     session = Session(plan, db, LaneRunner("cpu"))
     assert session.changes(plan) == ([upgraded.kernel_id], [])

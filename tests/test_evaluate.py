@@ -5,9 +5,9 @@ import pytest
 from click.testing import CliRunner
 
 from lzsolve.cli import cli
-from lzsolve.errors import LzError
 from lzsolve.decide.evaluate import between, off_grid_points, parse_shapes, retimed
 from lzsolve.decide.validate import PointResult, judge, summarize
+from lzsolve.errors import LzError
 from runtime_loader.manifest import read_manifest, verify
 
 

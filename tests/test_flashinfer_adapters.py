@@ -14,11 +14,11 @@ import torch
 
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry, specs
+from runtime_loader.kernels import flashinfer as fi
+from runtime_loader.ops import Signature
 from runtime_loader.ops import act as act_ops
 from runtime_loader.ops import attention as attention_ops
 from runtime_loader.ops import norm as norm_ops
-from runtime_loader.kernels import flashinfer as fi
-from runtime_loader.ops import Signature
 from runtime_loader.specs import DeviceInfo
 
 H100 = DeviceInfo("cuda", 90)

@@ -1,8 +1,18 @@
 """Shape grids: buckets, unaligned probes between them, random shapes past them."""
 import random
 
-from lzsolve.measure.grid import (GRIDS, NEAR, PAST_GRID, buckets, edge_values, points_near, probe_points, probe_values,
-                          random_points, workloads)
+from lzsolve.measure.grid import (
+    GRIDS,
+    NEAR,
+    PAST_GRID,
+    buckets,
+    edge_values,
+    points_near,
+    probe_points,
+    probe_values,
+    random_points,
+    workloads,
+)
 from runtime_loader.ops import OPS
 
 

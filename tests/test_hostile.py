@@ -25,14 +25,14 @@ import pytest
 
 import runtime_loader
 from lzsolve import cli as cli_module
+from lzsolve.errors import WriteError
+from lzsolve.measure.harness import Budget
+from lzsolve.measure.tasks import ParityTask
+from lzsolve.measure.worker import _serve
+from lzsolve.pipeline import GridConfig, ModelSource
 from lzsolve.store import fsutil
 from lzsolve.store.artifact import JIT_WORK
-from lzsolve.measure.harness import Budget
-from lzsolve.errors import WriteError
-from lzsolve.measure.tasks import ParityTask
 from lzsolve.store.perfdb import PerfDB
-from lzsolve.pipeline import GridConfig, ModelSource
-from lzsolve.measure.worker import _serve
 from runtime_loader import jit, safeio
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.safeio import parse_json

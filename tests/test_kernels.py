@@ -181,8 +181,8 @@ def test_cuda_fp8_quantisation_is_eagers():
     rounded otherwise is error charged to the kernel. The interpreter's cast differs
     (tests/triton_interpret_check.py); this is the GPU's. Before row_scale multiplied by the
     reciprocal, the values matched and the scales differed in their last bit on an H100."""
-    from runtime_loader.quant import quantize_per_token as eager_quantisation
     from runtime_loader.kernels.triton_ops import fp8
+    from runtime_loader.quant import quantize_per_token as eager_quantisation
 
     gen, mismatches = torch.Generator(device="cuda").manual_seed(0), []
     for dtype in (torch.bfloat16, torch.float32):

@@ -10,12 +10,21 @@ from click.testing import CliRunner
 
 import runtime_loader
 from lzsolve import pipeline
-from lzsolve.measure import tuner
 from lzsolve.cli import EXIT_REGRESSED, cli
 from lzsolve.errors import LzError
+from lzsolve.measure import tuner
+from lzsolve.pipeline import (
+    GridConfig,
+    MeasureConfig,
+    ModelSource,
+    OutputConfig,
+    SearchConfig,
+    Tune,
+    TuneConfig,
+    TuneResult,
+    ValidateConfig,
+)
 from lzsolve.store.perfdb import PerfDB
-from lzsolve.pipeline import (GridConfig, MeasureConfig, ModelSource, OutputConfig, SearchConfig, Tune, TuneConfig,
-                              TuneResult, ValidateConfig)
 from runtime_loader.inputs import SKEW_ENV
 
 from .test_workload import RMS_CALL, write_workload

@@ -18,12 +18,23 @@ import tests.tunable_kernels as demo
 from lzsolve.cli import EXIT_WRITE_FAILED, cli
 from lzsolve.errors import LzError
 from lzsolve.measure.grid import GRIDS, Grid
+from lzsolve.measure.search import (
+    FULL_BUDGET,
+    NOISE,
+    SMART_BUDGET,
+    STORAGE_NAME,
+    bucket_order,
+    grid_index,
+    load_space,
+    load_spaces,
+    near,
+    search,
+    stale_trials,
+)
 from lzsolve.measure.tasks import ParityTask
+from lzsolve.measure.tuner import make_plan
 from lzsolve.models.capture import capture
 from lzsolve.store.perfdb import PerfDB, dims_key
-from lzsolve.measure.search import (FULL_BUDGET, NOISE, SMART_BUDGET, STORAGE_NAME, bucket_order, grid_index, load_space,
-                            load_spaces, near, search, stale_trials)
-from lzsolve.measure.tuner import make_plan
 from tests.test_cli import TINY_LLAMA
 from tests.test_hostile import run_main
 

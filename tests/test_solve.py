@@ -222,7 +222,7 @@ def test_properties_on_random_instances():
     """On random instances: never slower than the fallback beyond noise at a measured point;
     never more excess regret than the best single kernel that may replace the fallback (one
     clearly faster than it over all the points); never deeper than MAX_DEPTH."""
-    from lzsolve.decide.solve import MAX_DEPTH, points_from, pick
+    from lzsolve.decide.solve import MAX_DEPTH, pick, points_from
 
     rng = random.Random(12)
     for case in range(120):
@@ -287,8 +287,8 @@ def test_leaves_rank_the_runner_ups_within_the_margin():
 
 
 def test_solved_tables_with_ranked_leaves_are_read_back():
-    from runtime_loader.table import _parse_node
     from runtime_loader.ops import Signature
+    from runtime_loader.table import _parse_node
 
     sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
     leaf = _parse_node({"kernel_id": "torch.rms_norm", "gain": 1.4,

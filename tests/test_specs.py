@@ -58,7 +58,7 @@ def test_missing_fields_mean_unsupported():
 
 
 def test_registry_covers_every_op_with_its_fallback():
-    for op, schema in OPS.items():
+    for op, _schema in OPS.items():
         fallback = registry.fallback(op)
         assert op in fallback.ops
         assert fallback.platforms >= {"cpu", "cuda"}, f"{op}'s fallback must run everywhere"

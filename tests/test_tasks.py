@@ -1,8 +1,8 @@
 """One measurement task: parity, rotation sets, environment, bounded re-measure when throttled."""
 import torch
 
-from lzsolve.measure.harness import Budget, CpuHarness
 from lzsolve.measure.env import SW_POWER_CAP, EnvReading, Sensor
+from lzsolve.measure.harness import Budget, CpuHarness
 from lzsolve.measure.tasks import ParityTask, TimingTask, run_task
 from runtime_loader.ops import Signature
 

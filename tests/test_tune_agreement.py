@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from lzsolve.store.perfdb import PerfDB
 from lzsolve.decide.solve import pick
+from lzsolve.store.perfdb import PerfDB
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tune_agreement.py"
 

@@ -6,10 +6,10 @@ import threading
 import pytest
 import torch
 
-from lzsolve.models.capture import capture
-from lzsolve.store.perfdb import PerfDB
 from lzsolve.measure.tuner import Session, make_plan, tune
 from lzsolve.measure.worker import WorkerRunner, close_all, own_device
+from lzsolve.models.capture import capture
+from lzsolve.store.perfdb import PerfDB
 
 from .test_cli import TINY_LLAMA
 

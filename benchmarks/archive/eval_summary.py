@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from lzsolve.store.perfdb import PerfDB
 from lzsolve.decide.validate import judge, summarize
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader.table import choose, read_table
 
 

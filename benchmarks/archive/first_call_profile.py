@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for cpu_modes (this script is in archive/)
 from cpu_modes import pairs
+
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.jit import point_caches

@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for checked_timing (this script is in archive/)
 from checked_timing import checked, write_figures
+
 from lzsolve.measure.harness import make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry

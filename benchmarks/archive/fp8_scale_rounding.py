@@ -19,9 +19,8 @@ import torch
 
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
-from runtime_loader.quant import E4M3_MAX
-from runtime_loader.quant import quantize_per_token
 from runtime_loader.ops import Signature
+from runtime_loader.quant import E4M3_MAX, quantize_per_token
 
 SHAPES = {"lm_head": (8192, 16032), "down_proj": (3584, 8192), "qkv_proj": (8192, 1280)}  # (k, n) per rank
 

@@ -13,9 +13,9 @@ import json
 import time
 from pathlib import Path
 
+from lzsolve.decide.solve import solve_signature
 from lzsolve.store.artifact import by_signature
 from lzsolve.store.perfdb import PerfDB
-from lzsolve.decide.solve import solve_signature
 from runtime_loader.ops import OPS
 
 

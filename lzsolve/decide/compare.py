@@ -26,12 +26,11 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-from runtime_loader.table import TableError, choose, read_table
-
-from lzsolve.measure.env import busy
-from lzsolve.errors import LzError
 from lzsolve.decide.validate import geomean
+from lzsolve.errors import LzError
+from lzsolve.measure.env import busy
 from lzsolve.store.perfdb import PerfDB
+from runtime_loader.table import TableError, choose, read_table
 
 # Three pairs of H100 tunes of one stack on the tiny grid (BENCHMARKS.md §9.5): norms, SwiGLU and
 # RoPE (1.6-3.1 µs kernels at tokens <= 16) moved by up to 21% in a signature's geomean, the

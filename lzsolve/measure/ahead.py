@@ -44,15 +44,14 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from lzsolve.measure.tasks import FirstCallTask, ParityTask
+from lzsolve.measure.tuner import Runner, Session, SignaturePlan, Work
+from lzsolve.store.perfdb import dims_key
 from runtime_loader import registry
 from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
-
-from lzsolve.measure.tasks import FirstCallTask, ParityTask
-from lzsolve.store.perfdb import dims_key
-from lzsolve.measure.tuner import Runner, Session, SignaturePlan, Work
 
 Call = tuple[SignaturePlan, KernelSpec, dict]  # (signature, kernel, workload)
 PHASES = ("grid", "probe", "validation")  # the tune's measuring phases, in their order

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 

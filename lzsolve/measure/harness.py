@@ -26,11 +26,11 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
-
 
 WARM_EACH_S = 0.005  # a candidate's warm-up after the first of a shared warm-up (CudaHarness)
 
@@ -47,12 +47,12 @@ class Budget:
     max_sample_s: float = 0.005  # rotate fewer sets when one pass would take longer: a call this
     # long refills the cache itself, so more sets would only slow the tuning
 
-    def sampling(self, seconds: float) -> "Budget":
+    def sampling(self, seconds: float) -> Budget:
         """This budget with `seconds` of sampling per candidate and mode (tune's --sample-time), its
         warm-up a tenth of that at most: a quicker, noisier tune, as a smoke test of a pipeline wants."""
         return dataclasses.replace(self, time_cap_s=seconds, warmup_s=min(self.warmup_s, seconds / 10))
 
-    def shared_by(self, rounds: int) -> "Budget":
+    def shared_by(self, rounds: int) -> Budget:
         """This budget split over `rounds` timings of one workload: each round gets its part of the
         time cap and of the minimum samples (3 at least), so the rounds together cost about one."""
         if rounds == 1:

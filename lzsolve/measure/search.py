@@ -30,20 +30,19 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import yaml
 
+from lzsolve.errors import STORAGE_ERRNOS, LzError, WriteError
+from lzsolve.measure.devices import groups_apart, run_sharded
+from lzsolve.measure.tasks import ParityTask, TimingTask
+from lzsolve.measure.tuner import Candidate, Plan, Runner, SignaturePlan, fresh_seeds
+from lzsolve.store.perfdb import dims_key
 from runtime_loader import registry, safeio
 from runtime_loader.specs import config_id
-
-from lzsolve.measure.devices import groups_apart, run_sharded
-from lzsolve.errors import STORAGE_ERRNOS, LzError, WriteError
-from lzsolve.measure.tasks import ParityTask, TimingTask
-from lzsolve.store.perfdb import dims_key
-from lzsolve.measure.tuner import Candidate, Plan, Runner, SignaturePlan, fresh_seeds
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 STORAGE_NAME = "search.journal"
@@ -162,7 +161,7 @@ class SearchStats:
     refined: int = 0  # of which hill-climbing steps (SearchBudget.refine)
     stopped: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(STOP_REASONS, 0))
 
-    def add(self, other: "SearchStats") -> None:
+    def add(self, other: SearchStats) -> None:
         self.budgeted, self.run, self.refined = (self.budgeted + other.budgeted, self.run + other.run,
                                                  self.refined + other.refined)
         for reason, n in other.stopped.items():

@@ -20,15 +20,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from lzsolve.measure.env import Sensor, combine, contention
+from lzsolve.measure.gates import parity_gate, reason_for
+from lzsolve.measure.harness import MODES, Harness, Measurement, describe, rotation_sets, slowest
+from lzsolve.ops import CONTRACTS, to_fp32
 from runtime_loader import jit, registry
 from runtime_loader.dtypes import DTYPES
 from runtime_loader.ops import Signature
 from runtime_loader.specs import CRASHED
-
-from lzsolve.measure.harness import MODES, Harness, Measurement, describe, rotation_sets, slowest
-from lzsolve.measure.env import Sensor, combine, contention
-from lzsolve.measure.gates import parity_gate, reason_for
-from lzsolve.ops import CONTRACTS, to_fp32
 
 MAX_THROTTLED_RETRIES = 1
 

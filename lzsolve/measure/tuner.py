@@ -17,30 +17,30 @@ import itertools
 import json
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
-from runtime_loader import registry
-from runtime_loader.hardware import device_info, hardware_signature, slug
-from runtime_loader.inputs import ROUTED_OPS, ROUTING_SKEW, routing_skew
-from runtime_loader.ops import Signature
-from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
-
 from lzsolve import __version__
-from lzsolve.measure.harness import MODES
-from lzsolve.measure.devices import device_index, groups_apart, run_sharded
+from lzsolve.decide.solve import Points, points_from
 from lzsolve.errors import LzError
+from lzsolve.limits import check_fits
+from lzsolve.measure.devices import device_index, groups_apart, run_sharded
 from lzsolve.measure.gates import capability_gate
 from lzsolve.measure.grid import Grid, as_grid, probe_points, workloads
-from lzsolve.limits import check_fits
+from lzsolve.measure.harness import MODES
 from lzsolve.measure.tasks import CeilingTask, ParityTask, Task, TimingTask
 from lzsolve.models import OpInstance
 from lzsolve.models.capture import UNSERVED, Captured
 from lzsolve.ops import CONTRACTS
 from lzsolve.store.perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
-from lzsolve.decide.solve import Points, points_from
+from runtime_loader import registry
+from runtime_loader.hardware import device_info, hardware_signature, slug
+from runtime_loader.inputs import ROUTED_OPS, ROUTING_SKEW, routing_skew
+from runtime_loader.ops import Signature
+from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 
 class Runner(Protocol):

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import torch
 
-from runtime_loader.specs import CRASHED, OOM, TIMEOUT
-
 from lzsolve import adopt_shared_bytecode
-from lzsolve.measure.harness import Budget, make_harness, timer_name
-from lzsolve.measure.env import Sensor
 from lzsolve.errors import LzError
+from lzsolve.measure.env import Sensor
+from lzsolve.measure.harness import Budget, make_harness, timer_name
 from lzsolve.measure.tasks import Task, needs_restart, rejected, run_task
+from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 
 STARTUP_TIMEOUT_S = 180.0
 BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/measure/ahead.py)

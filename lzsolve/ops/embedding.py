@@ -6,7 +6,6 @@ posenc.learned: x + table[positions] (GPT-2's wpe).
 """
 from __future__ import annotations
 
-
 from lzsolve.ops.base import OpContract, itemsize
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime_loader.quant import quantize_per_token
-
 from lzsolve.ops.base import TOLERANCES, OpContract, Tolerance, itemsize
+from runtime_loader.quant import quantize_per_token
 
 
 def reference(x, weight, bias):

@@ -7,20 +7,19 @@ import os
 import statistics
 from pathlib import Path
 
+from lzsolve import __version__
+from lzsolve.decide.solve import MIN_NOISE, candidates_summary, leaves, solve_signature
+from lzsolve.errors import LzError, WriteError
+from lzsolve.measure.env import BUSY_LOAD, busy
+from lzsolve.measure.grid import buckets
+from lzsolve.measure.tuner import Plan, by_signature
+from lzsolve.store.fsutil import atomic_write_text
 from runtime_loader import jit, registry, safeio
 from runtime_loader.hardware import slug
-from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.inputs import ROUTED_OPS, routing_skew
+from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import OPS
 from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
-
-from lzsolve import __version__
-from lzsolve.measure.env import BUSY_LOAD, busy
-from lzsolve.errors import LzError, WriteError
-from lzsolve.store.fsutil import atomic_write_text
-from lzsolve.measure.grid import buckets
-from lzsolve.decide.solve import MIN_NOISE, candidates_summary, leaves, solve_signature
-from lzsolve.measure.tuner import Plan, by_signature
 
 ARTIFACTS_ROOT = Path("artifacts")
 

@@ -24,10 +24,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runtime_loader import safeio
-
 from lzsolve.errors import LzError, WriteError
 from lzsolve.store.fsutil import atomic_write_bytes
+from runtime_loader import safeio
 
 DIMS = ("batch", "seq", "kv_len", "tokens")  # every dynamic dim of runtime_loader.ops.OPS gets a column
 

@@ -32,22 +32,36 @@ import textwrap
 import types
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .. import custom_ops, registry
-from ..safeio import warn
 from ..dispatcher import MAX_MEMO_SHAPES, NOT_SERVED, OWN_CODE, Dispatcher, Entry, NotServed, _hand_back
 from ..dtypes import DTYPES
 from ..ops import Signature
 from ..ops.embedding import embedding as eager_embedding
 from ..ops.linear import linear_call
-from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, expert_parallel, experts_arguments, is_experts,
-                      meta_functions, meta_twin, modelling_modules, own_parameters, rope_layout, sibling_groups)
+from ..safeio import warn
+from .modules import (
+    GATED_OPS,
+    PLAIN_OPS,
+    Kind,
+    classify,
+    eps_of,
+    expert_parallel,
+    experts_arguments,
+    is_experts,
+    meta_functions,
+    meta_twin,
+    modelling_modules,
+    own_parameters,
+    rope_layout,
+    sibling_groups,
+)
 
 NAME = "lzsolve"
 
@@ -616,7 +630,7 @@ def _base_class(module) -> type:
     return type(module).__dict__.get("_lzsolve_base", type(module))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _serving_class(cls: type, forward) -> type:
     return type(cls.__name__, (cls,), {"forward": forward, "_lzsolve_base": cls, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})

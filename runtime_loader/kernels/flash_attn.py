@@ -15,9 +15,9 @@ FA3 declares softcap but no sliding window.
 """
 from __future__ import annotations
 
-from ..specs import KernelSpec
 from ..dtypes import HALF
 from ..ops.attention import with_sinks
+from ..specs import KernelSpec
 from .sdpa import ATTENTION, ATTENTION_FEATURES, SINKS
 
 

@@ -17,7 +17,6 @@ from ..inputs import randn, routing_skew
 from ..specs import BOTH, KernelSpec
 from .base import OpSchema, Signature
 
-
 # moe.experts beyond Mixtral's form: GPT-OSS's layout, biases and clamped SwiGLU (lzsolve.ops.moe)
 EXPERT_FORMS = frozenset({"interleaved", "bias", "transposed", "clamped_swiglu", "expert_parallel"})
 
@@ -140,7 +139,7 @@ def distinct_logits(tokens: int, experts: int, sig, device, gen):
     return grid[picks]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _distinct_values(dtype, at_least: int) -> torch.Tensor:
     """The distinct values of `dtype` in [-4, 4] (on the CPU: the tuner also makes inputs on meta)."""
     steps = 8 * 1024

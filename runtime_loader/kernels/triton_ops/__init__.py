@@ -16,9 +16,9 @@ import importlib
 from pathlib import Path
 
 from ...dtypes import ALL_DTYPES
-from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
 from ...ops.moe import EXPERT_FORMS
 from ...ops.norm import KEEP_INPUTS, UNIT_OFFSET
+from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:

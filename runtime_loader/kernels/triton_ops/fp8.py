@@ -183,7 +183,7 @@ def fp8_matmul(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m: in
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def programs_per_device(device: torch.device) -> int:
     """A persistent grid's size: one program per SM; two in the interpreter (CPU), so that its
     programs still walk several tiles each."""

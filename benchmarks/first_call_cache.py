@@ -1,6 +1,6 @@
 """A kernel's first call in fresh worker processes that share one set of JIT caches, as a tune's
 workers share its run's (lzsolve.jit.point_caches): the first process compiles cold, the next ones
-read the caches the first wrote. BENCHMARKS §15.5 (why lzsolve/measure/ahead.py warms Inductor's kernels).
+read the caches the first wrote. benchmark log §15.5 (why lzsolve/measure/ahead.py warms Inductor's kernels).
 With several workloads (--dims), each is a first call of its own in every process: what a kernel
 that compiles per shape (flex.attention) costs per new shape, cold and from the shared caches.
 

@@ -93,7 +93,7 @@ VARIANTS = ("sdpa", "liger", "compile", "liger_compile", "lzsolve", "lzsolve_com
 COMPILED = ("compile", "liger_compile", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse",
             *(f"lzsolve_traced@{state}" for state in STATES))
 # lzsolve_jit_launch: lzsolve with our Triton kernels launched through Triton's JIT function on every
-# call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (BENCHMARKS §11.7)
+# call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (benchmark log §11.7)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CACHE_POSITION = "cache_position" in inspect.signature(transformers.LlamaModel.forward).parameters
 CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's

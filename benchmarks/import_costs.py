@@ -2,7 +2,7 @@
 bytecode: as the interpreter has it, then twice with one shared bytecode cache (the first process
 writes it, the second reads it), as a tune's workers share theirs (lzsolve.measure.worker.share_bytecode).
 Each cell is its own fresh process: `import torch`, then the module, timed apart. Issue 16,
-BENCHMARKS §15 (a measuring worker's first Liger call took about 10 s, once per process).
+benchmark log §15 (a measuring worker's first Liger call took about 10 s, once per process).
 
     python benchmarks/import_costs.py [--modules torch._dynamo,transformers,liger_kernel.ops.rms_norm]
 """

@@ -614,7 +614,7 @@ def run() -> NoReturn:
     handlers still run (multiprocessing's ends the workers, Ray's leaves the cluster) and the
     streams are flushed; what is skipped is unloading torch, transformers and the kernel libraries
     module by module, 1.5 s after a tune's work was done on this project's VM, paid by every
-    command (BENCHMARKS §15.11). An exception main() lets through ends the usual way, traceback
+    command (benchmarks/device.sh devices). An exception main() lets through ends the usual way, traceback
     and all."""
     try:
         main()

@@ -387,7 +387,7 @@ class Tune:
         say_incremental(session, plan)
         # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare. The
         # builders run niced: their nvcc jobs take the cores the measuring workers leave (on two H200s,
-        # two builders beside the search made its trials 21% slower, BENCHMARKS §15.5)
+        # two builders beside the search made its trials 21% slower, benchmarks/device.sh devices)
         builders = [functools.partial(worker.WorkerRunner, dev, plugins=plugins, timeout_s=measure.timeout,
                                       nice=worker.BUILDER_NICE)
                     for dev in self.lanes or [plan.device]]

@@ -207,7 +207,7 @@ class Dispatcher:
         self.traced = False
         # traced: calls of ops whose fallback Inductor fuses with its neighbours (OpSchema.fusible) take
         # that fallback, unless locked: the table's kernel for them (one launch Inductor cannot fuse
-        # into) left a compiled model 6-16% slower than compile alone, the torch form up to 5% (BENCHMARKS §11.8)
+        # into) left a compiled model 6-16% slower than compile alone, the torch form up to 5% (benchmarks/hf_end_to_end.py)
         self.traced_fuse = True
         self.device_type = table.hardware["device"] if table else None
         self._on_cuda = self.device_type == "cuda"

@@ -100,7 +100,7 @@ def _file_digest(path: str) -> str:
 def library_version(library: str) -> str | None:
     """The installed distribution's version, read once per process: importlib.metadata parses the
     package's METADATA file on every call (5 ms on the H100 host), and a tune asks once per record,
-    from the threads of every device, which take turns on the GIL (BENCHMARKS §15.11)."""
+    from the threads of every device, which take turns on the GIL (benchmarks/device.sh devices)."""
     try:
         return importlib.metadata.version(library)
     except importlib.metadata.PackageNotFoundError:

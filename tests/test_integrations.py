@@ -169,7 +169,7 @@ def test_served_modules_take_their_forward_from_a_class_and_a_second_patch_chang
                                                                                            restore_active):
     """patch() gives a served module a subclass of its class whose forward serves it, not a forward
     of its own: Dynamo guards an instance's own forward on every call of a compiled model (about
-    100 guard lines a layer, BENCHMARKS §11.9). The module stays an instance of its class, under its
+    100 guard lines a layer, benchmark log §11.9). The module stays an instance of its class, under its
     name, and patching the model again serves it the same way."""
     from runtime_loader.integrations.transformers import patch
     from tests.test_cli import TINY_LLAMA

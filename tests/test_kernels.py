@@ -164,7 +164,7 @@ def test_the_fp8_scale_is_computed_alike_on_every_device():
     differs in the last bit on about half of these rows, and that moves e4m3 elements on about
     2% of 1024-wide bf16 rows (x / scale lands near a rounding midpoint): a one-token linear whose
     row it is then fails parity, for every kernel that quantises otherwise than the reference
-    (an H100 tune rejected all of them at o_proj's 2 tokens, BENCHMARKS §16.7)."""
+    (an H100 tune rejected all of them at o_proj's 2 tokens, benchmark log §16.7)."""
     from runtime_loader.quant import quantize_per_token
 
     x = torch.randn(2000, 1024, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)

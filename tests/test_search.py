@@ -111,7 +111,7 @@ def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
 
 
 def test_every_study_tries_the_spaces_starts_right_after_the_default(tmp_path):
-    """A search of a few trials missed the tiles that won by hand on the H100 (BENCHMARKS §16.2.1):
+    """A search of a few trials missed the tiles that won by hand on the H100 (benchmark log §16.2.1):
     a space names them in `starts`, and every study tries them first."""
     start = {"rows": 64, "exact": 1}
     tune(tmp_path, "--trials", "3", "--full-search", space=demo.SPACE + "starts:\n  - {rows: 64, exact: 1}\n")

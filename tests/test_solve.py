@@ -153,7 +153,7 @@ def test_never_slower_than_the_fallback_beyond_noise_even_for_a_large_average_ga
 
 
 def test_a_small_measured_loss_to_the_fallback_bars_the_kernel_there():
-    """The H100's FA3 against SDPA at small prefills (BENCHMARKS §10.11): 25% faster at most
+    """The H100's FA3 against SDPA at small prefills (benchmark log §10.11): 25% faster at most
     points, 1.5% slower at the two smallest, where the samples spread 0.5%. A 1.5% loss is within
     the noise that hides a gain (MIN_NOISE), but it is a loss to the default, the one thing the
     table must not make, and it grew to 3.5% between those points: the fallback keeps them."""
@@ -166,7 +166,7 @@ def test_a_small_measured_loss_to_the_fallback_bars_the_kernel_there():
 
 
 def test_on_cpu_a_gain_at_one_point_alone_keeps_the_fallback():
-    """BENCHMARKS §10.14, run B: on CPU, Inductor's RMSNorm + add ran 18% ahead of the fallback at
+    """benchmark log §10.14, run B: on CPU, Inductor's RMSNorm + add ran 18% ahead of the fallback at
     one grid point of the tune and lost 1.39x there when evaluated in another process. On CPU a
     kernel leaves the fallback where it wins at a second point too, or by more than 1.3x at the
     one (a real cliff, tests/test_validate.py); on a GPU one point counts."""
@@ -184,7 +184,7 @@ def test_on_cpu_a_gain_at_one_point_alone_keeps_the_fallback():
 
 
 def test_on_cpu_a_gain_inside_the_machines_swings_keeps_the_fallback():
-    """BENCHMARKS §10.16: on CPU, torch's fused RMSNorm + add ran 1.11x ahead of the eager fallback
+    """benchmark log §10.16: on CPU, torch's fused RMSNorm + add ran 1.11x ahead of the eager fallback
     over all 17 points of a tune and lost to it by 1.13-1.17x at held-out shapes. On CPU a leaf
     leaves the fallback for 15% or more (over four points or more); on a GPU 5% is enough."""
     tokens = (1, 4, 16, 64, 256, 1024)

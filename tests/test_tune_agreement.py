@@ -1,4 +1,4 @@
-"""benchmarks/tune_agreement.py's comparison of two tuning runs (BENCHMARKS §15.7-15.8 read it):
+"""benchmarks/tune_agreement.py's comparison of two tuning runs (benchmark log §15.7-15.8 read it):
 two runs' dispatch tables, point by point, and what a differing choice costs in each run."""
 import datetime as dt
 import importlib.util

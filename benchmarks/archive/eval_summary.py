@@ -3,7 +3,7 @@
 Evaluation runs stopped by a time limit (device calls of 10 minutes) and continued in later
 calls leave their timings in several `eval-*` runs; this judges every evaluated shape against
 the artifact's table with the same code `evaluate` uses (lzsolve.decide.validate.judge/summarize) and
-prints one row per signature. BENCHMARKS.md §10.4 came from it:
+prints one row per signature. benchmark log §10.4 came from it:
 
     python benchmarks/archive/eval_summary.py ARTIFACT [--since eval-20261123T125000Z]
 """

@@ -4,7 +4,7 @@ Prefill (causal, seq_q == kv_len) and decode shapes of llama3-70b TP8 (8 q heads
 llama3-8b (32 q, 8 kv heads), head dim 128, bf16, over batch x length grids that are mostly not
 powers of two. Every variant is checked against SDPA first, then all are timed interleaved by
 lzsolve's harness (graph replay, median µs). Why runtime_loader/kernels/flash_attn.fa3_splits
-splits decode and never a causal prefill: BENCHMARKS §10.10.
+splits decode and never a causal prefill: benchmark log §10.10.
 
     python benchmarks/archive/fa3_splits.py [--json out.json]     # needs a Hopper GPU and fa3-fwd
 """

@@ -1,6 +1,6 @@
 """Where a kernel's first call in a fresh process goes when the run's JIT caches already hold it,
 as in a tune's measuring worker after lzsolve.measure.ahead made that call in another process
-(BENCHMARKS §15.6: flex.attention's first call took 11-12 s per worker on two H200s).
+(benchmark log §15.6: flex.attention's first call took 11-12 s per worker on two H200s).
 
 Each kernel gets two fresh processes sharing one set of caches: the first makes the call cold
 (filling the caches, as the ahead worker does), the second makes it again under cProfile and

@@ -1,4 +1,4 @@
-"""What the last bit of an FP8 activation scale changes (issue 18, BENCHMARKS §16.7).
+"""What the last bit of an FP8 activation scale changes (issue 18, benchmark log §16.7).
 
 1. On any device: rows of bf16 x quantised per token to e4m3 with the scale computed two ways,
    amax / 448 (a division) and amax times the fp32 reciprocal of 448 (what torch's CUDA kernels

@@ -139,7 +139,7 @@ def retimed(result: PointResult, recs: list[dict], measure: Callable[[list], lis
     """A loss by LOSS, timed again: the choice, the best kernel and the fallback, interleaved once
     more on fresh inputs, each counted at the faster of its two timings. One timing of a few us can
     be off by 10% (two calls of one cuBLAS GEMM, F.linear and matmul, were 1.012 and 1.115 ms
-    apart in one run, and level at every other shape, BENCHMARKS §10.6); a cliff shows twice. The
+    apart in one run, and level at every other shape, benchmarks/device.sh decisions); a cliff shows twice. The
     first loss is kept in the result (`first_loss`) and both timings in the PerfDB."""
     if result.loss <= 1 + LOSS:
         return result, recs

@@ -29,7 +29,7 @@ from lzsolve.store.perfdb import dims_key
 from runtime_loader.ops import OPS
 
 VALIDATION_SHAPES = 8  # random shapes per dynamic dim of each op signature in every tune: a plane of
-# (batch, seq) needs more than a line of tokens to meet its rough spots (FA3's small prefills, BENCHMARKS §10.7)
+# (batch, seq) needs more than a line of tokens to meet its rough spots (FA3's small prefills, benchmarks/device.sh decisions)
 NEAR_SHAPES = 6  # shapes timed around each validation shape where the table lost...
 LOSS = 0.05  # ...by this much, to the best kernel timed there or to the fallback
 

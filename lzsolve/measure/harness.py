@@ -263,7 +263,7 @@ def keep_freed_memory() -> bool:
     only by some frees) with fresh pages and unmaps them on free, so an eager op with a few MB of
     fp32 temporaries pays a page fault per 4 KiB on every call, and what a call costs depends on
     the allocator's history: eager RMSNorm + add at 80 x 8192 on a 2-core VM ran 2.0 ms with
-    1600 faults a call, 0.24 ms with none (BENCHMARKS §10.13): a tune timed one, its evaluation
+    1600 faults a call, 0.24 ms with none (docs/benchmark-log.md §10.13): a tune timed one, its evaluation
     the other, and they disagreed on the choice. Kernels are timed in the steady state of a server
     whose heap is warm. False where the C library is not glibc."""
     try:
@@ -296,7 +296,7 @@ class CudaHarness(_Base):
     of one measurement share: the first warms for warmup_s, each other one for its first two
     calls (its own setup and a steady call) and WARM_EACH_S, then they are sampled in turns.
     Warming every candidate for warmup_s was 50 ms a measurement, about 40% of the probe phase
-    of a default tune on the H100 (BENCHMARKS §15.2)."""
+    of a default tune on the H100 (benchmarks/device.sh decisions)."""
     name = "cuda_events"
     shared_warmup = True
 
@@ -363,7 +363,7 @@ def timer_name(device: torch.device) -> str:
 
 # A kernel's CPU time can depend on where its buffers happen to lie: Inductor's fused RMSNorm + add
 # at 49 x 8192 ran near 120 or near 175 us from one timing task to the next, each with newly
-# allocated inputs, while torch's stayed at 150-165 (BENCHMARKS §10.13); a tune that saw the fast
+# allocated inputs, while torch's stayed at 150-165 (docs/benchmark-log.md §10.13); a tune that saw the fast
 # mode chose it, and a server could get the slow one. So on CPU a workload is timed in this many
 # rounds, each on inputs placed anew, and a kernel counts at its slowest (measure.run_timing).
 CPU_PLACEMENTS = 2

@@ -138,7 +138,7 @@ NOISE = 0.02  # a trial faster than the study's best by less than this is no imp
 class SearchBudget:
     """How a study spends its trials beyond the space's budget, the upper bound. Patience is on by
     default: on the H100 the default llama3-70b TP8 tune ran 446 of its 1664 budgeted trials (156 s,
-    where the whole budget took 644 s), its decisions on random shapes no worse (BENCHMARKS §15.1). Skipping
+    where the whole budget took 644 s), its decisions on random shapes no worse (benchmarks/device.sh decisions). Skipping
     stays opt-in (`--skip-behind 0.3`): it skipped no bucket there, and its comparisons cost time."""
     patience: int = 4  # stop after this many finished trials without a gain beyond NOISE (0: never)
     skip_behind: float = 0.0  # skip a bucket where the family trails the best kernel by more at every neighbour (0: never)

@@ -47,7 +47,7 @@ STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED
 
 
 def _attr(module: str, name: str):
-    """lzsolve.<module>'s `name` (a dotted path: "bench.Budget"), imported now."""
+    """lzsolve.<module>'s `name` (a dotted path: "Budget.time_cap_s"), imported now."""
     value = importlib.import_module(f"{__package__}.{module}")
     for part in name.split("."):
         value = getattr(value, part)
@@ -162,11 +162,11 @@ def cli():
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
 @click.option("--sample-time", cls=Deferred, type=click.FloatRange(min=0.001), show_default=True, metavar="SECONDS",
-              default=lambda: _attr("bench", "Budget.time_cap_s"),
+              default=lambda: _attr("measure.harness", "Budget.time_cap_s"),
               help=lambda: f"how long one candidate's timing may sample, per timing mode, while its spread stays "
-                           f"above {_attr('bench', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
-                           "most); shorter: a quicker, noisier tune. Records measured with another value are reused "
-                           "(--fresh to time them again)")
+                           f"above {_attr('measure.harness', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
+                           "most); shorter: a quicker, noisier tune. Records sampled as long or longer are reused, shorter ones "
+                           "measured again (--fresh: every one)")
 @click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
               help="measure on several devices of this host, one worker each (they must be the same model): "
                    "each bucket's candidates go, whole, to the next free device, largest first, as do each "
@@ -180,7 +180,7 @@ def cli():
                    "Ray: pip install -e '.[ray]' in the lzsolve clone")
 @click.option("--ray-workers", cls=Deferred, type=click.IntRange(min=1), default=None, metavar="N",
               help=lambda: f"with --ray: how many workers  [default: one per GPU of the cluster, "
-                           f"{_attr('cluster', 'CPU_WORKERS')} on a CPU-only one]")
+                           f"{_attr('measure.cluster', 'CPU_WORKERS')} on a CPU-only one]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
 @click.option("--trials", type=click.IntRange(min=0), default=None,
@@ -189,15 +189,15 @@ def cli():
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
               help="folder of search-space YAML files  [default: the repo's search_spaces/]")
 @click.option("--patience", cls=Deferred, type=click.IntRange(min=0), show_default=True,
-              default=lambda: _attr("search", "SearchBudget.patience"),
+              default=lambda: _attr("measure.search", "SearchBudget.patience"),
               help=lambda: "stop a bucket's search after this many trials in a row that beat its best by less than "
-                           f"{_attr('search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
+                           f"{_attr('measure.search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
 @click.option("--skip-behind", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("search", "SearchBudget.skip_behind"),
+              default=lambda: _attr("measure.search", "SearchBudget.skip_behind"),
               help="skip the search at a bucket where the family's best is more than this fraction slower than the "
                    "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
 @click.option("--refine", cls=Deferred, type=click.IntRange(min=0), show_default=True,
-              default=lambda: _attr("search", "SearchBudget.refine"),
+              default=lambda: _attr("measure.search", "SearchBudget.refine"),
               help="after each bucket's search, up to this many more trials climbing from its best configuration "
                    "one parameter step at a time while that gains; 0: off")
 @click.option("--full-search", is_flag=True,
@@ -206,17 +206,17 @@ def cli():
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
 @click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
+              default=lambda: _attr("decide.compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.1 = 10%)")
 @click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
+              default=lambda: _attr("decide.compare", "DEFAULT_MIN_MS"),
               help="grid points where both tables' times are under this are reported, not gated (run-to-run "
                    "noise of microsecond kernels)")
 @click.option("--probe/--no-probe", default=True, show_default=True,
               help="also time the leading kernels and the fallback at unaligned values inside each bucket and "
                    "past the last (odd lengths, where tile-aligned kernels lose what the grid shows them winning)")
 @click.option("--validate", "validate_shapes", cls=Deferred, type=click.IntRange(min=0), show_default=True,
-              default=lambda: _attr("validate", "VALIDATION_SHAPES"),
+              default=lambda: _attr("decide.validate", "VALIDATION_SHAPES"),
               help="random shapes per dynamic dim of each op signature (inside the buckets and up to 1.5x past "
                    "them: 8 for a tokens op, 16 for attention's batch x seq) at which the "
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
@@ -226,11 +226,21 @@ def cli():
                    "rank r gets -S * log(r) on its router logits; 0.3: the fullest of 128 experts gets about 2.4x "
                    "the mean load, as trained routers roughly do; 0: uniform). Recorded with each record; records "
                    "of another skew are not reused")
+@click.option("--cache/--no-cache", default=True, show_default=True,
+              help="reuse, and add to, the measurement cache every tune of this machine shares: a record any "
+                   "earlier tune measured (of any model, into any --out) with the same signature, kernel and "
+                   "version, shape, hardware, timing mode and a sampling as long is not measured again, and is "
+                   "copied into this artifact's PerfDB (its cached_from column says where from). --no-cache "
+                   "neither reads nor writes it")
+@click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR", default=None,
+              help="the measurement cache's folder, a PerfDB the machines of one kind may share (a mount all of "
+                   "them write to: a tuner locks a signature while it measures it)  [default: $LZSOLVE_CACHE, "
+                   "else ~/.cache/lzsolve/perfdb; LZSOLVE_CACHE=off turns it off]")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
          sample_time, devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
-         max_regression, min_ms, probe, validate_shapes, routing_skew, as_json):
+         max_regression, min_ms, probe, validate_shapes, routing_skew, cache, cache_dir, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -256,7 +266,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
         model=_source(model, config, recorded, tp, ep, dtype, fp8_kv),
         grid=GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude), plugins=plugins),
         measure=MeasureConfig(device=device, devices=devices, ray=ray_address, ray_workers=ray_workers, mode=mode,
-                              sample_time=sample_time, timeout=timeout, isolate=isolate, routing_skew=routing_skew),
+                              sample_time=sample_time, timeout=timeout, isolate=isolate, routing_skew=routing_skew,
+                              cache=cache, cache_dir=cache_dir),
         search=SearchConfig(trials=trials, spaces=spaces, patience=patience, skip_behind=skip_behind, refine=refine,
                             full=full_search),
         validate=ValidateConfig(probe=probe, shapes=validate_shapes, baseline=baseline,
@@ -515,10 +526,10 @@ def _evaluation_device(folder: Path, hardware: dict) -> str:
 @click.argument("artifact", type=click.Path(file_okay=False))
 @click.argument("baseline", type=click.Path(file_okay=False))
 @click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
+              default=lambda: _attr("decide.compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature (geomean over its grid points; 0.1 = 10%)")
 @click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
+              default=lambda: _attr("decide.compare", "DEFAULT_MIN_MS"),
               help="grid points where both times are under this are reported, not gated")
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
 def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):

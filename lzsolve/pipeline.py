@@ -70,7 +70,7 @@ from lzsolve.store.artifact import (
     write_artifact,
 )
 from lzsolve.store.artifact import report as report_markdown
-from lzsolve.store.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB, default_cache
 from runtime_loader import registry
 from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
@@ -108,7 +108,9 @@ class GridConfig:
 class MeasureConfig:
     """Where and how: one device (None: cuda if available, else cpu), several of this host, or a Ray
     cluster's; the timing mode the solver optimises (None: graph on cuda, eager on cpu); how long a
-    candidate samples and may take; whether it runs in a worker process; the MoE routing skew."""
+    candidate samples and may take; whether it runs in a worker process; the MoE routing skew; the
+    measurement cache shared by every tune of this machine (cache_dir None: perfdb.default_cache()),
+    whose records any later tune reuses, whatever model asked for them."""
     device: str | None = None  # --device
     devices: str | None = None  # --devices: "cuda:0,cuda:1" or "all"
     ray: str | None = None  # --ray: local, auto or HOST:PORT
@@ -118,6 +120,8 @@ class MeasureConfig:
     timeout: float = 300.0  # --timeout
     isolate: bool = True  # --isolate/--no-isolate
     routing_skew: float = ROUTING_SKEW  # --routing-skew
+    cache: bool = True  # --cache/--no-cache
+    cache_dir: str | Path | None = None  # --cache-dir
 
 
 @dataclass(frozen=True)
@@ -258,8 +262,10 @@ def say_incremental(session: Session, plan: Plan) -> None:
         return
     changed, new = session.changes(plan)
     parts = ([f"version changed: {', '.join(changed)}"] if changed else []) + ([f"new: {', '.join(new)}"] if new else [])
-    click.echo(f"incremental: {len(session.reusable)} earlier records reused where kernel and version match; "
-               f"measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
+    cached = sum(1 for r in session.reusable.values() if r.get("cached_from"))
+    source = f" ({cached} in the measurement cache {session.cache.path})" if cached and session.cache else ""
+    click.echo(f"incremental: {len(session.reusable)} earlier records{source} reused where kernel, version and shape "
+               f"match; measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -382,8 +388,10 @@ class Tune:
             self.where = ", ".join(map(str, self.lanes)) or str(plan.device)
         print_notes(plan)
         self.plan = plan
+        cache_dir = (measure.cache_dir or default_cache()) if measure.cache else None
         self.session = session = tuner.Session(plan, db, runner, tuner.new_run_id(), reuse=not cfg.output.fresh,
-                                               more=tuple(more))
+                                               more=tuple(more), cache=PerfDB(cache_dir) if cache_dir else None,
+                                               sample_time=self.budget.time_cap_s)
         say_incremental(session, plan)
         # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare. The
         # builders run niced: their nvcc jobs take the cores the measuring workers leave (on two H200s,
@@ -503,10 +511,14 @@ class Tune:
         say = functools.partial(click.echo, err=self.config.output.json)  # with --json, stdout carries the summary alone
         table, session, wall = self.table, self.session, self.wall
         summary = run_summary(self.plan, table, self.records, self.out, wall, session.restarts, self.phases)
-        summary["written"] += len(self.compiled)
+        summary["written"] += len(self.compiled) + len(session.copied)  # (copies of the cache's records)
+        summary["cache"] = str(session.cache.path) if session.cache else None
+        cached = f", {summary['cached']} of them from the measurement cache" if summary["cached"] else ""
         say(f"wrote {self.out}/dispatch.json, report.md and perfdb/ ({summary['records']} records: {summary['new']} of "
-            f"this run, {summary['reused']} reused; {summary['written']} rows written; {wall:.0f} s, "
+            f"this run, {summary['reused']} reused{cached}; {summary['written']} rows written; {wall:.0f} s, "
             f"{session.restarts} worker restart(s))")
+        if session.cache_note:
+            click.echo(f"note: {session.cache_note}", err=True)
         for entry in table["ops"]:
             say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
         if table["noise"]["noisy_decisions"]:
@@ -534,7 +546,8 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
     """What CI needs to know about a tune, as plain data (`tune --json`). `records` are those the
     table was solved from, each once: `new` of them this run's (its rows in the PerfDB, with
     `written` adding the first calls made ahead), `measured` those of them that cost a measurement
-    (capability verdicts cost nothing), `reused` earlier runs'."""
+    (capability verdicts cost nothing), `reused` earlier runs', `cached` those of them that came from
+    the measurement cache (runs of other models or artifacts)."""
     ours = [r for r in records if r["run_id"] == table["run_id"]]
     rejected: dict[str, int] = {}
     for r in records:
@@ -547,6 +560,7 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
         "records": len(records), "new": len(ours), "written": len(ours),
         "measured": sum(r["stage"] != "capability" for r in ours),
         "reused": len(records) - len(ours),
+        "cached": sum(1 for r in records if r.get("cached_from")),
         "rejected_by_stage": rejected, "worker_restarts": restarts,
         "noise": table["noise"],
         "notes": tuner.notes(plan),

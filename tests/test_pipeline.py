@@ -155,6 +155,8 @@ OPTIONS = {
     "timeout": (["--timeout", "7"], "measure.timeout", 7.0),
     "isolate": (["--no-isolate"], "measure.isolate", False),
     "routing_skew": (["--routing-skew", "0.7"], "measure.routing_skew", 0.7),
+    "cache": (["--no-cache"], "measure.cache", False),
+    "cache_dir": (["--cache-dir", "c"], "measure.cache_dir", "c"),
     "trials": (["--trials", "5"], "search.trials", 5),
     "spaces": (["--spaces", "{spaces}"], "search.spaces", "{spaces}"),
     "patience": (["--patience", "9"], "search.patience", 9),

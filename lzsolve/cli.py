@@ -226,6 +226,11 @@ def cli():
                    "rank r gets -S * log(r) on its router logits; 0.3: the fullest of 128 experts gets about 2.4x "
                    "the mean load, as trained routers roughly do; 0: uniform). Recorded with each record; records "
                    "of another skew are not reused")
+@click.option("--quick", is_flag=True,
+              help="a first table in a minute or so: the next smaller grid than the default (unless --grid), no "
+                   "search, probes or validation, and no kernel whose first call builds for seconds to minutes "
+                   "(compile.*, FlashInfer's); report.md says what it left out. A later `lzsolve tune` into the "
+                   "same --out measures the rest, reusing this run's records")
 @click.option("--cache/--no-cache", default=True, show_default=True,
               help="reuse, and add to, the measurement cache every tune of this machine shares: a record any "
                    "earlier tune measured (of any model, into any --out) with the same signature, kernel and "
@@ -240,7 +245,7 @@ def cli():
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
          sample_time, devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
-         max_regression, min_ms, probe, validate_shapes, routing_skew, cache, cache_dir, as_json):
+         max_regression, min_ms, probe, validate_shapes, routing_skew, quick, cache, cache_dir, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -264,7 +269,8 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 
     settings = TuneConfig(
         model=_source(model, config, recorded, tp, ep, dtype, fp8_kv),
-        grid=GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude), plugins=plugins),
+        grid=GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude), plugins=plugins,
+                        quick=quick),
         measure=MeasureConfig(device=device, devices=devices, ray=ray_address, ray_workers=ray_workers, mode=mode,
                               sample_time=sample_time, timeout=timeout, isolate=isolate, routing_skew=routing_skew,
                               cache=cache, cache_dir=cache_dir),

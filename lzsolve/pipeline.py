@@ -74,7 +74,7 @@ from lzsolve.store.perfdb import PerfDB, default_cache
 from runtime_loader import registry
 from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
-from runtime_loader.jit import point_caches
+from runtime_loader.jit import NVCC_BUILT, point_caches
 
 # --- what to tune, and how (one field per option of `lzsolve tune`) ------------------------------
 
@@ -97,11 +97,14 @@ class ModelSource:
 @dataclass(frozen=True)
 class GridConfig:
     """What is measured: the shape grid (None: full on cuda, small on cpu), the candidate kernels (glob
-    patterns on kernel ids; the ops' fallbacks are always kept) and modules that register more."""
+    patterns on kernel ids; the ops' fallbacks are always kept) and modules that register more. quick:
+    a first table in a minute or so (see `quick`): what it leaves out, a later tune into the same
+    artifact measures, reusing what this one did."""
     grid: str | None = None  # --grid
     kernels: tuple[str, ...] = ()  # --kernels, one glob each
     exclude: tuple[str, ...] = ()  # --exclude, one glob each
     plugins: tuple[str, ...] = ()  # --plugin
+    quick: bool = False  # --quick
 
 
 @dataclass(frozen=True)
@@ -232,7 +235,7 @@ def plan_model(source: ModelSource, grid: GridConfig, device: str | None) -> Pla
     """The dry run (`lzsolve plan`, and a tune's first step): the model's op signatures (captured, or
     recorded), the grid's buckets on `device` and each candidate's capability verdict."""
     dev = devices.resolve_device(device)
-    shapes = grid.grid or default_grid(dev.type)
+    shapes = grid.grid or default_grid(dev.type, grid.quick)
     if source.workload is None:
         dtype = source.dtype or "bf16"
         spec = capture.load(source.name, source.config, source.tp, dtype, source.fp8_kv, source.ep)
@@ -268,6 +271,40 @@ def say_incremental(session: Session, plan: Plan) -> None:
                f"match; measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
 
 
+# --- a quick first table ---------------------------------------------------------------------------
+
+# kernels whose first call builds for seconds to minutes (Inductor's compiles, nvcc's FlashInfer
+# modules): a quick tune leaves them to the full one
+SLOW_FIRST_CALLS = frozenset({"inductor", *NVCC_BUILT})
+
+
+def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
+    """`tune --quick`: `config` with what a first table can do without, and what that is, for the
+    report. The next smaller grid than the device's default (unless --grid names one), no search of
+    tunable kernels' parameters (their default configurations are candidates), no probes or
+    validation, and no candidate whose first call builds for seconds to minutes. The sampling is
+    the full tune's, so a later `lzsolve tune` into the same --out reuses every record of this one."""
+    if not config.grid.quick:
+        return config, []
+    slow = sorted({spec.kernel_id.split("[")[0] for spec in registry.REGISTRY.values()
+                   if SLOW_FIRST_CALLS & set(spec.jit_caches)})
+    skipped = []
+    if config.grid.grid is None:
+        skipped.append("the default grid's buckets (the next smaller grid instead)")
+    if config.search.trials != 0:
+        skipped.append("the search of tunable kernels' parameters (their defaults are candidates)")
+    if config.validate.probe:
+        skipped.append("the probes between the buckets")
+    if config.validate.shapes:
+        skipped.append("the validation at random shapes")
+    if slow:
+        skipped.append(f"the kernels whose first call builds for seconds to minutes ({', '.join(slow)})")
+    return dataclasses.replace(
+        config, grid=dataclasses.replace(config.grid, exclude=config.grid.exclude + tuple(slow)),
+        search=dataclasses.replace(config.search, trials=0),
+        validate=dataclasses.replace(config.validate, probe=False, shapes=0)), skipped
+
+
 # --- the run --------------------------------------------------------------------------------------
 
 
@@ -280,7 +317,7 @@ class Tune:
     (`lzsolve tune` passes its entry: the summary's start_s counts its imports too)."""
 
     def __init__(self, config: TuneConfig, entered: tuple[float, float] | None = None):
-        self.config = config
+        self.config, self.skipped = quick(config)  # (a quick tune's settings, and what they leave out)
         self.entered, self.entered_cpu = entered or (time.perf_counter(), time.process_time())
         # wall seconds of each phase, and this process's CPU seconds of each, all its threads (the
         # devices' lanes): near the phase's time, this process, not the devices, is what a run on
@@ -500,7 +537,7 @@ class Tune:
         and the JIT caches' archive, after the wall."""
         searched = self.searched.line() if self.searched else None
         write_artifact(self.out, self.table, report_markdown(self.table, self.wall, len(self.records), self.phases,
-                                                             searched), self.records + self.compiled)
+                                                             searched, self.skipped), self.records + self.compiled)
         self._lap("write_s")
 
     def report(self) -> TuneResult:
@@ -524,6 +561,10 @@ class Tune:
         if table["noise"]["noisy_decisions"]:
             say(f"noise: {format_noise(table['noise'])[0]}; report.md says more")
         summary["search"] = self.searched.as_dict() if self.searched else None
+        summary["quick"] = {"skipped": self.skipped} if self.config.grid.quick else None
+        if self.skipped:
+            say(f"quick: left out {'; '.join(self.skipped)}; `lzsolve tune` into {self.out} adds them, reusing "
+                "this run's records")
         summary["parent_cpu_s"] = self.parent_cpu
         summary["compiled_ahead"] = [call for a in self.ahead for call in a.summary()]
         if self.ahead:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lzsolve.pipeline import GridConfig, MeasureConfig, ModelSource
+from lzsolve.pipeline import GridConfig, ModelSource
 from lzsolve.store.perfdb import PerfDB, default_cache
 
 from .tables import QUICK_CPU, tuned

@@ -229,7 +229,9 @@ def format_op(entry: dict, rejected: bool = True) -> list[str]:
 
 
 def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] | None = None,
-           search: str | None = None) -> str:
+           search: str | None = None, skipped: list[str] | None = None) -> str:
+    """report.md: the run, its time per phase, the search, the noise, then per op signature its points,
+    validation figures and tree; `skipped`: what a quick tune left out (tune --quick)."""
     model, hw = table["model"], table["hardware"]
     lines = [
         f"# lzsolve report: {model['id']} (tp={model['tp']}, {model['dtype']})",
@@ -241,6 +243,9 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
         lines.append("- time per phase: " + ", ".join(f"{name.removesuffix('_s')} {s:.0f} s" for name, s in phases.items()))
     if search:
         lines.append(f"- search: {search}")
+    if skipped:
+        lines.append(f"- quick (tune --quick): left out {'; '.join(skipped)}. A `lzsolve tune` into this folder "
+                     "measures them, reusing this run's records.")
     lines += [f"- noise: {line}" if n == 0 else f"  {line}" for n, line in enumerate(format_noise(table.get("noise")))]
     lines += [
         f"- grid: {table['grid']}; timing mode: {table['timing_mode']}",

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from checked_timing import checked, write_figures
-from lzsolve.bench import Budget, make_harness
+
+from lzsolve.measure.harness import Budget, make_harness
 from runtime_loader import registry
 from runtime_loader.hardware import device_info
 from runtime_loader.ops import Signature

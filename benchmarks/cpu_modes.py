@@ -1,4 +1,4 @@
-"""Does a CPU kernel's time hold from one timing task to the next? (issue 12, BENCHMARKS §10.15)
+"""Does a CPU kernel's time hold from one timing task to the next? (issue 12, benchmark log §10.15)
 
 Times the given kernels of one op signature at one point in N timing tasks in one process, as a
 tune would (lzsolve's CPU harness, the tune's budget, inputs allocated anew for each task) and
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from lzsolve.bench import Budget, CpuHarness, CPU_PLACEMENTS
+from lzsolve.measure.harness import CPU_PLACEMENTS, Budget, CpuHarness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.ops import Signature

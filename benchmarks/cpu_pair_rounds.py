@@ -1,4 +1,4 @@
-"""How far one pair of CPU kernels moves from round to round (BENCHMARKS §10.17): torch's fused
+"""How far one pair of CPU kernels moves from round to round (benchmark log §10.17): torch's fused
 RMSNorm + add against the eager fallback at one shape, in one fresh process, without lzsolve's
 harness: ROUNDS rounds of CALLS back-to-back calls over 8 newly allocated input sets each, the two
 kernels alternating which goes first; prints each round's medians and their ratio.
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from runtime_loader.kernels.builtin import rms_norm_add as fused
+from runtime_loader.kernels.torch_ops import rms_norm_add as fused
 from runtime_loader.ops.norm import rms_norm_add as eager
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 import runtime_loader
-from lzsolve.bench import Budget, CudaHarness
+from lzsolve.measure.harness import Budget, CudaHarness
 from lzsolve.models import CATALOGUE, capture
 from lzsolve.ops import compare
 from lzsolve.ops.base import Tolerance

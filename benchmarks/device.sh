@@ -180,7 +180,7 @@ decisions() {
   start=$(date +%s)
   case "${step:?set the step: decisions smoke|tune|start|finish|evaluate|retune}" in
     smoke)
-      python3 -m pytest -q -p no:cacheprovider tests/test_bench.py tests/test_measure.py -k "mode or reference" 2>&1 | tail -3
+      python3 -m pytest -q -p no:cacheprovider tests/test_harness.py tests/test_tasks.py -k "mode or reference" 2>&1 | tail -3
       timeout 240 "${lz[@]}" tune --model llama3-8b --grid tiny --trials 0 --kernels 'sdpa.*,fa3.*,triton.rms_norm,torch.*' \
         --out .devrun/smoke --json > "$OUT/smoke.json" 2> "$OUT/smoke.err"
       echo "smoke tune rc=$? after $(( $(date +%s) - start )) s"; tail -3 "$OUT/smoke.err"
@@ -399,7 +399,7 @@ import sys, torch
 sys.path.insert(0, "benchmarks")
 from checked_timing import timed
 from flashinfer.fused_moe import cutlass_fused_moe
-from lzsolve.bench import make_harness
+from lzsolve.measure.harness import make_harness
 from lzsolve.ops import compare, CONTRACTS
 from lzsolve.ops.moe import reference
 from runtime_loader.kernels import builtin

@@ -23,7 +23,7 @@ import warnings
 import torch
 import transformers
 
-from lzsolve.artifact import kernel_provenance
+from lzsolve.store.artifact import kernel_provenance
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import device_info, hardware_signature
 from runtime_loader.integrations.transformers import observe, patch, restore_functions

@@ -1,6 +1,6 @@
 """A kernel's first call in fresh worker processes that share one set of JIT caches, as a tune's
 workers share its run's (lzsolve.jit.point_caches): the first process compiles cold, the next ones
-read the caches the first wrote. BENCHMARKS §15.5 (why lzsolve/ahead.py warms Inductor's kernels).
+read the caches the first wrote. benchmark log §15.5 (why lzsolve/measure/ahead.py warms Inductor's kernels).
 With several workloads (--dims), each is a first call of its own in every process: what a kernel
 that compiles per shape (flex.attention) costs per new shape, cold and from the shared caches.
 
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import torch
-
 from cpu_modes import pairs
-from lzsolve.measure import ParityTask
-from lzsolve.worker import WorkerRunner, share_bytecode
+
+from lzsolve.measure.tasks import ParityTask
+from lzsolve.measure.worker import WorkerRunner, share_bytecode
 from runtime_loader.jit import point_caches
 from runtime_loader.ops import OPS, Signature
 

@@ -16,15 +16,16 @@ decode over a bf16 cache.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
 import torch
-
 from checked_timing import agreeing, checked, timed, write_figures
-from lzsolve.artifact import leaf_ids
-from lzsolve.bench import Budget, make_harness
+
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS
+from lzsolve.store.artifact import leaf_ids
 from runtime_loader import registry
 from runtime_loader.hardware import device_info
 from runtime_loader.ops import Signature
@@ -170,8 +171,8 @@ def main() -> None:
                              "SwiGLU): bf16 (that op's fastest kernel here), FP8 quantised by the linear, FP8 "
                              "quantised by that op (norm.rms_add_fp8 or act.swiglu_fp8, then "
                              "linear.fp8_prequantised)")
-    parser.add_argument("--tokens", help="the token counts, comma-separated (default: %s)" % ",".join(map(str, TOKENS)))
-    parser.add_argument("--shapes", help="the projections, comma-separated (default: all of %s)" % ",".join(SHAPES))
+    parser.add_argument("--tokens", help="the token counts, comma-separated (default: {})".format(",".join(map(str, TOKENS))))
+    parser.add_argument("--shapes", help="the projections, comma-separated (default: all of {})".format(",".join(SHAPES)))
     parser.add_argument("--table", type=Path,
                         help="an artifact (lzsolve tune --dtype fp8): the kernels its leaves choose for these "
                              "signatures join the candidates")
@@ -217,7 +218,7 @@ def main() -> None:
     for dims in [] if args.no_decode else [{"batch": 2, "kv_len": 70}] if args.tiny else DECODES:
         kernels = [s for s in registry.candidates(fp8kv.op) if not s.check(fp8kv, here)]
         inputs = CONTRACTS[plain.op].make_inputs(plain, dims, device, gen)
-        extra = {f"{k} (bf16 cache)": [lambda impl=registry.get(k).impl: impl(*inputs)] for k in BF16_DECODE
+        extra = {f"{k} (bf16 cache)": [functools.partial(registry.get(k).impl, *inputs)] for k in BF16_DECODE
                  if not registry.get(k).check(plain, here)}
         row = checked(fp8kv.op, fp8kv, dims, kernels, device, gen, harness, extra)
         rows.append({"decode": dims, **row})

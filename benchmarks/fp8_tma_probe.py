@@ -1,4 +1,4 @@
-"""Would a Hopper-style Triton FP8 GEMM close the gap to cuBLASLt (issue 18, BENCHMARKS §16.5)?
+"""Would a Hopper-style Triton FP8 GEMM close the gap to cuBLASLt (issue 18, benchmark log §16.5)?
 
 cuBLASLt's FP8 GEMM with one unit scale per tensor reaches 1.60-1.87x bf16 from 1024 tokens, and
 with this format's scales (one per token of x, one per channel of the weight) it loses 0.1-0.4x of
@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from checked_timing import agreeing, timed, write_figures
 from fp8 import SHAPES
-from lzsolve.bench import Budget, make_harness
+
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.ops import Signature

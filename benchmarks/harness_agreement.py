@@ -22,8 +22,8 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from lzsolve.bench import CudaHarness, rotation_sets
-from lzsolve.measure import tensor_bytes
+from lzsolve.measure.harness import CudaHarness, rotation_sets
+from lzsolve.measure.tasks import tensor_bytes
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.hardware import hardware_signature

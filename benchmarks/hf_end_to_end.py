@@ -32,8 +32,8 @@ times sdpa's own distance is FAILED and not timed.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import copy
+import cProfile
 import gc
 import inspect
 import json
@@ -49,7 +49,8 @@ from pathlib import Path
 import torch
 import transformers
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile as torch_profile
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
 from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 
 import runtime_loader
@@ -92,7 +93,7 @@ VARIANTS = ("sdpa", "liger", "compile", "liger_compile", "lzsolve", "lzsolve_com
 COMPILED = ("compile", "liger_compile", "lzsolve_compile", "lzsolve_traced", "lzsolve_traced_nofuse",
             *(f"lzsolve_traced@{state}" for state in STATES))
 # lzsolve_jit_launch: lzsolve with our Triton kernels launched through Triton's JIT function on every
-# call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (BENCHMARKS §11.7)
+# call (LZSOLVE_TRITON_LAUNCH=jit's path), against the launcher's direct launches (benchmark log §11.7)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CACHE_POSITION = "cache_position" in inspect.signature(transformers.LlamaModel.forward).parameters
 CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with sdpa's
@@ -303,7 +304,7 @@ def table_of(state: str, name: str, artifacts: Path) -> Path:
 def derived(source: Path, folder: Path, change) -> Path:
     """A copy of the artifact at `source` (its table and JIT caches, not its PerfDB) whose
     dispatch.json `change` rewrote, with a manifest of its own."""
-    from lzsolve.artifact import refresh_manifest
+    from lzsolve.store.artifact import refresh_manifest
 
     shutil.copytree(source, folder, ignore=shutil.ignore_patterns("perfdb", ".*"))
     raw = json.loads((folder / "dispatch.json").read_text())

@@ -1,8 +1,8 @@
 """What a fresh process pays to import each module a tune's workers import, with and without
 bytecode: as the interpreter has it, then twice with one shared bytecode cache (the first process
-writes it, the second reads it), as a tune's workers share theirs (lzsolve.worker.share_bytecode).
+writes it, the second reads it), as a tune's workers share theirs (lzsolve.measure.worker.share_bytecode).
 Each cell is its own fresh process: `import torch`, then the module, timed apart. Issue 16,
-BENCHMARKS §15 (a measuring worker's first Liger call took about 10 s, once per process).
+benchmark log §15 (a measuring worker's first Liger call took about 10 s, once per process).
 
     python benchmarks/import_costs.py [--modules torch._dynamo,transformers,liger_kernel.ops.rms_norm]
 """
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-DEFAULT_MODULES = ("lzsolve.worker", "torch._dynamo", "torch._inductor.compile_fx", "transformers",
+DEFAULT_MODULES = ("lzsolve.measure.worker", "torch._dynamo", "torch._inductor.compile_fx", "transformers",
                    "liger_kernel.ops.rms_norm", "flashinfer")
 PROBE = """
 import json, sys, time

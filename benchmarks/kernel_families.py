@@ -21,7 +21,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB
 
 
 def geomean(values: list[float]) -> float:
@@ -50,7 +50,7 @@ PYTORCH_ONLY = ("sdpa.", "torch.", "eager.", "compile.")
 
 def family_table(times: dict, fallback: dict[str, str]) -> list[dict]:
     by_op: dict[str, dict] = {}
-    for (signature, dims), kernels in times.items():
+    for (signature, _dims), kernels in times.items():
         default = fallback.get(signature)
         if default not in kernels:
             continue
@@ -70,7 +70,7 @@ def family_table(times: dict, fallback: dict[str, str]) -> list[dict]:
 def search_table(times: dict) -> list[dict]:
     """Per tunable family and op signature: the search's gain per bucket over the default configuration."""
     by_family: dict[tuple[str, str], list[tuple[float, str]]] = {}
-    for (signature, dims), kernels in times.items():
+    for (signature, _dims), kernels in times.items():
         for base in {k.split("[")[0] for k in kernels if "[" in k}:
             searched = {k: t for k, t in kernels.items() if k.startswith(base + "[")}
             if base in kernels:

@@ -3,7 +3,7 @@
 A record's `ts` is when its measurement ended, so per phase and device the first and last `ts`
 bound what that device did; the phase ends when its last device does, and the gap between a
 device's last record and that end is the phase's tail on it (idle, but for the measurement in
-flight). First calls (`jit_ms`) are what each process pays again. Issue 16, BENCHMARKS §15.
+flight). First calls (`jit_ms`) are what each process pays again. Issue 16, benchmark log §15.
 
     python benchmarks/lane_timeline.py OUT [--json timeline.json]
 """
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB
 
 PHASES = ("compile", "grid", "probe", "validation")
 

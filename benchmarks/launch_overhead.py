@@ -1,9 +1,9 @@
 """Host time of one launch: a torch op against a Triton kernel launched through its JIT function,
 through lzsolve's launcher (runtime_loader/kernels/triton_ops/launch.py, what our ops do since
-BENCHMARKS §11.7) and through the compiled kernel directly; then the whole norm.rms_add op, eager
+benchmark log §11.7) and through the compiled kernel directly; then the whole norm.rms_add op, eager
 against our Triton op.
 
-BENCHMARKS §11.4 found the eager prefill rows host-bound: the table's Python dispatch plus Triton's
+benchmark log §11.4 found the eager prefill rows host-bound: the table's Python dispatch plus Triton's
 Python launcher cost about as much host time as the eager ops they replace. This measures the
 launcher's part on small inputs, where the host sets the pace: N back-to-back calls per round,
 interleaved rounds, median µs per call. The compiled kernel's own launcher skips the JIT

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 from pathlib import Path
 
 import torch
 
 import runtime_loader
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
 from runtime_loader.inputs import ROUTING_SKEW
@@ -142,7 +143,7 @@ def main() -> None:
                     kernels["triton_vllm"] = vllm_kernel(model, tokens)
             if tokens > args.max_loop_tokens:
                 del kernels["hf_loop"]
-            calls = {name: (lambda impl=registry.get(k).impl: impl(*inputs)) for name, k in kernels.items()}
+            calls = {name: functools.partial(registry.get(k).impl, *inputs) for name, k in kernels.items()}
             if d is not None:
                 kernels["table"] = d.kernel_for("moe_experts", *inputs)
                 calls["table"] = lambda: d.moe_experts(*inputs)

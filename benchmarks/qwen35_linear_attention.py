@@ -24,11 +24,11 @@ import time
 import warnings
 
 import torch
+from checked_timing import write_figures
 from torch.profiler import ProfilerActivity
 
 import runtime_loader
-from checked_timing import write_figures
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from runtime_loader import Dispatcher
 from runtime_loader.policies import Policy
 

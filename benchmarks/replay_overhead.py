@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from lzsolve.artifact import kernel_provenance
+from lzsolve.store.artifact import kernel_provenance
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.ops import OPS, Signature, example_args

@@ -1,5 +1,5 @@
 """Dynamo's guards on a compiled model: torch.compile of a tiny Llama against the same model patched
-with patch(model, d, traced=True), a CPU table tuned for it first (BENCHMARKS §11.9).
+with patch(model, d, traced=True), a CPU table tuned for it first (benchmark log §11.9).
 
 Each variant runs in a process of its own (two compiled models of one class share the modelling
 code's Dynamo cache, and each lookup would try the other's entries): the guard lines Dynamo logs

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
-from lzsolve.solve import pick
+from lzsolve.decide.solve import pick
+from lzsolve.store.perfdb import PerfDB
 
 MARGIN = 0.05
 # the records of the latest tune in a PerfDB: `lzsolve evaluate` adds runs of its own after it

@@ -1,4 +1,4 @@
 """`python -m lzsolve ...` is the `lzsolve` command (for scripts that pin the interpreter)."""
-from .cli import run
+from lzsolve.cli import run
 
 run()

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from . import __version__
-from .errors import STORAGE_ERRNOS, LzError, WriteError
-from .progress import progress
+from lzsolve import __version__
+from lzsolve.errors import STORAGE_ERRNOS, LzError, WriteError
+from lzsolve.progress import progress
 
 # torch, transformers, DuckDB and the tuner's modules are imported by the commands that use them:
 # at the top they cost every command 2.2-2.5 s and 276 MB on this project's VM, `lzsolve --help`
 # and a mistyped option included (0.2 s without them; tests/test_cli.py bounds it). Option defaults
 # those modules hold are read when a command runs or shows its help (Deferred).
 if TYPE_CHECKING:
-    from .pipeline import ModelSource
+    from lzsolve.pipeline import ModelSource
 
 # Choices that click checks before any import: runtime_loader.ops.DTYPES with capture.FP8, and
-# lzsolve.grid.GRIDS (tests/test_cli.py checks that they agree).
+# lzsolve.measure.grid.GRIDS (tests/test_cli.py checks that they agree).
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 FP8 = "fp8"
 GRID_CHOICES = ("tiny", "small", "full")
@@ -47,7 +47,7 @@ STATUS_EXIT = {"ok": EXIT_OK, "failed": EXIT_FAILED, "regressed": EXIT_REGRESSED
 
 
 def _attr(module: str, name: str):
-    """lzsolve.<module>'s `name` (a dotted path: "bench.Budget"), imported now."""
+    """lzsolve.<module>'s `name` (a dotted path: "Budget.time_cap_s"), imported now."""
     value = importlib.import_module(f"{__package__}.{module}")
     for part in name.split("."):
         value = getattr(value, part)
@@ -79,7 +79,7 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
 def _source(model, config, recorded, tp, ep, dtype, fp8_kv) -> ModelSource:
     """The model options as a ModelSource: --dtype only where the command line gave it (a workload's
     dtype is its recorded one, which another contradicts; a model's is bf16)."""
-    from .pipeline import ModelSource
+    from lzsolve.pipeline import ModelSource
 
     given = click.get_current_context().get_parameter_source("dtype") == click.core.ParameterSource.COMMANDLINE
     return ModelSource(name=model, config=config, workload=recorded, tp=tp, ep=ep, dtype=dtype if given else None,
@@ -162,11 +162,11 @@ def cli():
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
 @click.option("--sample-time", cls=Deferred, type=click.FloatRange(min=0.001), show_default=True, metavar="SECONDS",
-              default=lambda: _attr("bench", "Budget.time_cap_s"),
+              default=lambda: _attr("measure.harness", "Budget.time_cap_s"),
               help=lambda: f"how long one candidate's timing may sample, per timing mode, while its spread stays "
-                           f"above {_attr('bench', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
-                           "most); shorter: a quicker, noisier tune. Records measured with another value are reused "
-                           "(--fresh to time them again)")
+                           f"above {_attr('measure.harness', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
+                           "most); shorter: a quicker, noisier tune. Records sampled as long or longer are reused, shorter ones "
+                           "measured again (--fresh: every one)")
 @click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
               help="measure on several devices of this host, one worker each (they must be the same model): "
                    "each bucket's candidates go, whole, to the next free device, largest first, as do each "
@@ -180,7 +180,7 @@ def cli():
                    "Ray: pip install -e '.[ray]' in the lzsolve clone")
 @click.option("--ray-workers", cls=Deferred, type=click.IntRange(min=1), default=None, metavar="N",
               help=lambda: f"with --ray: how many workers  [default: one per GPU of the cluster, "
-                           f"{_attr('cluster', 'CPU_WORKERS')} on a CPU-only one]")
+                           f"{_attr('measure.cluster', 'CPU_WORKERS')} on a CPU-only one]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
 @click.option("--trials", type=click.IntRange(min=0), default=None,
@@ -189,15 +189,15 @@ def cli():
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
               help="folder of search-space YAML files  [default: the repo's search_spaces/]")
 @click.option("--patience", cls=Deferred, type=click.IntRange(min=0), show_default=True,
-              default=lambda: _attr("search", "SearchBudget.patience"),
+              default=lambda: _attr("measure.search", "SearchBudget.patience"),
               help=lambda: "stop a bucket's search after this many trials in a row that beat its best by less than "
-                           f"{_attr('search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
+                           f"{_attr('measure.search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
 @click.option("--skip-behind", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("search", "SearchBudget.skip_behind"),
+              default=lambda: _attr("measure.search", "SearchBudget.skip_behind"),
               help="skip the search at a bucket where the family's best is more than this fraction slower than the "
                    "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
 @click.option("--refine", cls=Deferred, type=click.IntRange(min=0), show_default=True,
-              default=lambda: _attr("search", "SearchBudget.refine"),
+              default=lambda: _attr("measure.search", "SearchBudget.refine"),
               help="after each bucket's search, up to this many more trials climbing from its best configuration "
                    "one parameter step at a time while that gains; 0: off")
 @click.option("--full-search", is_flag=True,
@@ -206,17 +206,17 @@ def cli():
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
 @click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
+              default=lambda: _attr("decide.compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.1 = 10%)")
 @click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
+              default=lambda: _attr("decide.compare", "DEFAULT_MIN_MS"),
               help="grid points where both tables' times are under this are reported, not gated (run-to-run "
                    "noise of microsecond kernels)")
 @click.option("--probe/--no-probe", default=True, show_default=True,
               help="also time the leading kernels and the fallback at unaligned values inside each bucket and "
                    "past the last (odd lengths, where tile-aligned kernels lose what the grid shows them winning)")
 @click.option("--validate", "validate_shapes", cls=Deferred, type=click.IntRange(min=0), show_default=True,
-              default=lambda: _attr("validate", "VALIDATION_SHAPES"),
+              default=lambda: _attr("decide.validate", "VALIDATION_SHAPES"),
               help="random shapes per dynamic dim of each op signature (inside the buckets and up to 1.5x past "
                    "them: 8 for a tokens op, 16 for attention's batch x seq) at which the "
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
@@ -226,11 +226,26 @@ def cli():
                    "rank r gets -S * log(r) on its router logits; 0.3: the fullest of 128 experts gets about 2.4x "
                    "the mean load, as trained routers roughly do; 0: uniform). Recorded with each record; records "
                    "of another skew are not reused")
+@click.option("--quick", is_flag=True,
+              help="a first table in a minute or so: the next smaller grid than the default (unless --grid), no "
+                   "search, probes or validation, and no kernel whose first call builds for seconds to minutes "
+                   "(compile.*, FlashInfer's); report.md says what it left out. A later `lzsolve tune` into the "
+                   "same --out measures the rest, reusing this run's records")
+@click.option("--cache/--no-cache", default=True, show_default=True,
+              help="reuse, and add to, the measurement cache every tune of this machine shares: a record any "
+                   "earlier tune measured (of any model, into any --out) with the same signature, kernel and "
+                   "version, shape, hardware, timing mode and a sampling as long is not measured again, and is "
+                   "copied into this artifact's PerfDB (its cached_from column says where from). --no-cache "
+                   "neither reads nor writes it")
+@click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR", default=None,
+              help="the measurement cache's folder, a PerfDB the machines of one kind may share (a mount all of "
+                   "them write to: a tuner locks a signature while it measures it)  [default: $LZSOLVE_CACHE, "
+                   "else ~/.cache/lzsolve/perfdb; LZSOLVE_CACHE=off turns it off]")
 @click.option("--json", "as_json", is_flag=True,
               help="print a machine-readable summary on stdout (everything else goes to stderr)")
 def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, out, mode, fresh, timeout, isolate,
          sample_time, devices, ray_address, ray_workers, plugins, trials, spaces, patience, skip_behind, refine, full_search, baseline,
-         max_regression, min_ms, probe, validate_shapes, routing_skew, as_json):
+         max_regression, min_ms, probe, validate_shapes, routing_skew, quick, cache, cache_dir, as_json):
     """Gate, measure and solve every op of a model; write dispatch.json, perfdb/ and report.md.
 
     Every candidate kernel passes a capability gate and a parity check against an
@@ -250,14 +265,15 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
     interrupted.
     """
     entered = time.perf_counter(), time.process_time()
-    from .pipeline import (GridConfig, MeasureConfig, OutputConfig, SearchConfig, Tune, TuneConfig,
-                           ValidateConfig)
+    from lzsolve.pipeline import GridConfig, MeasureConfig, OutputConfig, SearchConfig, Tune, TuneConfig, ValidateConfig
 
     settings = TuneConfig(
         model=_source(model, config, recorded, tp, ep, dtype, fp8_kv),
-        grid=GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude), plugins=plugins),
+        grid=GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude), plugins=plugins,
+                        quick=quick),
         measure=MeasureConfig(device=device, devices=devices, ray=ray_address, ray_workers=ray_workers, mode=mode,
-                              sample_time=sample_time, timeout=timeout, isolate=isolate, routing_skew=routing_skew),
+                              sample_time=sample_time, timeout=timeout, isolate=isolate, routing_skew=routing_skew,
+                              cache=cache, cache_dir=cache_dir),
         search=SearchConfig(trials=trials, spaces=spaces, patience=patience, skip_behind=skip_behind, refine=refine,
                             full=full_search),
         validate=ValidateConfig(probe=probe, shapes=validate_shapes, baseline=baseline,
@@ -274,7 +290,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
 def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
-    from .pipeline import GridConfig, load_plugins, plan_model, print_notes
+    from lzsolve.pipeline import GridConfig, load_plugins, plan_model, print_notes
 
     load_plugins(plugins)
     p = plan_model(_source(model, config, recorded, tp, ep, dtype, fp8_kv),
@@ -308,10 +324,9 @@ def matrix(names, configs, tp, dtype, as_json):
     every feature the signature needs (GQA, causal, sliding window, softcap, QK-norm, RoPE
     layout, bias, (1 + weight) norms...); whether it is installed or runs on this machine is
     `lzsolve kernels`' business. An op only a reference fallback supports is marked."""
+    from lzsolve.models import CATALOGUE, capture
     from runtime_loader import registry
     from runtime_loader.ops import required_features
-
-    from .models import CATALOGUE, capture
 
     names = names if names or configs else tuple(CATALOGUE)
     captured = [capture.load(n, None, tp, dtype) for n in names] + [capture.load(None, c, tp, dtype) for c in configs]
@@ -339,7 +354,7 @@ def models():
     """List the built-in models as capture sees them (unsharded): their sizes as the op signatures
     show them, how many ops and signatures one forward runs, the share of the parameters in
     modules an op covers, and what no op covers."""
-    from .models import CATALOGUE, capture
+    from lzsolve.models import CATALOGUE, capture
 
     def values(found: tuple) -> str:
         return ",".join(map(str, found)) or "-"
@@ -368,11 +383,10 @@ def kernels(device, as_json):
     """List every candidate kernel: its ops, library and version, whether it can run on this
     device (and the Reason when not: NOT_INSTALLED, BACKEND_IMPORT_FAILED, PLATFORM_MISMATCH,
     SM_TOO_OLD...), and for tunable kernels the search space optuna explores."""
+    from lzsolve.measure.devices import resolve_device
+    from lzsolve.measure.search import SPACES_DIR, load_spaces
     from runtime_loader import registry
     from runtime_loader.hardware import device_info
-
-    from .devices import resolve_device
-    from .search import SPACES_DIR, load_spaces
 
     here = device_info(resolve_device(device))
     spaces = load_spaces(SPACES_DIR) if SPACES_DIR.is_dir() else {}
@@ -398,7 +412,7 @@ def kernels(device, as_json):
 def explain(artifact, op_glob):
     """Per op signature: the tree, the chosen kernels with their gains and margins, and
     every rejected candidate with its Reason. ARTIFACT defaults to the newest under ./artifacts."""
-    from .artifact import find_artifact, format_noise, format_op, read_table_json
+    from lzsolve.store.artifact import find_artifact, format_noise, format_op, read_table_json
 
     folder = find_artifact(artifact)
     table = read_table_json(folder)
@@ -445,16 +459,16 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
     defaults to the newest under ./artifacts. --on-this-gpu measures a borrowed table where it
     is loaded, not where it was tuned. Exits 1 when the table's choice fails at a shape (the
     runtime would hit that failure), 4 when its records cannot be written (disk full), else 0."""
+    from lzsolve.decide.evaluate import evaluate as run_evaluation
+    from lzsolve.decide.evaluate import parse_shapes
+    from lzsolve.decide.validate import LOSS, summarize
+    from lzsolve.measure.devices import resolve_device
+    from lzsolve.measure.worker import InProcessRunner, WorkerRunner
+    from lzsolve.pipeline import load_plugins
+    from lzsolve.store.artifact import JIT_WORK, find_artifact, read_table_json
+    from lzsolve.store.fsutil import atomic_write_text
     from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
     from runtime_loader.jit import point_caches
-
-    from .artifact import JIT_WORK, find_artifact, read_table_json
-    from .devices import resolve_device
-    from .evaluate import evaluate as run_evaluation, parse_shapes
-    from .fsutil import atomic_write_text
-    from .pipeline import load_plugins
-    from .validate import LOSS, summarize
-    from .worker import InProcessRunner, WorkerRunner
 
     if random_n and shapes:
         raise LzError("pass --random or --shapes, not both")
@@ -518,10 +532,10 @@ def _evaluation_device(folder: Path, hardware: dict) -> str:
 @click.argument("artifact", type=click.Path(file_okay=False))
 @click.argument("baseline", type=click.Path(file_okay=False))
 @click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_THRESHOLD"),
+              default=lambda: _attr("decide.compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature (geomean over its grid points; 0.1 = 10%)")
 @click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
-              default=lambda: _attr("compare", "DEFAULT_MIN_MS"),
+              default=lambda: _attr("decide.compare", "DEFAULT_MIN_MS"),
               help="grid points where both times are under this are reported, not gated")
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
 def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
@@ -532,8 +546,8 @@ def compare_cmd(artifact, baseline, max_regression, min_ms, as_json):
     exceeds 1 + --max-regression by more than its timings' spread, on a quiet machine; 5
     (inconclusive: the host was too busy to judge) when those that exceed it do so within
     the noise; else 0."""
-    from .artifact import find_artifact
-    from .compare import compare, comparison_status, say_comparison
+    from lzsolve.decide.compare import compare, comparison_status, say_comparison
+    from lzsolve.store.artifact import find_artifact
 
     result = compare(find_artifact(artifact), find_artifact(baseline), max_regression, min_ms)
     if as_json:
@@ -571,8 +585,8 @@ def db_query(sql, db_path, as_json, limit, all_rows, timeout):
 
     The query sees an in-memory copy of the PerfDB and may use 1 GiB besides it (no spilling to disk).
     """
-    from .artifact import find_artifact
-    from .perfdb import PerfDB
+    from lzsolve.store.artifact import find_artifact
+    from lzsolve.store.perfdb import PerfDB
 
     path = Path(db_path) if db_path else find_artifact(None) / "perfdb"
     if (path / "perfdb").is_dir():
@@ -617,7 +631,7 @@ def run() -> NoReturn:
     handlers still run (multiprocessing's ends the workers, Ray's leaves the cluster) and the
     streams are flushed; what is skipped is unloading torch, transformers and the kernel libraries
     module by module, 1.5 s after a tune's work was done on this project's VM, paid by every
-    command (BENCHMARKS §15.11). An exception main() lets through ends the usual way, traceback
+    command (benchmarks/device.sh devices). An exception main() lets through ends the usual way, traceback
     and all."""
     try:
         main()

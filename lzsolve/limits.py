@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
+from lzsolve.errors import LzError
 from runtime_loader import safeio
-
-from .errors import LzError
 
 MAX_CONFIG_BYTES = 4 << 20  # a Hugging Face config.json is a few KB
 MAX_CONFIG_DEPTH = 32  # multimodal configs nest text_config / vision_config a few levels

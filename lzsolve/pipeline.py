@@ -37,30 +37,44 @@ from pathlib import Path
 
 import click
 
+from lzsolve.decide.compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare, comparison_status, say_comparison
+from lzsolve.decide.validate import VALIDATION_SHAPES, plan_validation
+from lzsolve.decide.validate import in_order as validation_order
+from lzsolve.decide.validate import validate as validate_table
+from lzsolve.errors import LzError
+from lzsolve.measure import devices, tuner, worker
+from lzsolve.measure.ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
+from lzsolve.measure.cluster import Cluster
+from lzsolve.measure.grid import default_grid
+from lzsolve.measure.harness import Budget
+from lzsolve.measure.search import (
+    FULL_BUDGET,
+    SPACES_DIR,
+    STORAGE_NAME,
+    SearchBudget,
+    SearchStats,
+    load_spaces,
+    planned_trials,
+)
+from lzsolve.measure.search import search as search_configurations
+from lzsolve.measure.tuner import Plan, Session
+from lzsolve.models import capture, workload
+from lzsolve.progress import add_measurements, progress
+from lzsolve.store.artifact import (
+    JIT_WORK,
+    build_table,
+    default_out,
+    ensure_writable,
+    format_noise,
+    leaf_ids,
+    write_artifact,
+)
+from lzsolve.store.artifact import report as report_markdown
+from lzsolve.store.perfdb import PerfDB, default_cache
 from runtime_loader import registry
 from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
-from runtime_loader.jit import point_caches
-
-from . import devices, tuner, worker
-from .ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
-from .artifact import JIT_WORK, build_table, default_out, ensure_writable, format_noise, leaf_ids
-from .artifact import report as report_markdown
-from .artifact import write_artifact
-from .bench import Budget
-from .cluster import Cluster
-from .compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare, comparison_status, say_comparison
-from .errors import LzError
-from .grid import default_grid
-from .models import capture, workload
-from .perfdb import PerfDB
-from .progress import add_measurements, progress
-from .search import FULL_BUDGET, SPACES_DIR, STORAGE_NAME, SearchBudget, SearchStats, load_spaces, planned_trials
-from .search import search as search_configurations
-from .tuner import Plan, Session
-from .validate import VALIDATION_SHAPES, plan_validation
-from .validate import in_order as validation_order
-from .validate import validate as validate_table
+from runtime_loader.jit import NVCC_BUILT, point_caches
 
 # --- what to tune, and how (one field per option of `lzsolve tune`) ------------------------------
 
@@ -83,18 +97,23 @@ class ModelSource:
 @dataclass(frozen=True)
 class GridConfig:
     """What is measured: the shape grid (None: full on cuda, small on cpu), the candidate kernels (glob
-    patterns on kernel ids; the ops' fallbacks are always kept) and modules that register more."""
+    patterns on kernel ids; the ops' fallbacks are always kept) and modules that register more. quick:
+    a first table in a minute or so (see `quick`): what it leaves out, a later tune into the same
+    artifact measures, reusing what this one did."""
     grid: str | None = None  # --grid
     kernels: tuple[str, ...] = ()  # --kernels, one glob each
     exclude: tuple[str, ...] = ()  # --exclude, one glob each
     plugins: tuple[str, ...] = ()  # --plugin
+    quick: bool = False  # --quick
 
 
 @dataclass(frozen=True)
 class MeasureConfig:
     """Where and how: one device (None: cuda if available, else cpu), several of this host, or a Ray
     cluster's; the timing mode the solver optimises (None: graph on cuda, eager on cpu); how long a
-    candidate samples and may take; whether it runs in a worker process; the MoE routing skew."""
+    candidate samples and may take; whether it runs in a worker process; the MoE routing skew; the
+    measurement cache shared by every tune of this machine (cache_dir None: perfdb.default_cache()),
+    whose records any later tune reuses, whatever model asked for them."""
     device: str | None = None  # --device
     devices: str | None = None  # --devices: "cuda:0,cuda:1" or "all"
     ray: str | None = None  # --ray: local, auto or HOST:PORT
@@ -104,6 +123,8 @@ class MeasureConfig:
     timeout: float = 300.0  # --timeout
     isolate: bool = True  # --isolate/--no-isolate
     routing_skew: float = ROUTING_SKEW  # --routing-skew
+    cache: bool = True  # --cache/--no-cache
+    cache_dir: str | Path | None = None  # --cache-dir
 
 
 @dataclass(frozen=True)
@@ -214,7 +235,7 @@ def plan_model(source: ModelSource, grid: GridConfig, device: str | None) -> Pla
     """The dry run (`lzsolve plan`, and a tune's first step): the model's op signatures (captured, or
     recorded), the grid's buckets on `device` and each candidate's capability verdict."""
     dev = devices.resolve_device(device)
-    shapes = grid.grid or default_grid(dev.type)
+    shapes = grid.grid or default_grid(dev.type, grid.quick)
     if source.workload is None:
         dtype = source.dtype or "bf16"
         spec = capture.load(source.name, source.config, source.tp, dtype, source.fp8_kv, source.ep)
@@ -244,8 +265,44 @@ def say_incremental(session: Session, plan: Plan) -> None:
         return
     changed, new = session.changes(plan)
     parts = ([f"version changed: {', '.join(changed)}"] if changed else []) + ([f"new: {', '.join(new)}"] if new else [])
-    click.echo(f"incremental: {len(session.reusable)} earlier records reused where kernel and version match; "
-               f"measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
+    cached = sum(1 for r in session.reusable.values() if r.get("cached_from"))
+    source = f" ({cached} in the measurement cache {session.cache.path})" if cached and session.cache else ""
+    click.echo(f"incremental: {len(session.reusable)} earlier records{source} reused where kernel, version and shape "
+               f"match; measuring again {'; '.join(parts) or 'none but what earlier runs left unmeasured'}", err=True)
+
+
+# --- a quick first table ---------------------------------------------------------------------------
+
+# kernels whose first call builds for seconds to minutes (Inductor's compiles, nvcc's FlashInfer
+# modules): a quick tune leaves them to the full one
+SLOW_FIRST_CALLS = frozenset({"inductor", *NVCC_BUILT})
+
+
+def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
+    """`tune --quick`: `config` with what a first table can do without, and what that is, for the
+    report. The next smaller grid than the device's default (unless --grid names one), no search of
+    tunable kernels' parameters (their default configurations are candidates), no probes or
+    validation, and no candidate whose first call builds for seconds to minutes. The sampling is
+    the full tune's, so a later `lzsolve tune` into the same --out reuses every record of this one."""
+    if not config.grid.quick:
+        return config, []
+    slow = sorted({spec.kernel_id.split("[")[0] for spec in registry.REGISTRY.values()
+                   if SLOW_FIRST_CALLS & set(spec.jit_caches)})
+    skipped = []
+    if config.grid.grid is None:
+        skipped.append("the default grid's buckets (the next smaller grid instead)")
+    if config.search.trials != 0:
+        skipped.append("the search of tunable kernels' parameters (their defaults are candidates)")
+    if config.validate.probe:
+        skipped.append("the probes between the buckets")
+    if config.validate.shapes:
+        skipped.append("the validation at random shapes")
+    if slow:
+        skipped.append(f"the kernels whose first call builds for seconds to minutes ({', '.join(slow)})")
+    return dataclasses.replace(
+        config, grid=dataclasses.replace(config.grid, exclude=config.grid.exclude + tuple(slow)),
+        search=dataclasses.replace(config.search, trials=0),
+        validate=dataclasses.replace(config.validate, probe=False, shapes=0)), skipped
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -260,7 +317,7 @@ class Tune:
     (`lzsolve tune` passes its entry: the summary's start_s counts its imports too)."""
 
     def __init__(self, config: TuneConfig, entered: tuple[float, float] | None = None):
-        self.config = config
+        self.config, self.skipped = quick(config)  # (a quick tune's settings, and what they leave out)
         self.entered, self.entered_cpu = entered or (time.perf_counter(), time.process_time())
         # wall seconds of each phase, and this process's CPU seconds of each, all its threads (the
         # devices' lanes): near the phase's time, this process, not the devices, is what a run on
@@ -368,17 +425,19 @@ class Tune:
             self.where = ", ".join(map(str, self.lanes)) or str(plan.device)
         print_notes(plan)
         self.plan = plan
+        cache_dir = (measure.cache_dir or default_cache()) if measure.cache else None
         self.session = session = tuner.Session(plan, db, runner, tuner.new_run_id(), reuse=not cfg.output.fresh,
-                                               more=tuple(more))
+                                               more=tuple(more), cache=PerfDB(cache_dir) if cache_dir else None,
+                                               sample_time=self.budget.time_cap_s)
         say_incremental(session, plan)
         # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare. The
         # builders run niced: their nvcc jobs take the cores the measuring workers leave (on two H200s,
-        # two builders beside the search made its trials 21% slower, BENCHMARKS §15.5)
+        # two builders beside the search made its trials 21% slower, benchmarks/device.sh devices)
         builders = [functools.partial(worker.WorkerRunner, dev, plugins=plugins, timeout_s=measure.timeout,
                                       nice=worker.BUILDER_NICE)
                     for dev in self.lanes or [plan.device]]
         # the nvcc builders; the primer, one for the run (bytecode and Triton's cache are the run's);
-        # on a GPU, Inductor's warming processes (lzsolve/ahead.py)
+        # on a GPU, Inductor's warming processes (lzsolve/measure/ahead.py)
         if measure.isolate and not self.cluster:
             self.ahead.append(CompileAhead.start(plan.signatures, session, builders))
             self.ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))
@@ -478,7 +537,7 @@ class Tune:
         and the JIT caches' archive, after the wall."""
         searched = self.searched.line() if self.searched else None
         write_artifact(self.out, self.table, report_markdown(self.table, self.wall, len(self.records), self.phases,
-                                                             searched), self.records + self.compiled)
+                                                             searched, self.skipped), self.records + self.compiled)
         self._lap("write_s")
 
     def report(self) -> TuneResult:
@@ -489,15 +548,23 @@ class Tune:
         say = functools.partial(click.echo, err=self.config.output.json)  # with --json, stdout carries the summary alone
         table, session, wall = self.table, self.session, self.wall
         summary = run_summary(self.plan, table, self.records, self.out, wall, session.restarts, self.phases)
-        summary["written"] += len(self.compiled)
+        summary["written"] += len(self.compiled) + len(session.copied)  # (copies of the cache's records)
+        summary["cache"] = str(session.cache.path) if session.cache else None
+        cached = f", {summary['cached']} of them from the measurement cache" if summary["cached"] else ""
         say(f"wrote {self.out}/dispatch.json, report.md and perfdb/ ({summary['records']} records: {summary['new']} of "
-            f"this run, {summary['reused']} reused; {summary['written']} rows written; {wall:.0f} s, "
+            f"this run, {summary['reused']} reused{cached}; {summary['written']} rows written; {wall:.0f} s, "
             f"{session.restarts} worker restart(s))")
+        if session.cache_note:
+            click.echo(f"note: {session.cache_note}", err=True)
         for entry in table["ops"]:
             say(f"  {entry['signature']}: {', '.join(sorted(set(leaf_ids(entry['tree']))))}")
         if table["noise"]["noisy_decisions"]:
             say(f"noise: {format_noise(table['noise'])[0]}; report.md says more")
         summary["search"] = self.searched.as_dict() if self.searched else None
+        summary["quick"] = {"skipped": self.skipped} if self.config.grid.quick else None
+        if self.skipped:
+            say(f"quick: left out {'; '.join(self.skipped)}; `lzsolve tune` into {self.out} adds them, reusing "
+                "this run's records")
         summary["parent_cpu_s"] = self.parent_cpu
         summary["compiled_ahead"] = [call for a in self.ahead for call in a.summary()]
         if self.ahead:
@@ -520,7 +587,8 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
     """What CI needs to know about a tune, as plain data (`tune --json`). `records` are those the
     table was solved from, each once: `new` of them this run's (its rows in the PerfDB, with
     `written` adding the first calls made ahead), `measured` those of them that cost a measurement
-    (capability verdicts cost nothing), `reused` earlier runs'."""
+    (capability verdicts cost nothing), `reused` earlier runs', `cached` those of them that came from
+    the measurement cache (runs of other models or artifacts)."""
     ours = [r for r in records if r["run_id"] == table["run_id"]]
     rejected: dict[str, int] = {}
     for r in records:
@@ -533,6 +601,7 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
         "records": len(records), "new": len(ours), "written": len(ours),
         "measured": sum(r["stage"] != "capability" for r in ours),
         "reused": len(records) - len(ours),
+        "cached": sum(1 for r in records if r.get("cached_from")),
         "rejected_by_stage": rejected, "worker_restarts": restarts,
         "noise": table["noise"],
         "notes": tuner.notes(plan),

@@ -207,7 +207,7 @@ class Dispatcher:
         self.traced = False
         # traced: calls of ops whose fallback Inductor fuses with its neighbours (OpSchema.fusible) take
         # that fallback, unless locked: the table's kernel for them (one launch Inductor cannot fuse
-        # into) left a compiled model 6-16% slower than compile alone, the torch form up to 5% (BENCHMARKS §11.8)
+        # into) left a compiled model 6-16% slower than compile alone, the torch form up to 5% (benchmarks/hf_end_to_end.py)
         self.traced_fuse = True
         self.device_type = table.hardware["device"] if table else None
         self._on_cuda = self.device_type == "cuda"
@@ -685,7 +685,7 @@ class Dispatcher:
         calls = 0
         was_strict, self.strict = self.strict, True  # errors reach this loop, not the circuit breaker
         try:
-            for sig, tree in self.table.trees.items():
+            for sig, _tree in self.table.trees.items():
                 grid = self.table.raw["buckets"].get(sig.op, {})
                 by_kernel: dict[str, list[dict]] = {}
                 for dims in (dict(zip(grid, values)) for values in itertools.product(*grid.values())):
@@ -782,7 +782,7 @@ class _Served:
     serve returns NOT_SERVED instead of running the op's fallback, for its caller's own code. Each
     method is bound on its first read and kept in this object's __dict__, where later reads find it."""
 
-    def __init__(self, dispatcher: "Dispatcher"):
+    def __init__(self, dispatcher: Dispatcher):
         self._dispatcher = dispatcher
 
     def __getattr__(self, method: str):

@@ -36,10 +36,10 @@ JIT_CACHES = {
 # What a restore needs of a cache, where that is less than all of it. A restored FlashInfer loads
 # each op from its AOT folder as cached_ops/<name>/<name>.so, without ninja (kernels/flashinfer.
 # _flashinfer); its object files, generated sources and build files are the build's leftovers,
-# and were most of the 40 MiB it took in an H100 artifact (BENCHMARKS §14).
+# and were most of the 40 MiB it took in an H100 artifact (benchmarks/jit_restore.py).
 RESTORED_FILES = {"flashinfer": ("*.so",)}
 # Caches whose entries nvcc builds, a module at a time: tens of seconds per module, where a Triton
-# or Inductor compile takes about a second. The tuner builds these ahead (lzsolve.ahead).
+# or Inductor compile takes about a second. The tuner builds these ahead (lzsolve.measure.ahead).
 NVCC_BUILT = frozenset({"flashinfer"})
 MAX_ARCHIVE_FILE_BYTES = MAX_FILE_BYTES  # the tar itself (a real one: 72 MB)
 MAX_ARCHIVE_BYTES = 8 << 30  # what its members unpack to

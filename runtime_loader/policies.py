@@ -37,7 +37,7 @@ class Policy:
     def avoids(self, kernel_id: str) -> bool:
         return registry.get(kernel_id).library in self.avoid
 
-    def merged(self, disable: bool = False, avoid=(), lock=None) -> "Policy":
+    def merged(self, disable: bool = False, avoid=(), lock=None) -> Policy:
         return Policy(self.disable or disable, self.avoid | libraries(avoid), {**self.lock, **(lock or {})})
 
     def describe(self) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 E4M3_MAX = 448.0  # the largest finite float8 e4m3fn value
 
 

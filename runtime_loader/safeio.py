@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import reprlib
-
 import secrets
 import stat
 import warnings

@@ -15,9 +15,10 @@ import importlib.metadata
 import importlib.util
 import json
 import re
-from pathlib import Path
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from .ops import Signature
@@ -51,7 +52,7 @@ def _not_installed(module: str, library: str) -> Reason:
     return Reason(NOT_INSTALLED, f"python module {module!r} is not installed (pip install {library})")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_reason(module: str, library: str) -> Reason | None:
     try:
         if importlib.util.find_spec(module) is None:
@@ -63,7 +64,7 @@ def _import_reason(module: str, library: str) -> Reason | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _find_reason(module: str, library: str) -> Reason | None:
     """_import_reason without the import: whether the module's top-level package is there."""
     if importlib.util.find_spec(module.split(".")[0]) is None:
@@ -87,7 +88,7 @@ def source_files(impl) -> tuple[str, ...]:
     return tuple(dict.fromkeys(files))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _file_digest(path: str) -> str:
     try:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -95,11 +96,11 @@ def _file_digest(path: str) -> str:
         return ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library_version(library: str) -> str | None:
     """The installed distribution's version, read once per process: importlib.metadata parses the
     package's METADATA file on every call (5 ms on the H100 host), and a tune asks once per record,
-    from the threads of every device, which take turns on the GIL (BENCHMARKS §15.11)."""
+    from the threads of every device, which take turns on the GIL (benchmarks/device.sh devices)."""
     try:
         return importlib.metadata.version(library)
     except importlib.metadata.PackageNotFoundError:

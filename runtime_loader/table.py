@@ -47,8 +47,8 @@ class Leaf:
 class Split:
     dim: str
     threshold: float
-    le: "Leaf | Split"
-    gt: "Leaf | Split"
+    le: Leaf | Split
+    gt: Leaf | Split
 
 
 def tuned_range(buckets: dict) -> dict[str, dict[str, float]]:
@@ -57,7 +57,7 @@ def tuned_range(buckets: dict) -> dict[str, dict[str, float]]:
             for op, dims in buckets.items()}
 
 
-def leaf_for(node: "Leaf | Split", dims: dict) -> Leaf:
+def leaf_for(node: Leaf | Split, dims: dict) -> Leaf:
     """Walk a tree to the leaf that serves these dynamic dims (<= threshold goes left)."""
     while isinstance(node, Split):
         node = node.le if dims[node.dim] <= node.threshold else node.gt
@@ -136,7 +136,7 @@ def leaves(node: Leaf | Split):
 MAX_JSON_DEPTH = MAX_TREE_DEPTH + 8  # table > ops > entry > tree > 32 levels of nodes
 MAX_TABLE_BYTES = 8 << 20  # a tuned model's dispatch.json is tens to hundreds of KB
 MAX_OPS = 4096  # one entry per op signature of one model: tens (checked before the schema, whose cost grows with it)
-# Tree nodes and ranked runner-ups in all: a solved tree has at most 2 ** lzsolve.solve.MAX_DEPTH
+# Tree nodes and ranked runner-ups in all: a solved tree has at most 2 ** lzsolve.decide.solve.MAX_DEPTH
 # leaves (depth 4: 31 nodes, each leaf ranking at most 3 runner-ups), and the largest plan of the
 # catalogue has 21 op signatures (qwen3.5-0.8b), so a real table holds at most about 650 nodes and
 # 1,000 ranked entries (the tests' tuned tiny Llama at tp 2: 45 in all, for 11 signatures). 16,384

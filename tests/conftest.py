@@ -6,6 +6,10 @@ import torch
 
 # Keep CPU tests quick and quiet on 2-core machines.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# No test reads or fills the user's measurement cache (nor one test another's, through it): the tests
+# of the cache name theirs (MeasureConfig.cache_dir, tune --cache-dir). Inherited by the commands and
+# worker processes the tests start.
+os.environ["LZSOLVE_CACHE"] = "off"
 
 
 def pytest_collection_modifyitems(config, items):

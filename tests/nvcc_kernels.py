@@ -1,4 +1,4 @@
-"""Plugin norm.rms kernels that compile on their first calls (lzsolve.ahead makes such calls ahead).
+"""Plugin norm.rms kernels that compile on their first calls (lzsolve.measure.ahead makes such calls ahead).
 
 built.rms_norm builds into FlashInfer's JIT cache, as an nvcc-built module does: the first call
 in a cache that lacks its module sleeps BUILD_S and writes it, under a file lock, as FlashInfer's

@@ -7,8 +7,17 @@ import torch
 
 import runtime_loader
 from lzsolve.ops import CONTRACTS, compare, to_fp32
-from lzsolve.pipeline import (GridConfig, MeasureConfig, ModelSource, OutputConfig, SearchConfig, Tune, TuneConfig,
-                              TuneResult, ValidateConfig)
+from lzsolve.pipeline import (
+    GridConfig,
+    MeasureConfig,
+    ModelSource,
+    OutputConfig,
+    SearchConfig,
+    Tune,
+    TuneConfig,
+    TuneResult,
+    ValidateConfig,
+)
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.manifest import MANIFEST, build_manifest
@@ -33,10 +42,11 @@ QUICK_CPU = MeasureConfig(device="cpu", isolate=False, sample_time=0.05)
 NO_COMPILE = GridConfig(grid="tiny", exclude=("compile.*",))
 # no probes or validation: for the tests that check what is tuned and served, not the decisions
 SERVING = ValidateConfig(probe=False, shapes=0)
+NO_SEARCH_CHANGE = SearchConfig()  # the search's defaults
 
 
 def tuned(model: ModelSource, out: Path, grid: GridConfig = NO_COMPILE, measure: MeasureConfig = QUICK_CPU,
-          validate: ValidateConfig = SERVING, search: SearchConfig = SearchConfig()) -> TuneResult:
+          validate: ValidateConfig = SERVING, search: SearchConfig = NO_SEARCH_CHANGE) -> TuneResult:
     """A tune in this process (the tiny grid, quick sampling, no probes or validation unless told),
     its artifact in `out`; it must end ok."""
     result = Tune(TuneConfig(model, grid, measure, search, validate, OutputConfig(out=out))).run()

@@ -1,4 +1,4 @@
-"""Compiling ahead (lzsolve.ahead): the nvcc-built kernels' first calls, made by a second worker,
+"""Compiling ahead (lzsolve.measure.ahead): the nvcc-built kernels' first calls, made by a second worker,
 so the grid finds their modules built. tests.nvcc_kernels stands in for FlashInfer."""
 import dataclasses
 import json
@@ -8,12 +8,19 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from lzsolve.ahead import CompileAhead, branch_points, first_calls, imports_a_library, phase_calls, warmed_by_inductor
 from lzsolve.cli import cli
+from lzsolve.measure.ahead import (
+    CompileAhead,
+    branch_points,
+    first_calls,
+    imports_a_library,
+    phase_calls,
+    warmed_by_inductor,
+)
+from lzsolve.measure.tuner import Session, make_plan, tune
+from lzsolve.measure.worker import InProcessRunner
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB, dims_key
-from lzsolve.tuner import Session, make_plan, tune
-from lzsolve.worker import InProcessRunner
+from lzsolve.store.perfdb import PerfDB, dims_key
 from runtime_loader import jit
 
 from .test_cli import TINY_LLAMA
@@ -165,7 +172,7 @@ def test_the_measuring_worker_finds_the_library_the_primer_imported(nvcc_plan, t
     """The primer's first call imports the library in a process of its own and leaves what that
     compiled in the run's cache; the measuring worker, another process, imports it again and
     reads that: no grid call pays the slow first import."""
-    from lzsolve.worker import WorkerRunner
+    from lzsolve.measure.worker import WorkerRunner
     from tests.nvcc_kernels import IMPORT_S
     plan = norm_plan("imported.*")
     plugins = ("tests.nvcc_kernels",)

@@ -17,9 +17,9 @@ import yaml
 from click.testing import CliRunner
 
 from lzsolve.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_REGRESSED, cli
-from lzsolve.env import BUSY_LOAD
-from lzsolve.compare import compare
+from lzsolve.decide.compare import compare
 from lzsolve.errors import LzError
+from lzsolve.measure.env import BUSY_LOAD
 from tests.tables import QUICK
 from tests.test_cli import tiny_llama_config
 
@@ -84,7 +84,7 @@ def test_script_tunes_evaluates_and_reports_failures_per_model(ci_run):
     assert tune["status"] == "ok" and tune["model"]["tp"] == 2 and tune["measured"] > 0 and not tune["blind"]
     # the summary counts what the PerfDB holds (a validation shape's reused records were counted twice:
     # 942 records reported, 877 rows written)
-    from lzsolve.perfdb import PerfDB
+    from lzsolve.store.perfdb import PerfDB
     rows = PerfDB(artifact / "perfdb").rows("SELECT count(*) AS n FROM records WHERE run_id = ?", [tune["run_id"]])
     assert tune["written"] == tune["new"] + len(tune["compiled_ahead"]) == rows[0]["n"]
     assert tune["records"] == tune["new"] + tune["reused"] and tune["reused"] == 0
@@ -266,7 +266,7 @@ def test_workflow_calls_the_script_on_a_gpu_runner():
 def test_tune_exits_failed_when_a_signature_has_no_admitted_kernel(tmp_path, monkeypatch):
     """A signature whose every candidate, its fallback included, was rejected leaves the table
     blind there: the artifact is still written (to be inspected) but the exit code says failed."""
-    from lzsolve import tuner
+    from lzsolve.measure import tuner
     real_tune = tuner.tune
 
     def parity_fails_for_swiglu(*args, **kwargs):

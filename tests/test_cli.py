@@ -78,7 +78,7 @@ def test_explain_and_db_query(artifact):
 def test_rerun_reuses_measurements(artifact, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))
-    from lzsolve.perfdb import PerfDB
+    from lzsolve.store.perfdb import PerfDB
     artifact = shutil.copytree(artifact, tmp_path / "artifact")  # the shared one stays as it was tuned
     before = list((artifact / "perfdb").glob("*.parquet"))
     rows = PerfDB(artifact / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"]
@@ -100,7 +100,7 @@ def test_rerun_reuses_measurements(artifact, tmp_path):
 
 
 def test_sample_time_reaches_the_measuring_runner(tmp_path, monkeypatch):
-    from lzsolve import worker
+    from lzsolve.measure import worker
     budgets = []
 
     class Recording(worker.InProcessRunner):
@@ -146,7 +146,7 @@ def test_help_and_bad_options_answer_without_torch(tmp_path, args, code):
 def test_the_options_choices_are_the_runtimes():
     """cli.py names the dtypes and grids click checks without importing their modules."""
     from lzsolve import cli as cli_module
-    from lzsolve.grid import GRIDS
+    from lzsolve.measure.grid import GRIDS
     from lzsolve.models.capture import FP8
     from runtime_loader.dtypes import DTYPES
 

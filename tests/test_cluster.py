@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lzsolve import cluster
 from lzsolve.errors import LzError
-from lzsolve.measure import ParityTask, TimingTask
+from lzsolve.measure import cluster
+from lzsolve.measure.tasks import ParityTask, TimingTask
+from lzsolve.measure.tuner import make_plan
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB
-from lzsolve.tuner import make_plan
+from lzsolve.store.perfdb import PerfDB
 from tests.test_cli import TINY_LLAMA
 from tests.test_devices import run_tune
 
@@ -84,7 +84,7 @@ def test_an_actor_that_dies_costs_only_its_task_and_the_run_finishes(tmp_path, r
 def test_an_actor_measures_with_the_drivers_sampling_budget(isolate):
     """tune --sample-time on a cluster: the budget travels with the actor's arguments (the actor's
     body, run here without Ray)."""
-    from lzsolve.bench import Budget
+    from lzsolve.measure.harness import Budget
     measurer = cluster.Measurer("cpu", isolate, (), 60, {}, Budget().sampling(0.02))
     assert measurer.runner.budget == Budget().sampling(0.02)
 

@@ -9,9 +9,9 @@ TUNER = """
 import dataclasses, json, sys, time
 import torch
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB
-from lzsolve.tuner import Session, make_plan, tune
-from lzsolve.worker import InProcessRunner
+from lzsolve.store.perfdb import PerfDB
+from lzsolve.measure.tuner import Session, make_plan, tune
+from lzsolve.measure.worker import InProcessRunner
 from tests.test_cli import TINY_LLAMA
 
 class LoggedRunner(InProcessRunner):
@@ -44,8 +44,8 @@ def test_two_tuners_on_one_perfdb_measure_each_workload_once(tmp_path):
     assert seen[0] == seen[1] > 0, "both runs hold every measured record, reused or their own"
     assert not list((tmp_path / "perfdb").glob("*.tmp"))
     # the kernels left out (--kernels) and those CPU cannot run have their verdicts: once each
-    from lzsolve.perfdb import PerfDB
-    from lzsolve.tuner import _rejection_key
+    from lzsolve.measure.tuner import _rejection_key
+    from lzsolve.store.perfdb import PerfDB
     verdicts = PerfDB(tmp_path / "perfdb").rows("SELECT * FROM records WHERE stage = 'capability'")
     keys = [_rejection_key(r) for r in verdicts]
     assert keys and len(keys) == len(set(keys)), f"{len(keys)} verdict rows, {len(set(keys))} distinct"

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime_loader import Dispatcher, custom_ops
 from lzsolve.ops import CONTRACTS
+from runtime_loader import Dispatcher, custom_ops
 from runtime_loader.ops import OPS, Signature, method_args
 from runtime_loader.table import parse_table
 
@@ -81,7 +81,7 @@ def test_many_threads_dispatch_at_once(d):
 def test_dispatch_inside_cuda_graph_capture():
     """First calls resolve during capture (pure Python, no sync); replays match eager results."""
     d = Dispatcher(None)
-    # An explicit generator: a failed capture elsewhere in this process (test_bench captures a
+    # An explicit generator: a failed capture elsewhere in this process (test_harness captures a
     # host sync on purpose) leaves the default CUDA generator unusable; the tuner restarts its
     # worker after one for the same reason.
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -11,14 +11,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import lzsolve.devices as devices
+import lzsolve.measure.devices as devices
 from lzsolve.cli import cli
+from lzsolve.decide.validate import plan_validation, validate
 from lzsolve.errors import LzError
-from lzsolve.measure import CeilingTask, ParityTask
+from lzsolve.measure.tasks import CeilingTask, ParityTask
+from lzsolve.measure.tuner import Session, make_plan, tune
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import SCHEMA, PerfDB
-from lzsolve.tuner import Session, make_plan, tune
-from lzsolve.validate import plan_validation, validate
+from lzsolve.store.perfdb import SCHEMA, PerfDB
 from tests.tables import QUICK
 from tests.test_cli import TINY_LLAMA, run_cli
 
@@ -192,7 +192,7 @@ def test_validation_shares_out_its_signatures_whole_over_the_devices(tmp_path):
 def test_devices_start_on_different_signatures_then_take_the_largest_workloads():
     """Every signature's largest workload first (its kernels' first calls compile: on different
     devices at once), then the rest largest first."""
-    from lzsolve.tuner import first_calls_apart, workload_size
+    from lzsolve.measure.tuner import first_calls_apart, workload_size
     model = capture(TINY_LLAMA, "tiny", dtype="fp32")
     plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
     units = [(sp, [(dims, sp.candidates)]) for sp in plan.signatures for dims in sp.workloads]
@@ -257,7 +257,8 @@ def test_a_rerun_measures_only_the_kernels_whose_version_changed(tmp_path, monke
     session = Session(plan, db, LaneRunner("cpu"))
     assert session.changes(plan) == ([], [])
     upgraded = next(c.spec for c in plan.signatures[0].candidates if c.admitted and not c.spec.kernel_id.startswith("eager."))
-    monkeypatch.setattr(type(upgraded), "version", lambda spec, real=type(upgraded).version: "99.0" if spec is upgraded
+    real_version = type(upgraded).version
+    monkeypatch.setattr(type(upgraded), "version", lambda spec, real=real_version: "99.0" if spec is upgraded
                         else real(spec))
     session = Session(plan, db, LaneRunner("cpu"))
     assert session.changes(plan) == ([upgraded.kernel_id], [])
@@ -273,8 +274,8 @@ def test_a_runner_for_the_second_gpu_checks_and_times_there():
     """Triton launches, and CUDA events and graphs record, on the current device: a runner for
     cuda:1 must make it current, or its kernels fault on cuda:1's tensors and its timings are
     device 0's stream."""
-    from lzsolve.measure import TimingTask
-    from lzsolve.worker import InProcessRunner
+    from lzsolve.measure.tasks import TimingTask
+    from lzsolve.measure.worker import InProcessRunner
     from runtime_loader.ops import Signature
 
     sig = Signature.make("norm.rms", {"hidden": 4096}, (), "bf16")

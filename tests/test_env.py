@@ -5,8 +5,8 @@ import types
 import pytest
 import torch
 
-from lzsolve import env
-from lzsolve.env import HW_THERMAL, SW_POWER_CAP, EnvReading, Sensor, bucket, combine, contention, host_load
+from lzsolve.measure import env
+from lzsolve.measure.env import HW_THERMAL, SW_POWER_CAP, EnvReading, Sensor, bucket, combine, contention, host_load
 
 
 def fake_nvml(temps, reasons=0, broken=()):

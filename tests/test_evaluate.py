@@ -5,9 +5,9 @@ import pytest
 from click.testing import CliRunner
 
 from lzsolve.cli import cli
+from lzsolve.decide.evaluate import between, off_grid_points, parse_shapes, retimed
+from lzsolve.decide.validate import PointResult, judge, summarize
 from lzsolve.errors import LzError
-from lzsolve.evaluate import between, off_grid_points, parse_shapes, retimed
-from lzsolve.validate import PointResult, judge, summarize
 from runtime_loader.manifest import read_manifest, verify
 
 
@@ -83,7 +83,7 @@ def test_evaluate_cli_on_the_spine_artifact(tmp_path, tiny_llama_artifact):
     manifest = read_manifest(out)
     assert any(p.startswith("perfdb/") for p in manifest["files"])
     verify(out, manifest, "dispatch.json")
-    from lzsolve.perfdb import PerfDB
+    from lzsolve.store.perfdb import PerfDB
     runs = PerfDB(out / "perfdb").rows("SELECT DISTINCT run_id FROM records WHERE run_id LIKE 'eval-%'")
     assert len(runs) == 1, "evaluation records are kept in the PerfDB"
 
@@ -94,8 +94,8 @@ def test_a_borrowed_table_is_evaluated_on_this_gpu_only_when_asked(tmp_path, tin
     artifact, which holds the other device's records, gets none of this one's."""
     import shutil
 
-    from lzsolve.artifact import refresh_manifest
-    from lzsolve.perfdb import PerfDB
+    from lzsolve.store.artifact import refresh_manifest
+    from lzsolve.store.perfdb import PerfDB
 
     borrowed = tmp_path / "borrowed"
     shutil.copytree(tiny_llama_artifact, borrowed)

@@ -9,8 +9,8 @@ import runtime_loader
 from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB
 from lzsolve.pipeline import GridConfig, ModelSource
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader.ops import required_features
 
 from .tables import assert_replays_references, leaf_ids, tuned

@@ -14,11 +14,11 @@ import torch
 
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry, specs
+from runtime_loader.kernels import flashinfer as fi
+from runtime_loader.ops import Signature
 from runtime_loader.ops import act as act_ops
 from runtime_loader.ops import attention as attention_ops
 from runtime_loader.ops import norm as norm_ops
-from runtime_loader.kernels import flashinfer as fi
-from runtime_loader.ops import Signature
 from runtime_loader.specs import DeviceInfo
 
 H100 = DeviceInfo("cuda", 90)
@@ -488,7 +488,7 @@ def compiles_after_two_builds_at_once(workdir, run_ninja):
 
 @pytest.mark.skipif(shutil.which("ninja") is None, reason="needs ninja")
 def test_two_modules_built_at_once_are_not_built_again(tmp_path):
-    """BENCHMARKS §15.3: two processes building two FlashInfer modules at once share one ninja log,
+    """benchmark log §15.3: two processes building two FlashInfer modules at once share one ninja log,
     and ninja then built them again. With each module's logs in its folder, nothing is rebuilt."""
     assert compiles_after_two_builds_at_once(tmp_path / "shared", flashinfer_run_ninja) > 0, \
         "the race this guards against (if ninja stops losing records, the wrapper is moot)"

@@ -4,8 +4,8 @@ import dataclasses
 import pytest
 import torch
 
-from lzsolve.bench import CpuHarness
-from lzsolve.gates import parity_gate
+from lzsolve.measure.gates import parity_gate
+from lzsolve.measure.harness import CpuHarness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.ops import Signature

@@ -1,8 +1,18 @@
 """Shape grids: buckets, unaligned probes between them, random shapes past them."""
 import random
 
-from lzsolve.grid import (GRIDS, NEAR, PAST_GRID, buckets, edge_values, points_near, probe_points, probe_values,
-                          random_points, workloads)
+from lzsolve.measure.grid import (
+    GRIDS,
+    NEAR,
+    PAST_GRID,
+    buckets,
+    edge_values,
+    points_near,
+    probe_points,
+    probe_values,
+    random_points,
+    workloads,
+)
 from runtime_loader.ops import OPS
 
 
@@ -38,7 +48,7 @@ def test_probe_points_move_one_or_every_dim_off_the_grid():
     assert len(prefill) == 7 * 15 - 12 and {"batch": 5, "seq": 217} in prefill
     assert {"batch": 3, "seq": 512} in prefill and {"batch": 2, "seq": 2049} in prefill
     # an edge at the other dim's probe and edge values too: past the largest batch bucket, seq 129
-    # is where SDPA's second tile spills into a second wave of CTAs (BENCHMARKS §10.12)
+    # is where SDPA's second tile spills into a second wave of CTAs (benchmark log §10.12)
     assert {"batch": 13, "seq": 129} in prefill and {"batch": 9, "seq": 129} in prefill
     assert probe_points("full", "attention.prefill", units=132) == prefill, "SM waves are for rows only"
 

@@ -8,13 +8,14 @@ import torch
 import runtime_loader
 from runtime_loader import Dispatcher, TableError, registry
 from runtime_loader.dispatcher import BREAKER_LIMIT
+from runtime_loader.ops import Signature
 from runtime_loader.ops.conv import causal_conv1d as eager_causal_conv1d
 from runtime_loader.ops.norm import rms_norm as eager_rms_norm
 from runtime_loader.ops.norm import rms_norm_add as eager_rms_norm_add
-from runtime_loader.ops import Signature
 from runtime_loader.policies import PolicyError, from_env, parse_lock
 from runtime_loader.specs import KernelSpec
-from runtime_loader.table import TableError as _TableError, parse_table
+from runtime_loader.table import TableError as _TableError
+from runtime_loader.table import parse_table
 
 from .tables import RMS, entry, table, write
 

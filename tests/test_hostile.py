@@ -25,14 +25,14 @@ import pytest
 
 import runtime_loader
 from lzsolve import cli as cli_module
-from lzsolve import fsutil
-from lzsolve.artifact import JIT_WORK
-from lzsolve.bench import Budget
 from lzsolve.errors import WriteError
-from lzsolve.measure import ParityTask
-from lzsolve.perfdb import PerfDB
+from lzsolve.measure.harness import Budget
+from lzsolve.measure.tasks import ParityTask
+from lzsolve.measure.worker import _serve
 from lzsolve.pipeline import GridConfig, ModelSource
-from lzsolve.worker import _serve
+from lzsolve.store import fsutil
+from lzsolve.store.artifact import JIT_WORK
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader import jit, safeio
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.safeio import parse_json
@@ -465,7 +465,7 @@ def _workload_static(path: Path, hidden) -> Path:
 
 def _spaces_with(folder: Path, make) -> Path:
     """A --spaces folder: the repo's spaces, and `make(path)` at triton.zz.yaml (read last)."""
-    from lzsolve.search import SPACES_DIR
+    from lzsolve.measure.search import SPACES_DIR
     spaces = folder / "spaces"
     shutil.copytree(SPACES_DIR, spaces)
     make(spaces / "triton.zz.yaml")
@@ -619,7 +619,7 @@ def test_db_query_holds_a_batch_whatever_the_limit_and_escapes_cells(tmp_path, c
     """--limit 100000000 fetched its rows as one batch of 100,000,001 (5.5 GB before the query's own
     timeout, in the blind audit of issue 55): rows are fetched and printed QUERY_BATCH at a time. A
     PerfDB's strings are an artifact's data: a cell holding ESC or a newline is printed escaped."""
-    from lzsolve.perfdb import PerfDB
+    from lzsolve.store.perfdb import PerfDB
 
     db = _perfdb(tmp_path)
     batches = []

@@ -10,8 +10,14 @@ import runtime_loader
 from runtime_loader import Dispatcher
 from runtime_loader.policies import Policy
 from runtime_loader.table import parse_table
-from tests.tables import (assert_served_by_its_own_table, serving_fallbacks, table, table_serves,
-                          tune_what_patched_models_call, unfused)
+from tests.tables import (
+    assert_served_by_its_own_table,
+    serving_fallbacks,
+    table,
+    table_serves,
+    tune_what_patched_models_call,
+    unfused,
+)
 
 transformers = pytest.importorskip("transformers")
 from runtime_loader.integrations.transformers import register  # noqa: E402
@@ -163,7 +169,7 @@ def test_served_modules_take_their_forward_from_a_class_and_a_second_patch_chang
                                                                                            restore_active):
     """patch() gives a served module a subclass of its class whose forward serves it, not a forward
     of its own: Dynamo guards an instance's own forward on every call of a compiled model (about
-    100 guard lines a layer, BENCHMARKS §11.9). The module stays an instance of its class, under its
+    100 guard lines a layer, benchmark log §11.9). The module stays an instance of its class, under its
     name, and patching the model again serves it the same way."""
     from runtime_loader.integrations.transformers import patch
     from tests.test_cli import TINY_LLAMA
@@ -879,7 +885,7 @@ def test_meta_runs_never_call_what_a_kernel_library_backs(monkeypatch, restore_a
     cfg = {**model.config.to_dict(), "architectures": [type(model).__name__]}
     ops = {i.signature.op for i in capture(cfg, "tiny-qwen3.5", dtype="fp32").instances}
     assert {"conv.causal_depthwise", "recurrent.gated_deltanet"} <= ops
-    assert getattr(qwen, "torch_chunk_gated_delta_rule") is library_kernel, "put back after"
+    assert qwen.torch_chunk_gated_delta_rule is library_kernel, "put back after"
 
 
 def test_calls_outside_the_table_keep_transformers_own_conv_and_delta_rules(monkeypatch, restore_active):
@@ -893,7 +899,9 @@ def test_calls_outside_the_table_keep_transformers_own_conv_and_delta_rules(monk
     calls = Counter()
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
                  "causal_conv1d_update"):
-        def counted(*args, _original=getattr(qwen, name), _name=name, **kwargs):
+        original = getattr(qwen, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
             calls[_name] += 1
             return _original(*args, **kwargs)
         monkeypatch.setattr(qwen, name, counted)

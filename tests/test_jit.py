@@ -138,7 +138,7 @@ for tokens in (4, 8):
     impl(torch.randn(tokens, 64), torch.randn(64), 1e-6)
 sys.path.insert(0, sys.argv[2])
 from tests.tables import entry, table
-from lzsolve.artifact import kernel_provenance, write_artifact
+from lzsolve.store.artifact import kernel_provenance, write_artifact
 sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
 raw = table(ops=[entry(sig, {"kernel_id": "compile.rms_norm"})], kernels=kernel_provenance(["compile.rms_norm"]),
             buckets={"norm.rms": {"tokens": [4, 8]}})
@@ -280,7 +280,7 @@ for kernel_id, args in (("compile.gelu", (torch.randn(8, 64),)),
     records.append({"kernel_id": kernel_id, "jit_files": json.dumps(jit.written_since(["inductor", "triton"], since))})
 sys.path.insert(0, sys.argv[2])
 from tests.tables import entry, table
-from lzsolve.artifact import kernel_provenance, write_artifact
+from lzsolve.store.artifact import kernel_provenance, write_artifact
 sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
 raw = table(ops=[entry(sig, {"kernel_id": "compile.rms_norm"})], kernels=kernel_provenance(["compile.rms_norm"]),
             buckets={"norm.rms": {"tokens": [4, 8]}})
@@ -305,7 +305,7 @@ def test_the_archive_carries_the_chosen_kernels_entries_alone_and_they_suffice(t
 
 
 def test_a_cache_goes_whole_unless_every_kernel_of_it_wrote_its_own_files():
-    from lzsolve.artifact import jit_files
+    from lzsolve.store.artifact import jit_files
     kernels = {"a": {"jit_caches": ["triton"]}, "b": {"jit_caches": ["triton", "inductor"]}, "c": {"jit_caches": []}}
     own = [{"kernel_id": "a", "jit_files": json.dumps(["triton/a1"])},
            {"kernel_id": "b", "jit_files": json.dumps(["triton/b1", "inductor/b2"])},

@@ -129,7 +129,7 @@ def test_cuda_searched_configs_are_right_or_refused():
     """Configurations at the corners of each search space and the ones every study starts from: a
     config may fail to compile (too much shared memory: the search prunes it), but one that runs
     must agree with the reference."""
-    from lzsolve.search import load_spaces
+    from lzsolve.measure.search import load_spaces
     from runtime_loader.specs import config_id
 
     here = device_info("cuda")
@@ -164,7 +164,7 @@ def test_the_fp8_scale_is_computed_alike_on_every_device():
     differs in the last bit on about half of these rows, and that moves e4m3 elements on about
     2% of 1024-wide bf16 rows (x / scale lands near a rounding midpoint): a one-token linear whose
     row it is then fails parity, for every kernel that quantises otherwise than the reference
-    (an H100 tune rejected all of them at o_proj's 2 tokens, BENCHMARKS §16.7)."""
+    (an H100 tune rejected all of them at o_proj's 2 tokens, benchmark log §16.7)."""
     from runtime_loader.quant import quantize_per_token
 
     x = torch.randn(2000, 1024, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
@@ -181,8 +181,8 @@ def test_cuda_fp8_quantisation_is_eagers():
     rounded otherwise is error charged to the kernel. The interpreter's cast differs
     (tests/triton_interpret_check.py); this is the GPU's. Before row_scale multiplied by the
     reciprocal, the values matched and the scales differed in their last bit on an H100."""
-    from runtime_loader.quant import quantize_per_token as eager_quantisation
     from runtime_loader.kernels.triton_ops import fp8
+    from runtime_loader.quant import quantize_per_token as eager_quantisation
 
     gen, mismatches = torch.Generator(device="cuda").manual_seed(0), []
     for dtype in (torch.bfloat16, torch.float32):

@@ -127,7 +127,7 @@ def test_flash_attention_adapters_pass_views_and_match_the_reference(monkeypatch
 @pytest.mark.parametrize("op,dims,splits", [("attention.prefill", {"batch": 2, "seq": 530}, 1),
                                              ("attention.decode", {"batch": 3, "kv_len": 700}, 0)])
 def test_fa3_splits_the_kv_for_decode_and_never_for_a_causal_prefill(monkeypatch, op, dims, splits):
-    """FA3's own split heuristic made cliffs on causal prefills (BENCHMARKS §10.10)."""
+    """FA3's own split heuristic made cliffs on causal prefills (benchmark log §10.10)."""
     calls = []
     monkeypatch.setitem(sys.modules, "fa3_fwd_interface", types.SimpleNamespace(flash_attn_func=fake_flash_attn_func(calls)))
     sig = Signature.make(op, {"hq": 8, "hkv": 1, "d": 64}, ("causal",) if op == "attention.prefill" else (), "fp32")

@@ -7,13 +7,21 @@ import pytest
 import torch
 
 import runtime_loader
-from lzsolve.models.capture import capture
 from lzsolve.errors import LzError
+from lzsolve.models.capture import capture
 from lzsolve.ops import CONTRACTS
 from runtime_loader import Dispatcher
 
-from .tables import (QUICK, assert_replays_references, assert_served_by_its_own_table, serving_fallbacks,
-                     table_serves, tune_what_patched_models_call, tuned, unfused)
+from .tables import (
+    QUICK,
+    assert_replays_references,
+    assert_served_by_its_own_table,
+    serving_fallbacks,
+    table_serves,
+    tune_what_patched_models_call,
+    tuned,
+    unfused,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -39,7 +47,7 @@ def tiny(model_type: str):
     torch.manual_seed(5)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # transformers leaves 3-D expert weights to _init_weights: make them O(1)-preserving
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.dim() == 3:
                 p.normal_(0, p.shape[-1] ** -0.5)
     return model
@@ -249,7 +257,7 @@ def test_routing_skew_is_a_tune_setting_recorded_and_not_mixed(tmp_path):
     from click.testing import CliRunner
 
     from lzsolve.cli import cli
-    from lzsolve.perfdb import PerfDB
+    from lzsolve.store.perfdb import PerfDB
     from runtime_loader.inputs import ROUTING_SKEW, SKEW_ENV, routing_skew, skewed_routing
     from runtime_loader.ops.moe import routing
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from lzsolve.perfdb import PerfDB
+from lzsolve.store.perfdb import PerfDB
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lzsolve.errors import LzError
-from lzsolve.perfdb import LOCK_FILE, PerfDB
+from lzsolve.store.perfdb import LOCK_FILE, PerfDB
 
 
 def rec(kernel, status="ok", ms=1.0, **kw):
@@ -34,7 +34,7 @@ def test_files_from_before_a_column_existed_read_as_null(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lzsolve.perfdb import COLUMNS, SCHEMA
+    from lzsolve.store.perfdb import COLUMNS, SCHEMA
 
     folder = tmp_path / "perfdb"
     folder.mkdir()
@@ -164,7 +164,7 @@ def test_a_query_is_bounded_in_rows_time_and_memory(tmp_path):
     import resource
     import time
 
-    from lzsolve.perfdb import QUERY_MEMORY
+    from lzsolve.store.perfdb import QUERY_MEMORY
 
     db = PerfDB(tmp_path / "perfdb")
     db.append([rec("a")], "r1")

@@ -9,12 +9,22 @@ import pytest
 from click.testing import CliRunner
 
 import runtime_loader
-from lzsolve import pipeline, tuner
+from lzsolve import pipeline
 from lzsolve.cli import EXIT_REGRESSED, cli
 from lzsolve.errors import LzError
-from lzsolve.perfdb import PerfDB
-from lzsolve.pipeline import (GridConfig, MeasureConfig, ModelSource, OutputConfig, SearchConfig, Tune, TuneConfig,
-                              TuneResult, ValidateConfig)
+from lzsolve.measure import tuner
+from lzsolve.pipeline import (
+    GridConfig,
+    MeasureConfig,
+    ModelSource,
+    OutputConfig,
+    SearchConfig,
+    Tune,
+    TuneConfig,
+    TuneResult,
+    ValidateConfig,
+)
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader.inputs import SKEW_ENV
 
 from .test_workload import RMS_CALL, write_workload
@@ -82,6 +92,33 @@ def test_run_again_reuses_every_record(tmp_path, capsys):
     assert fresh.summary["measured"] == first.summary["measured"], "fresh: measured again"
 
 
+def test_a_quick_table_leaves_out_what_it_says_and_the_full_tune_adds_it(tmp_path, capsys):
+    """tune --quick: the next smaller grid, no search, probes or validation, no kernel with a slow first
+    call (Inductor's compile.*, here the one such candidate); report.md and the summary name each. A
+    full tune into the same folder measures what was left out and reuses every quick record."""
+    workload = write_workload(tmp_path / "w.json", [{**RMS_CALL, "dims": {"tokens": t}} for t in (1, 9, 64, 700)])
+    base = TuneConfig(ModelSource(workload=workload), GridConfig(kernels=("eager.*", "torch.*", "compile.rms_norm")),
+                      MeasureConfig(device="cpu", isolate=False, sample_time=0.05),
+                      output=OutputConfig(out=tmp_path / "out"))
+    quick = Tune(dataclasses.replace(base, grid=dataclasses.replace(base.grid, quick=True))).run()
+    assert quick.status == "ok" and quick.table["grid"].endswith("tiny"), quick.table["grid"]
+    skipped = quick.summary["quick"]["skipped"]
+    assert len(skipped) == 5 and "compile.rms_norm" in skipped[-1], skipped
+    assert {r["phase"] for r in quick.records} == {"grid"}
+    compiled = [r for r in quick.records if r["kernel_id"] == "compile.rms_norm"]
+    assert compiled and all(r["status"] == "rejected" and r["reason_code"] == "EXCLUDED" for r in compiled)
+    assert "- quick (tune --quick): left out" in (tmp_path / "out" / "report.md").read_text()
+    assert "\nquick: left out " in capsys.readouterr().out
+    full = Tune(dataclasses.replace(base, grid=dataclasses.replace(base.grid, exclude=("compile.*",)),
+                                    validate=ValidateConfig(shapes=1))).run()
+    assert full.summary["quick"] is None and full.table["grid"].endswith("small")
+    measured = {(r["kernel_id"], r["dims"]) for r in quick.records if r["stage"] != "capability"}
+    reused = {(r["kernel_id"], r["dims"]) for r in full.records
+              if r["run_id"] == quick.summary["run_id"] and r["stage"] != "capability"}
+    assert reused == measured and len(measured) == quick.summary["measured"] > 0, "every quick record reused"
+    assert {"grid", "probe", "validation"} <= {r["phase"] for r in full.records}
+    assert "quick" not in (tmp_path / "out" / "report.md").read_text()
+
 def test_the_summary_lines_go_to_stdout_unless_json(tmp_path, capsys):
     config = norm_config(tmp_path, validate=ValidateConfig(probe=False, shapes=0))
     Tune(config).run()
@@ -145,6 +182,9 @@ OPTIONS = {
     "timeout": (["--timeout", "7"], "measure.timeout", 7.0),
     "isolate": (["--no-isolate"], "measure.isolate", False),
     "routing_skew": (["--routing-skew", "0.7"], "measure.routing_skew", 0.7),
+    "quick": (["--quick"], "grid.quick", True),
+    "cache": (["--no-cache"], "measure.cache", False),
+    "cache_dir": (["--cache-dir", "c"], "measure.cache_dir", "c"),
     "trials": (["--trials", "5"], "search.trials", 5),
     "spaces": (["--spaces", "{spaces}"], "search.spaces", "{spaces}"),
     "patience": (["--patience", "9"], "search.patience", 9),

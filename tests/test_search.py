@@ -17,13 +17,24 @@ from optuna.storages.journal import JournalFileBackend
 import tests.tunable_kernels as demo
 from lzsolve.cli import EXIT_WRITE_FAILED, cli
 from lzsolve.errors import LzError
-from lzsolve.grid import GRIDS, Grid
-from lzsolve.measure import ParityTask
+from lzsolve.measure.grid import GRIDS, Grid
+from lzsolve.measure.search import (
+    FULL_BUDGET,
+    NOISE,
+    SMART_BUDGET,
+    STORAGE_NAME,
+    bucket_order,
+    grid_index,
+    load_space,
+    load_spaces,
+    near,
+    search,
+    stale_trials,
+)
+from lzsolve.measure.tasks import ParityTask
+from lzsolve.measure.tuner import make_plan
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB, dims_key
-from lzsolve.search import (FULL_BUDGET, NOISE, SMART_BUDGET, STORAGE_NAME, bucket_order, grid_index, load_space,
-                            load_spaces, near, search, stale_trials)
-from lzsolve.tuner import make_plan
+from lzsolve.store.perfdb import PerfDB, dims_key
 from tests.test_cli import TINY_LLAMA
 from tests.test_hostile import run_main
 
@@ -100,7 +111,7 @@ def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
 
 
 def test_every_study_tries_the_spaces_starts_right_after_the_default(tmp_path):
-    """A search of a few trials missed the tiles that won by hand on the H100 (BENCHMARKS §16.2.1):
+    """A search of a few trials missed the tiles that won by hand on the H100 (benchmark log §16.2.1):
     a space names them in `starts`, and every study tries them first."""
     start = {"rows": 64, "exact": 1}
     tune(tmp_path, "--trials", "3", "--full-search", space=demo.SPACE + "starts:\n  - {rows: 64, exact: 1}\n")
@@ -360,7 +371,7 @@ def test_devices_start_on_different_families_then_take_the_largest_searches():
     the same configurations), then go largest first."""
     from types import SimpleNamespace
 
-    from lzsolve.search import search_units
+    from lzsolve.measure.search import search_units
     plan = make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
     spaces = {"torch.linear": SimpleNamespace(kernel="torch.linear", trials=8),
               "torch.rms_norm": SimpleNamespace(kernel="torch.rms_norm", trials=2)}

@@ -4,7 +4,7 @@ import json
 import math
 import random
 
-from lzsolve.solve import candidates_summary, solve_signature
+from lzsolve.decide.solve import candidates_summary, solve_signature
 from runtime_loader.table import Leaf, Split, choose
 
 
@@ -106,7 +106,7 @@ def grid_records(times: dict[str, dict[tuple, float | None]], spread=0.01, mode=
 
 
 def pick_2d(tree, batch, seq):
-    from lzsolve.solve import pick
+    from lzsolve.decide.solve import pick
     return pick(tree, {"batch": batch, "seq": seq})
 
 
@@ -153,7 +153,7 @@ def test_never_slower_than_the_fallback_beyond_noise_even_for_a_large_average_ga
 
 
 def test_a_small_measured_loss_to_the_fallback_bars_the_kernel_there():
-    """The H100's FA3 against SDPA at small prefills (BENCHMARKS §10.11): 25% faster at most
+    """The H100's FA3 against SDPA at small prefills (benchmark log §10.11): 25% faster at most
     points, 1.5% slower at the two smallest, where the samples spread 0.5%. A 1.5% loss is within
     the noise that hides a gain (MIN_NOISE), but it is a loss to the default, the one thing the
     table must not make, and it grew to 3.5% between those points: the fallback keeps them."""
@@ -166,7 +166,7 @@ def test_a_small_measured_loss_to_the_fallback_bars_the_kernel_there():
 
 
 def test_on_cpu_a_gain_at_one_point_alone_keeps_the_fallback():
-    """BENCHMARKS §10.14, run B: on CPU, Inductor's RMSNorm + add ran 18% ahead of the fallback at
+    """benchmark log §10.14, run B: on CPU, Inductor's RMSNorm + add ran 18% ahead of the fallback at
     one grid point of the tune and lost 1.39x there when evaluated in another process. On CPU a
     kernel leaves the fallback where it wins at a second point too, or by more than 1.3x at the
     one (a real cliff, tests/test_validate.py); on a GPU one point counts."""
@@ -184,7 +184,7 @@ def test_on_cpu_a_gain_at_one_point_alone_keeps_the_fallback():
 
 
 def test_on_cpu_a_gain_inside_the_machines_swings_keeps_the_fallback():
-    """BENCHMARKS §10.16: on CPU, torch's fused RMSNorm + add ran 1.11x ahead of the eager fallback
+    """benchmark log §10.16: on CPU, torch's fused RMSNorm + add ran 1.11x ahead of the eager fallback
     over all 17 points of a tune and lost to it by 1.13-1.17x at held-out shapes. On CPU a leaf
     leaves the fallback for 15% or more (over four points or more); on a GPU 5% is enough."""
     tokens = (1, 4, 16, 64, 256, 1024)
@@ -214,7 +214,7 @@ def _random_instance(rng, two_dims: bool):
 
 
 def _tree_cost(pts, tree):
-    from lzsolve.solve import pick
+    from lzsolve.decide.solve import pick
     return sum(pts.cost(pick(tree, p), i)[0] for i, p in enumerate(pts.dims))
 
 
@@ -222,7 +222,7 @@ def test_properties_on_random_instances():
     """On random instances: never slower than the fallback beyond noise at a measured point;
     never more excess regret than the best single kernel that may replace the fallback (one
     clearly faster than it over all the points); never deeper than MAX_DEPTH."""
-    from lzsolve.solve import MAX_DEPTH, points_from, pick
+    from lzsolve.decide.solve import MAX_DEPTH, pick, points_from
 
     rng = random.Random(12)
     for case in range(120):
@@ -243,7 +243,7 @@ def _depth(node):
 
 def _brute_force(pts, solver, mask, depth):
     """Every tree of at most `depth` levels over the points of `mask`: the cheapest cost."""
-    from lzsolve.solve import LEAF_COST, TIE_BREAK
+    from lzsolve.decide.solve import LEAF_COST, TIE_BREAK
 
     idx = solver.members(mask)
     best = min(sum(pts.cost(k, i)[0] + TIE_BREAK * pts.cost(k, i)[1] for i in idx)
@@ -261,7 +261,7 @@ def _brute_force(pts, solver, mask, depth):
 def test_dynamic_programme_finds_the_cheapest_tree(monkeypatch):
     """Against a brute-force enumeration of all trees of depth <= 2 (the fallback preference
     aside, which only changes leaves whose excess ties)."""
-    import lzsolve.solve as solve_module
+    import lzsolve.decide.solve as solve_module
 
     monkeypatch.setattr(solve_module, "MAX_DEPTH", 2)
     rng = random.Random(5)
@@ -287,8 +287,8 @@ def test_leaves_rank_the_runner_ups_within_the_margin():
 
 
 def test_solved_tables_with_ranked_leaves_are_read_back():
-    from runtime_loader.table import _parse_node
     from runtime_loader.ops import Signature
+    from runtime_loader.table import _parse_node
 
     sig = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
     leaf = _parse_node({"kernel_id": "torch.rms_norm", "gain": 1.4,

@@ -58,7 +58,7 @@ def test_missing_fields_mean_unsupported():
 
 
 def test_registry_covers_every_op_with_its_fallback():
-    for op, schema in OPS.items():
+    for op, _schema in OPS.items():
         fallback = registry.fallback(op)
         assert op in fallback.ops
         assert fallback.platforms >= {"cpu", "cuda"}, f"{op}'s fallback must run everywhere"
@@ -170,7 +170,7 @@ def test_the_version_paths_agree_under_every_build_of_torch(tmp_path, torch_buil
 
     import runtime_loader
     from lzsolve.cli import cli
-    from lzsolve.tuner import Recorder
+    from lzsolve.measure.tuner import Recorder
     from runtime_loader.hardware import hardware_signature, slug
 
     from .tables import table, write

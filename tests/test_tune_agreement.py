@@ -1,4 +1,4 @@
-"""benchmarks/tune_agreement.py's comparison of two tuning runs (BENCHMARKS §15.7-15.8 read it):
+"""benchmarks/tune_agreement.py's comparison of two tuning runs (benchmark log §15.7-15.8 read it):
 two runs' dispatch tables, point by point, and what a differing choice costs in each run."""
 import datetime as dt
 import importlib.util
@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
-from lzsolve.solve import pick
+from lzsolve.decide.solve import pick
+from lzsolve.store.perfdb import PerfDB
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tune_agreement.py"
 

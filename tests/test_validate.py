@@ -6,10 +6,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from lzsolve import solve
 from lzsolve.cli import cli
-from lzsolve.perfdb import PerfDB
-from lzsolve.validate import judge, summarize
+from lzsolve.decide import solve
+from lzsolve.decide.validate import judge, summarize
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader import registry
 from runtime_loader.table import read_table
 

@@ -6,10 +6,10 @@ import threading
 import pytest
 import torch
 
+from lzsolve.measure.tuner import Session, make_plan, tune
+from lzsolve.measure.worker import WorkerRunner, close_all, own_device
 from lzsolve.models.capture import capture
-from lzsolve.perfdb import PerfDB
-from lzsolve.tuner import Session, make_plan, tune
-from lzsolve.worker import WorkerRunner, close_all, own_device
+from lzsolve.store.perfdb import PerfDB
 
 from .test_cli import TINY_LLAMA
 
@@ -73,7 +73,7 @@ def test_a_niced_worker_runs_at_a_lower_priority():
 def test_workers_share_one_bytecode_cache_where_torch_has_none(tmp_path, monkeypatch):
     """Where torch's modules have no bytecode (read-only images, PYTHONDONTWRITEBYTECODE), each
     worker compiled them again; now the run's workers write and read one cache in its folder."""
-    from lzsolve import worker
+    from lzsolve.measure import worker
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
     monkeypatch.delenv("LZSOLVE_BYTECODE", raising=False)
@@ -98,8 +98,8 @@ def test_a_worker_started_ahead_takes_the_environment_the_run_sets_after(tmp_pat
     """prestart: the worker process starts before the run has set its environment (the JIT caches'
     folders and the shared bytecode, which need the out folder the plan names); its first task
     brings the changes, so what it compiles and the bytecode it writes go where the run's do."""
-    from lzsolve import worker
-    from lzsolve.measure import ParityTask
+    from lzsolve.measure import worker
+    from lzsolve.measure.tasks import ParityTask
     from runtime_loader import jit
     from runtime_loader.ops import Signature
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import runtime_loader
 from lzsolve.cli import cli
 from lzsolve.errors import LzError
-from lzsolve.grid import buckets
+from lzsolve.measure.grid import buckets
 from lzsolve.models import workload
 from runtime_loader import Dispatcher
 from tests.tables import QUICK

@@ -22,8 +22,7 @@ from runtime_loader.dtypes import ALL_DTYPES
 from runtime_loader.ops import OPS, OpSchema
 from runtime_loader.ops.act import one_input_front, one_row_inputs
 from runtime_loader.ops.base import rows_op_call
-from runtime_loader.specs import BOTH
-from runtime_loader.specs import KernelSpec
+from runtime_loader.specs import BOTH, KernelSpec
 
 NAME = "act.squared_relu"
 

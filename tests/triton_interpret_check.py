@@ -186,8 +186,8 @@ def fp8_quantisation() -> list[str]:
     the rounding carries into the next power of two, drops the carry (31.76 gives 16, not 32), a
     Triton 3.9 interpreter bug. So an element may also be the other e4m3 neighbour of x / scale,
     or half of a power of two it should have reached; nothing else."""
-    from runtime_loader.quant import quantize_per_token as eager_quantisation
     from runtime_loader.kernels.triton_ops import fp8
+    from runtime_loader.quant import quantize_per_token as eager_quantisation
 
     failures = []
     gen = torch.Generator().manual_seed(5)
@@ -213,8 +213,8 @@ def fp8_gemm() -> list[str]:
     reference: 20 x 48 outputs in 16 x 16 tiles, K = 80 in 32s (the last partial), whole and split
     4 ways (the last split empty: it must still write its zeros), per channel with a bias and per
     tensor."""
-    from runtime_loader.quant import quantize_per_token as eager_quantisation
     from runtime_loader.kernels.triton_ops import TUNABLES, fp8
+    from runtime_loader.quant import quantize_per_token as eager_quantisation
 
     default = next(t.default for t in TUNABLES if t.spec.kernel_id == "triton.linear_fp8")
     small = {"block_m": 16, "block_n": 16, "block_k": 32, "warps": 2, "stages": 2, "split_k": 1}

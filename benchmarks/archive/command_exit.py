@@ -1,4 +1,4 @@
-"""How long the `lzsolve` command takes from its last output line to its exit (BENCHMARKS §15.11-15.12):
+"""How long the `lzsolve` command takes from its last output line to its exit (benchmark log §15.11-15.12):
 a tiny CPU tune through `python -m lzsolve`, stdout read line by line.
 
     python benchmarks/archive/command_exit.py [--repeat N]

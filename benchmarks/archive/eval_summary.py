@@ -2,8 +2,8 @@
 
 Evaluation runs stopped by a time limit (device calls of 10 minutes) and continued in later
 calls leave their timings in several `eval-*` runs; this judges every evaluated shape against
-the artifact's table with the same code `evaluate` uses (lzsolve.validate.judge/summarize) and
-prints one row per signature. BENCHMARKS.md §10.4 came from it:
+the artifact's table with the same code `evaluate` uses (lzsolve.decide.validate.judge/summarize) and
+prints one row per signature. benchmark log §10.4 came from it:
 
     python benchmarks/archive/eval_summary.py ARTIFACT [--since eval-20261123T125000Z]
 """
@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from lzsolve.perfdb import PerfDB
-from lzsolve.validate import judge, summarize
+from lzsolve.decide.validate import judge, summarize
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader.table import choose, read_table
 
 

@@ -7,6 +7,7 @@ graph-replay figures of benchmarks/fp8.py, and the FA3 column pays q's eager qua
     python benchmarks/archive/fa3_fp8_probe.py     # on an H100 with fa3-fwd and FlashInfer"""
 import torch
 from fa3_fwd_interface import flash_attn_func
+
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
 from runtime_loader.ops import Signature

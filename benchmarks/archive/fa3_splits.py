@@ -4,7 +4,7 @@ Prefill (causal, seq_q == kv_len) and decode shapes of llama3-70b TP8 (8 q heads
 llama3-8b (32 q, 8 kv heads), head dim 128, bf16, over batch x length grids that are mostly not
 powers of two. Every variant is checked against SDPA first, then all are timed interleaved by
 lzsolve's harness (graph replay, median µs). Why runtime_loader/kernels/flash_attn.fa3_splits
-splits decode and never a causal prefill: BENCHMARKS §10.10.
+splits decode and never a causal prefill: benchmark log §10.10.
 
     python benchmarks/archive/fa3_splits.py [--json out.json]     # needs a Hopper GPU and fa3-fwd
 """
@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from lzsolve.bench import Budget, make_harness
+from lzsolve.measure.harness import Budget, make_harness
 from runtime_loader import registry
 
 HEADS = ((8, 1), (32, 8))  # (q heads, kv heads)

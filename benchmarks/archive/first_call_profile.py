@@ -1,6 +1,6 @@
 """Where a kernel's first call in a fresh process goes when the run's JIT caches already hold it,
-as in a tune's measuring worker after lzsolve.ahead made that call in another process
-(BENCHMARKS §15.6: flex.attention's first call took 11-12 s per worker on two H200s).
+as in a tune's measuring worker after lzsolve.measure.ahead made that call in another process
+(benchmark log §15.6: flex.attention's first call took 11-12 s per worker on two H200s).
 
 Each kernel gets two fresh processes sharing one set of caches: the first makes the call cold
 (filling the caches, as the ahead worker does), the second makes it again under cProfile and
@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for cpu_modes (this script is in archive/)
 from cpu_modes import pairs
+
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.jit import point_caches

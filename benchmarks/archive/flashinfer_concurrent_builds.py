@@ -1,5 +1,5 @@
 """Two FlashInfer modules built at once from one JIT folder, as a tune's workers on two GPUs build
-them: are they built again afterwards? (BENCHMARKS §15.3)
+them: are they built again afterwards? (benchmark log §15.3)
 
     python benchmarks/archive/flashinfer_concurrent_builds.py    # on a GPU; FlashInfer 0.5.3
 

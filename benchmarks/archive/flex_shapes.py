@@ -1,7 +1,7 @@
 """FlexAttention compiled per shape (the registered flex.attention) against one graph compiled with
 dynamic shapes: what each new shape costs in compile time, and what the kernel costs per call
 (issue 16: flex's compile per shape is about half of a device's first calls in a two-GPU tune,
-BENCHMARKS §15.7; and a table that chose flex compiles again at every shape a server brings).
+benchmark log §15.7; and a table that chose flex compiles again at every shape a server brings).
 
 Per shape, in one process: the static kernel's first call, the dynamic one's (a recompile shows as
 a slow first call and in Dynamo's graph count), then both checked against the op's fp32 reference
@@ -21,7 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for checked_timing (this script is in archive/)
 from checked_timing import checked, write_figures
-from lzsolve.bench import make_harness
+
+from lzsolve.measure.harness import make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.kernels import flex

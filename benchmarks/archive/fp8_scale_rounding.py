@@ -1,4 +1,4 @@
-"""What the last bit of an FP8 activation scale changes (issue 18, BENCHMARKS §16.7).
+"""What the last bit of an FP8 activation scale changes (issue 18, benchmark log §16.7).
 
 1. On any device: rows of bf16 x quantised per token to e4m3 with the scale computed two ways,
    amax / 448 (a division) and amax times the fp32 reciprocal of 448 (what torch's CUDA kernels
@@ -19,9 +19,8 @@ import torch
 
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
-from runtime_loader.quant import E4M3_MAX
-from runtime_loader.quant import quantize_per_token
 from runtime_loader.ops import Signature
+from runtime_loader.quant import E4M3_MAX, quantize_per_token
 
 SHAPES = {"lm_head": (8192, 16032), "down_proj": (3584, 8192), "qkv_proj": (8192, 1280)}  # (k, n) per rank
 

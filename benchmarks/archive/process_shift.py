@@ -1,4 +1,4 @@
-"""Do kernels of a few µs time alike in fresh processes? (issue 16, BENCHMARKS §15.6-15.7)
+"""Do kernels of a few µs time alike in fresh processes? (issue 16, benchmark log §15.6-15.7)
 
 Two tunes of the same model on the same GPU and clocks disagree at 6% of their decisive buckets,
 all of them kernels of about 2 µs (SwiGLU, RMSNorm, RoPE...): in one run every Triton SwiGLU
@@ -10,7 +10,7 @@ and the spread across processes against the spread within one; a shift shared by
 one process (every Triton kernel slower in process 2, say) is the tunes' disagreement reproduced.
 
 `--variants` times instead a few of those kernels in each process by hand-built graphs, to tell
-where a slow process's extra time goes (BENCHMARKS §15.9: +5-9 µs per sample, Triton, Liger,
+where a slow process's extra time goes (benchmark log §15.9: +5-9 µs per sample, Triton, Liger,
 FlashInfer and Inductor kernels alike, torch's own not):
 - first 1: the harness's sample (the L2 flushed, then a graph of one call replayed);
 - second 1: the same graph replayed again right after (its code now cached, its data too);
@@ -34,7 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for checked_timing (this script is in archive/)
 from checked_timing import agreeing, write_figures
-from lzsolve.bench import Budget, make_harness
+
+from lzsolve.measure.harness import Budget, make_harness
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.hardware import device_info

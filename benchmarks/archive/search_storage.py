@@ -1,7 +1,7 @@
-"""What optuna's study storage costs the tune's parent process per trial (BENCHMARKS §15.11):
+"""What optuna's study storage costs the tune's parent process per trial (benchmark log §15.11):
 72 studies of 6 TPE trials each over a Triton-linear-like space, with the instant objective and
-the get_trials call per trial that lzsolve.search's callback makes, in SQLite (the storage
-before), optuna's journal file (lzsolve.search.STORAGE_NAME now) and memory (the floor).
+the get_trials call per trial that lzsolve.measure.search's callback makes, in SQLite (the storage
+before), optuna's journal file (lzsolve.measure.search.STORAGE_NAME now) and memory (the floor).
 
     python benchmarks/archive/search_storage.py [sqlite|journal|memory ...]
 """

@@ -1,10 +1,10 @@
 """How long `tune` spends solving the table from a PerfDB's records: solve_signature per
-signature, as build_table calls it (BENCHMARKS §15.5: is the time after validation the solve?).
+signature, as build_table calls it (benchmark log §15.5: is the time after validation the solve?).
 
     python benchmarks/archive/solve_time.py OUT/perfdb [--mode graph] [--json trees.json]
 
 --json writes every signature's solve (tree and figures): two checkouts' files, compared byte for
-byte, say whether a change of the solver changed any table (BENCHMARKS §15.11).
+byte, say whether a change of the solver changed any table (benchmark log §15.11).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import json
 import time
 from pathlib import Path
 
-from lzsolve.artifact import by_signature
-from lzsolve.perfdb import PerfDB
-from lzsolve.solve import solve_signature
+from lzsolve.decide.solve import solve_signature
+from lzsolve.store.artifact import by_signature
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader.ops import OPS
 
 

@@ -41,9 +41,22 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from runtime_loader.integrations.modules import (GATED_OPS, META_FUNCTIONS, PLAIN_OPS, Kind, classify, experts_arguments,
-                                                 is_experts, modelling_modules, rope_layout)
+from lzsolve.errors import LzError
+from lzsolve.limits import check_config_sizes, check_config_values
+from lzsolve.models.catalogue import CATALOGUE
+from lzsolve.models.config import fp8_scheme, read_config, refuse_unsupported
 from runtime_loader.dtypes import DTYPES
+from runtime_loader.integrations.modules import (
+    GATED_OPS,
+    META_FUNCTIONS,
+    PLAIN_OPS,
+    Kind,
+    classify,
+    experts_arguments,
+    is_experts,
+    modelling_modules,
+    rope_layout,
+)
 from runtime_loader.ops import Signature
 from runtime_loader.ops.attention import attention_call
 from runtime_loader.ops.base import rows_call
@@ -55,11 +68,6 @@ from runtime_loader.ops.norm import qk_norm_call
 from runtime_loader.ops.recurrent import deltanet_gates_call, gated_deltanet_call
 from runtime_loader.ops.rope import rope_call
 from runtime_loader.safeio import shown
-
-from ..errors import LzError
-from ..limits import check_config_sizes, check_config_values
-from .catalogue import CATALOGUE
-from .config import fp8_scheme, read_config, refuse_unsupported
 
 # meta shapes: any sizes give the same signatures; odd ones, so a token count is never mistaken for a head count
 BATCH, PREFILL_SEQ = 3, 7

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import LzError
-from ..limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, read_json_input
+from lzsolve.errors import LzError
+from lzsolve.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, read_json_input
 
 # Config keys that mean the model computes something no op here does: refused by name
 UNSUPPORTED_KEYS = {

@@ -13,14 +13,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from lzsolve.errors import LzError
+from lzsolve.limits import MAX_WORKLOAD_BYTES, MAX_WORKLOAD_DEPTH, check_ints
+from lzsolve.measure.grid import Grid, buckets
+from lzsolve.models.capture import Captured, OpInstance
 from runtime_loader import safeio
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.recording import FORMAT, VERSION
-
-from ..errors import LzError
-from ..grid import Grid, buckets
-from ..limits import MAX_WORKLOAD_BYTES, MAX_WORKLOAD_DEPTH, check_ints
-from .capture import Captured, OpInstance
 
 
 @dataclass(frozen=True)

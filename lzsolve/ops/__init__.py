@@ -8,9 +8,8 @@ its contract with register_contract.
 """
 import importlib
 
+from lzsolve.ops.base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
 from runtime_loader.ops import FAMILIES, OPS
-
-from .base import TOLERANCES, OpContract, Tolerance, compare, to_fp32
 
 CONTRACTS: dict[str, OpContract] = {}
 for _family, _runtime in FAMILIES.items():

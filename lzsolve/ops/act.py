@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lzsolve.ops.base import FP8_OUT_TOLERANCES, OpContract, itemsize
 from runtime_loader.quant import quantize_per_token
-
-from .base import FP8_OUT_TOLERANCES, OpContract, itemsize
 
 
 def swiglu(gate, up):

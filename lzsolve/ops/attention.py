@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from lzsolve.ops.base import OpContract, itemsize
 from runtime_loader.ops.attention import attention_shapes as _shapes
-
-from .base import OpContract, itemsize
 
 MAX_SCORE_ELEMENTS = 1 << 26  # reference works on score blocks of at most 256 MiB in fp32
 

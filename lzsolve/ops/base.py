@@ -6,15 +6,15 @@ This half is what the solver needs to check and measure candidates.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from runtime_loader.inputs import randn
-from runtime_loader.parity import TOLERANCES, Tolerance, compare, to_fp32
 from runtime_loader.dtypes import DTYPES
+from runtime_loader.inputs import randn
 from runtime_loader.ops import OPS, OpSchema, Signature
+from runtime_loader.parity import TOLERANCES, Tolerance, compare, to_fp32
 
 __all__ = ["FP8_OUT_TOLERANCES", "OpContract", "Tolerance", "TOLERANCES", "compare", "itemsize", "randn", "to_fp32"]
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lzsolve.ops.base import OpContract, itemsize
 from runtime_loader.inputs import starts_from_state
-
-from .base import OpContract, itemsize
 
 
 def reference(x, weight, bias, state, silu):

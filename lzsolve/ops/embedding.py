@@ -6,8 +6,7 @@ posenc.learned: x + table[positions] (GPT-2's wpe).
 """
 from __future__ import annotations
 
-
-from .base import OpContract, itemsize
+from lzsolve.ops.base import OpContract, itemsize
 
 
 def embedding(ids, table, scale):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from lzsolve.ops.base import TOLERANCES, OpContract, Tolerance, itemsize
 from runtime_loader.quant import quantize_per_token
-
-from .base import TOLERANCES, OpContract, Tolerance, itemsize
 
 
 def reference(x, weight, bias):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import OpContract, itemsize
+from lzsolve.ops.base import OpContract, itemsize
 
 
 def reference(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, down_bias=None, interleaved=False,

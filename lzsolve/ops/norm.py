@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from lzsolve.ops.base import FP8_OUT_TOLERANCES, OpContract, itemsize
 from runtime_loader.quant import quantize_per_token
-
-from .base import FP8_OUT_TOLERANCES, OpContract, itemsize
 
 
 def rms(x, weight, eps, unit_offset=False):

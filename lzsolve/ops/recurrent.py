@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lzsolve.ops.base import OpContract, itemsize
 from runtime_loader.inputs import starts_from_state as _starts_from_state
-
-from .base import OpContract, itemsize
 
 
 def reference(q, k, v, g, beta, state, qk_l2norm):

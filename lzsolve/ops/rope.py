@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from lzsolve.ops.base import OpContract, itemsize
 from runtime_loader.ops.rope import cos_sin
-
-from .base import OpContract, itemsize
 
 __all__ = ["ROPE", "cos_sin", "reference"]
 

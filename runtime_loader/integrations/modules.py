@@ -131,7 +131,7 @@ def is_experts(module) -> bool:
         isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights[:2]) and _takes_routing(type(module))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _takes_routing(cls) -> bool:
     """Whether cls.forward takes the router's choice: (hidden, ids, weights), whatever they are named."""
     try:

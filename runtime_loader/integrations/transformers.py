@@ -32,22 +32,36 @@ import textwrap
 import types
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from .. import custom_ops, registry
-from ..safeio import warn
 from ..dispatcher import MAX_MEMO_SHAPES, NOT_SERVED, OWN_CODE, Dispatcher, Entry, NotServed, _hand_back
 from ..dtypes import DTYPES
 from ..ops import Signature
 from ..ops.embedding import embedding as eager_embedding
 from ..ops.linear import linear_call
-from .modules import (GATED_OPS, PLAIN_OPS, Kind, classify, eps_of, expert_parallel, experts_arguments, is_experts,
-                      meta_functions, meta_twin, modelling_modules, own_parameters, rope_layout, sibling_groups)
+from ..safeio import warn
+from .modules import (
+    GATED_OPS,
+    PLAIN_OPS,
+    Kind,
+    classify,
+    eps_of,
+    expert_parallel,
+    experts_arguments,
+    is_experts,
+    meta_functions,
+    meta_twin,
+    modelling_modules,
+    own_parameters,
+    rope_layout,
+    sibling_groups,
+)
 
 NAME = "lzsolve"
 
@@ -398,7 +412,7 @@ def _linear(x, weight, bias, ops=None):
     """The table's GEMM over x's rows (through `ops`, default _table()), x folded to (tokens, k)
     first: F.linear on a 3-D slice whose rows are not one matrix (the lm_head's hidden[:, -1:]) runs
     a batched GEMM reading the weight once per batch row unless autograd makes it fold (Gemma 3's
-    lm_head at batch 4: 1.86 against 0.48 ms on the H100, BENCHMARKS §11.3); copying those few rows
+    lm_head at batch 4: 1.86 against 0.48 ms on the H100, benchmarks/hf_end_to_end.py); copying those few rows
     costs nothing."""
     out = (ops or _table()).linear(x.reshape(-1, x.shape[-1]), weight, bias)
     return out if isinstance(out, NotServed) else out.view(*x.shape[:-1], out.shape[-1])
@@ -607,7 +621,7 @@ def _annotate(module, **attrs) -> None:
 def _serve_with(module, forward) -> None:
     """Make `forward` the module's forward by giving the module a subclass of its class whose forward
     it is: under torch.compile, Dynamo guards a forward an instance holds itself on every call
-    (about 100 guard lines a decoder layer, BENCHMARKS §11.9), a class's once with its type."""
+    (about 100 guard lines a decoder layer, benchmarks/hf_end_to_end.py), a class's once with its type."""
     module.__class__ = _serving_class(_base_class(module), forward)
 
 
@@ -616,7 +630,7 @@ def _base_class(module) -> type:
     return type(module).__dict__.get("_lzsolve_base", type(module))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _serving_class(cls: type, forward) -> type:
     return type(cls.__name__, (cls,), {"forward": forward, "_lzsolve_base": cls, "__module__": cls.__module__,
                                        "__qualname__": cls.__qualname__})
@@ -1039,12 +1053,12 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
     traced=True: under torch.compile the table's calls are traced into the graph instead of staying
     opaque custom ops: the tree's choice is made while tracing (its thresholds become Dynamo
     guards) and Inductor sees the chosen kernel's torch ops (opaque custom ops kept the patched
-    model slower compiled than eager on the H100, BENCHMARKS.md §11.4); calls the table does not
+    model slower compiled than eager on the H100, benchmarks/hf_end_to_end.py); calls the table does not
     serve trace the module's own code. Eager calls are the same.
     fuse (with traced=True): ops whose torch form Inductor fuses with its neighbours (norms,
     activations, RoPE, the embedding: OpSchema.fusible) keep the module's own code in the graph, and
     the table serves the rest (attention, linears, experts); with the table's kernels for them too, a
-    compiled Llama ran 6-16% slower than compile alone (§11.8). fuse=False: the table's choice for every op."""
+    compiled Llama ran 6-16% slower than compile alone (benchmarks/hf_end_to_end.py). fuse=False: the table's choice for every op."""
     dispatcher.traced = traced
     dispatcher.traced_fuse = fuse
     report = PatchReport(table=dispatcher.table.source if dispatcher.table is not None else "none")

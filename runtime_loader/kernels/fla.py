@@ -44,7 +44,8 @@ def recurrent_gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
 
 
 def causal_conv1d(x, weight, bias, state, silu: bool):
-    from fla.modules.causal_conv1d import causal_conv1d as conv, causal_conv1d_update
+    from fla.modules.causal_conv1d import causal_conv1d as conv
+    from fla.modules.causal_conv1d import causal_conv1d_update
 
     activation = "silu" if silu else None
     if state is not None and x.shape[1] == 1:

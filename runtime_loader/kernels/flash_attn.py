@@ -15,9 +15,9 @@ FA3 declares softcap but no sliding window.
 """
 from __future__ import annotations
 
-from ..specs import KernelSpec
 from ..dtypes import HALF
 from ..ops.attention import with_sinks
+from ..specs import KernelSpec
 from .sdpa import ATTENTION, ATTENTION_FEATURES, SINKS
 
 
@@ -41,7 +41,7 @@ def fa3_splits(causal: bool) -> int:
     """FA3's num_splits: 0 lets FA3 split the KV from the shape, 1 never splits.
 
     Decode (not causal) needs the split: with batch * kv heads small, one split leaves most SMs
-    idle (H100, BENCHMARKS §10.10: 1.3-20x slower unsplit). A causal prefill must not split: when
+    idle (H100, benchmarks/archive/fa3_splits.py: 1.3-20x slower unsplit). A causal prefill must not split: when
     it fills under 0.8 of the SMs, FA3's heuristic splits it anyway and pays for a combine pass,
     which made cliffs of up to 1.85x a few tokens wide (3 x 530 tokens: 32.5 against 17.4 µs
     unsplit) and never gained more than noise.

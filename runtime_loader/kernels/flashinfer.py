@@ -29,8 +29,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -76,7 +77,7 @@ def own_build_logs(run_ninja: Callable) -> Callable:
     .ninja_log and .ninja_deps there. Two processes building two modules at once (a tune's
     workers on two GPUs) interleave their writes to those logs; ninja then finds no record of
     the other module's objects and builds them again, and the next build again. On two H200s
-    (BENCHMARKS §15.3) modules were rebuilt two and three times, and the grid spent 437 s in
+    (benchmarks/device.sh devices) modules were rebuilt two and three times, and the grid spent 437 s in
     first calls where the one-GPU run spent 59 s. A build file that sets `builddir` to the
     module's folder and includes FlashInfer's keeps each module's logs apart; builds of one
     module are already serialised by FlashInfer's lock per module."""

@@ -24,14 +24,14 @@ from __future__ import annotations
 import functools
 import threading
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from ..specs import KernelSpec
 from ..dtypes import ALL_DTYPES
 from ..ops.attention import with_sinks
+from ..specs import KernelSpec
 from .sdpa import ATTENTION, ATTENTION_FEATURES, SINKS
 
 try:
@@ -42,7 +42,7 @@ except ImportError:
 BLOCK_MASKS_KEPT = 64  # a causal block mask is (seq / 128)^2 block indices; creating one costs seq_q * kv_len bools
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mask_mod(causal: bool, window: int, offset: int) -> Callable | None:
     """Keys a query sees, as runtime_loader.ops.attention.visible_keys: under a causal mask query i
     sits at position i (SDPA's top-left), otherwise at offset + i (offset = kv_len - seq_q, so a
@@ -57,7 +57,7 @@ def mask_mod(causal: bool, window: int, offset: int) -> Callable | None:
     return visible
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def score_mod(softcap: float) -> Callable | None:
     if not softcap:
         return None

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..specs import HEAD_DIM_ANY, KernelSpec
 from ..dtypes import ALL_DTYPES
+from ..specs import HEAD_DIM_ANY, KernelSpec
 
 LLAMA_CASTING = "llama"  # fp32 statistics, the normalised row cast back before the weight: HF Llama's RMSNorm
 GEMMA_CASTING = "gemma"  # everything in fp32, one rounding at the end: Gemma's (1 + weight) RMSNorm

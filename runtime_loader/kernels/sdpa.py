@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from ..dtypes import ALL_DTYPES, HALF
-from ..specs import HEAD_DIM_ANY, KernelSpec
 from ..ops.attention import effective_window, visible_keys, with_sinks
-from ..specs import BOTH
+from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
+
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
 CAUSAL_GQA = frozenset({"causal", "gqa"})
 # qk_norm only says q and k come from a per-head norm: every attention kernel that takes q and k

@@ -17,8 +17,19 @@ base.py holds what records are made of (OpSchema, Signature) and the registry OP
 """
 from ..specs import required_features
 from . import act, attention, conv, embedding, linear, moe, norm, recurrent, rope
-from .base import (MAX_DIM, NAMED_DIMS, OPS, ROPE_LAYOUTS, OpSchema, Signature, check_op, example_args, method_args,
-                   register_op, static_problem)
+from .base import (
+    MAX_DIM,
+    NAMED_DIMS,
+    OPS,
+    ROPE_LAYOUTS,
+    OpSchema,
+    Signature,
+    check_op,
+    example_args,
+    method_args,
+    register_op,
+    static_problem,
+)
 
 # in the order OPS lists them (the Dispatcher's methods and the custom ops are made in this order)
 FAMILIES = {module.__name__.rsplit(".", 1)[1]: module

@@ -179,10 +179,10 @@ def attention_fp8kv(q, k, v, k_scale: float, v_scale: float, scale=None):
 
 
 # --- the records ---------------------------------------------------------------------------------------
-# The tuner's buckets per named grid (lzsolve.grid): tiny for tests, small the default on a CPU, full
+# The tuner's buckets per named grid (lzsolve.measure.grid): tiny for tests, small the default on a CPU, full
 # on a GPU, at the decode and prefill sizes a server sees. Prefill measures batch 1 and 2 both:
 # adapters switch paths there (FlashInfer: single prefill vs paged batch prefill), and a tree fed
-# batch 1 and 4 alone sent batch 2 to the batch-1 winner (1.9x regret on the H100, BENCHMARKS.md §9).
+# batch 1 and 4 alone sent batch 2 to the batch-1 winner (1.9x regret on the H100, benchmarks/device.sh suite).
 PREFILL_BUCKETS = {"tiny": {"batch": (1,), "seq": (16, 64)},
                    "small": {"batch": (1, 2), "seq": (32, 128, 512)},
                    "full": {"batch": (1, 2, 8), "seq": (128, 512, 2048, 8192)}}

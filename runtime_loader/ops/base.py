@@ -18,8 +18,8 @@ attached by op name. CONTRIBUTING.md lists what adding an op takes.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ from torch import Tensor
 from ..dtypes import DTYPE_NAMES, DTYPES
 from ..safeio import shown
 
-OPS: dict[str, "OpSchema"] = {}  # op name -> record: every family module's RECORDS, then plugins' (register_op)
+OPS: dict[str, OpSchema] = {}  # op name -> record: every family module's RECORDS, then plugins' (register_op)
 
 
 def like_first(x: Tensor, *args) -> Tensor:
@@ -70,7 +70,7 @@ class OpSchema:
     # its fallback is torch ops Inductor fuses with the model's own (row-wise norms, activations,
     # RoPE, embedding lookups): a compiled model keeps that form by default (Dispatcher.traced_fuse)
     fusible: bool = False
-    # the tuner's buckets of the dynamic dims per named grid (tiny, small, full: lzsolve.grid), for
+    # the tuner's buckets of the dynamic dims per named grid (tiny, small, full: lzsolve.measure.grid), for
     # ops not keyed by tokens alone; None: the grid's token buckets
     buckets: Mapping[str, Mapping[str, tuple[int, ...]]] | None = field(default=None, compare=False, hash=False)
 
@@ -117,7 +117,7 @@ class Signature:
     dtype: str
 
     @classmethod
-    def make(cls, op: str, static: Mapping[str, int | float | str], flags=(), dtype: str = "bf16") -> "Signature":
+    def make(cls, op: str, static: Mapping[str, int | float | str], flags=(), dtype: str = "bf16") -> Signature:
         """Build a signature, checking names against the op's schema (optional dims may be left out)."""
         schema = OPS.get(op)
         if schema is None:
@@ -134,7 +134,7 @@ class Signature:
         return cls(op, tuple((k, static[k]) for k in schema.all_static), frozenset(flags), dtype)
 
     @classmethod
-    def from_data(cls, op, static, flags, dtype) -> "Signature":
+    def from_data(cls, op, static, flags, dtype) -> Signature:
         """A signature read from a file (a table, a workload): `make`, after checking the types a
         call's signature has, so that a static dim "abc" or 1e400 is refused, not kept unmatchable."""
         if not isinstance(op, str) or op not in OPS:

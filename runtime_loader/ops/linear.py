@@ -1,6 +1,6 @@
 """GEMMs: the linear layer, and FP8 (W8A8) linears with activations quantised on the fly or
 beforehand. Their records, how a call is read, example inputs and eager kernels (the bf16
-linear's fallback is torch.linear, runtime_loader.kernels.builtin). Contract: lzsolve.ops.linear.
+linear's fallback is torch.linear, runtime_loader.kernels.torch_ops). Contract: lzsolve.ops.linear.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Mixture of experts: the router's top-k choice and the experts' gated MLPs over routed tokens
 (Mixtral's form, GPT-OSS's interleaved, biased and clamped one, expert parallelism). Their
 records, how a call is read, example inputs (routings with a realistic skew) and eager kernels
-(the experts' fallback is torch.grouped_mm, runtime_loader.kernels.builtin). Contract: lzsolve.ops.moe.
+(the experts' fallback is torch.grouped_mm, runtime_loader.kernels.torch_ops). Contract: lzsolve.ops.moe.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from ..dtypes import ALL_DTYPES, DTYPE_NAMES, DTYPES
 from ..inputs import randn, routing_skew
 from ..specs import BOTH, KernelSpec
 from .base import OpSchema, Signature
-
 
 # moe.experts beyond Mixtral's form: GPT-OSS's layout, biases and clamped SwiGLU (lzsolve.ops.moe)
 EXPERT_FORMS = frozenset({"interleaved", "bias", "transposed", "clamped_swiglu", "expert_parallel"})
@@ -140,7 +139,7 @@ def distinct_logits(tokens: int, experts: int, sig, device, gen):
     return grid[picks]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _distinct_values(dtype, at_least: int) -> torch.Tensor:
     """The distinct values of `dtype` in [-4, 4] (on the CPU: the tuner also makes inputs on meta)."""
     steps = 8 * 1024

@@ -13,7 +13,6 @@ from ..quant import quantised_rows_fake, quantize_per_token
 from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
 from .base import OpSchema, Signature, rows_call, two_like_first
 
-
 UNIT_OFFSET = ("unit_offset",)
 KEEP_INPUTS = ("keep_inputs",)  # norm.rms_add leaves x and residual as they were (see rms_norm_add_front)
 

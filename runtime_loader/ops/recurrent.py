@@ -179,7 +179,7 @@ def gated_deltanet(q, k, v, g, beta, state, qk_l2norm: bool):
 
 
 # --- the records ---------------------------------------------------------------------------------------
-# the tuner's buckets per named grid (lzsolve.grid); seq 1: a decode step on the state
+# the tuner's buckets per named grid (lzsolve.measure.grid); seq 1: a decode step on the state
 SEQUENCE_BUCKETS = {"tiny": {"batch": (1,), "seq": (1, 16)}, "small": {"batch": (1, 8), "seq": (1, 64)},
                     "full": {"batch": (1, 8, 32), "seq": (1, 512, 2048)}}
 RECORDS = (

@@ -9,7 +9,6 @@ from runtime_loader.ops import Signature
 
 from . import quantised64
 
-
 SIGS = [
     (Signature.make("act.swiglu", {"width": 24}, (), "fp32"), {"tokens": 3}),
     (Signature.make("act.swiglu_fp8", {"width": 24}, (), "fp32"), {"tokens": 3}),

@@ -7,7 +7,6 @@ import torch
 
 from runtime_loader.ops import Signature
 
-
 SIGS = [
     (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 16}, ("causal",), "fp32"), {"batch": 2, "seq": 7}),
     (Signature.make("attention.prefill", {"hq": 4, "hkv": 4, "d": 16}, (), "fp32"), {"batch": 1, "seq": 5}),

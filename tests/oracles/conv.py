@@ -5,7 +5,6 @@ import torch
 
 from runtime_loader.ops import Signature
 
-
 SIGS = [
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu",), "fp32"), {"batch": 2, "seq": 6}),
     (Signature.make("conv.causal_depthwise", {"channels": 12, "width": 4}, ("silu", "bias"), "fp32"),

@@ -5,7 +5,6 @@ import torch.nn.functional as F
 
 from runtime_loader.ops import Signature
 
-
 SIGS = [
     (Signature.make("posenc.learned", {"hidden": 24}, (), "fp32"), {"tokens": 5}),
     (Signature.make("embedding", {"vocab": 50, "hidden": 24}, (), "fp32"), {"tokens": 7}),

@@ -6,7 +6,6 @@ from runtime_loader.ops import Signature
 
 from . import quantised64
 
-
 SIGS = [
     (Signature.make("linear", {"k": 16, "n": 12}, ("bias",), "fp32"), {"tokens": 4}),
     (Signature.make("linear", {"k": 16, "n": 12}, (), "fp32"), {"tokens": 4}),

@@ -5,7 +5,6 @@ import torch
 
 from runtime_loader.ops import Signature
 
-
 SIGS = [
     (Signature.make("moe.experts", {"experts": 6, "top_k": 2, "hidden": 16, "inter": 12}, (), "fp32"), {"tokens": 9}),
     (Signature.make("moe.experts", {"experts": 5, "top_k": 2, "hidden": 16, "inter": 12, "alpha": 1.702, "limit": 0.4},

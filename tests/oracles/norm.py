@@ -7,7 +7,6 @@ from runtime_loader.ops import Signature
 
 from . import quantised64
 
-
 SIGS = [
     (Signature.make("norm.rms", {"hidden": 32}, (), "fp32"), {"tokens": 5}),
     (Signature.make("norm.rms", {"hidden": 32}, ("unit_offset",), "fp32"), {"tokens": 5}),

@@ -7,7 +7,6 @@ import torch
 
 from runtime_loader.ops import Signature
 
-
 SIGS = [
     (Signature.make("recurrent.deltanet_gates", {"heads": 5}, (), "fp32"), {"tokens": 4}),
     (Signature.make("recurrent.deltanet_gates", {"heads": 16}, (), "bf16"), {"tokens": 2}),

@@ -5,7 +5,6 @@ import torch
 
 from runtime_loader.ops import Signature
 
-
 SIGS = [
     (Signature.make("posenc.rope", {"hq": 4, "hkv": 2, "d": 8, "layout": "split_half"}, (), "fp32"), {"tokens": 6}),
     (Signature.make("posenc.rope", {"hq": 4, "hkv": 2, "d": 8, "layout": "interleaved"}, (), "fp32"), {"tokens": 6}),

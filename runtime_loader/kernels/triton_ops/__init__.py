@@ -16,9 +16,9 @@ import importlib
 from pathlib import Path
 
 from ...dtypes import ALL_DTYPES
-from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
 from ...ops.moe import EXPERT_FORMS
 from ...ops.norm import KEEP_INPUTS, UNIT_OFFSET
+from ...specs import HEAD_DIM_ANY, KernelSpec, Tunable
 
 
 def powers_of_two(low: int, high: int) -> tuple[int, ...]:
@@ -65,7 +65,7 @@ FP8_GEMM_PARAMS = {"block_m": powers_of_two(16, 256), "block_n": powers_of_two(1
 FP8_GEMM_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 8, "stages": 3, "split_k": 1}
 # the TMA form: persistent, no split K. Its default fits every output dtype's staging tile in shared
 # memory (128 x 256 x 128 in 3 stages, its best tile from 1024 tokens on the H200, needs 273 KiB
-# with an fp32 out: BENCHMARKS §16.6), and was its best tile at 1024-4096 tokens of q/k/v
+# with an fp32 out: benchmarks/fp8_tma_probe.py), and was its best tile at 1024-4096 tokens of q/k/v
 FP8_TMA_PARAMS = {name: values for name, values in FP8_GEMM_PARAMS.items() if name != "split_k"}
 FP8_TMA_DEFAULT = {"block_m": 128, "block_n": 128, "block_k": 128, "warps": 4, "stages": 4}
 

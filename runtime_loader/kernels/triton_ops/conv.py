@@ -4,7 +4,7 @@ over (block_t tokens, block_c channels) tiles, the new state written by the last
 Why our own beside FLA's: in an eager layer the conv's cost is mostly the host's. FLA's wrapper
 (an autograd Function, input guards, its own launcher) takes some 200 us of host time a call on the
 H100 host, more than the GPU time it saves at prompt lengths up to a few thousand tokens
-(BENCHMARKS §13.3); ours costs a fifth to a half of FLA's time per call there, at FLA's GPU time.
+(benchmarks/qwen35_linear_attention.py); ours costs a fifth to a half of FLA's time per call there, at FLA's GPU time.
 
 x is read through its batch and token strides (it arrives as columns of the fused q/k/v
 projection); taps before the first token read the state (the last `width` inputs, oldest

@@ -7,11 +7,11 @@ output tile (and per split of K). `_fp8_matmul_tma_kernel` is Hopper's: a persis
 program per SM walking the output tiles) loading both operands by TMA through tensor
 descriptors. On an H200 the TMA form ran 1.69-1.94x bf16 cuBLAS from 1024 tokens on gate/up and
 down_proj, where cuBLASLt's row-wise FP8 GEMM ran 1.63-1.94x and the pointer form 1.60-1.86x
-(BENCHMARKS §16.6).
+(benchmarks/fp8_tma_probe.py).
 
 The eager quantisation (runtime_loader.quant.quantize_per_token) is about seven launches with fp32
 temporaries of the whole activation; it cost more than the FP8 GEMM saved, so FP8 linears ran
-0.2-0.9x bf16 on the H100 (BENCHMARKS §16). Here it is one read of x and one write of a byte per
+0.2-0.9x bf16 on the H100 (benchmarks/fp8.py). Here it is one read of x and one write of a byte per
 element. The rounding is the format's, as the reference does it: scale = amax times the fp32 reciprocal of
 448 per row (amax at least 1e-12), x / scale with IEEE division, clamped, rounded to nearest even.
 """
@@ -183,7 +183,7 @@ def fp8_matmul(q, x_scale, weight, weight_scale, bias, out_dtype, *, block_m: in
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def programs_per_device(device: torch.device) -> int:
     """A persistent grid's size: one program per SM; two in the interpreter (CPU), so that its
     programs still walk several tiles each."""

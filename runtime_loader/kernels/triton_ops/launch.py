@@ -2,8 +2,8 @@
 
 Triton's JIT function binds, specialises and keys every call in Python before it reaches the
 compiled kernel's launcher: 23-31 us of host time per launch on the H100's host, against 11-15 us
-for the compiled kernel launched directly and 9-13 us for one ATen op (BENCHMARKS §11.6). In an
-eager model that host time decides the speed (§11.4), so a kernel that saves GPU time could lose it
+for the compiled kernel launched directly and 9-13 us for one ATen op (benchmarks/launch_overhead.py). In an
+eager model that host time decides the speed (benchmarks/hf_end_to_end.py), so a kernel that saves GPU time could lose it
 again on the host.
 
 `launcher` wraps a top-level kernel (`@launcher` over `@triton.jit`; call sites keep `[grid](...)`).

@@ -28,7 +28,7 @@ def align_blocks(topk_ids, experts: int, block_m: int):
     the sentinel topk_ids.numel()); block_expert the expert of each block of rows (-1 unused).
     Pairs of other ranks' experts (ids >= experts) land in no segment. Three launches (count,
     segments, place) instead of two dozen torch ops: in eager mode each op is host time
-    (BENCHMARKS §12.4). Within a segment the pairs' order is the atomics' (each row of the
+    (benchmarks/moe_layer.py). Within a segment the pairs' order is the atomics' (each row of the
     GEMMs depends on its own pair alone, so the results do not)."""
     ids = topk_ids.reshape(-1)
     pairs = ids.numel()

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+from lzsolve.decide.solve import client_ms, pick, points_from, solve_signature
+from lzsolve.measure.devices import run_sharded
+from lzsolve.measure.grid import buckets, points_near, random_points
+from lzsolve.measure.tuner import Lane, Plan, Session, SignaturePlan, Work, by_signature, contenders
+from lzsolve.store.perfdb import dims_key
 from runtime_loader.ops import OPS
 
-from .devices import run_sharded
-from .grid import buckets, points_near, random_points
-from .perfdb import dims_key
-from .solve import client_ms, pick, points_from, solve_signature
-from .tuner import Lane, Plan, Session, SignaturePlan, Work, by_signature, contenders
-
 VALIDATION_SHAPES = 8  # random shapes per dynamic dim of each op signature in every tune: a plane of
-# (batch, seq) needs more than a line of tokens to meet its rough spots (FA3's small prefills, BENCHMARKS §10.7)
+# (batch, seq) needs more than a line of tokens to meet its rough spots (FA3's small prefills, benchmarks/device.sh decisions)
 NEAR_SHAPES = 6  # shapes timed around each validation shape where the table lost...
 LOSS = 0.05  # ...by this much, to the best kernel timed there or to the fallback
 

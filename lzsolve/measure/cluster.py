@@ -13,23 +13,23 @@ import functools
 import os
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from lzsolve.errors import LzError
+from lzsolve.measure.harness import Budget, timer_name
+from lzsolve.measure.tasks import rejected
+from lzsolve.measure.worker import STARTUP_TIMEOUT_S, InProcessRunner, WorkerRunner
 from runtime_loader.hardware import differing, hardware_signature
 from runtime_loader.inputs import SKEW_ENV, routing_skew
 from runtime_loader.specs import CRASHED, TIMEOUT
 
-from .bench import timer_name
-from .errors import LzError
-from .measure import rejected
-from .bench import Budget
-from .worker import STARTUP_TIMEOUT_S, InProcessRunner, WorkerRunner
-
 # lzsolve is on no package index: its extra installs from a clone (or Ray alone, anywhere)
 INSTALL = "pip install -e '.[ray]' in the lzsolve clone, or pip install 'ray>=2.9'"
 CPU_WORKERS = 2  # a CPU-only cluster (a laptop, CI): enough to exercise the sharding, not to tune
+
+DEFAULT_BUDGET = Budget()
 
 
 def import_ray():
@@ -144,7 +144,7 @@ class Cluster:
         self.kind = "cuda" if self.gpus else "cpu"
 
     def runners(self, workers: int | None, isolate: bool, plugins: tuple[str, ...], timeout_s: float,
-                here: dict, budget: Budget = Budget()) -> list[RayRunner]:
+                here: dict, budget: Budget = DEFAULT_BUDGET) -> list[RayRunner]:
         """One actor per GPU (or `workers` of them), started and checked against this host's
         hardware `here` (the plan's: every record is tagged with it)."""
         ray, count = self.ray, workers or self.gpus or CPU_WORKERS

@@ -3,7 +3,7 @@ each device while the first ones search and measure.
 
 A FlashInfer kernel's first call builds its module with nvcc: 35 s and 51 s for its two prefill
 modules, 14 s and 7 s for its decode ones on the H100, where a Triton or Inductor compile takes a
-second. In a cold default tune those builds were 107 s of the grid's 268 s (BENCHMARKS §15.1),
+second. In a cold default tune those builds were 107 s of the grid's 268 s (benchmarks/device.sh decisions),
 with the GPU idle while nvcc ran on the host. Here a second worker per device makes those first
 calls (each a ParityTask: a real parity check, recorded with phase 'compile' and its
 jit_ms) from the start of the run, so the grid finds the modules built. FlashInfer guards a build
@@ -16,26 +16,26 @@ graph-mode timing of a GPU run does not read.
 
 Inductor's kernels (FlexAttention, the compile.* family) are warmed the same way on a GPU run, by
 processes of their own, one per device: a process's first Inductor compile took 12-15 s per device
-in the grid of a two-GPU run (BENCHMARKS §15.5), and a later process sharing the run's caches reads
+in the grid of a two-GPU run (benchmarks/device.sh devices), and a later process sharing the run's caches reads
 most of it back (9.3 s cold against 3.2-3.3 s on this project's CPU VM,
 benchmarks/first_call_cache.py). They do not join the nvcc queue, where they would delay the builds
 the grid waits on. They call them at every grid workload, largest first as the grid measures:
 FlexAttention compiles a graph per shape, 1.5 s a shape cold and 0.16 s from the caches another
-process filled (an H100, BENCHMARKS §15.9), about half of each device's first calls in a two-GPU
-grid (§15.7). At those workloads they make the first call alone (FirstCallTask): a reference of the
+process filled (an H100, benchmarks/first_call_cache.py), about half of each device's first calls in a two-GPU
+grid (benchmarks/device.sh devices). At those workloads they make the first call alone (FirstCallTask): a reference of the
 larger ones would take the GPU from the timing beside it, and the measuring worker checks the
 kernel there anyway. The probes' and validation's
 workloads, known only when those phases begin, are given to them then (CompileAhead.begin), in the
 order the devices measure them; the grid's calls not made by then are dropped. One warmer for two
 devices fell behind them: on two H200s the devices reached FlexAttention's probe shapes before it
-and compiled 31 s of first calls against 24 s on one GPU (BENCHMARKS §15.11).
+and compiled 31 s of first calls against 24 s on one GPU (benchmarks/device.sh devices).
 
 The rest of the optional libraries' kernels (Liger's, FlashAttention's; not the tunable ones,
 whose first calls the search makes) get one more process, the primer, for the whole run: their
 first calls at their branch points, from the start. What a measuring worker pays
 at such a kernel's first call is mostly the library's import (Liger's about 10 s per process,
-§15.11), which is slow where the interpreter has no bytecode for what it imports; the primer
-writes that bytecode to the run's shared cache (lzsolve.worker.share_bytecode) and compiles the
+benchmarks/device.sh devices), which is slow where the interpreter has no bytecode for what it imports; the primer
+writes that bytecode to the run's shared cache (lzsolve.measure.worker.share_bytecode) and compiles the
 library's Triton kernels into the run's cache while the search runs, so the measuring workers read
 both. One is enough: bytecode and Triton's cache are shared by every device of the run.
 """
@@ -44,15 +44,14 @@ from __future__ import annotations
 import collections
 import math
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
+from lzsolve.measure.tasks import FirstCallTask, ParityTask
+from lzsolve.measure.tuner import Runner, Session, SignaturePlan, Work
+from lzsolve.store.perfdb import dims_key
 from runtime_loader import registry
 from runtime_loader.jit import NVCC_BUILT
 from runtime_loader.specs import KernelSpec
-
-from .measure import FirstCallTask, ParityTask
-from .perfdb import dims_key
-from .tuner import Runner, Session, SignaturePlan, Work
 
 Call = tuple[SignaturePlan, KernelSpec, dict]  # (signature, kernel, workload)
 PHASES = ("grid", "probe", "validation")  # the tune's measuring phases, in their order
@@ -92,10 +91,10 @@ def imports_a_library(spec: KernelSpec) -> bool:
     """The primer's kernels: those of an optional library (`requires`) that nothing else calls
     first: not the builders, not the warmers, and not the search, whose trials make the tunable
     kernels' first calls. Such a kernel's first call in a process imports its library, and
-    where the interpreter has no bytecode for it (lzsolve.worker.share_bytecode) compiles every
+    where the interpreter has no bytecode for it (lzsolve.measure.worker.share_bytecode) compiles every
     module the library imports: importing Liger's RMSNorm took 12.1 s in a process that wrote the
     run's shared bytecode and 4.4 s in one that read it (an H200 host, torch, transformers and
-    PEFT without bytecode; benchmarks/import_costs.py, BENCHMARKS §15.13). The measuring workers
+    PEFT without bytecode; benchmarks/import_costs.py). The measuring workers
     then read what the primer wrote, and find its Triton kernels compiled."""
     return bool(spec.requires) and not (built_by_nvcc(spec) or warmed_by_inductor(spec)
                                         or spec.kernel_id in registry.TUNABLES)

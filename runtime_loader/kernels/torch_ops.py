@@ -5,13 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..specs import HEAD_DIM_ANY, KernelSpec
 from ..dtypes import ALL_DTYPES
 from ..ops.embedding import scaled
 from ..ops.moe import EXPERT_FORMS, expert_activation
 from ..ops.norm import KEEP_INPUTS, UNIT_OFFSET
 from ..quant import quantize_per_token
-from ..specs import BOTH
+from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False):

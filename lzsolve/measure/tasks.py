@@ -2,7 +2,7 @@
 
 A ParityTask runs one kernel once on fresh random inputs against the fp32
 reference (its first call is the jit time). A FirstCallTask makes that first call
-alone, unchecked: a compile made ahead (lzsolve/ahead.py). A TimingTask times every
+alone, unchecked: a compile made ahead (lzsolve/measure/ahead.py). A TimingTask times every
 parity-admitted kernel of one workload together, interleaved on shared input
 sets. Both return plain data (the tuner adds provenance) and mark the result
 `fatal` when the CUDA context is broken afterwards (an illegal memory access
@@ -20,15 +20,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from lzsolve.measure.env import Sensor, combine, contention
+from lzsolve.measure.gates import parity_gate, reason_for
+from lzsolve.measure.harness import MODES, Harness, Measurement, describe, rotation_sets, slowest
+from lzsolve.ops import CONTRACTS, to_fp32
 from runtime_loader import jit, registry
 from runtime_loader.dtypes import DTYPES
 from runtime_loader.ops import Signature
 from runtime_loader.specs import CRASHED
-
-from .bench import MODES, Harness, Measurement, describe, rotation_sets, slowest
-from .env import Sensor, combine, contention
-from .gates import parity_gate, reason_for
-from .ops import CONTRACTS, to_fp32
 
 MAX_THROTTLED_RETRIES = 1
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lzsolve.errors import WriteError
 from runtime_loader.safeio import write_whole
-
-from .errors import WriteError
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from lzsolve.bench import Budget, CpuHarness, CudaHarness, rotation_sets, summarize
+from lzsolve.measure.harness import Budget, CpuHarness, CudaHarness, rotation_sets, summarize
 
 
 def test_summarize_statistics():
@@ -201,7 +201,7 @@ def test_eager_mode_counts_the_host_cost_of_launches():
 
 FAULTS = """
 import resource, sys, torch
-from lzsolve.bench import CpuHarness
+from lzsolve.measure.harness import CpuHarness
 if sys.argv[1] == "harness":
     CpuHarness()
 x = torch.randn(1200, 8192, dtype=torch.bfloat16)
@@ -230,7 +230,7 @@ def test_cpu_kernels_are_timed_without_a_page_fault_per_call():
 def test_the_rounds_of_one_workload_share_its_budget():
     """On CPU the tuner times each workload in CPU_PLACEMENTS rounds (measure.run_timing); together
     they get about the time one round had."""
-    from lzsolve.bench import CPU_PLACEMENTS, make_harness
+    from lzsolve.measure.harness import CPU_PLACEMENTS, make_harness
     budget = Budget(min_samples=5, max_samples=200, time_cap_s=0.5)
     assert budget.shared_by(1) is budget
     assert (budget.shared_by(2).min_samples, budget.shared_by(2).time_cap_s) == (3, 0.25)

@@ -14,7 +14,7 @@ can separate, up to MAX_DEPTH: the grids are small, so there is no need for a gr
 look-ahead that cannot see a second split coming. A leaf keeps the fallback unless its kernel
 beats it by SWITCH_GAIN over the leaf's points (geomean; more where the leaf holds fewer than
 four points): two timings of one cuBLAS GEMM, minutes apart, differed by up to 10% on the H100
-(BENCHMARKS §10.4), far more than the spread of either run's samples, so a smaller measured gain
+(benchmarks/device.sh decisions), far more than the spread of either run's samples, so a smaller measured gain
 is no evidence, and leaving the default for it risks a loss at the shapes between the points.
 On CPU the bars are higher (DEVICE_SWITCH_GAIN, ONE_POINT_GAIN): there a kernel's speed moves with
 its process's history by more than a GPU's, so a leaf leaves the fallback only for a gain that
@@ -46,7 +46,7 @@ MIN_NOISE = 0.02  # no measured difference below this counts as real...
 # ...except a loss to the fallback, which counts from this (or the points' measured spreads):
 # the promise is never slower than the default, and a kernel 1-2% behind it at a measured point
 # ran 2-3.5% behind it at shapes next to that point (FA3 against SDPA at 3x361 tokens on the
-# H100, BENCHMARKS §10.11), past the 3% that promise allows
+# H100, benchmarks/device.sh decisions), past the 3% that promise allows
 FALLBACK_LOSS_NOISE = 0.01
 MAX_NOISE = 0.05  # a noisy point still may not hide a loss larger than this
 WORST_BOUND = 0.05  # excess regret at one point above this...
@@ -54,17 +54,17 @@ WORST_WEIGHT = 10.0  # ...costs this many times more
 LEAF_COST = 0.01  # what a split must remove, in summed excess regret
 SWITCH_GAIN = 0.05  # a leaf leaves the fallback only for a kernel this much faster over >= 4 points
 # On CPU, 15%: on this project's 2-core VM the ratio of two torch kernels moved by up to 13%
-# between the rounds of one timing task (BENCHMARKS §10.15), and torch's fused RMSNorm + add,
+# between the rounds of one timing task (benchmarks/cpu_modes.py), and torch's fused RMSNorm + add,
 # 1.11x the fallback over 17 points of a tune, lost to it by 1.13-1.17x at two held-out shapes
-# (§10.16). A gain inside those swings is no evidence; the promise is never slower than the default.
+# (docs/benchmark-log.md §10.16). A gain inside those swings is no evidence; the promise is never slower than the default.
 DEVICE_SWITCH_GAIN = {"cpu": 0.15}
 TIE_BREAK = 1e-3  # weight of raw regret (noise included): picks among trees of equal excess
 RANK_MARGIN = 0.5  # a leaf ranks the runner-ups at most this much slower than its kernel...
 RANK_MAX = 3  # ...and at most this many of them
 # On CPU a gain at one point alone is weak evidence: the same kernel at the same shape ran up to
-# 1.3x apart between processes of one machine (Inductor's RMSNorm + add, BENCHMARKS §10.13-10.15),
+# 1.3x apart between processes of one machine (Inductor's RMSNorm + add, docs/benchmark-log.md §10.13-10.15),
 # and a one-point leaf where it had run 18% ahead lost 1.39x to the fallback when evaluated
-# (§10.14, run B). Such a gain must hold at a second point, or exceed that 1.3x (a real cliff
+# (docs/benchmark-log.md §10.14, run B). Such a gain must hold at a second point, or exceed that 1.3x (a real cliff
 # does). GPU timings repeat, and a GPU kernel's single-point cliffs are real (a second wave of tiles).
 ONE_POINT_GAIN = {"cpu": 1.3}
 BARRED = 1e9  # cost of a kernel at a point where it was not measured, or loses to the fallback: above any excess
@@ -219,7 +219,7 @@ class _Solver:
     summed for every kernel at once over arrays (kernels x points): the trees of a 2-D attention
     signature visit tens of thousands of leaves, and summed one kernel and one point at a time they
     took 7.2 s for attention.decode on this project's VM (2.5 s now), in phases no second device
-    shortens (BENCHMARKS §15.11)."""
+    shortens (benchmarks/device.sh devices)."""
 
     def __init__(self, pts: Points, dynamic: tuple[str, ...]):
         self.pts, self.n = pts, len(pts.dims)

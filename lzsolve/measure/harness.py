@@ -26,11 +26,11 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
-
 
 WARM_EACH_S = 0.005  # a candidate's warm-up after the first of a shared warm-up (CudaHarness)
 
@@ -47,12 +47,12 @@ class Budget:
     max_sample_s: float = 0.005  # rotate fewer sets when one pass would take longer: a call this
     # long refills the cache itself, so more sets would only slow the tuning
 
-    def sampling(self, seconds: float) -> "Budget":
+    def sampling(self, seconds: float) -> Budget:
         """This budget with `seconds` of sampling per candidate and mode (tune's --sample-time), its
         warm-up a tenth of that at most: a quicker, noisier tune, as a smoke test of a pipeline wants."""
         return dataclasses.replace(self, time_cap_s=seconds, warmup_s=min(self.warmup_s, seconds / 10))
 
-    def shared_by(self, rounds: int) -> "Budget":
+    def shared_by(self, rounds: int) -> Budget:
         """This budget split over `rounds` timings of one workload: each round gets its part of the
         time cap and of the minimum samples (3 at least), so the rounds together cost about one."""
         if rounds == 1:
@@ -263,7 +263,7 @@ def keep_freed_memory() -> bool:
     only by some frees) with fresh pages and unmaps them on free, so an eager op with a few MB of
     fp32 temporaries pays a page fault per 4 KiB on every call, and what a call costs depends on
     the allocator's history: eager RMSNorm + add at 80 x 8192 on a 2-core VM ran 2.0 ms with
-    1600 faults a call, 0.24 ms with none (BENCHMARKS §10.13): a tune timed one, its evaluation
+    1600 faults a call, 0.24 ms with none (docs/benchmark-log.md §10.13): a tune timed one, its evaluation
     the other, and they disagreed on the choice. Kernels are timed in the steady state of a server
     whose heap is warm. False where the C library is not glibc."""
     try:
@@ -296,7 +296,7 @@ class CudaHarness(_Base):
     of one measurement share: the first warms for warmup_s, each other one for its first two
     calls (its own setup and a steady call) and WARM_EACH_S, then they are sampled in turns.
     Warming every candidate for warmup_s was 50 ms a measurement, about 40% of the probe phase
-    of a default tune on the H100 (BENCHMARKS §15.2)."""
+    of a default tune on the H100 (benchmarks/device.sh decisions)."""
     name = "cuda_events"
     shared_warmup = True
 
@@ -363,7 +363,7 @@ def timer_name(device: torch.device) -> str:
 
 # A kernel's CPU time can depend on where its buffers happen to lie: Inductor's fused RMSNorm + add
 # at 49 x 8192 ran near 120 or near 175 us from one timing task to the next, each with newly
-# allocated inputs, while torch's stayed at 150-165 (BENCHMARKS §10.13); a tune that saw the fast
+# allocated inputs, while torch's stayed at 150-165 (docs/benchmark-log.md §10.13); a tune that saw the fast
 # mode chose it, and a server could get the slow one. So on CPU a workload is timed in this many
 # rounds, each on inputs placed anew, and a kernel counts at its slowest (measure.run_timing).
 CPU_PLACEMENTS = 2

@@ -55,7 +55,11 @@ def as_grid(grid: Grid | str) -> Grid:
     return grid if isinstance(grid, Grid) else Grid(grid, GRIDS[grid])
 
 
-def default_grid(device_type: str) -> str:
+def default_grid(device_type: str, quick: bool = False) -> str:
+    """The grid a tune measures unless told: full on a GPU, small on a CPU; with quick (tune --quick),
+    the next smaller one (small, tiny)."""
+    if quick:
+        return "small" if device_type == "cuda" else "tiny"
     return "full" if device_type == "cuda" else "small"
 
 
@@ -84,7 +88,7 @@ def _odd(value: float) -> int:
 # geometric middle of 128 and 512 is 256, and its odd neighbour 257 is where every 128-wide tile
 # kernel, the fallback too, has just paid for one more tile: probes placed there alone showed
 # SDPA at its worst and let FA3 take small prefills where it runs 3-6% slower mid-tile,
-# BENCHMARKS §10.11); those tile edges are edge_values' job.
+# benchmarks/device.sh decisions); those tile edges are edge_values' job.
 INSIDE = ((3 - math.sqrt(5)) / 2, (math.sqrt(5) - 1) / 2)
 
 
@@ -104,7 +108,7 @@ ROW_DIMS = ("tokens",)  # one row per CTA in row ops (FlashInfer's RMSNorm): the
 def edge_values(values: list[int], units: int | None = None) -> list[int]:
     """The first values a cliff can show at, none a bucket: one past each bucket (a kernel tiled for
     16 tokens runs two tiles at 17: the lm_head's Triton GEMM lost 5.5% to F.linear at 18 tokens,
-    BENCHMARKS §10.6), and with `units` (SMs) one past each wave of units x 2^j rows, up to the last
+    benchmarks/device.sh decisions), and with `units` (SMs) one past each wave of units x 2^j rows, up to the last
     probe: a kernel with occupancy k runs its (k x SMs + 1)-th row in a second wave (FlashInfer's
     RMSNorm at 8192 wide, two CTAs per SM on 132 SMs: 4.5 us at 256 tokens, 6.1 us at 279)."""
     top = max(values) * PAST_GRID
@@ -118,7 +122,7 @@ def probe_points(grid: Grid | str, op: str, units: int | None = None) -> list[di
     Cliffs depend on several dims at once (tiles x heads x batch against the SM count), so an edge
     is probed at every value of the other dims, not at their buckets alone: past the largest batch
     bucket, SDPA's second tile at seq 129 spills into a second wave that FA3's persistent
-    scheduler does not pay (1.26x at 11x145, BENCHMARKS §10.12), and only an edge probe at batch
+    scheduler does not pay (1.26x at 11x145, benchmarks/device.sh decisions), and only an edge probe at batch
     9 or 13 shows it."""
     dims = buckets(grid, op)
     values = {d: sorted({*v, *probe_values(v), *edge_values(v, units if d in ROW_DIMS else None)})

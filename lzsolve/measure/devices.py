@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
-from .errors import LzError
+from lzsolve.errors import LzError
 
 Lane = TypeVar("Lane")
 Unit = TypeVar("Unit")
@@ -98,7 +99,7 @@ def groups_apart(units: Sequence[Unit], size: Callable[[Unit], float], group: Ca
     Triton's linear took 25 s, not 13 s, while two devices compiled its configurations at once):
     devices that all start on one group compile the same kernels at once, each for itself; started
     on different groups, they compile different ones, and a group's later units find them in the
-    disk caches (BENCHMARKS §15, §15.4)."""
+    disk caches (benchmarks/device.sh devices)."""
     first, rest, seen = [], [], set()
     for unit in sorted(units, key=size, reverse=True):
         (rest if group(unit) in seen else first).append(unit)
@@ -118,7 +119,7 @@ def run_sharded(units: Sequence[Unit], lanes: Sequence[Lane], work: Callable[[La
     finds the queue empty joins a unit another lane is working on while joinable(unit) says part of
     it is left (`work` must then take its part only: a family's search, bucket by bucket): units
     are not all alike, and the last one taken held one device for 14 s while the other idled, in
-    the search of a two-GPU tune (BENCHMARKS §15.10). The first lane runs in this
+    the search of a two-GPU tune (benchmarks/device.sh devices). The first lane runs in this
     thread, so Ctrl-C lands here; on any error the other lanes finish their in-flight unit, take no
     more, and the error is raised. Returns every result, in the order they were done."""
     # each unit's group once (a signature's str() is a microsecond), and how many of each are queued,

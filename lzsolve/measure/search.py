@@ -30,20 +30,19 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import yaml
 
+from lzsolve.errors import STORAGE_ERRNOS, LzError, WriteError
+from lzsolve.measure.devices import groups_apart, run_sharded
+from lzsolve.measure.tasks import ParityTask, TimingTask
+from lzsolve.measure.tuner import Candidate, Plan, Runner, SignaturePlan, fresh_seeds
+from lzsolve.store.perfdb import dims_key
 from runtime_loader import registry, safeio
 from runtime_loader.specs import config_id
-
-from .devices import groups_apart, run_sharded
-from .errors import STORAGE_ERRNOS, LzError, WriteError
-from .measure import ParityTask, TimingTask
-from .perfdb import dims_key
-from .tuner import Candidate, Plan, Runner, SignaturePlan, fresh_seeds
 
 SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 STORAGE_NAME = "search.journal"
@@ -139,7 +138,7 @@ NOISE = 0.02  # a trial faster than the study's best by less than this is no imp
 class SearchBudget:
     """How a study spends its trials beyond the space's budget, the upper bound. Patience is on by
     default: on the H100 the default llama3-70b TP8 tune ran 446 of its 1664 budgeted trials (156 s,
-    where the whole budget took 644 s), its decisions on random shapes no worse (BENCHMARKS §15.1). Skipping
+    where the whole budget took 644 s), its decisions on random shapes no worse (benchmarks/device.sh decisions). Skipping
     stays opt-in (`--skip-behind 0.3`): it skipped no bucket there, and its comparisons cost time."""
     patience: int = 4  # stop after this many finished trials without a gain beyond NOISE (0: never)
     skip_behind: float = 0.0  # skip a bucket where the family trails the best kernel by more at every neighbour (0: never)
@@ -162,7 +161,7 @@ class SearchStats:
     refined: int = 0  # of which hill-climbing steps (SearchBudget.refine)
     stopped: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(STOP_REASONS, 0))
 
-    def add(self, other: "SearchStats") -> None:
+    def add(self, other: SearchStats) -> None:
         self.budgeted, self.run, self.refined = (self.budgeted + other.budgeted, self.run + other.run,
                                                  self.refined + other.refined)
         for reason, n in other.stopped.items():

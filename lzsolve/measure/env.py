@@ -80,7 +80,7 @@ class Sensor:
         self._nvml, self._handle = nvml, handle
 
     @classmethod
-    def for_device(cls, device: torch.device) -> "Sensor":
+    def for_device(cls, device: torch.device) -> Sensor:
         if device.type != "cuda":
             return cls()
         try:

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lzsolve.measure.harness import Harness, describe
+from lzsolve.ops import OpContract, compare, to_fp32
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.specs import OOM, PARITY_FAILED, RAISED, DeviceInfo, KernelSpec, Reason
-
-from .bench import Harness, describe
-from .ops import OpContract, compare, to_fp32
 
 
 def capability_gate(spec: KernelSpec, sig: Signature, device: DeviceInfo) -> list[Reason]:

@@ -1,9 +1,9 @@
 """One measurement task: parity, rotation sets, environment, bounded re-measure when throttled."""
 import torch
 
-from lzsolve.bench import Budget, CpuHarness
-from lzsolve.env import SW_POWER_CAP, EnvReading, Sensor
-from lzsolve.measure import ParityTask, TimingTask, run_task
+from lzsolve.measure.env import SW_POWER_CAP, EnvReading, Sensor
+from lzsolve.measure.harness import Budget, CpuHarness
+from lzsolve.measure.tasks import ParityTask, TimingTask, run_task
 from runtime_loader.ops import Signature
 
 SIG = Signature.make("norm.rms", {"hidden": 64}, (), "fp32")
@@ -125,7 +125,7 @@ def test_the_reference_is_computed_once_per_workload(monkeypatch):
     """The kernels of one workload share its inputs (one seed), so they share one fp32 reference."""
     import dataclasses
 
-    import lzsolve.measure as measure
+    import lzsolve.measure.tasks as measure
     contract = measure.CONTRACTS["norm.rms"]
     calls = []
     counted = dataclasses.replace(contract, reference=lambda *a: calls.append(1) or contract.reference(*a))
@@ -140,9 +140,9 @@ def test_the_reference_is_computed_once_per_workload(monkeypatch):
 
 FIRST_COMPILE = """
 import json, sys, torch
-from lzsolve.bench import CpuHarness
-from lzsolve.env import Sensor
-from lzsolve.measure import ParityTask, run_task
+from lzsolve.measure.harness import CpuHarness
+from lzsolve.measure.env import Sensor
+from lzsolve.measure.tasks import ParityTask, run_task
 from runtime_loader import jit
 from runtime_loader.ops import Signature
 jit.point_caches(sys.argv[1])

@@ -24,10 +24,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lzsolve.errors import LzError, WriteError
+from lzsolve.store.fsutil import atomic_write_bytes
 from runtime_loader import safeio
-
-from .errors import LzError, WriteError
-from .fsutil import atomic_write_bytes
 
 DIMS = ("batch", "seq", "kv_len", "tokens")  # every dynamic dim of runtime_loader.ops.OPS gets a column
 
@@ -46,10 +45,10 @@ SCHEMA = pa.schema([
     ("is_fallback", pa.bool_()),
     ("status", pa.string()),  # 'ok' or 'rejected'
     ("stage", pa.string()),  # where it was decided: 'capability', 'parity', 'bench'; or 'compile',
-    # a first call made ahead unchecked (lzsolve.ahead), which decides nothing
+    # a first call made ahead unchecked (lzsolve.measure.ahead), which decides nothing
     ("phase", pa.string()),  # which points: 'grid' (buckets), 'probe' (unaligned, in-bucket),
     # 'validation' (random shapes after solving), 'evaluate' (lzsolve evaluate), 'compile' (a first
-    # call made ahead to build a kernel: lzsolve.ahead; no times); null in older PerfDBs
+    # call made ahead to build a kernel: lzsolve.measure.ahead; no times); null in older PerfDBs
     ("reason_code", pa.string()),
     ("reason_message", pa.string()),
     *[(d, pa.int64()) for d in DIMS],
@@ -96,6 +95,12 @@ SCHEMA = pa.schema([
     # moe.experts: the expert popularity skew its inputs were drawn with (tune --routing-skew); null
     # for other ops, and in older PerfDBs (which drew at runtime_loader.inputs.ROUTING_SKEW)
     ("routing_skew", pa.float64()),
+    # the timing's sampling cap, seconds per mode (tune --sample-time): a record is reused by a tune
+    # that samples as long or less; null in older PerfDBs (which sampled the default, Budget.time_cap_s)
+    ("sample_time", pa.float64()),
+    # where a reused record came from: the measurement cache it was copied out of (tune --cache-dir),
+    # null for a record this PerfDB's own runs measured
+    ("cached_from", pa.string()),
 ])
 COLUMNS = SCHEMA.names
 
@@ -120,6 +125,17 @@ MAX_PART_BYTES = 1 << 30  # a part holds one signature's records of one run: ten
 # What SQL over the PerfDB may use beyond the copy of the PerfDB itself (PerfDB.connect; DuckDB's
 # own default is 80% of the host's memory, and `SELECT * FROM range(100000000)` took 3.5 GB)
 QUERY_MEMORY = 1 << 30
+CACHE_ENV = "LZSOLVE_CACHE"  # default_cache: where the measurement cache lives, or "off"
+
+
+def default_cache() -> Path | None:
+    """The measurement cache every tune on this machine shares (MeasureConfig.cache_dir's default):
+    $LZSOLVE_CACHE (a folder; "off" turns the cache off), else $XDG_CACHE_HOME/lzsolve/perfdb, else
+    ~/.cache/lzsolve/perfdb."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off", "none", "0") else Path(chosen).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lzsolve" / "perfdb"
 
 
 def dims_key(dims: dict) -> str:

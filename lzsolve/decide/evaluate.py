@@ -16,24 +16,23 @@ import fnmatch
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 
+from lzsolve.decide.validate import LOSS, PointResult, judge
+from lzsolve.errors import LzError
+from lzsolve.measure.grid import random_points
+from lzsolve.measure.tuner import Candidate, Recorder, Runner, SignaturePlan, fresh_seeds, measure_workload, new_run_id
+from lzsolve.models import OpInstance
+from lzsolve.store.artifact import refresh_manifest
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import device_info, differences, hardware_signature
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.table import TableError, choose, read_table
-
-from .artifact import refresh_manifest
-from .errors import LzError
-from .grid import random_points
-from .models import OpInstance
-from .perfdb import PerfDB
-from .tuner import Candidate, Recorder, Runner, SignaturePlan, fresh_seeds, measure_workload, new_run_id
-from .validate import LOSS, PointResult, judge
 
 
 def between(values: list[int]) -> list[int]:
@@ -117,7 +116,7 @@ def evaluate(folder: Path, device: torch.device, runner: Runner, shapes: list[di
             records: list[dict] = []
             try:
                 for dims in _points_for(sig, raw["buckets"].get(sig.op, {}), shapes, random_n, seed):
-                    def measure(kernels: list) -> list[dict]:
+                    def measure(kernels: list, sp=sp, dims=dims) -> list[dict]:  # this point's, retimed too
                         return measure_workload(sp, dims, kernels, runner, recorder, next(seeds), on_step,
                                                 "evaluate", (mode,))
                     recs = measure(specs)
@@ -140,7 +139,7 @@ def retimed(result: PointResult, recs: list[dict], measure: Callable[[list], lis
     """A loss by LOSS, timed again: the choice, the best kernel and the fallback, interleaved once
     more on fresh inputs, each counted at the faster of its two timings. One timing of a few us can
     be off by 10% (two calls of one cuBLAS GEMM, F.linear and matmul, were 1.012 and 1.115 ms
-    apart in one run, and level at every other shape, BENCHMARKS §10.6); a cliff shows twice. The
+    apart in one run, and level at every other shape, benchmarks/device.sh decisions); a cliff shows twice. The
     first loss is kept in the result (`first_loss`) and both timings in the PerfDB."""
     if result.loss <= 1 + LOSS:
         return result, recs

@@ -7,20 +7,19 @@ import os
 import statistics
 from pathlib import Path
 
+from lzsolve import __version__
+from lzsolve.decide.solve import MIN_NOISE, candidates_summary, leaves, solve_signature
+from lzsolve.errors import LzError, WriteError
+from lzsolve.measure.env import BUSY_LOAD, busy
+from lzsolve.measure.grid import buckets
+from lzsolve.measure.tuner import Plan, by_signature
+from lzsolve.store.fsutil import atomic_write_text
 from runtime_loader import jit, registry, safeio
 from runtime_loader.hardware import slug
-from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.inputs import ROUTED_OPS, routing_skew
+from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import OPS
 from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
-
-from . import __version__
-from .env import BUSY_LOAD, busy
-from .errors import LzError, WriteError
-from .fsutil import atomic_write_text
-from .grid import buckets
-from .solve import MIN_NOISE, candidates_summary, leaves, solve_signature
-from .tuner import Plan, by_signature
 
 ARTIFACTS_ROOT = Path("artifacts")
 
@@ -230,7 +229,9 @@ def format_op(entry: dict, rejected: bool = True) -> list[str]:
 
 
 def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] | None = None,
-           search: str | None = None) -> str:
+           search: str | None = None, skipped: list[str] | None = None) -> str:
+    """report.md: the run, its time per phase, the search, the noise, then per op signature its points,
+    validation figures and tree; `skipped`: what a quick tune left out (tune --quick)."""
     model, hw = table["model"], table["hardware"]
     lines = [
         f"# lzsolve report: {model['id']} (tp={model['tp']}, {model['dtype']})",
@@ -242,6 +243,9 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
         lines.append("- time per phase: " + ", ".join(f"{name.removesuffix('_s')} {s:.0f} s" for name, s in phases.items()))
     if search:
         lines.append(f"- search: {search}")
+    if skipped:
+        lines.append(f"- quick (tune --quick): left out {'; '.join(skipped)}. A `lzsolve tune` into this folder "
+                     "measures them, reusing this run's records.")
     lines += [f"- noise: {line}" if n == 0 else f"  {line}" for n, line in enumerate(format_noise(table.get("noise")))]
     lines += [
         f"- grid: {table['grid']}; timing mode: {table['timing_mode']}",

@@ -20,16 +20,15 @@ from pathlib import Path
 
 import torch
 
+from lzsolve import adopt_shared_bytecode
+from lzsolve.errors import LzError
+from lzsolve.measure.env import Sensor
+from lzsolve.measure.harness import Budget, make_harness, timer_name
+from lzsolve.measure.tasks import Task, needs_restart, rejected, run_task
 from runtime_loader.specs import CRASHED, OOM, TIMEOUT
 
-from . import adopt_shared_bytecode
-from .bench import Budget, make_harness, timer_name
-from .env import Sensor
-from .errors import LzError
-from .measure import Task, needs_restart, rejected, run_task
-
 STARTUP_TIMEOUT_S = 180.0
-BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/ahead.py)
+BUILDER_NICE = 10  # the compile-ahead workers' niceness (lzsolve/measure/ahead.py)
 
 
 # a module whose bytecode every worker's first Inductor, Dynamo or Liger call needs
@@ -40,7 +39,7 @@ def share_bytecode(folder: Path) -> bool:
     """Where this interpreter has no bytecode for torch's modules (a read-only environment, or
     PYTHONDONTWRITEBYTECODE, as in container images), every worker compiles the same sources
     again: on the H100 host that was 8-10 s of each worker's first Inductor or Liger call,
-    paid once per device (BENCHMARKS §15.6). Then point the workers (this process's children)
+    paid once per device (benchmarks/device.sh devices). Then point the workers (this process's children)
     at one bytecode cache in `folder`, which the first to import a module fills for the others.
     Returns whether it did; where the bytecode is there, or the user chose a cache
     (PYTHONPYCACHEPREFIX), nothing changes."""
@@ -119,8 +118,8 @@ class InProcessRunner:
 def own_device(device: str, visible: str | None) -> tuple[str, str | None]:
     """A worker's device and CUDA_VISIBLE_DEVICES: a GPU worker sees its GPU alone, as cuda:0 (None:
     nothing to change). Inductor's compiled graphs name their device, and its cache does too: a
-    FlexAttention shape warmed on cuda:0 (lzsolve/ahead.py) took the cuda:1 worker of a two-GPU run
-    0.6-1.0 s to compile again where the cuda:0 worker read it back in 0.15 s (BENCHMARKS §15.10).
+    FlexAttention shape warmed on cuda:0 (lzsolve/measure/ahead.py) took the cuda:1 worker of a two-GPU run
+    0.6-1.0 s to compile again where the cuda:0 worker read it back in 0.15 s (benchmarks/device.sh devices).
     `visible`: the CUDA_VISIBLE_DEVICES this process was given, whose n-th entry cuda:n is."""
     parsed = torch.device(device)
     if parsed.type != "cuda" or parsed.index is None:
@@ -186,7 +185,7 @@ class WorkerRunner:
         """Start the worker process now, before the run has set its environment: its imports and
         its device's start go on beside the planning, which names the out folder the JIT caches
         and the shared bytecode need (on an H200 host the search's first trial, which waited for
-        them, took 6.8 s, and 2.6 s once they went beside the planning: BENCHMARKS §15.13). Its
+        them, took 6.8 s, and 2.6 s once they went beside the planning: benchmarks/import_costs.py). Its
         first task brings it the environment as the run then has it."""
         if self._proc is None:
             self._spawn()

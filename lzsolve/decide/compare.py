@@ -26,14 +26,13 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
+from lzsolve.decide.validate import geomean
+from lzsolve.errors import LzError
+from lzsolve.measure.env import busy
+from lzsolve.store.perfdb import PerfDB
 from runtime_loader.table import TableError, choose, read_table
 
-from .env import busy
-from .errors import LzError
-from .validate import geomean
-from .perfdb import PerfDB
-
-# Three pairs of H100 tunes of one stack on the tiny grid (BENCHMARKS.md §9.5): norms, SwiGLU and
+# Three pairs of H100 tunes of one stack on the tiny grid (ci/tune_artifacts.py): norms, SwiGLU and
 # RoPE (1.6-3.1 µs kernels at tokens <= 16) moved by up to 21% in a signature's geomean, the
 # embedding (a 7 µs gather) by 61% once; linears (19 µs and more) by at most 3.2%.
 DEFAULT_THRESHOLD = 0.10

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from ..specs import KernelSpec
 from .. import ops
 from ..ops.conv import causal_conv1d_taps
+from ..specs import KernelSpec
 
 LEADING = "leading"  # every dim but the last
 PRIME_TOKENS = 256

@@ -11,36 +11,37 @@ grid's powers of two than on the lengths real requests have.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fnmatch
 import itertools
 import json
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
+from lzsolve import __version__
+from lzsolve.decide.solve import Points, points_from
+from lzsolve.errors import LzError, WriteError
+from lzsolve.limits import check_fits
+from lzsolve.measure.devices import device_index, groups_apart, run_sharded
+from lzsolve.measure.gates import capability_gate
+from lzsolve.measure.grid import Grid, as_grid, probe_points, workloads
+from lzsolve.measure.harness import MODES, Budget
+from lzsolve.measure.tasks import CeilingTask, ParityTask, Task, TimingTask
+from lzsolve.models import OpInstance
+from lzsolve.models.capture import UNSERVED, Captured
+from lzsolve.ops import CONTRACTS
+from lzsolve.store.perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
 from runtime_loader.inputs import ROUTED_OPS, ROUTING_SKEW, routing_skew
 from runtime_loader.ops import Signature
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
-
-from . import __version__
-from .bench import MODES
-from .devices import device_index, groups_apart, run_sharded
-from .errors import LzError
-from .gates import capability_gate
-from .grid import Grid, as_grid, probe_points, workloads
-from .limits import check_fits
-from .measure import CeilingTask, ParityTask, Task, TimingTask
-from .models import OpInstance
-from .models.capture import UNSERVED, Captured
-from .ops import CONTRACTS
-from .perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
-from .solve import Points, points_from
 
 
 class Runner(Protocol):
@@ -168,8 +169,8 @@ class Recorder:
     """Builds PerfDB records with the run's provenance."""
 
     def __init__(self, model: str, tp: int, dtype: str, device: torch.device, hardware: dict, run_id: str, timer: str,
-                 device_index: int | None = None):
-        self.run_id, self.timer = run_id, timer
+                 device_index: int | None = None, sample_time: float = Budget.time_cap_s):
+        self.run_id, self.timer, self.sample_time = run_id, timer, sample_time
         self.hw_slug = slug(hardware)
         self.common = {
             "run_id": run_id,
@@ -184,6 +185,7 @@ class Recorder:
             "torch_version": torch.__version__,
             "lzsolve_version": __version__,
             "capabilities_hash": registry.capabilities_hash(),
+            "sample_time": sample_time,
         }
 
     def record(self, sp: SignaturePlan, spec: KernelSpec, dims: dict, **fields) -> dict:
@@ -211,9 +213,12 @@ class Recorder:
         }
 
 
-def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
-    """Records of earlier runs that measured the same thing on this machine and stack; never those
-    of `lzsolve evaluate`, whose shapes must stay unseen by the tables they judge."""
+def _reusable(db: PerfDB, recorder: Recorder, cached_from: str | None = None) -> dict[tuple, dict]:
+    """Records of earlier runs that measured the same thing on this machine and stack (_key: the
+    signature, the kernel and its version, the dims; the hardware, timer and MoE routing skew), with
+    samples as long as this run's or longer; never those of `lzsolve evaluate`, whose shapes must
+    stay unseen by the tables they judge. cached_from: `db` is the measurement cache, named so in
+    every record taken from it (its provenance in the artifact's PerfDB)."""
     if not db.files():
         return {}
     # nor a first call made ahead unchecked (stage 'compile'), which holds no verdict
@@ -221,8 +226,12 @@ def _reusable(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
                    "AND stage NOT IN ('capability', 'compile') "
                    "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
                    "AND run_id NOT LIKE 'eval-%' "
+                   "AND coalesce(sample_time, ?) >= ? "
                    f"AND (op NOT IN ({', '.join('?' for _ in ROUTED_OPS)}) OR coalesce(routing_skew, ?) = ?) "
-                   "ORDER BY ts", [recorder.hw_slug, recorder.timer, *ROUTED_OPS, ROUTING_SKEW, routing_skew()])
+                   "ORDER BY ts", [recorder.hw_slug, recorder.timer, Budget.time_cap_s, recorder.sample_time * 0.999,
+                                   *ROUTED_OPS, ROUTING_SKEW, routing_skew()])
+    if cached_from is not None:
+        rows = [{**r, "cached_from": r.get("cached_from") or cached_from} for r in rows]
     return {_key(r): r for r in rows}
 
 
@@ -311,14 +320,23 @@ class Lane:
 class Session:
     """One run's measuring: its runner and recorder (one lane per device: `more` are the runners of
     the other devices of a --devices run), the records earlier runs measured on this machine and
-    stack (reused, never measured again), and the PerfDB new records go to."""
+    stack (reused, never measured again), and the PerfDB new records go to.
+
+    cache: the measurement cache every tune of this machine shares (MeasureConfig.cache_dir): its
+    records answer this run as the PerfDB's own do, whatever model or artifact measured them, and
+    are copied into this run's PerfDB when used (their cached_from says so); what this run measures
+    goes to both. A signature is measured under both PerfDBs' locks (PerfDB.measuring: the run's,
+    then the cache's), so tuners filling the cache at once wait for each other and reuse, never
+    measure twice. A cache that cannot be read or written is left (`cache_note` says why) and the
+    tune goes on without it."""
 
     def __init__(self, plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True,
-                 more: tuple[Runner, ...] = ()):
+                 more: tuple[Runner, ...] = (), cache: PerfDB | None = None, sample_time: float = Budget.time_cap_s):
         self.db, self.runner = db, runner
         run_id = run_id or new_run_id()
         self.lanes = [Lane(r, Recorder(plan.model.name, plan.model.tp, plan.dtype, getattr(r, "device", plan.device),
-                                       plan.hardware, run_id, r.timer, device_index(getattr(r, "device", plan.device), n)))
+                                       plan.hardware, run_id, r.timer, device_index(getattr(r, "device", plan.device), n),
+                                       sample_time))
                       for n, r in enumerate((runner, *more))]
         self.recorder = self.lanes[0].recorder
         # PerfDB files this run has read: newer ones not its own are another tuner's. Listed before
@@ -328,6 +346,40 @@ class Session:
         self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
         self.seeds = fresh_seeds()
+        self.cache, self.cache_note = cache, None
+        self.cache_seen: set[str] = set()
+        self.copied: set[tuple] = set()  # keys of cache records this run copied into its PerfDB
+        if cache is not None and cache.path.resolve() == db.path.resolve():
+            self.cache = None  # (an artifact's own PerfDB named as the cache)
+        self._read_cache()
+
+    def _read_cache(self) -> None:
+        """The cache's files this run has not read yet, into `reusable` (the run's own PerfDB's records
+        win: theirs are already in the artifact)."""
+        if self.cache is None:
+            return
+        try:
+            names = self.cache.names()
+            if self.reuse and names - self.cache_seen:
+                for key, record in _reusable(self.cache, self.recorder, str(self.cache.path)).items():
+                    self.reusable.setdefault(key, record)
+            self.cache_seen |= names
+        except (LzError, OSError) as e:
+            self._leave_cache(f"cannot be read ({str(e)[:300]})")
+
+    def _leave_cache(self, why: str) -> None:
+        self.cache_note = f"the measurement cache {self.cache.path} {why}; this run went on without it"
+        self.cache = None
+
+    def _write_cache(self, records: list[dict]) -> None:
+        """What this run measured (not the capability verdicts: they cost nothing), into the cache."""
+        measured = [r for r in records if r["stage"] != "capability"]
+        if self.cache is None or not measured:
+            return
+        try:
+            self.cache.append(measured, self.run_id)
+        except (LzError, WriteError, OSError) as e:
+            self._leave_cache(f"cannot be written ({str(e)[:300]})")
 
     @property
     def run_id(self) -> str:
@@ -339,7 +391,8 @@ class Session:
         unless told); returns the records, reused ones included. New records reach the PerfDB
         when the signature is done, or interrupted. Another tuner on the same PerfDB measuring this
         signature is waited for (PerfDB.measuring), and what it measured is reused."""
-        with self.db.measuring(str(sp.instance.signature)):
+        signature = str(sp.instance.signature)
+        with self.db.measuring(signature), self._cache_lock(signature):
             ours = f"part-{self.run_id}-"
             others = {name for name in self.db.names() if not name.startswith(ours)} - self.seen
             if others:  # another tuner's records: its capability verdicts are not appended twice either
@@ -347,13 +400,26 @@ class Session:
                     self.reusable.update(_reusable(self.db, self.recorder))
                 self.rejections.update(_recorded_rejections(self.db, self.recorder))
             self.seen |= others
+            self._read_cache()
             return self._measure(sp, work, phase, modes, on_step, lane)
+
+    @contextlib.contextmanager
+    def _cache_lock(self, signature: str):
+        """The cache's lock on `signature` (nothing when there is no cache, or it cannot be locked)."""
+        with contextlib.ExitStack() as stack:
+            if self.cache is not None:
+                try:
+                    stack.enter_context(self.cache.measuring(signature))
+                except (LzError, WriteError, OSError) as e:  # (a cache folder that cannot be made, or read-only)
+                    self._leave_cache(f"cannot be locked ({str(e)[:300]})")
+            yield
 
     def _measure(self, sp: SignaturePlan, work: Work, phase: str, modes: tuple[str, ...],
                  on_step: Callable[[str], None], lane: Lane | None) -> list[dict]:
         runner, recorder = (lane.runner, lane.recorder) if lane else (self.runner, self.recorder)
         results: list[dict] = []
         fresh: list[dict] = []
+        measured: list[dict] = []
         try:
             for dims, candidates in work:
                 to_measure = []
@@ -368,7 +434,11 @@ class Session:
                         known = self.rejections.setdefault(_rejection_key(verdict), verdict)
                         (fresh if known is verdict else results).append(known)
                     elif earlier is not None and _answers(earlier, modes):
-                        results.append(earlier)
+                        if earlier.get("cached_from") and key not in self.copied and earlier["run_id"] != self.run_id:
+                            self.copied.add(key)  # the artifact's PerfDB holds what its table was solved from
+                            fresh.append(earlier)
+                        else:
+                            results.append(earlier)
                         on_step(f"{sp.instance.signature.op} {cand.spec.kernel_id}")
                     else:
                         to_measure.append(cand.spec)
@@ -379,8 +449,10 @@ class Session:
                     # is not timed twice (two records of one key, and a rerun could see either)
                     self.reusable.update((_key(r), r) for r in new if r["stage"] != "capability")
                     fresh.extend(new)
+                    measured.extend(new)
         finally:  # keep what was measured even when interrupted
             self.db.append(fresh, self.run_id)
+            self._write_cache(measured)
         return results + fresh
 
     def measure_all(self, jobs: list[tuple[SignaturePlan, Work]], phase: str, modes: tuple[str, ...] = MODES,

@@ -1,0 +1,155 @@
+"""The measurement cache (Session's cache, tune --cache-dir): what one tune measured answers any later
+tune on the same machine, whatever model or artifact asked, and never across hardware, kernel
+versions or a shorter sampling; tuners filling it at once neither lose nor duplicate records."""
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lzsolve.pipeline import GridConfig, ModelSource
+from lzsolve.store.perfdb import PerfDB, default_cache
+
+from .tables import QUICK_CPU, tuned
+from .test_workload import RMS_CALL, write_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+EAGER = GridConfig(grid="tiny", kernels=("eager.*", "torch.*"))  # seconds: two kernels a norm
+
+
+def workload(path: Path, *hiddens: int) -> Path:
+    """A recorded workload of RMSNorms of these widths (a model's, as far as a tune can tell)."""
+    calls = [{**RMS_CALL, "signature": {**RMS_CALL["signature"], "static": {"hidden": h}}, "dims": {"tokens": t}}
+             for h in hiddens for t in (1, 8)]
+    return write_workload(path, calls)
+
+
+def rows(folder: Path, where: str = "true") -> list[dict]:
+    return PerfDB(folder).rows(f"SELECT * FROM records WHERE stage <> 'capability' AND {where} ORDER BY signature")
+
+
+def cached_tune(tmp_path, name: str, hiddens, cache: Path | None, **measure):
+    config = dataclasses.replace(QUICK_CPU, cache=cache is not None, cache_dir=cache, **measure)
+    return tuned(ModelSource(workload=workload(tmp_path / f"{name}.json", *hiddens)), tmp_path / name, EAGER, config)
+
+
+def test_a_second_model_reuses_what_the_first_measured_and_says_where_from(tmp_path):
+    cache = tmp_path / "cache"
+    first = cached_tune(tmp_path, "first", (64, 96), cache)
+    assert first.summary["cached"] == 0 and first.summary["cache"] == str(cache)
+    measured = rows(cache)
+    assert {r["signature"] for r in measured} == {"norm.rms[hidden=64,fp32]", "norm.rms[hidden=96,fp32]"}
+    assert len(measured) == first.summary["measured"] and all(r["cached_from"] is None for r in measured)
+
+    second = cached_tune(tmp_path, "second", (64, 128), cache)  # another model: one signature in common
+    shared = [r for r in measured if r["signature"] == "norm.rms[hidden=64,fp32]"]
+    assert second.summary["cached"] == len(shared) > 0, second.summary
+    assert second.summary["measured"] == len(rows(cache, "signature = 'norm.rms[hidden=128,fp32]'"))
+    copies = rows(tmp_path / "second" / "perfdb", "cached_from IS NOT NULL")
+    assert {(r["run_id"], r["kernel_id"], r["dims"]) for r in copies} == {
+        (r["run_id"], r["kernel_id"], r["dims"]) for r in shared}, "copied into the artifact, provenance kept"
+    assert {r["cached_from"] for r in copies} == {str(cache)}
+    assert len(rows(cache)) == len(measured) + second.summary["measured"], "nothing measured twice"
+    entry = next(e for e in json.loads((tmp_path / "second" / "dispatch.json").read_text())["ops"]
+                 if e["signature"] == "norm.rms[hidden=64,fp32]")
+    assert entry["grid_regret"] is not None, "the table is solved from the copies"
+
+
+def test_no_cache_measures_everything_and_leaves_the_cache_alone(tmp_path):
+    cache = tmp_path / "cache"
+    cached_tune(tmp_path, "first", (64,), cache)
+    before = sorted(p.name for p in cache.iterdir())
+    alone = cached_tune(tmp_path, "alone", (64,), None)
+    assert alone.summary["cached"] == 0 and alone.summary["reused"] == 0 and alone.summary["cache"] is None
+    assert alone.summary["measured"] == len(rows(cache)) and sorted(p.name for p in cache.iterdir()) == before
+
+
+def test_records_of_other_hardware_kernels_or_a_shorter_sampling_are_never_reused(tmp_path):
+    cache = tmp_path / "cache"
+    cached_tune(tmp_path, "first", (64,), cache)
+    original = rows(cache)
+    # the same records, as measured on another machine, by another version of each kernel, or sampled
+    # for a tenth of the time: each kind alone in a cache of its own
+    changes = {"hardware": {"hw_slug": "cuda-nvidia-h100-sm90-torch2.11.0"},
+               "version": {"kernel_version": "0.0.0+src.00000000"},
+               "sampling": {"sample_time": QUICK_CPU.sample_time / 10}}
+    for name, change in changes.items():
+        other = PerfDB(tmp_path / f"cache-{name}")
+        other.append([{**r, **change} for r in original], "elsewhere")
+        result = cached_tune(tmp_path, f"after-{name}", (64,), other.path)
+        assert result.summary["cached"] == 0 and result.summary["measured"] == len(original), (name, result.summary)
+    # and a longer sampling is as good: reused
+    longer = PerfDB(tmp_path / "cache-longer")
+    longer.append([{**r, "sample_time": QUICK_CPU.sample_time * 10} for r in original], "elsewhere")
+    result = cached_tune(tmp_path, "after-longer", (64,), longer.path)
+    assert result.summary["cached"] == len(original) and result.summary["measured"] == 0
+
+
+TUNER = """
+import sys
+from pathlib import Path
+from lzsolve.pipeline import GridConfig, MeasureConfig, ModelSource, OutputConfig, Tune, TuneConfig, ValidateConfig
+config = TuneConfig(ModelSource(workload=sys.argv[1]), GridConfig(grid="tiny", kernels=("eager.*", "torch.*")),
+                    MeasureConfig(device="cpu", isolate=False, sample_time=0.05, cache_dir=sys.argv[3]),
+                    validate=ValidateConfig(probe=False, shapes=0), output=OutputConfig(out=sys.argv[2]))
+print(Tune(config).run().summary["measured"])
+"""
+
+
+def test_two_tuners_filling_the_cache_at_once_lose_nothing_and_duplicate_nothing(tmp_path):
+    """Two tunes of two models sharing three signatures, started together into one cache (each into its
+    own artifact): each shared signature is measured once, by whichever tuner took its lock first,
+    and the other reuses it; every record of both artifacts is in the cache once."""
+    cache = tmp_path / "cache"
+    loads = [workload(tmp_path / f"{n}.json", *hiddens) for n, hiddens in (("a", (64, 96, 128, 160)),
+                                                                            ("b", (64, 96, 128, 192)))]
+    tuners = [subprocess.Popen([sys.executable, "-c", TUNER, str(w), str(tmp_path / w.stem), str(cache)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in loads]
+    outputs = [t.communicate(timeout=600) for t in tuners]
+    assert all(t.returncode == 0 for t in tuners), [err[-2000:] for _, err in outputs]
+    in_cache = rows(cache)
+    keys = [(r["signature"], r["kernel_id"], r["dims"]) for r in in_cache]
+    assert len(keys) == len(set(keys)), "a record measured twice"
+    assert {r["signature"] for r in in_cache} == {f"norm.rms[hidden={h},fp32]" for h in (64, 96, 128, 160, 192)}
+    assert sum(int(out.strip().splitlines()[-1]) for out, _ in outputs) == len(in_cache), "each measurement kept once"
+    for name in ("a", "b"):
+        artifact = rows(tmp_path / name / "perfdb")
+        assert {(r["signature"], r["kernel_id"], r["dims"]) for r in artifact} <= set(keys)
+        assert len({r["signature"] for r in artifact}) == 4, "every signature of its model, measured or copied"
+
+
+def test_the_default_cache_is_the_users_unless_told(monkeypatch, tmp_path):
+    monkeypatch.setenv("LZSOLVE_CACHE", str(tmp_path / "shared"))
+    assert default_cache() == tmp_path / "shared"
+    monkeypatch.setenv("LZSOLVE_CACHE", "off")
+    assert default_cache() is None
+    monkeypatch.delenv("LZSOLVE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache() == tmp_path / "xdg" / "lzsolve" / "perfdb"
+
+
+def test_a_cache_that_cannot_be_written_is_left_and_the_tune_goes_on(tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache's folder would be")
+    result = cached_tune(tmp_path, "first", (64,), blocked)
+    assert result.status == "ok" and result.summary["cache"] is None and result.summary["measured"] > 0
+
+
+@pytest.mark.parametrize("args", [["--no-cache"], ["--cache-dir", "{cache}"]])
+def test_the_command_takes_the_cache_options(tmp_path, args):
+    from click.testing import CliRunner
+
+    from lzsolve.cli import cli
+
+    path = workload(tmp_path / "w.json", 64)
+    args = [a.format(cache=tmp_path / "cache") for a in args]
+    result = CliRunner().invoke(cli, ["tune", "--workload", str(path), "--grid", "tiny", "--device", "cpu",
+                                      "--kernels", "eager.*", "--no-isolate", "--no-probe", "--validate", "0",
+                                      "--sample-time", "0.05", "--out", str(tmp_path / "out"), "--json", *args],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["cache"] == (str(tmp_path / "cache") if "--cache-dir" in args else None)
+    assert (tmp_path / "cache").is_dir() == ("--cache-dir" in args)

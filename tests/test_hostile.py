@@ -510,6 +510,10 @@ HOSTILE_INPUTS = {
                         "character device"),
     "spaces_1_gb": (["--config", lambda p: _config(p / "c.json"),
                      "--spaces", lambda p: _spaces_with(p, lambda yaml: _sparse(yaml, 1 << 30))], "byte limit"),
+    # the blind audit of the fixes above: PyYAML took 0.8-1.0 s to refuse it
+    "spaces_nested_64_kib": (["--config", lambda p: _config(p / "c.json"),
+                              "--spaces", lambda p: _spaces_with(p, lambda yaml: yaml.write_text("[" * 65000))],
+                             "nested deeper than 16"),
 }
 
 

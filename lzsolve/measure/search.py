@@ -57,6 +57,21 @@ class SearchSpace:
 
 
 MAX_SPACE_BYTES = 64 << 10  # a search space is a few hundred bytes (the largest here: 1.2 KB)
+# [ and { nested deeper than this are refused before YAML reads them: PyYAML took 0.8-1.0 s to refuse
+# 64 KiB of [ (the blind audit of issue 55); a space's lists are one level deep
+MAX_FLOW_DEPTH = 16
+
+
+def flow_depth(text: str) -> int:
+    """How deep a YAML text's flow collections ([ and {) nest, at most: counted, not parsed."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
 
 
 def load_space(path: Path) -> SearchSpace:
@@ -66,7 +81,11 @@ def load_space(path: Path) -> SearchSpace:
     /dev/zero fill its memory)."""
     data = safeio.read_regular(path, MAX_SPACE_BYTES, LzError, what=f"search space {path}")
     try:
-        raw = yaml.safe_load(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        if flow_depth(text) > MAX_FLOW_DEPTH:
+            raise LzError(f"{path}: lists or mappings nested deeper than {MAX_FLOW_DEPTH}; a search space "
+                          "lists each parameter's values, one level deep")
+        raw = yaml.safe_load(text)
     except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as e:
         raise LzError(f"{path}: cannot read search space ({(str(e).splitlines() or [type(e).__name__])[0]})") from None
     if not isinstance(raw, dict) or not {"kernel", "trials", "params"} <= set(raw):

@@ -44,7 +44,7 @@ from lzsolve.store.perfdb import dims_key
 from runtime_loader import registry, safeio
 from runtime_loader.specs import config_id
 
-SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"  # the repository's, beside lzsolve/
 STORAGE_NAME = "search.journal"
 
 

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -46,8 +47,12 @@ def write_space(folder, text=demo.SPACE, name="demo.rms_norm.yaml"):
 
 
 def test_repo_spaces_load():
-    for space in load_spaces().values():  # every shipped space names a family and stays inside its domain
-        assert space.trials >= 1
+    """The tune's default folder is the repository's search_spaces/, and every space there loads:
+    it names a family and stays inside its domain."""
+    spaces = load_spaces()
+    shipped = {path.name.removesuffix(".yaml") for path in (Path(__file__).parent.parent / "search_spaces").glob("*.yaml")}
+    assert shipped and set(spaces) == shipped
+    assert all(space.trials >= 1 for space in spaces.values())
 
 
 @pytest.mark.parametrize("text,message", [

@@ -41,8 +41,10 @@ PAST_RANGE = "past the tuned range"  # why a call beyond PAST_GRID times its op'
 VERIFY_BUDGET_S = 60.0  # load(verify=True): seconds its parity checks may take before the rest are dropped
 log = logging.getLogger("runtime_loader")
 
-# runtime_loader.record: while a recording is active, no call is cached, so every call reaches
-# _resolve and is counted there (caches are cleared when it starts)
+# runtime_loader.record: the recording active, if any. Caches are cleared when it starts, so every
+# call key resolves again and the recording tracks each entry's counter (Recording.track), read when it
+# stops; entries made while recording never hand a call back (a recording counts what the table
+# decided, its fallback included), so caches are cleared again when it stops.
 _recording = None
 _live: weakref.WeakSet = weakref.WeakSet()
 
@@ -58,7 +60,11 @@ def start_recording(recording) -> None:
 
 def stop_recording() -> None:
     global _recording
-    _recording = None
+    recording, _recording = _recording, None
+    if recording is not None:
+        recording.flush()
+    for dispatcher in list(_live):
+        dispatcher.clear_cache()
 
 
 class NotServed:
@@ -115,9 +121,10 @@ def _any_cuda(kernel_args: tuple) -> bool:
     return any(getattr(a, "is_cuda", False) for a in kernel_args)
 
 
-def _count(entry: Entry) -> int:
-    """Calls counted so far (count(n) holds its next value in its repr; next() would take one)."""
-    return int(repr(entry.calls)[6:-1])
+def counted(calls: itertools.count) -> int:
+    """Calls counted so far on an entry's counter (count(n) holds its next value in its repr; next()
+    would take one)."""
+    return int(repr(calls)[6:-1])
 
 
 def _call_restoring(impl, args: tuple, op: OpSchema):
@@ -366,13 +373,15 @@ class Dispatcher:
             if not from_table:
                 impl, kernel_id = _handing_back(calls), OWN_CODE
         entry = Entry(impl, calls, name, kernel_id, from_table, str(call[0]) if call else None, why)
-        if recording is not None:
-            recording.count(call, spec, from_table)
-        elif len(cache) < MAX_CACHED_KEYS:
+        if len(cache) < MAX_CACHED_KEYS:
             if from_table and OPS[name].consumes and not self.strict:
                 entry = entry._replace(impl=self._probe(cache, key, spec.impl, OPS[name]))
             cache[key] = entry
+            if recording is not None:  # its calls are counted on the entry, and read when the recording stops
+                recording.track(call, spec, from_table, calls)
             return entry
+        if recording is not None:  # an uncached key resolves at every call: counted as it is
+            recording.count(call, spec, from_table)
         with self._stats_lock:
             return self._uncached.setdefault(entry.tally, entry)
 
@@ -438,7 +447,7 @@ class Dispatcher:
             for cache in (self._caches[method], self._served_caches[method]):
                 if entry is not None and cache.get(key) is entry:
                     del cache[key]
-                    self._retired[entry.tally] += _count(entry)
+                    self._retired[entry.tally] += counted(entry.calls)
         self._warn_once(("failed", kernel_id), f"lzsolve: {kernel_id} raised on {op_name} ({type(error).__name__}: "
                         f"{str(error)[:200]}); that call shape now uses the next ranked kernel or the fallback")
         if failures >= BREAKER_LIMIT or len(self._broken) >= MAX_CACHED_KEYS:
@@ -492,7 +501,7 @@ class Dispatcher:
         with self._stats_lock:
             for cache in (*self._caches.values(), *self._served_caches.values()):
                 for entry in list(cache.values()):
-                    self._retired[entry.tally] += _count(entry)
+                    self._retired[entry.tally] += counted(entry.calls)
                 cache.clear()
             for memo in self._own_memos:  # their counters are the retired entries'
                 memo.clear()
@@ -516,7 +525,7 @@ class Dispatcher:
                        for e in list(cache.values())]
             entries += list(self._uncached.values())
         for e in entries:
-            totals[e.tally] += _count(e)
+            totals[e.tally] += counted(e.calls)
         return totals
 
     def stats(self) -> dict[str, dict[str, int]]:

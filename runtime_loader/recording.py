@@ -38,15 +38,32 @@ class Recording:
         self.name = name
         self.calls: Counter = Counter()
         self.outside: Counter = Counter()
+        self._tracked: list[tuple] = []  # (call, spec, from the table, the entry's counter): see track
         self._lock = threading.Lock()
 
-    def count(self, call, spec: KernelSpec, from_table: bool) -> None:
+    def count(self, call, spec: KernelSpec, from_table: bool, n: int = 1) -> None:
         with self._lock:
             if call is None:
-                self.outside[(spec.kernel_id, tuple(sorted(spec.ops)))] += 1
+                self.outside[(spec.kernel_id, tuple(sorted(spec.ops)))] += n
             else:
                 sig, dims = call
-                self.calls[(sig, tuple(dims.items()), spec.kernel_id, from_table)] += 1
+                self.calls[(sig, tuple(dims.items()), spec.kernel_id, from_table)] += n
+
+    def track(self, call, spec: KernelSpec, from_table: bool, calls) -> None:
+        """A Dispatcher entry resolved while recording: its calls are counted on its counter (an
+        itertools.count, as the Dispatcher counts every call) and added here when the recording stops
+        (flush), so a recorded call costs what a served one does, not a resolution."""
+        with self._lock:
+            self._tracked.append((call, spec, from_table, calls))
+
+    def flush(self) -> None:
+        """The tracked entries' calls, counted (once: their counters are dropped)."""
+        with self._lock:
+            tracked, self._tracked = self._tracked, []
+        for call, spec, from_table, calls in tracked:
+            n = dispatcher.counted(calls)
+            if n:
+                self.count(call, spec, from_table, n)
 
     def to_json(self) -> dict:
         with self._lock:

@@ -43,6 +43,26 @@ def test_counts_every_call_even_those_cached_before(tmp_path):
     assert d.cached_keys() >= 1
 
 
+def test_a_recorded_call_costs_a_lookup_not_a_resolution(tmp_path, monkeypatch):
+    """While recording, a call key resolves once and its later calls are served from the cache, their
+    count read when the recording stops: a recording costs what serving does, so a server can leave it
+    on for a while (before, every call resolved its signature). Once it stops, the entries it made
+    (which never hand a call back) are dropped."""
+    d = Dispatcher(parse_table(table()))
+    resolved = []
+    real = Dispatcher._resolve
+    monkeypatch.setattr(Dispatcher, "_resolve", lambda self, *args: resolved.append(args[1]) or real(self, *args))
+    x, w = torch.randn(4, 64), torch.randn(64)
+    with runtime_loader.record(tmp_path / "w.json"):
+        for _ in range(50):
+            d.rms_norm(x, w)
+            d.served.rms_norm(x, w)
+    assert len(resolved) == 2, "one resolution per key (the method's and the served one's)"
+    (call,) = json.loads((tmp_path / "w.json").read_text())["calls"]
+    assert call["count"] == 100 and call["kernel"] == "torch.rms_norm"
+    assert d.cached_keys() == 0, "the recording's entries are dropped when it stops"
+    assert d.stats()["norm.rms"] == {"torch.rms_norm": 100}
+
 def test_records_without_a_table_and_through_the_custom_ops(tmp_path):
     d = Dispatcher(None)
     custom_ops.activate(d)

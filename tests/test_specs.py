@@ -153,7 +153,7 @@ def test_a_kernels_version_covers_the_source_behind_it(tmp_path, torch_build):
     assert rms.version() == f"{torch_build}+src.{source_digest(rms.impl)}", "the distribution's version, as installed"
     assert dataclasses.replace(rms, impl=edited).version() != dataclasses.replace(rms, impl=first).version()
     compiled = registry.get("compile.rms_norm")
-    assert {Path(f).name for f in source_files(compiled.impl)} == {"compiled.py", "norm.py"}, "the eager code (runtime_loader.ops.norm) too"
+    assert {Path(f).name for f in source_files(compiled.impl)} == {"compile_ops.py", "norm.py"}, "the eager code (runtime_loader.ops.norm) too"
     deferred = registry.get("triton.rms_norm").impl
     assert isinstance(deferred, DeferredKernel) and source_files(deferred) == (str(deferred.source_file),)
 

@@ -712,19 +712,62 @@ def test_written_files_take_the_umasks_modes(tmp_path, umask, mask):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dispatch.json", "recorded"]  # no temporary left
 
 
-def test_a_tuned_artifact_has_the_umasks_modes(tmp_path):
+@pytest.fixture(scope="module")
+def shared_artifact(tmp_path_factory):
+    """A tune's artifact written under umask 022, in a folder every user may enter (pytest's own are
+    0700), as a CI step leaves one for a server."""
+    mask = os.umask(0o022)
+    try:
+        root = tmp_path_factory.mktemp("shared")
+        workload = write_workload(root / "w.json", [{**RMS_CALL, "dims": {"tokens": t}} for t in (1, 64)])
+        artifact = tuned(ModelSource(workload=workload), root / "out", GridConfig(grid="tiny", kernels=("eager.*",))).artifact
+    finally:
+        os.umask(mask)
+    for folder in (root, *root.parents):
+        if not folder.stat().st_mode & 0o001:
+            folder.chmod(folder.stat().st_mode | 0o005)
+    return artifact
+
+
+def test_a_tuned_artifact_has_the_umasks_modes(shared_artifact):
     """Every file and folder of a tune's artifact (its PerfDB's parts, dispatch.json, report.md,
-    manifest.json, the JIT archive), under the umask the tune ran with: a server running as
-    another user reads them all. (.jit-work is the libraries' own, and no artifact file.)"""
-    mask = os.umask(0)
-    os.umask(mask)
-    workload = write_workload(tmp_path / "w.json", [{**RMS_CALL, "dims": {"tokens": t}} for t in (1, 64)])
-    artifact = tuned(ModelSource(workload=workload), tmp_path / "out", GridConfig(grid="tiny", kernels=("eager.*",))).artifact
-    paths = [artifact, *(p for p in artifact.rglob("*") if JIT_WORK not in p.parts)]
-    modes = {str(p.relative_to(artifact)): oct(p.stat().st_mode & 0o777) for p in paths}
-    expected = {name: oct((0o777 if (artifact / name).is_dir() else 0o666) & ~mask) for name in modes}
-    assert modes == expected
+    manifest.json, the JIT archive) takes the umask the tune ran with, 0644 and 0755 under 022: a
+    server running as another user reads them all. (.jit-work is the libraries' own, no artifact file.)"""
+    paths = [shared_artifact, *(p for p in shared_artifact.rglob("*") if JIT_WORK not in p.parts)]
+    modes = {str(p.relative_to(shared_artifact)): oct(p.stat().st_mode & 0o777) for p in paths}
+    assert modes == {name: "0o755" if (shared_artifact / name).is_dir() else "0o644" for name in modes}
     assert {"dispatch.json", "manifest.json", "report.md", "perfdb"} <= set(modes)
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or os.geteuid() != 0, reason="becomes another user: needs root")
+def test_another_user_loads_the_artifact(shared_artifact):
+    """A server process of another user (uid/gid 65534) loads the artifact strictly: a file it could
+    not read would raise. The child is forked after a load here, so it opens nothing but the
+    artifact (the interpreter's own files may sit where that user cannot go)."""
+    runtime_loader.load(shared_artifact, strict=True)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the server: no pytest machinery from here on, only os._exit
+        os.close(read_end)
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            d = runtime_loader.load(shared_artifact, strict=True)
+            message = f"ok {os.getuid()} {len(d.table.trees)}"
+        except BaseException as e:  # noqa: BLE001 -- whatever it was goes back to the test
+            message = f"failed {type(e).__name__}: {e}"
+        os.write(write_end, message.encode()[:4096])
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        message = pipe.read()
+    os.waitpid(child, 0)
+    assert message.startswith(f"ok {NOBODY} "), message
+    assert int(message.split()[2]) > 0
 
 
 def _rows(out: Path) -> int:

@@ -1,6 +1,7 @@
 """Roofline figures: every op's FLOP and byte counts against cases counted by hand here, and the
 fraction of the roofline the report, `lzsolve explain` and the notebook show (lzsolve.decide.roofline)."""
 import itertools
+import json
 
 import pytest
 import torch
@@ -166,3 +167,120 @@ def test_attention_pairs_are_the_reference_mask(causal):
                 position = row if causal else row + (n - seq_q)
                 keep &= col > position - window
             assert query_key_pairs(s, dims) == keep.sum().item(), (op, n, window)
+
+
+# --- fractions of the roofline (lzsolve.decide.roofline), report.md and explain ---------------------------
+def ceiling(kind, per_s, mode="eager", hw="hw", dtype="fp32", hour=12):
+    import datetime as dt
+
+    return {"run_id": "r", "ts": dt.datetime(2026, 12, 5, hour), "hw_slug": hw, "device": "cuda:0",
+            "timer": "cuda_events", "dtype": dtype, "kind": kind, "mode": mode, "per_s": per_s,
+            "probe": f"{kind} probe", "spread": 0.01}
+
+
+def test_peaks_take_the_latest_of_each_and_need_both():
+    from lzsolve.decide.roofline import Peak, peaks
+
+    rows = [ceiling("compute", 1e12), ceiling("memory", 2e11, hour=10), ceiling("memory", 3e11, hour=11),
+            ceiling("compute", 5e12, mode="graph"),  # graph mode: no memory ceiling, no peak
+            ceiling("compute", 7e12, dtype="bf16"), ceiling("memory", 3e11, dtype="bf16")]
+    assert peaks(rows, "eager") == {("hw", "fp32"): Peak(1e12, 3e11), ("hw", "bf16"): Peak(7e12, 3e11)}
+    assert peaks(rows, "graph") == {} == peaks([], "eager")
+
+
+def test_fraction_is_the_time_at_the_roofline_over_the_measured_time():
+    from lzsolve.decide.roofline import Peak, fraction, roof_ms
+
+    peak = Peak(compute=1e12, memory=1e11)  # 1 TFLOP/s, 100 GB/s
+    # 4e6 FLOPs take 4 us at the peak, 1e6 bytes 10 us: memory-bound, 0.01 ms on the roof
+    assert roof_ms(4e6, 1e6, peak) == pytest.approx(0.01)
+    assert fraction(4e6, 1e6, 0.04, peak) == pytest.approx(0.25)
+    # 4e7 FLOPs, 40 us, compute-bound: at 0.05 ms, 0.8 of the roofline
+    assert fraction(4e7, 1e6, 0.05, peak) == pytest.approx(0.8)
+    assert fraction(0.0, 2e6, 0.02, peak) == pytest.approx(1.0)  # an embedding: bytes alone
+    assert fraction(0.0, 0.0, 1.0, peak) is None and fraction(4e6, 1e6, None, peak) is None
+
+
+def timed(kernel, tokens, ms, flops=4e6, nbytes=1e6):
+    return {"kernel_id": kernel, "status": "ok", "dims": json.dumps({"tokens": tokens}), "eager_ms": ms,
+            "eager_spread": 0.0, "flops": flops, "bytes": nbytes, "device": "cuda:0", "phase": "grid"}
+
+
+def test_signature_roofline_per_point_and_per_leaf():
+    from lzsolve.decide.roofline import Peak, signature_roofline
+
+    peak = Peak(compute=1e12, memory=1e11)  # every point below sits at 0.01 ms on the roof
+    tree = {"dim": "tokens", "threshold": 8, "le": {"kernel_id": "a"}, "gt": {"kernel_id": "b"}}
+    records = [timed("a", 1, 0.02), timed("b", 1, 0.01),  # chosen a: 0.5, best b: 1.0
+               timed("a", 4, 0.02), timed("b", 4, 0.04),  # chosen a: 0.5, best a: 0.5
+               timed("a", 16, 0.01), timed("b", 16, 0.04),  # chosen b: 0.25, best a: 1.0
+               {**timed("c", 16, 0.001), "status": "rejected"}]  # a rejection counts for nothing
+    roof = signature_roofline(tree, records, peak, "eager")
+    assert roof["points"] == 3
+    assert roof["chosen"] == pytest.approx((0.5 * 0.5 * 0.25) ** (1 / 3), abs=1e-4)
+    assert roof["best"] == pytest.approx((1.0 * 0.5 * 1.0) ** (1 / 3), abs=1e-4)
+    assert roof["leaves"] == [{"kernel_id": "a", "chosen": 0.5, "best": pytest.approx(0.7071, abs=1e-4), "points": 2},
+                              {"kernel_id": "b", "chosen": 0.25, "best": 1.0, "points": 1}]
+    assert signature_roofline(tree, records, peak, "graph") is None, "no graph times"
+    assert signature_roofline(tree, [timed("a", 1, 0.02, flops=0.0, nbytes=0.0)], peak, "eager") is None
+
+
+@pytest.fixture(scope="module")
+def plan():
+    from lzsolve.measure.tuner import make_plan
+    from lzsolve.models.capture import capture
+    from tests.test_cli import TINY_LLAMA
+
+    return make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny")
+
+
+def rms_records(plan):
+    """norm.rms's records with known counts and times: a kernel 1% faster than the fallback, too
+    little to leave it (SWITCH_GAIN), so the table keeps the fallback, the slower of the two."""
+    sp = next(sp for sp in plan.signatures if sp.instance.signature.op == "norm.rms")
+    other = next(c.spec.kernel_id for c in sp.candidates if c.admitted and c.spec.kernel_id != sp.fallback)
+    # roof: max(4e6 / 1e12, 1e6 / 1e11) = 10 us; the kernel at 12.5 us is 0.8 of it, the fallback at
+    # 12.625 us 0.792
+    records = [{**timed(kernel, tokens, ms), "signature": str(sp.instance.signature), "op": "norm.rms"}
+               for tokens in (1, 2, 4, 8, 16) for kernel, ms in ((other, 0.0125), (sp.fallback, 0.012625))]
+    return sp, records
+
+
+def test_report_and_explain_show_the_chosen_and_best_fractions(plan):
+    from lzsolve.store.artifact import build_table, format_op, report
+
+    sp, records = rms_records(plan)
+    from runtime_loader.hardware import slug
+
+    hw = slug(plan.hardware)
+    ceilings = [ceiling("compute", 1e12, hw=hw), ceiling("memory", 1e11, hw=hw),
+                ceiling("compute", 1.0, hw=hw, hour=9), ceiling("memory", 1.0, hw=hw, hour=9)]  # older, ignored
+    table = build_table(plan, records, "eager", "r", ceilings=ceilings)
+    entry = next(e for e in table["ops"] if e["signature"] == str(sp.instance.signature))
+    assert entry["tree"]["kernel_id"] == sp.fallback
+    assert entry["roofline"]["chosen"] == pytest.approx(0.8 / 1.01, abs=1e-4)
+    assert entry["roofline"]["best"] == pytest.approx(0.8) and entry["roofline"]["points"] == 5
+    md = report(table, 1.0, len(records))
+    row = next(line for line in md.splitlines() if line.startswith(f"| {sp.instance.signature} |"))
+    assert row.endswith("| 79% | 80% |"), row
+    assert "| roofline chosen | best |" in md and "1.0 is on the roof" in md
+    others = [line for line in md.splitlines() if line.startswith("| ") and "norm.rms[" not in line
+              and "signature" not in line]
+    assert others and all(line.endswith("| - | - |") for line in others), "no records: no figures"
+    assert "  roofline: chosen 79%, best candidate 80% (time at the roofline / measured time, geomean over 5 " \
+           "point(s))" in format_op(entry), "lzsolve explain prints format_op"
+
+
+def test_report_without_ceilings_skips_the_roofline(plan):
+    from lzsolve.store.artifact import build_table, format_op, report
+
+    sp, records = rms_records(plan)
+    table = build_table(plan, records, "eager", "r")  # no ceilings (an older PerfDB, a failed probe)
+    assert all(entry["roofline"] is None for entry in table["ops"])
+    md = report(table, 1.0, len(records))
+    assert "roofline: not shown (no compute and memory ceilings measured in this timing mode)" in md
+    assert not any("roofline:" in line for entry in table["ops"] for line in format_op(entry))
+    table = build_table(plan, records, "graph", "r", ceilings=[ceiling("compute", 1e12), ceiling("memory", 1e11)])
+    assert all(entry["roofline"] is None for entry in table["ops"]), "another device's, another mode's"
+    old = {**table, "ops": [{k: v for k, v in e.items() if k != "roofline"} for e in table["ops"]]}
+    assert "roofline: not shown" in report(old, 1.0, 0), "a table written before the roofline"

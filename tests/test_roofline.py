@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from lzsolve.decide.roofline import format_fraction
 from lzsolve.ops import CONTRACTS
 from runtime_loader import ops as rops
 from runtime_loader.ops import Signature
@@ -284,3 +285,24 @@ def test_report_without_ceilings_skips_the_roofline(plan):
     assert all(entry["roofline"] is None for entry in table["ops"]), "another device's, another mode's"
     old = {**table, "ops": [{k: v for k, v in e.items() if k != "roofline"} for e in table["ops"]]}
     assert "roofline: not shown" in report(old, 1.0, 0), "a table written before the roofline"
+
+
+def test_a_tune_reports_the_roofline_of_its_own_ceilings(tiny_llama_artifact):
+    """End to end on this CPU: the tune measures eager ceilings, its table stores each signature's
+    fractions, report.md has them in its columns and `lzsolve explain` prints them."""
+    from click.testing import CliRunner
+
+    from lzsolve.cli import cli
+
+    table = json.loads((tiny_llama_artifact / "dispatch.json").read_text())
+    roofs = {e["signature"]: e["roofline"] for e in table["ops"] if e.get("roofline")}
+    assert roofs, "the tune's own ceilings reach the table"
+    assert all(r["chosen"] > 0 and r["best"] >= r["chosen"] * 0.999 and r["points"] > 0 for r in roofs.values())
+    md = (tiny_llama_artifact / "report.md").read_text()
+    signature, roof = next(iter(roofs.items()))
+    row = next(line for line in md.splitlines() if line.startswith(f"| {signature} |"))
+    assert row.endswith(f"| {format_fraction(roof['chosen'])} | {format_fraction(roof['best'])} |"), row
+    out = CliRunner().invoke(cli, ["explain", str(tiny_llama_artifact)])
+    shown = out.output.split(f"\n{signature}   roles:")[1].split("\n\n")[0]  # its section
+    assert out.exit_code == 0 and f"roofline: chosen {format_fraction(roof['chosen'])}, best candidate " \
+        f"{format_fraction(roof['best'])}" in shown, out.output

@@ -1,7 +1,8 @@
 """How close the table's kernels come to what the device can do: fractions of the roofline.
 
 A call's time at the roofline is max(flops / compute peak, bytes / memory peak): the op's FLOP and
-byte counts (its contract's, stored with each record) against the device's ceilings (the PerfDB's
+byte counts (its contract's: build_table counts them anew, the notebook reads those stored with each
+record, the same but in a warm PerfDB's records from before a count was fixed) against the device's ceilings (the PerfDB's
 `ceilings`, measured by the tune in the same timing mode: lzsolve/measure/tasks.py, run_ceilings).
 A kernel's fraction of the roofline is that time over its measured time: 1.0 runs on the roof, 0.25
 takes four times what the device's peaks allow. Per op signature, over the points the table was
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lzsolve.decide.solve import leaves
@@ -71,10 +73,13 @@ def _leaf_index(tree: dict, dims: dict) -> int:
     return index
 
 
-def signature_roofline(tree: dict, records: list[dict], peak: Peak, mode: str) -> dict | None:
+def signature_roofline(tree: dict, records: list[dict], peak: Peak, mode: str,
+                       counts: Callable[[dict], tuple[float, float]] | None = None) -> dict | None:
     """One op signature's figures from its records: {'chosen', 'best' (geometric means of the
     fractions at the points where the chosen kernel has a `mode` time), 'points', 'leaves': [{the
-    same, and 'kernel_id'} per leaf of `tree`, left to right]}; None where no point counts."""
+    same, and 'kernel_id'} per leaf of `tree`, left to right]}; None where no point counts.
+    counts: dims -> (FLOPs, bytes), the contract's today (build_table), over those the records
+    were stored with (a warm PerfDB's records keep the counts of the tune that measured them)."""
     points: dict[str, dict] = {}
     for r in records:
         ms = r.get(f"{mode}_ms")
@@ -85,6 +90,8 @@ def signature_roofline(tree: dict, records: list[dict], peak: Peak, mode: str) -
     per_leaf: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for key, point in points.items():
         dims = json.loads(key) if isinstance(key, str) else key
+        if counts:
+            point["flops"], point["bytes"] = counts(dims)
         index = _leaf_index(tree, dims)
         kernel = list(leaves(tree))[index]["kernel_id"]
         chosen = fraction(point["flops"], point["bytes"], point["times"].get(kernel), peak)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import statistics
@@ -14,6 +15,7 @@ from lzsolve.errors import LzError, WriteError
 from lzsolve.measure.env import BUSY_LOAD, busy
 from lzsolve.measure.grid import buckets
 from lzsolve.measure.tuner import Plan, by_signature
+from lzsolve.ops import CONTRACTS
 from lzsolve.store.fsutil import atomic_write_text
 from runtime_loader import jit, registry, safeio
 from runtime_loader.hardware import slug
@@ -89,7 +91,8 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
             **solved,
             "validation": (validation or {}).get(str(sig)),
             "candidates": candidates_summary(recs, mode),
-            "roofline": signature_roofline(solved["tree"], recs, peak, mode) if peak else None,
+            "roofline": signature_roofline(solved["tree"], recs, peak, mode, functools.partial(counts, sig))
+            if peak else None,
         })
     # the ranked runner-ups too: the runtime checks their provenance before re-routing to one
     chosen = {k for entry in ops for k in leaf_ids(entry["tree"], ranked=True)}
@@ -121,6 +124,12 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
     }
     parse_table(table)  # what we write must be what the runtime accepts (schema included)
     return table
+
+
+def counts(sig, dims: dict) -> tuple[float, float]:
+    """The op's FLOPs and bytes at these dims, by its contract."""
+    contract = CONTRACTS[sig.op]
+    return contract.flops(sig, dims), contract.bytes_moved(sig, dims)
 
 
 SPREAD_COUNTED = (0.10, 1.0)  # report.md counts the timings whose spread exceeds these

@@ -528,7 +528,8 @@ class Tune:
     def solve(self) -> None:
         """The table: one tree per op signature, from every record of the run, each once."""
         self.records = tuner.distinct(self.records)  # a later phase's records repeat those it reused
-        self.table = build_table(self.plan, self.records, self.mode, self.session.run_id, self.validation)
+        self.table = build_table(self.plan, self.records, self.mode, self.session.run_id, self.validation,
+                                 self.session.db.ceilings())
         self._lap("solve_s")
         self.wall = time.perf_counter() - self.started
 

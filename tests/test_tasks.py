@@ -165,3 +165,101 @@ def test_a_first_call_that_compiles_records_the_cache_files_it_wrote(tmp_path):
     assert files and all(f.startswith("inductor/") for f in files)
     assert all((tmp_path / "caches" / f).is_file() for f in files)
     assert "jit_files" not in plain, "a kernel without a JIT cache has none"
+
+
+def test_ceiling_sizes_leave_the_cache_within_free_memory():
+    from lzsolve.measure.tasks import ceiling_sizes
+
+    mib, gib = 1 << 20, 1 << 30
+    # an H200's 60 MiB L2: 1 GiB a buffer, past 8 x L2 = 480 MiB; unbounded free memory the same
+    assert ceiling_sizes("cuda", 60 * mib, 140 * gib) == (8192, gib) == ceiling_sizes("cuda", 60 * mib, None)
+    # a (future) 256 MiB L2: 8 x L2 = 2 GiB a buffer
+    assert ceiling_sizes("cuda", 256 * mib, 140 * gib)[1] == 2 * gib
+    # 2 GiB free: a quarter, 512 MiB, still past 8 x 50 MiB
+    assert ceiling_sizes("cuda", 50 * mib, 2 * gib)[1] == 512 * mib
+    # a fraction of a MiB rounds down to whole MiB
+    assert ceiling_sizes("cuda", 50 * mib, 4 * (600 * mib + 123))[1] == 600 * mib
+    # too little free memory for a copy past 8 x L2 (or under 256 MiB): no memory probe at all
+    assert ceiling_sizes("cuda", 50 * mib, gib)[1] is None
+    assert ceiling_sizes("cuda", 4 * mib, 800 * mib)[1] is None
+    # CPU: small, about a second of probing
+    assert ceiling_sizes("cpu", 32 * mib, None) == (512, 32 * mib)
+
+
+class ScriptedHarness(CpuHarness):
+    """Median times per probe (ms, by mode), as a harness would measure them."""
+
+    def __init__(self, medians, cache_bytes=32 << 20):
+        super().__init__()
+        self.medians, self.cache_bytes, self.asked = medians, cache_bytes, None
+
+    def measure(self, candidates, modes=("eager", "graph")):
+        from lzsolve.measure.harness import Measurement, Timing
+
+        self.asked = (sorted(candidates), modes)
+
+        def timing(ms):
+            return None if ms is None else Timing(ms, ms, ms, 5, 0.01)
+        return {name: Measurement(timing(self.medians[name].get("eager")), timing(self.medians[name].get("graph")))
+                for name in candidates}
+
+
+def test_ceilings_are_the_fastest_copy_and_count_read_plus_write():
+    """A CUDA graph's memcpy slower than an elementwise copy (as on the H200, issue 58): the memory
+    ceiling of each mode is the faster probe's, read + written bytes over its median time."""
+    from lzsolve.measure.tasks import CeilingTask
+
+    harness = ScriptedHarness({"compute": {"eager": 2.0, "graph": 1.0},
+                               "memcpy": {"eager": 4.0, "graph": 16.0}, "elementwise": {"eager": 8.0, "graph": 8.0}})
+    rows = run_task(CeilingTask("fp32"), CPU, harness, Sensor())["ceilings"]
+    assert harness.asked == (["compute", "elementwise", "memcpy"], ("eager", "graph")), "timed like the kernels"
+    got = {(r["kind"], r["mode"]): r for r in rows}
+    assert set(got) == {("compute", "eager"), ("compute", "graph"), ("memory", "eager"), ("memory", "graph")}
+    assert got["compute", "eager"]["per_s"] == 2 * 512 ** 3 / 2e-3 and got["compute", "graph"]["per_s"] == 2 * 512 ** 3 / 1e-3
+    assert got["compute", "eager"]["probe"] == "matmul 512x512x512 fp32"
+    copied = 2 * (32 << 20)  # 32 MiB read and 32 MiB written
+    assert got["memory", "eager"]["per_s"] == copied / 4e-3 and "by memcpy" in got["memory", "eager"]["probe"]
+    assert got["memory", "graph"]["per_s"] == copied / 8e-3 and "by elementwise" in got["memory", "graph"]["probe"]
+    assert got["memory", "graph"]["probe"] == "copy 32 MiB fp32 by elementwise (read + write)"
+    assert all(r["spread"] == 0.01 for r in rows)
+
+
+def test_ceilings_measure_on_cpu():
+    """The real probe on this CPU, briefly: a compute and a memory rate in eager mode (no graphs on CPU)."""
+    from lzsolve.measure.tasks import CeilingTask
+
+    harness = CpuHarness(Budget(warmup_s=0.0, min_samples=2, max_samples=2))
+    rows = run_task(CeilingTask("fp32"), CPU, harness, Sensor())["ceilings"]
+    assert sorted((r["kind"], r["mode"]) for r in rows) == [("compute", "eager"), ("memory", "eager")]
+    assert all(r["per_s"] > 0 for r in rows)
+
+
+def test_a_warm_perfdb_measures_again_over_an_older_memory_probe(tmp_path):
+    """Ceilings are measured once per machine, stack and dtype, unless the PerfDB holds only an older
+    probe's (a single memcpy, named without 'by'): then once more, and the roofline reads the latest."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from lzsolve.measure.tasks import CeilingTask
+    from lzsolve.measure.tuner import measure_ceilings
+    from lzsolve.store.perfdb import PerfDB
+
+    class Runner:
+        asked = 0
+
+        def run(self, task):
+            assert task == CeilingTask("bf16")
+            self.asked += 1
+            return {"ceilings": [{"kind": "memory", "mode": "graph", "per_s": 4.4e12,
+                                  "probe": "copy 1024 MiB bf16 by elementwise (read + write)", "spread": 0.01}]}
+    common = {"run_id": "r2", "hw_slug": "h200", "device": "cuda:0", "timer": "cuda_events"}
+    recorder = SimpleNamespace(hw_slug="h200", timer="cuda_events", common=common, run_id="r2")
+    db = PerfDB(tmp_path / "perfdb")
+    db.append_ceilings([{**common, "run_id": "r1", "ts": dt.datetime(2026, 11, 1), "dtype": "bf16", "kind": "memory",
+                         "mode": "graph", "per_s": 2.7e12, "probe": "copy 1024 MiB bf16 (read + write)"}], "r1")
+    runner = Runner()
+    measure_ceilings(db, runner, recorder, "bf16")
+    assert runner.asked == 1, "the older probe's ceiling is not reused"
+    measure_ceilings(db, runner, recorder, "bf16")
+    assert runner.asked == 1, "the newer one is"
+    assert sorted(r["per_s"] for r in db.ceilings()) == [2.7e12, 4.4e12]

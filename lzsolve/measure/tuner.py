@@ -32,7 +32,7 @@ from lzsolve.measure.devices import device_index, groups_apart, run_sharded
 from lzsolve.measure.gates import capability_gate
 from lzsolve.measure.grid import Grid, as_grid, probe_points, workloads
 from lzsolve.measure.harness import MODES, Budget
-from lzsolve.measure.tasks import CeilingTask, ParityTask, Task, TimingTask
+from lzsolve.measure.tasks import COPY_PROBE_LIKE, CeilingTask, ParityTask, Task, TimingTask
 from lzsolve.models import OpInstance
 from lzsolve.models.capture import UNSERVED, Captured
 from lzsolve.ops import CONTRACTS
@@ -292,10 +292,12 @@ def measure_workload(sp: SignaturePlan, dims: dict, specs: list[KernelSpec], run
 
 def measure_ceilings(db: PerfDB, runner: Runner, recorder: Recorder, dtype: str, reuse: bool = True) -> None:
     """The device's compute and memory ceilings for roofline fractions, once per machine,
-    stack and dtype (a warm PerfDB keeps its own). A failed probe leaves no row, no error."""
+    stack and dtype (a warm PerfDB keeps its own, unless its memory ceiling is an older probe's, a
+    single memcpy that a CUDA graph ran slower than a copy: then the newer rows are read, the
+    latest of each kind and mode). A failed probe leaves no row, no error."""
     if reuse and db.files(CEILINGS_GLOB):
-        known = db.rows("SELECT count(*) AS n FROM ceilings WHERE hw_slug = ? AND timer = ? AND dtype = ?",
-                        [recorder.hw_slug, recorder.timer, dtype])
+        known = db.rows("SELECT count(*) AS n FROM ceilings WHERE hw_slug = ? AND timer = ? AND dtype = ? "
+                        "AND kind = 'memory' AND probe LIKE ?", [recorder.hw_slug, recorder.timer, dtype, COPY_PROBE_LIKE])
         if known[0]["n"]:
             return
     result = runner.run(CeilingTask(dtype))

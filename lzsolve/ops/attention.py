@@ -53,24 +53,39 @@ def reference(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
     return out
 
 
-def _keys_per_query(sig, dims) -> float:
-    """Keys a query attends to on average: half of them under a causal mask, at most the window."""
+def query_key_pairs(sig, dims) -> float:
+    """The (query, key) pairs one batch row of one q head scores, exactly as the reference masks
+    them. Causal (a prefill, seq_q == kv_len): query i sees keys max(0, i - w + 1)..i, min(i + 1, w)
+    of them, w the window or seq_q: w (w + 1) / 2 over the first w queries, w each after. Not
+    causal: query i sits at position p = i + kv_len - seq_q (a decode query at kv_len - 1) and
+    sees keys p - w + 1..kv_len - 1, so its keys are kv_len less max(0, p - w + 1), summed in
+    closed form (an arithmetic series over the queries whose window starts past key 0)."""
     seq_q, kv_len = _shapes(sig, dims)[4:]
-    keys = kv_len / 2 if "causal" in sig.flags else kv_len
-    return min(keys, sig.dim("window")) if sig.dim("window") else keys
+    window = sig.dim("window") or kv_len
+    if "causal" in sig.flags:
+        w = min(window, seq_q)
+        return w * (w + 1) / 2 + (seq_q - w) * w
+    c = kv_len - seq_q - window + 1  # query i hides max(0, i + c) keys
+    first = max(0, 1 - c)  # the first query that hides any
+    hiding = max(0, seq_q - first)
+    return float(seq_q * kv_len - (hiding * (first + c) + hiding * (hiding - 1) / 2))
 
 
 def flops(sig, dims):
+    """2 d for a score (q . k) and 2 d for its share of the output (p v), per (query, key) pair
+    the mask keeps (query_key_pairs): a causal prefill scores s (s + 1) / 2 pairs, not s^2 / 2."""
     batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
-    return 4.0 * batch * hq * seq_q * _keys_per_query(sig, dims) * d
+    return 4.0 * batch * hq * query_key_pairs(sig, dims) * d
 
 
 def bytes_moved(sig, dims):
-    """q and out, and the keys and values some query sees (a decode query reads only its window)."""
+    """q and out, the keys and values some query sees (a decode query reads only its window), and
+    the sinks' logit per q head."""
     batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
     window = sig.dim("window")
     keys_read = min(kv_len, window + seq_q - 1) if window else kv_len
-    return float(itemsize(sig) * batch * d * (2 * hq * seq_q + 2 * hkv * keys_read))
+    sinks = hq if "sinks" in sig.flags else 0
+    return float(itemsize(sig) * (batch * d * (2 * hq * seq_q + 2 * hkv * keys_read) + sinks))
 
 
 # every combination at head_dim 128 (and batch 1 and 2: some libraries take another path for a

@@ -30,15 +30,19 @@ def reference(x, weight, bias, state, silu):
 
 
 def flops(sig, dims):
-    """A multiply-add per tap, channel and token, and the SiLU (~4)."""
-    return (2.0 * sig.dim("width") + 4.0) * dims["batch"] * dims["seq"] * sig.dim("channels")
+    """Per output: a multiply-add per tap (2 width), the bias add (1) with bias, the SiLU (~4) with silu."""
+    per_output = 2.0 * sig.dim("width") + ("bias" in sig.flags) + 4.0 * ("silu" in sig.flags)
+    return per_output * dims["batch"] * dims["seq"] * sig.dim("channels")
 
 
 def bytes_moved(sig, dims):
-    """x read and out written; the state written (and read when the call starts from one)."""
+    """x read and out written; the state written (and read when the call starts from one); the
+    (channels, width) weight and the bias read once."""
     channels, width = sig.dim("channels"), sig.dim("width")
     states = 2 if starts_from_state(dims) else 1
-    return float(itemsize(sig) * channels * (2 * dims["batch"] * dims["seq"] + states * dims["batch"] * width))
+    params = channels * (width + ("bias" in sig.flags))
+    return float(itemsize(sig) * (channels * (2 * dims["batch"] * dims["seq"] + states * dims["batch"] * width)
+                                  + params))
 
 
 # a prompt longer and shorter than the kernel (zero history), a decode step on a state, a bias

@@ -88,7 +88,17 @@ RMS_ADD_FP8 = OpContract("norm.rms_add_fp8", rms_add_fp8, flops(7.0), fp8_bytes(
                          tolerances=FP8_OUT_TOLERANCES)
 QK = OpContract("norm.qk", rms, qk_flops, qk_bytes, (({"heads": 8, "d": 128}, (), {"tokens": 9}),
                                                      ({"heads": 2, "d": 256}, ("unit_offset",), {"tokens": 5})))
-LAYER = OpContract("norm.layer", layer, flops(7.0), bytes_moved(2, 2),
+def layer_flops(sig, dims):
+    """Mean, subtract, square, sum, scale, weight: 6 per element, and the bias add unless no_bias."""
+    return (6.0 if "no_bias" in sig.flags else 7.0) * dims["tokens"] * sig.dim("hidden")
+
+
+def layer_bytes(sig, dims):
+    """x read, out written, the weight and (unless no_bias) the bias read once."""
+    return bytes_moved(2, 1 if "no_bias" in sig.flags else 2)(sig, dims)
+
+
+LAYER = OpContract("norm.layer", layer, layer_flops, layer_bytes,
                    (({"hidden": 192}, (), {"tokens": 9}), ({"hidden": 2048}, (), {"tokens": 3})))
 
 CONTRACTS = (RMS, RMS_ADD, RMS_FP8, RMS_ADD_FP8, QK, LAYER)

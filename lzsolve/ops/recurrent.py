@@ -79,8 +79,9 @@ def gates_flops(sig, dims):
 
 
 def gates_bytes(sig, dims):
-    """a and b read, beta written in the activation dtype; g written in fp32."""
-    return float(dims["tokens"] * sig.dim("heads") * (3 * itemsize(sig) + 4))
+    """a and b read, beta written in the activation dtype; g written in fp32; A_log and dt_bias
+    (heads,) read once."""
+    return float(dims["tokens"] * sig.dim("heads") * (3 * itemsize(sig) + 4) + 2 * itemsize(sig) * sig.dim("heads"))
 
 
 # a few tokens of an odd head count; a decode batch of Qwen3.5-0.8B's 16 value heads

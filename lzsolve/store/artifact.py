@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import statistics
 from pathlib import Path
 
 from lzsolve import __version__
+from lzsolve.decide.roofline import format_fraction, format_roofline, peaks, signature_roofline
 from lzsolve.decide.solve import MIN_NOISE, candidates_summary, leaves, solve_signature
 from lzsolve.errors import LzError, WriteError
 from lzsolve.measure.env import BUSY_LOAD, busy
 from lzsolve.measure.grid import buckets
 from lzsolve.measure.tuner import Plan, by_signature
+from lzsolve.ops import CONTRACTS
 from lzsolve.store.fsutil import atomic_write_text
 from runtime_loader import jit, registry, safeio
 from runtime_loader.hardware import slug
@@ -66,15 +69,19 @@ def leaf_ids(node: dict, ranked: bool = False):
         yield from leaf_ids(node["gt"], ranked)
 
 
-def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validation: dict | None = None) -> dict:
+def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validation: dict | None = None,
+                ceilings: list[dict] | None = None) -> dict:
     """The dispatch table solved from every record (grid, probes, validation shapes); `validation`
-    holds each signature's validation figures (validate.validate), carried into the table."""
+    holds each signature's validation figures (validate.validate), carried into the table;
+    `ceilings` (the PerfDB's) give each signature its roofline fractions (None without them)."""
     by_sig = by_signature(records)
+    device_peaks = peaks(ceilings or [], mode)
     ops = []
     for sp in plan.signatures:
         sig = sp.instance.signature
         recs = by_sig.get(str(sig), [])
         solved = solve_signature(recs, OPS[sig.op].dynamic, sp.fallback, mode, sp.instance.calls_per_forward)
+        peak = device_peaks.get((slug(plan.hardware), sig.dtype))
         ops.append({
             "signature": str(sig),
             **sig.to_json(),
@@ -84,6 +91,8 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
             **solved,
             "validation": (validation or {}).get(str(sig)),
             "candidates": candidates_summary(recs, mode),
+            "roofline": signature_roofline(solved["tree"], recs, peak, mode, functools.partial(counts, sig))
+            if peak else None,
         })
     # the ranked runner-ups too: the runtime checks their provenance before re-routing to one
     chosen = {k for entry in ops for k in leaf_ids(entry["tree"], ranked=True)}
@@ -115,6 +124,12 @@ def build_table(plan: Plan, records: list[dict], mode: str, run_id: str, validat
     }
     parse_table(table)  # what we write must be what the runtime accepts (schema included)
     return table
+
+
+def counts(sig, dims: dict) -> tuple[float, float]:
+    """The op's FLOPs and bytes at these dims, by its contract."""
+    contract = CONTRACTS[sig.op]
+    return contract.flops(sig, dims), contract.bytes_moved(sig, dims)
 
 
 SPREAD_COUNTED = (0.10, 1.0)  # report.md counts the timings whose spread exceeds these
@@ -220,12 +235,20 @@ def format_validation(entry: dict) -> list[str]:
 def format_op(entry: dict, rejected: bool = True) -> list[str]:
     lines = [f"{entry['signature']}   roles: {', '.join(entry['roles'])}"]
     lines += format_tree(entry["tree"])
+    lines += format_roofline(entry)
     lines += format_validation(entry)
     if rejected:
         for kernel_id, summary in entry["candidates"].items():
             for r in summary["rejected"]:
                 lines.append(f"    rejected {kernel_id} on {r['count']} point(s): {r['code']}: {r['message']}")
     return lines
+
+
+ROOFLINE_NOTE = ("- roofline: time at the roofline (max(FLOPs / compute ceiling, bytes / memory ceiling), the "
+                 "device's ceilings\n  measured by this tune in its timing mode) / measured time, geomean over a "
+                 "signature's points:\n  1.0 is on the roof; chosen = the table's kernel, best = the fastest "
+                 "candidate timed there.")
+NO_ROOFLINE_NOTE = "- roofline: not shown (no compute and memory ceilings measured in this timing mode)."
 
 
 def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] | None = None,
@@ -253,16 +276,20 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
         "  margins compare the chosen kernel with the runner-up.",
         "- validation: the table's choice at random shapes inside the buckets and up to 1.5x past them;",
         "  regret = time(choice) / time(best kernel timed there), vs default = time(choice) / time(fallback).",
+        ROOFLINE_NOTE if any(entry.get("roofline") for entry in table["ops"]) else NO_ROOFLINE_NOTE,
         "",
-        "| signature | points (grid/probe/validation) | validation regret geomean | worst | vs default worst |",
-        "|---|---|---|---|---|",
+        "| signature | points (grid/probe/validation) | validation regret geomean | worst | vs default worst "
+        "| roofline chosen | best |",
+        "|---|---|---|---|---|---|---|",
     ]
     for entry in table["ops"]:
         counts = entry.get("points_by_phase") or {}
         after = (entry.get("validation") or {}).get("after") or {}
+        roof = entry.get("roofline") or {}
         lines.append(f"| {entry['signature']} | {'/'.join(str(counts.get(p, 0)) for p in ('grid', 'probe', 'validation'))}"
                      f" | {_ratio(after.get('regret_geomean'))} | {_ratio(after.get('regret_worst'))} "
-                     f"| {_ratio(after.get('vs_default_worst'))} |")
+                     f"| {_ratio(after.get('vs_default_worst'))} | {format_fraction(roof.get('chosen'))} "
+                     f"| {format_fraction(roof.get('best'))} |")
     lines.append("")
     for entry in table["ops"]:
         lines.append(f"## {entry['signature']}")

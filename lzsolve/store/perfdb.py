@@ -167,6 +167,10 @@ class PerfDB:
     def append_ceilings(self, rows: list[dict], run_id: str) -> Path | None:
         return self._write(rows, CEILINGS_SCHEMA, f"ceilings-{run_id}.parquet")
 
+    def ceilings(self) -> list[dict]:
+        """Every ceilings row (roofline.peaks picks the latest of each), without reading the records."""
+        return [row for path in self.files(CEILINGS_GLOB) for row in self._read_part(path).to_pylist()]
+
     def _write(self, rows: list[dict], schema: pa.Schema, name: str) -> Path | None:
         if not rows:
             return None

@@ -1,0 +1,128 @@
+"""How close the table's kernels come to what the device can do: fractions of the roofline.
+
+A call's time at the roofline is max(flops / compute peak, bytes / memory peak): the op's FLOP and
+byte counts (its contract's: build_table counts them anew, the notebook reads those stored with each
+record, the same but in a warm PerfDB's records from before a count was fixed) against the device's ceilings (the PerfDB's
+`ceilings`, measured by the tune in the same timing mode: lzsolve/measure/tasks.py, run_ceilings).
+A kernel's fraction of the roofline is that time over its measured time: 1.0 runs on the roof, 0.25
+takes four times what the device's peaks allow. Per op signature, over the points the table was
+solved on, the chosen kernel's fractions (the tree's choice at each point) and the best
+candidate's (the fastest kernel timed there), as geometric means, and the same per tree leaf.
+report.md, `lzsolve explain` (from dispatch.json, where build_table stores them) and the PerfDB
+notebook all compute them here.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lzsolve.decide.solve import leaves
+from lzsolve.decide.validate import geomean
+
+
+@dataclass(frozen=True)
+class Peak:
+    compute: float  # FLOP/s
+    memory: float  # bytes/s, read + written
+
+
+def peaks(ceilings: list[dict], mode: str) -> dict[tuple[str, str], Peak]:
+    """(hw_slug, dtype) -> the device's compute and memory ceilings in `mode`, the latest row of
+    each (a warm PerfDB may keep an older probe's); only where both were measured."""
+    latest: dict[tuple[str, str, str], dict] = {}
+
+    def newer(row: dict, than: dict) -> bool:  # rows without a time count as the oldest
+        return than.get("ts") is None or (row.get("ts") is not None and row["ts"] >= than["ts"])
+    for row in ceilings:
+        if row.get("mode") != mode or not row.get("per_s") or row["per_s"] <= 0:
+            continue
+        key = (row["hw_slug"], row["dtype"], row["kind"])
+        if key not in latest or newer(row, latest[key]):
+            latest[key] = row
+    pairs = {(hw, dtype) for hw, dtype, _ in latest}
+    return {(hw, dtype): Peak(latest[hw, dtype, "compute"]["per_s"], latest[hw, dtype, "memory"]["per_s"])
+            for hw, dtype in sorted(pairs) if (hw, dtype, "compute") in latest and (hw, dtype, "memory") in latest}
+
+
+def roof_ms(flops: float, nbytes: float, peak: Peak) -> float:
+    """The call's time at the roofline: its FLOPs at the compute peak or its bytes at the memory
+    peak, whichever takes longer."""
+    return max(flops / peak.compute, nbytes / peak.memory) * 1e3
+
+
+def fraction(flops: float | None, nbytes: float | None, ms: float | None, peak: Peak) -> float | None:
+    """roof_ms / the measured time; None without a time or without any work counted."""
+    flops, nbytes = flops or 0.0, nbytes or 0.0
+    if ms is None or not math.isfinite(ms) or ms <= 0 or flops + nbytes <= 0:
+        return None
+    return roof_ms(flops, nbytes, peak) / ms
+
+
+def _leaf_index(tree: dict, dims: dict) -> int:
+    """The left-to-right index (solve.leaves' order) of the leaf a tree picks for these dims."""
+    index, node = 0, tree
+    while "kernel_id" not in node:
+        if dims[node["dim"]] <= node["threshold"]:
+            node = node["le"]
+        else:
+            index += sum(1 for _ in leaves(node["le"]))
+            node = node["gt"]
+    return index
+
+
+def signature_roofline(tree: dict, records: list[dict], peak: Peak, mode: str,
+                       counts: Callable[[dict], tuple[float, float]] | None = None) -> dict | None:
+    """One op signature's figures from its records: {'chosen', 'best' (geometric means of the
+    fractions at the points where the chosen kernel has a `mode` time), 'points', 'leaves': [{the
+    same, and 'kernel_id'} per leaf of `tree`, left to right]}; None where no point counts.
+    counts: dims -> (FLOPs, bytes), the contract's today (build_table), over those the records
+    were stored with (a warm PerfDB's records keep the counts of the tune that measured them)."""
+    points: dict[str, dict] = {}
+    for r in records:
+        ms = r.get(f"{mode}_ms")
+        if r.get("status") != "ok" or ms is None or not (r.get("flops") or r.get("bytes")):
+            continue
+        point = points.setdefault(r["dims"], {"flops": r.get("flops"), "bytes": r.get("bytes"), "times": {}})
+        point["times"][r["kernel_id"]] = min(ms, point["times"].get(r["kernel_id"], math.inf))
+    per_leaf: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for key, point in points.items():
+        dims = json.loads(key) if isinstance(key, str) else key
+        if counts:
+            point["flops"], point["bytes"] = counts(dims)
+        index = _leaf_index(tree, dims)
+        kernel = list(leaves(tree))[index]["kernel_id"]
+        chosen = fraction(point["flops"], point["bytes"], point["times"].get(kernel), peak)
+        best = fraction(point["flops"], point["bytes"], min(point["times"].values()), peak)
+        if chosen is not None:
+            per_leaf[index].append((chosen, best))
+    if not per_leaf:
+        return None
+
+    def summary(pairs: list[tuple[float, float]]) -> dict:
+        return {"chosen": round(geomean([c for c, _ in pairs]), 4), "best": round(geomean([b for _, b in pairs]), 4),
+                "points": len(pairs)}
+    every = [pair for pairs in per_leaf.values() for pair in pairs]
+    return {**summary(every), "leaves": [{"kernel_id": leaf["kernel_id"], **summary(per_leaf[i])} if per_leaf.get(i)
+                                         else {"kernel_id": leaf["kernel_id"], "chosen": None, "best": None, "points": 0}
+                                         for i, leaf in enumerate(leaves(tree))]}
+
+
+def format_fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}" if value >= 0.01 else f"{value:.1%}"
+
+
+def format_roofline(entry: dict) -> list[str]:
+    """An op entry's roofline (build_table's) in words, for report.md and `lzsolve explain`: nothing
+    for a table without ceilings (an older tune, or a probe that failed)."""
+    roof = entry.get("roofline")
+    if not roof:
+        return []
+    lines = [f"  roofline: chosen {format_fraction(roof['chosen'])}, best candidate {format_fraction(roof['best'])} "
+             f"(time at the roofline / measured time, geomean over {roof['points']} point(s))"]
+    if len(roof["leaves"]) > 1:
+        lines += [f"    leaf {n} ({leaf['kernel_id']}): chosen {format_fraction(leaf['chosen'])}, best "
+                  f"{format_fraction(leaf['best'])}, {leaf['points']} point(s)" for n, leaf in enumerate(roof["leaves"], 1)]
+    return lines

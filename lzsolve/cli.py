@@ -413,23 +413,31 @@ def explain(artifact, op_glob):
     """Per op signature: the tree, the chosen kernels with their gains and margins, and
     every rejected candidate with its Reason. ARTIFACT defaults to the newest under ./artifacts."""
     from lzsolve.store.artifact import find_artifact, format_noise, format_op, read_table_json
+    from runtime_loader.safeio import printable, shown
 
     folder = find_artifact(artifact)
     table = read_table_json(folder)
     model = table["model"]
-    click.echo(f"{folder}: {model['id']} tp={model['tp']} {model['dtype']} on {table['hardware']['name']}, "
-               f"timing mode {table['timing_mode']}, run {table['run_id']}")
-    for n, line in enumerate(format_noise(table.get("noise"))):  # tables written before it have none
-        click.echo(("noise: " if n == 0 else "  ") + line)
-    shown = 0
-    for entry in table["ops"]:
-        if fnmatch.fnmatchcase(entry["signature"], op_glob) or fnmatch.fnmatchcase(entry["op"], op_glob):
-            click.echo("")
-            for line in format_op(entry):
-                click.echo(line)
-            shown += 1
-    if not shown:
+    lines = [f"{folder}: {model['id']} tp={model['tp']} {model['dtype']} on {table['hardware'].get('name')}, "
+             f"timing mode {table['timing_mode']}, run {table.get('run_id')}"]
+    # the figures beside the schema's fields (noise, validation, candidates, roofline) are the tune's
+    # own: one that does not read as the tune writes it is the file's fault, said in one line
+    part = "its noise figures"
+    try:
+        lines += [("noise: " if n == 0 else "  ") + line for n, line in enumerate(format_noise(table.get("noise")))]
+        matched = 0
+        for entry in table["ops"]:
+            part = f"the figures of {shown(entry.get('signature') or entry['op'])}"
+            if fnmatch.fnmatchcase(entry.get("signature", ""), op_glob) or fnmatch.fnmatchcase(entry["op"], op_glob):
+                lines += ["", *format_op(entry)]
+                matched += 1
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError) as e:
+        raise LzError(f"{folder / 'dispatch.json'}: cannot read {part} ({type(e).__name__}); run `lzsolve tune` "
+                      "to write it again") from None
+    if not matched:
         raise LzError(f"no op signature matches --op {op_glob!r}; try --op '*'")
+    for line in lines:  # a table's strings are data: no control character reaches the terminal
+        click.echo(printable(line))
 
 
 @cli.command()

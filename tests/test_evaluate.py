@@ -123,7 +123,7 @@ def test_a_cuda_artifact_on_a_machine_without_cuda_is_one_line_that_names_no_wro
     from .tables import table, write
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    folder = write(tmp_path / "a", table(hardware={"device": "cuda", "name": "NVIDIA H200"}))
+    folder = write(tmp_path / "a", table(hardware={**table()["hardware"], "device": "cuda", "name": "NVIDIA H200"}))
     result = CliRunner().invoke(cli, ["evaluate", folder])
     assert isinstance(result.exception, LzError), result.output
     assert str(result.exception) == (f"{folder} was tuned on NVIDIA H200 and no CUDA device is available here; "

@@ -554,6 +554,42 @@ def test_commands_reading_a_hostile_table_are_one_line_exit_2(tmp_path, capsys, 
     assert err.startswith("error: ") and "byte limit" in err and len(err.strip().splitlines()) == 1, err
 
 
+
+def _edited_copy(artifact: Path, into: Path, edit) -> Path:
+    copy = into / "artifact"
+    shutil.copytree(artifact, copy)
+    raw = json.loads((copy / "dispatch.json").read_text())
+    edit(raw)
+    (copy / "dispatch.json").write_text(json.dumps(raw))
+    return copy
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda raw: raw["ops"][0].update(validation="zz"), "cannot read the figures of 'norm.rms"),
+    (lambda raw: raw["ops"][0].update(roofline={"chosen": "x", "best": None, "points": 1, "leaves": []}),
+     "cannot read the figures of 'norm.rms"),
+    (lambda raw: raw.update(noise=[1]), "cannot read its noise figures"),
+    (lambda raw: raw.pop("hardware"), "does not match dispatch.schema.json: $: missing 'hardware'"),
+])
+def test_explain_of_malformed_figures_is_one_line_exit_2(shared_artifact, tmp_path, capsys, monkeypatch, edit, needle):
+    """The figures explain shows beside the schema's fields are the tune's own; a file whose figures
+    do not read as the tune writes them is named in one line, not a traceback."""
+    copy = _edited_copy(shared_artifact, tmp_path, edit)
+    code, err = run_main("explain", str(copy), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    assert code == cli_module.EXIT_BAD_INPUT, (code, err)
+    assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_explain_escapes_the_tables_strings(shared_artifact, tmp_path, capsys, monkeypatch):
+    """A signature carrying ESC and a newline reaches the terminal escaped (no screen cleared, no
+    forged line)."""
+    copy = _edited_copy(shared_artifact, tmp_path, lambda raw: raw["ops"][0].update(signature="x\x1b[2J\nforged"))
+    out = []
+    code, err = run_main("explain", str(copy), cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch, stdout=out)
+    assert code == 0, err
+    assert "\x1b" not in out[0] and "x\\x1b[2J\\nforged   roles: " in out[0], out[0]
+
+
 # --- db query ------------------------------------------------------------------------------------
 
 def _perfdb(folder: Path) -> Path:

@@ -94,13 +94,17 @@ def test_notebook_on_perfdb_folder_gpu_like(artifact, tmp_path, monkeypatch):
             if not r["run_id"].startswith("eval-")]  # the shared artifact may hold evaluation records
     for r in rows:
         if r["status"] == "ok":
-            r.update(graph_ms=r["eager_ms"] * rnd.uniform(0.2, 0.6), graph_spread=rnd.uniform(0, 0.05),
+            # graph times of their own, not the busy CPU's eager ones scaled: with those, the speedups'
+            # 95th percentile (the colour clip) once came out over 100x at a load average of 6
+            r.update(graph_ms=rnd.uniform(0.05, 0.15), graph_spread=rnd.uniform(0, 0.05),
                      temp_c=rnd.uniform(40, 80), sm_clock_mhz=rnd.choice([1755.0, 1980.0]),
                      env_bucket=rnd.choice(["cold", "warm", "hot"]), throttled=rnd.random() < 0.1,
                      setup_ms=rnd.uniform(0.01, 0.2) if r["op"].startswith("attention") else None)
     off_grid = [dict(r, run_id="eval-1", kv_len=999, dims=json.dumps({"batch": r["batch"], "kv_len": 999}))
                 for r in rows if r["op"] == "attention.decode"]
-    outlier = next(r for r in rows if r["is_fallback"] and r["status"] == "ok" and r["phase"] == "grid")
+    contested = {(r["signature"], r["dims"]) for r in rows if not r["is_fallback"] and r["status"] == "ok"}
+    outlier = next(r for r in rows if r["is_fallback"] and r["status"] == "ok" and r["phase"] == "grid"
+                   and (r["signature"], r["dims"]) in contested)  # a point with a kernel to beat it
     outlier["graph_ms"] *= 4000  # one noisy fallback timing: a 4000x speedup that whitened its heat map
     db = PerfDB(tmp_path / "perfdb")
     db.append(rows, "gpu")

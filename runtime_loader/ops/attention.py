@@ -2,7 +2,9 @@
 an FP8 KV cache. Their records, how a call is read, their example inputs, the eager reference
 (the fallback where SDPA cannot: softcap, sinks) and the FP8 cache's baseline.
 
-Layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads. The fallback of prefill
+Layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads. The value head dim may
+differ from q's and k's (DeepSeek's multi-head latent attention: q and k 192, v 128): the
+signature then names it, dv, which kernels must declare ("v_head_dim"). The fallback of prefill
 and decode is SDPA's default (runtime_loader.kernels.sdpa). Contract: lzsolve.ops.attention.
 """
 from __future__ import annotations
@@ -26,7 +28,8 @@ def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
     softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
     sinks: one learned logit per q head, (q heads,), that joins every row of the softmax's
     denominator and carries no value (GPT-OSS's attention sinks); qk_norm: q and k come from a
-    per-head norm (no change to the math, only to which kernels may serve the call)."""
+    per-head norm (no change to the math, only to which kernels may serve the call). v's head dim
+    may differ from q's and k's (MLA); the output has v's."""
     # v.shape, not k.shape: a valid SDPA call has k.shape == v.shape but for the last dim, which must equal q's
     return ((q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, qk_norm),
             (q, k, v, causal, scale, window, softcap, sinks) if sinks is not None
@@ -34,12 +37,15 @@ def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
 
 
 def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sinks=None, qk_norm=False):
-    if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES or sinks is not None and sinks.shape != q.shape[1:2]:
+    if (q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype not in DTYPE_NAMES or k.shape[-1] != q.shape[-1]
+            or sinks is not None and sinks.shape != q.shape[1:2]):
         return None
     batch, hq, seq_q, d = q.shape
     hkv, kv_len = k.shape[1], k.shape[2]
-    # int and float as the schema's defaults, so softcap=50 and softcap=50.0 name one signature
-    static = {"hq": hq, "hkv": hkv, "d": d, "window": int(window), "softcap": float(softcap)}
+    # int and float as the schema's defaults, so softcap=50 and softcap=50.0 name one signature;
+    # dv only where v's head dim differs from q's (0, the default, is "the same": signatures read as before)
+    dv = v.shape[-1] if v.shape[-1] != d else 0
+    static = {"hq": hq, "hkv": hkv, "d": d, "window": int(window), "softcap": float(softcap), "dv": dv}
     dtype = DTYPE_NAMES[q.dtype]
     marker = ("qk_norm",) * qk_norm + ("sinks",) * (sinks is not None)
     if seq_q == kv_len:
@@ -79,8 +85,14 @@ def attention_fp8kv_call(q, k, v, k_scale=1.0, v_scale=1.0, scale=None):
 
 
 # --- example inputs ---------------------------------------------------------------------------------
+def value_dim(sig) -> int:
+    """The head dim of v (and of the output): dv where the signature sets it, else d."""
+    return dict(sig.static).get("dv") or sig.dim("d")
+
+
 def attention_shapes(sig, dims):
-    """(batch, hq, hkv, d, seq_q, kv_len): a prefill has seq, a decode one query and kv_len keys."""
+    """(batch, hq, hkv, d, seq_q, kv_len): a prefill has seq, a decode one query and kv_len keys
+    (v's head dim: value_dim)."""
     hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
     batch = dims["batch"]
     seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
@@ -94,7 +106,7 @@ def attention_inputs(sig, dims, device, gen):
     batch, hq, hkv, d, seq_q, kv_len = attention_shapes(sig, dims)
     q = randn((batch, hq, seq_q, d), sig, device, gen)
     k = randn((batch, hkv, kv_len, d), sig, device, gen)
-    v = randn((batch, hkv, kv_len, d), sig, device, gen)
+    v = randn((batch, hkv, kv_len, value_dim(sig)), sig, device, gen)
     options = (sig.dim("window"), sig.dim("softcap"))
     if "sinks" in sig.flags:
         return q, k, v, "causal" in sig.flags, None, *options, randn((hq,), sig, device, gen).add_(1.0)
@@ -189,7 +201,8 @@ PREFILL_BUCKETS = {"tiny": {"batch": (1,), "seq": (16, 64)},
 DECODE_BUCKETS = {"tiny": {"batch": (1, 2), "kv_len": (64,)},
                   "small": {"batch": (1, 8), "kv_len": (128, 1024)},
                   "full": {"batch": (1, 8, 32, 128), "kv_len": (512, 2048, 8192)}}
-ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0))
+# dv: v's head dim where it differs from q's and k's (MLA); 0, the default, where it does not
+ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0), ("dv", 0))
 ATTENTION = dict(method="attention", front=attention_front, call=attention_call, inputs=attention_inputs,
                  fake=attention_fake, outside=attention_outside)
 
@@ -197,7 +210,7 @@ ATTENTION = dict(method="attention", front=attention_front, call=attention_call,
 RECORDS = (
     # window: query i sees keys j with i - window < j (0: all); softcap: scores -> softcap * tanh(scores / softcap);
     # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
-    # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS)
+    # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS); dv: v's head dim, where not d
     OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm", "sinks"), ("batch", "seq"),
              "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", buckets=PREFILL_BUCKETS, **ATTENTION),
     OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks"), ("batch", "kv_len"), "sdpa.default",
@@ -212,7 +225,8 @@ RECORDS = (
 SPECS = [
     KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks"}), graph_safe=True,
+               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks", "v_head_dim"}),
+               graph_safe=True,
                deterministic=True, notes="matmul + fp32 softmax + matmul; materialises the score matrix; "
                                          "the reference for what SDPA cannot do (softcap, sinks)"),
     KernelSpec("eager.attention_fp8kv", frozenset({"attention.decode_fp8kv"}), "torch", attention_fp8kv, platforms=BOTH,

@@ -895,21 +895,23 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
 
 def fp8_kv_cache(captured: Captured) -> Captured:
     """The model served with its KV cache in FP8 (e4m3, a scale for k and one for v), "<name>-fp8kv":
-    its decode steps as attention.decode_fp8kv, except those with a window, a softcap or sinks,
-    which no FP8-cache op computes (they keep their decode signature, and a note says so)."""
+    its decode steps as attention.decode_fp8kv, except those with a window, a softcap, sinks or a v
+    head dim of their own (MLA's dv), which no FP8-cache op computes (they keep their decode
+    signature, and a note says so)."""
     merged: dict[Signature, tuple[tuple[str, ...], int]] = {}
     kept = []
     for instance in captured.instances:
         sig = instance.signature
         if sig.op == "attention.decode":
-            if sig.dim("window") or sig.dim("softcap") or "sinks" in sig.flags:
+            if sig.dim("window") or sig.dim("softcap") or sig.dim("dv") or "sinks" in sig.flags:
                 kept.append(str(sig))
             else:
                 sig = Signature.make("attention.decode_fp8kv", {d: sig.dim(d) for d in ("hq", "hkv", "d")}, (),
                                      sig.dtype)
         roles, calls = merged.get(sig, ((), 0))
         merged[sig] = (roles + tuple(r for r in instance.roles if r not in roles), calls + instance.calls_per_forward)
-    notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap or sinks): "
+    notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap, sinks "
+                                   f"or v's own head dim): "
                                    f"the decode is tuned over a cache in the activations' dtype instead" for s in kept)
     name = f"{captured.name}-fp8kv"
     return dataclasses.replace(captured, name=name, notes=notes,

@@ -1013,3 +1013,20 @@ def test_a_deepseek_tune_from_its_config_covers_what_the_patched_model_calls(v3,
     tuned = {str(i.signature).replace("norm.rms_add", "norm.rms") for i in captured.instances}
     assert "attention.decode[hq=4,hkv=4,d=24,dv=16,fp32]" in called
     assert called <= tuned, sorted(called - tuned)
+
+
+def test_an_mla_decode_workload_is_tuned_and_replayed(tmp_path, restore_active):
+    """attention.mla_decode (MLA's decode over the latent cache, absorbed), as a server calls it:
+    recorded, tuned on CPU and replayed from the table against its fp32 reference."""
+    from lzsolve.pipeline import ModelSource
+    from tests.tables import assert_replays_references, tuned
+
+    d = Dispatcher(None)
+    with runtime_loader.record(tmp_path / "w.json", name="mla"):
+        for batch, kv_len in ((1, 40), (2, 100)):
+            q_nope, q_pe = torch.randn(batch, 4, 1, 64), torch.randn(batch, 4, 1, 16)
+            kv, k_pe = torch.randn(batch, 1, kv_len, 64), torch.randn(batch, 1, kv_len, 16)
+            assert d.mla_decode(q_nope, q_pe, kv, k_pe, 0.1).shape == (batch, 4, 1, 64)
+    artifact = tuned(ModelSource(workload=tmp_path / "w.json"), tmp_path / "artifact").artifact
+    served = assert_replays_references(artifact)
+    assert [str(sig) for sig in served.table.trees] == ["attention.mla_decode[hq=4,rank=64,rope=16,fp32]"]

@@ -129,4 +129,30 @@ DECODE_FP8KV = OpContract("attention.decode_fp8kv", fp8kv_reference, fp8kv_flops
                            ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
                            ({"hq": 4, "hkv": 2, "d": 64}, (), {"batch": 3, "kv_len": 70})))
 
-CONTRACTS = (PREFILL, DECODE, DECODE_FP8KV)
+# --- MLA's decode over its compressed latent cache, the weights absorbed (issue 60) ---------------
+def mla_reference(q_nope, q_pe, kv, k_pe, scale):
+    """In fp32: every head's scores against the latent and k's RoPE part, then the latent as values."""
+    scale = (q_nope.shape[-1] + q_pe.shape[-1]) ** -0.5 if scale is None else scale
+    scores = (q_nope @ kv.transpose(-1, -2) + q_pe @ k_pe.transpose(-1, -2)) * scale
+    return scores.softmax(-1) @ kv
+
+
+def mla_flops(sig, dims):
+    """Scores over rank + rope dims, then the values over rank, for each head and cached token."""
+    rank, rope = sig.dim("rank"), sig.dim("rope")
+    return 2.0 * dims["batch"] * sig.dim("hq") * dims["kv_len"] * (2 * rank + rope)
+
+
+def mla_bytes(sig, dims):
+    """The cache once (latent and RoPE part), the queries and the output."""
+    batch, hq, rank, rope = dims["batch"], sig.dim("hq"), sig.dim("rank"), sig.dim("rope")
+    return float(itemsize(sig) * batch * ((rank + rope) * (dims["kv_len"] + hq) + hq * rank))
+
+
+# DeepSeek-V3's latent (512 + 64) at a TP-8 rank's 16 heads, and small odd sizes
+MLA_DECODE = OpContract("attention.mla_decode", mla_reference, mla_flops, mla_bytes,
+                        (({"hq": 16, "rank": 512, "rope": 64}, (), {"batch": 2, "kv_len": 70}),
+                         ({"hq": 4, "rank": 64, "rope": 16}, (), {"batch": 3, "kv_len": 129}),
+                         ({"hq": 1, "rank": 32, "rope": 8}, (), {"batch": 1, "kv_len": 5})))
+
+CONTRACTS = (PREFILL, DECODE, DECODE_FP8KV, MLA_DECODE)

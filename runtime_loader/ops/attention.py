@@ -1,5 +1,5 @@
-"""Attention: prefill (seq_q == kv_len), decode (one query over a cache) and a decode step over
-an FP8 KV cache. Their records, how a call is read, their example inputs, the eager reference
+"""Attention: prefill (seq_q == kv_len), decode (one query over a cache), a decode step over
+an FP8 KV cache and one of MLA over its compressed latent cache (absorbed). Their records, how a call is read, their example inputs, the eager reference
 (the fallback where SDPA cannot: softcap, sinks) and the FP8 cache's baseline.
 
 Layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads. The value head dim may
@@ -84,6 +84,28 @@ def attention_fp8kv_call(q, k, v, k_scale=1.0, v_scale=1.0, scale=None):
             {"batch": batch, "kv_len": k.shape[2]})
 
 
+def mla_decode_front(q_nope: Tensor, q_pe: Tensor, kv: Tensor, k_pe: Tensor, scale: float | None = None):
+    """A decode step of multi-head latent attention (DeepSeek-V2/V3) over its compressed cache, in the
+    absorbed form (FlashMLA's, vLLM's): q_nope (batch, q heads, 1, rank), each head's non-RoPE query
+    already multiplied by its key up-projection; q_pe (batch, q heads, 1, rope), the rotated RoPE part;
+    kv (batch, 1, kv_len, rank), the normed latent cache, and k_pe (batch, 1, kv_len, rope), k's
+    shared rotated part, as transformers' cache keeps them. Returns (batch, q heads, 1, rank):
+    softmax((q_nope kv^T + q_pe k_pe^T) * scale) kv, the latent each head's value up-projection then
+    reads. scale None: (rank + rope) ** -0.5 (a model passes its own: qk_head_dim ** -0.5)."""
+    return (q_nope.shape, kv.shape, q_pe.shape, q_nope.dtype, q_nope.is_cuda), (q_nope, q_pe, kv, k_pe, scale)
+
+
+def mla_decode_call(q_nope, q_pe, kv, k_pe, scale=None):
+    if (any(t.dim() != 4 for t in (q_nope, q_pe, kv, k_pe)) or q_nope.dtype not in DTYPE_NAMES
+            or q_nope.shape[2] != 1 or kv.shape[1] != 1 or k_pe.shape[1] != 1 or q_pe.shape[:3] != q_nope.shape[:3]
+            or kv.shape[-1] != q_nope.shape[-1] or k_pe.shape[-1] != q_pe.shape[-1] or kv.shape[:3] != k_pe.shape[:3]):
+        return None
+    batch, hq, _, rank = q_nope.shape
+    static = {"hq": hq, "rank": rank, "rope": q_pe.shape[-1]}
+    return (Signature.make("attention.mla_decode", static, (), DTYPE_NAMES[q_nope.dtype]),
+            {"batch": batch, "kv_len": kv.shape[2]})
+
+
 # --- example inputs ---------------------------------------------------------------------------------
 def value_dim(sig) -> int:
     """The head dim of v (and of the output): dv where the signature sets it, else d."""
@@ -125,6 +147,15 @@ def attention_fp8kv_inputs(sig, dims, device, gen):
         values = torch.randn((batch, hkv, kv_len, d), generator=gen, device=device) / scale
         return values.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, cached(k_scale), cached(v_scale), k_scale, v_scale, None
+
+
+def mla_decode_inputs(sig, dims, device, gen):
+    """(q_nope, q_pe, kv, k_pe, scale) with the scale of a model whose q/k heads are a quarter of the
+    latent plus the RoPE part (DeepSeek's 128 + 64 beside 512), so the scores are not flattened."""
+    batch, hq, rank, rope, kv_len = dims["batch"], sig.dim("hq"), sig.dim("rank"), sig.dim("rope"), dims["kv_len"]
+    return (randn((batch, hq, 1, rank), sig, device, gen), randn((batch, hq, 1, rope), sig, device, gen),
+            randn((batch, 1, kv_len, rank), sig, device, gen), randn((batch, 1, kv_len, rope), sig, device, gen),
+            (rank // 4 + rope) ** -0.5)
 
 
 # --- the eager kernels: the fallbacks, written as transformers computes these ops ------------------
@@ -190,6 +221,14 @@ def attention_fp8kv(q, k, v, k_scale: float, v_scale: float, scale=None):
     return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
+def mla_decode(q_nope, q_pe, kv, k_pe, scale=None):
+    """Two matmuls of every head against the one latent cache (broadcast over heads: nothing copied or
+    expanded), the softmax in fp32, the latent read once more as the values."""
+    scale = (q_nope.shape[-1] + q_pe.shape[-1]) ** -0.5 if scale is None else scale
+    scores = (torch.matmul(q_nope, kv.transpose(-1, -2)) + torch.matmul(q_pe, k_pe.transpose(-1, -2))).float() * scale
+    return torch.matmul(scores.softmax(-1).to(q_nope.dtype), kv)
+
+
 # --- the records ---------------------------------------------------------------------------------------
 # The tuner's buckets per named grid (lzsolve.measure.grid): tiny for tests, small the default on a CPU, full
 # on a GPU, at the decode and prefill sizes a server sees. Prefill measures batch 1 and 2 both:
@@ -219,6 +258,10 @@ RECORDS = (
     OpSchema("attention.decode_fp8kv", ("hq", "hkv", "d"), (), ("batch", "kv_len"), "eager.attention_fp8kv",
              method="attention_fp8kv", front=attention_fp8kv_front, call=attention_fp8kv_call,
              inputs=attention_fp8kv_inputs, fake=attention_fake, buckets=DECODE_BUCKETS),
+    # a decode step of MLA over its compressed latent cache, the weights absorbed (DeepSeek-V2/V3)
+    OpSchema("attention.mla_decode", ("hq", "rank", "rope"), (), ("batch", "kv_len"), "eager.mla_decode",
+             method="mla_decode", front=mla_decode_front, call=mla_decode_call, inputs=mla_decode_inputs,
+             buckets=DECODE_BUCKETS),
 )
 
 
@@ -232,4 +275,7 @@ SPECS = [
     KernelSpec("eager.attention_fp8kv", frozenset({"attention.decode_fp8kv"}), "torch", attention_fp8kv, platforms=BOTH,
                dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY, features=frozenset({"gqa"}), graph_safe=True,
                notes="dequantise the whole cache to q's dtype, then SDPA"),
+    KernelSpec("eager.mla_decode", frozenset({"attention.mla_decode"}), "torch", mla_decode, platforms=BOTH,
+               dtypes=ALL_DTYPES, graph_safe=True, deterministic=True,
+               notes="q_nope kv^T + q_pe k_pe^T broadcast over heads, fp32 softmax, then kv as the values"),
 ]

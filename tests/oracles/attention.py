@@ -27,6 +27,7 @@ SIGS = [
     (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 12, "dv": 8}, ("causal",), "fp32"),
      {"batch": 2, "seq": 7}),
     (Signature.make("attention.decode", {"hq": 4, "hkv": 4, "d": 12, "dv": 8}, (), "fp32"), {"batch": 2, "kv_len": 9}),
+    (Signature.make("attention.mla_decode", {"hq": 3, "rank": 12, "rope": 4}, (), "fp32"), {"batch": 2, "kv_len": 9}),
 ]
 
 
@@ -56,9 +57,18 @@ def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
     return out
 
 
+def mla_decode64(q_nope, q_pe, kv, k_pe, scale):
+    """MLA's absorbed decode as the attention it stands for: one kv head whose keys are the latent
+    and k's RoPE part side by side and whose values are the latent, every q head reading it."""
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    k = torch.cat([kv, k_pe], dim=-1)
+    return attention64(q, k, kv, False, scale)
+
+
 INDEPENDENT = {
     "attention.prefill": attention64,
     "attention.decode": attention64,
     "attention.decode_fp8kv": lambda q, k, v, k_scale, v_scale, scale: attention64(
         q, k.double() * k_scale, v.double() * v_scale, False, scale),
+    "attention.mla_decode": mla_decode64,
 }

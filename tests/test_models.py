@@ -353,6 +353,23 @@ def test_deepseek_v3_mla():
         capture(cfg, "deepseek-v3", 3)
 
 
+def test_deepseek_v2_defaults():
+    """transformers' DeepseekV2Config defaults: a q latent (1536) like V3's, 32 heads, every layer MoE.
+    They leave num_experts_per_tok unset, which transformers' own routing cannot run: refused in one
+    line; with it set, they plan. Their expert width, 1407, divides by no TP."""
+    from transformers import DeepseekV2Config
+    with pytest.raises(LzError, match=r"^d: cannot run DeepseekV2ForCausalLM to capture its ops \(TypeError: topk"):
+        capture(DeepseekV2Config().to_dict(), "d")
+    cfg = DeepseekV2Config(num_experts_per_tok=6).to_dict()
+    found = {str(o.signature): o.calls_per_forward for o in capture(cfg, "deepseek-v2").instances}
+    assert {"linear[k=4096,n=2112,bf16]": 32, "norm.rms[hidden=1536,bf16]": 32, "linear[k=1536,n=6144,bf16]": 32,
+            "linear[k=512,n=8192,bf16]": 32, "attention.prefill[hq=32,hkv=32,d=192,dv=128,causal,bf16]": 32,
+            "linear[k=4096,n=4096,bf16]": 32, "moe.experts[experts=64,top_k=6,hidden=4096,inter=1407,bf16]": 32,
+            }.items() <= found.items(), found
+    with pytest.raises(LzError, match="--tp 8 cannot shard deepseek-v2: it does not divide MLP width 2814, expert width 1407"):
+        capture(cfg, "deepseek-v2", 8)
+
+
 def test_gpt2():
     # 12 layers, hidden 768, 12 heads of 64, MLP 4 * 768, every projection with a bias
     assert ops_of("gpt2") == {

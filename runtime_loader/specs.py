@@ -146,6 +146,8 @@ def required_features(sig: Signature) -> frozenset[str]:
         features.add("sliding_window")
     if static.get("softcap"):
         features.add("softcap")
+    if "d" in static and static.get("dv"):  # attention whose v head dim differs from q's and k's (MLA)
+        features.add("v_head_dim")
     if static.get("limit"):
         features.add("clamped_swiglu")
     if static.get("ep", 1) > 1:
@@ -249,9 +251,9 @@ class KernelSpec:
         if sig.dtype not in self.dtypes:
             reasons.append(Reason(DTYPE_UNSUPPORTED, f"supports {sorted(self.dtypes) or 'no dtype'}, not {sig.dtype}"))
         static = dict(sig.static)
-        if "d" in static:
-            d = static["d"]
-            if d > self.head_dim_max or d % self.head_dim_multiple:
+        for dim in ("d", "dv") if "d" in static else ():  # attention's q/k head dim, and v's where it differs (MLA)
+            d = static.get(dim)
+            if d and (d > self.head_dim_max or d % self.head_dim_multiple):
                 reasons.append(Reason(
                     HEAD_DIM_UNSUPPORTED,
                     f"head_dim {d} outside <= {self.head_dim_max}, multiple of {self.head_dim_multiple}"))

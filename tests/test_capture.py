@@ -270,7 +270,7 @@ def test_dtype_fp8_plans_the_model_as_its_fp8_deployment(tmp_path):
 
 
 def test_fp8_kv_decodes_over_the_fp8_cache_where_an_op_computes_it():
-    from lzsolve.models.capture import load
+    from lzsolve.models.capture import fp8_kv_cache, load
 
     llama = load("llama3-8b", None, 1, "bf16", fp8_kv=True)
     decodes = {str(i.signature): i.calls_per_forward for i in llama.instances if "decode" in i.signature.op}
@@ -281,3 +281,7 @@ def test_fp8_kv_decodes_over_the_fp8_cache_where_an_op_computes_it():
     assert decodes == {"attention.decode[hq=4,hkv=1,d=256,window=512,qk_norm,bf16]": 22,
                        "attention.decode_fp8kv[hq=4,hkv=1,d=256,bf16]": 4}
     assert any("over an FP8 KV cache" in n and "window=512" in n for n in gemma.notes)
+    # MLA: v's head dim is not q's (dv), which no FP8-cache op takes either
+    deepseek = fp8_kv_cache(capture(default_config("deepseek_v3"), "deepseek-v3"))
+    decodes = {str(i.signature) for i in deepseek.instances if "decode" in i.signature.op}
+    assert decodes == {"attention.decode[hq=128,hkv=128,d=192,dv=128,bf16]"}

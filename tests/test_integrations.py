@@ -923,3 +923,114 @@ def test_calls_outside_the_table_keep_transformers_own_conv_and_delta_rules(monk
     stats = d.stats()
     assert {kernel for op in ("recurrent.gated_deltanet", "conv.causal_depthwise") for kernel in stats[op]} == {
         "own code (fallback)"}, stats
+
+
+# --- DeepSeek-V2/V3: multi-head latent attention (issue 60) ---------------------------------------------
+def tiny_deepseek(dtype=torch.float32, v3: bool = False):
+    """DeepSeek-V2-Lite's shape, shrunk: no q latent (q_proj), a kv latent of 32 with k's shared RoPE part
+    of 8, q/k heads of 16 + 8 and v heads of 16 (attention's dv); the first layer dense, then 8 routed
+    experts (2 per token) beside 2 shared ones; V2-Lite's YaRN scaling (its mscale scales attention).
+    v3: DeepSeek-V3's modelling (grouped sigmoid routing, interleaved RoPE weights) at the same sizes."""
+    if not hasattr(transformers, "DeepseekV2ForCausalLM"):
+        pytest.skip("this transformers has no DeepseekV2ForCausalLM")
+    torch.manual_seed(13)
+    options = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=4, max_position_embeddings=128, q_lora_rank=None, kv_lora_rank=32,
+                   qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                   n_shared_experts=2, moe_intermediate_size=32, first_k_dense_replace=1)
+    if v3:
+        config = transformers.DeepseekV3Config(**options, n_group=2, topk_group=1)
+        return transformers.DeepseekV3ForCausalLM(config).to(dtype).eval()
+    config = transformers.DeepseekV2Config(**options, topk_method="greedy", rope_scaling={
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 0.707,
+        "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})
+    return transformers.DeepseekV2ForCausalLM(config).to(dtype).eval()
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def deepseek_artifact(request, tmp_path_factory):
+    """(dtype, a CPU tune of what the tiny DeepSeek-V2-Lite calls once patched in that dtype)."""
+    folder = tmp_path_factory.mktemp("deepseek")
+    return request.param, tune_what_patched_models_call(folder, "tiny-deepseek-v2-lite", [tiny_deepseek(request.param)])
+
+
+@pytest.mark.parametrize("tuned", [True, False])
+def test_patched_deepseek_v2_lite_is_served_from_its_table(tuned, deepseek_artifact, restore_active):
+    """MLA through the table: attention with q/k of 24 and v of 16 (its own signature, dv), the
+    latent's RMSNorm, q_proj and kv_a_proj_with_mqa as one GEMM, kv_b_proj; the routed and shared
+    experts. From the tuned table (each module where it serves more than the fallback) or from every
+    op's fallback as a table would choose it (attention: the eager reference, which takes dv too):
+    logits as unpatched and generate() equal, every call the table's; fp32 and bf16."""
+    from runtime_loader.integrations.transformers import observe, patch
+
+    dtype, artifact = deepseek_artifact
+    model = tiny_deepseek(dtype)
+    calls, _ = observe(model)
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = model(ids).logits
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+    d = runtime_loader.load(artifact, strict=True) if tuned else serving_fallbacks(
+        attention_prefill="eager.attention", attention_decode="eager.attention")
+    report = patch(model, d)
+    name = "fp32" if dtype == torch.float32 else "bf16"
+    if tuned:
+        signatures = {str(sig) for sig in d.table.trees}
+        assert {f"attention.prefill[hq=4,hkv=4,d=24,dv=16,causal,{name}]",
+                f"attention.decode[hq=4,hkv=4,d=24,dv=16,{name}]", f"norm.rms[hidden=32,{name}]"} <= signatures
+    assert report.fused["q_proj+kv_a_proj_with_mqa"] == 2, report
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=tolerance, atol=tolerance)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+    if tuned:
+        assert_served_by_its_own_table(d)
+    stats = d.stats()
+    # two layers: the logits' forward and generate()'s prompt, then its 5 decode steps; the one MoE layer
+    counts = {("attention.prefill", "model.layers.0.self_attn"): 2 * 2,
+              ("attention.decode", "model.layers.0.self_attn"): 2 * 5,
+              ("norm.rms", "model.layers.0.self_attn.kv_a_layernorm"): 2 * 7,
+              ("moe.experts", "model.layers.1.mlp.experts"): 7}
+    for (op, module), count in counts.items():
+        if not tuned or table_serves(d, calls, module, op):
+            assert sum(stats[op].values()) >= count, (op, stats[op])
+    if not tuned:
+        assert set(stats["attention.decode"]) == {"eager.attention"}, stats["attention.decode"]
+
+
+@pytest.mark.parametrize("v3", [False, True])
+def test_a_deepseek_tune_from_its_config_covers_what_the_patched_model_calls(v3, tmp_path, restore_active):
+    """What capture plans from the config (MLA's linears, latent norms, attention with dv, experts) is
+    what the patched model calls; DeepSeek's RoPE forms are noted, V3's grouped routing named."""
+    from lzsolve.models.capture import capture
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_deepseek(v3=v3)
+    cfg = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+    captured = capture(cfg, "tiny-deepseek", dtype="fp32")
+    assert "model.layers.*.self_attn: rotary embedding in a form no op computes" in captured.notes
+    assert any("DeepseekV3TopkRouter" in note for note in captured.notes) == v3, captured.notes
+    patch(model, Dispatcher(None), all_ops=True)
+    with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
+        model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
+    called = {unfused(call["name"]) for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    tuned = {str(i.signature).replace("norm.rms_add", "norm.rms") for i in captured.instances}
+    assert "attention.decode[hq=4,hkv=4,d=24,dv=16,fp32]" in called
+    assert called <= tuned, sorted(called - tuned)
+
+
+def test_an_mla_decode_workload_is_tuned_and_replayed(tmp_path, restore_active):
+    """attention.mla_decode (MLA's decode over the latent cache, absorbed), as a server calls it:
+    recorded, tuned on CPU and replayed from the table against its fp32 reference."""
+    from lzsolve.pipeline import ModelSource
+    from tests.tables import assert_replays_references, tuned
+
+    d = Dispatcher(None)
+    with runtime_loader.record(tmp_path / "w.json", name="mla"):
+        for batch, kv_len in ((1, 40), (2, 100)):
+            q_nope, q_pe = torch.randn(batch, 4, 1, 64), torch.randn(batch, 4, 1, 16)
+            kv, k_pe = torch.randn(batch, 1, kv_len, 64), torch.randn(batch, 1, kv_len, 16)
+            assert d.mla_decode(q_nope, q_pe, kv, k_pe, 0.1).shape == (batch, 4, 1, 64)
+    artifact = tuned(ModelSource(workload=tmp_path / "w.json"), tmp_path / "artifact").artifact
+    served = assert_replays_references(artifact)
+    assert [str(sig) for sig in served.table.trees] == ["attention.mla_decode[hq=4,rank=64,rope=16,fp32]"]

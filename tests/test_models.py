@@ -115,10 +115,14 @@ def test_missing_config_file(tmp_path):
 
 # --- the capability gate: what no op computes is refused by name, in one line --------------
 
+MLA_ELSEWHERE = "multi-head latent attention (MLA) other than DeepSeek-V2/V3's"
+
+
 @pytest.mark.parametrize("base,extra,named", [
-    ("llama3-8b", {"model_type": "deepseek_v3", "n_routed_experts": 256, "kv_lora_rank": 512, "q_lora_rank": 1536},
-     ["multi-head latent attention (MLA) ('kv_lora_rank')", "multi-head latent attention (MLA) ('q_lora_rank')"]),
-    ("llama3-8b", {"kv_lora_rank": 512}, ["multi-head latent attention (MLA) ('kv_lora_rank')"]),
+    # MLA is captured for DeepSeek-V2/V3 (test_deepseek_*), refused for the other types that have it
+    ("llama3-8b", {"model_type": "minicpm3", "kv_lora_rank": 256, "q_lora_rank": 768},
+     [f"{MLA_ELSEWHERE} ('kv_lora_rank')", f"{MLA_ELSEWHERE} ('q_lora_rank')"]),
+    ("llama3-8b", {"kv_lora_rank": 512}, [f"{MLA_ELSEWHERE} ('kv_lora_rank')"]),
     ("gpt2", {"add_cross_attention": True}, ["cross-attention ('add_cross_attention')"]),
     ("gemma3-270m", {"use_bidirectional_attention": True}, ["bidirectional (non-causal) attention"]),
     ("llama3-8b", {"quantization_config": {"quant_method": "fp8"}}, ["quantized weights (fp8)"]),
@@ -220,6 +224,150 @@ def test_llama3_70b_tp8():
     assert roles["norm.rms[hidden=8192,bf16]"] == ("model.layers.*.input_layernorm",)  # layer 0's
     assert set(roles["norm.rms_add[hidden=8192,bf16]"]) == {
         "model.layers.*.input_layernorm", "model.layers.*.post_attention_layernorm", "model.norm"}
+
+
+# deepseek-ai/DeepSeek-V2-Lite's config.json (its auto_map left out): MLA without a q latent
+# (q_lora_rank null: q_proj), 64 routed experts of which 6 per token (greedy softmax routing) beside
+# 2 shared ones, the first layer dense
+DEEPSEEK_V2_LITE = {
+    "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"], "vocab_size": 102400,
+    "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64,
+    "num_experts_per_tok": 6, "routed_scaling_factor": 1.0, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+    "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": False, "scoring_func": "softmax",
+    "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "hidden_act": "silu", "max_position_embeddings": 163840, "rms_norm_eps": 1e-6, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False, "bos_token_id": 100000,
+    "eos_token_id": 100001,
+}
+DEEPSEEK_NOTES = ("model.layers.*.mlp.gate: {} ({} module(s), 0.0% of the parameters): no op covers it",
+                  "model.layers.*.self_attn: rotary embedding in a form no op computes")
+
+
+def test_deepseek_v2_lite_mla():
+    """MLA: q (16 heads of 128 + 64 RoPE dims) and the kv latent (512) with k's shared RoPE part (64)
+    read the hidden states in one GEMM; kv_b_proj expands the normed latent into k's 128 and v's 128
+    per head; attention runs with q/k of 192 and v of 128 (dv). Under TP 8 the heads divide (q_proj,
+    kv_b_proj, o_proj) and kv_a_proj_with_mqa stays whole on every rank (384 + 576)."""
+    c = capture(DEEPSEEK_V2_LITE, "deepseek-v2-lite")
+    assert {str(o.signature): o.calls_per_forward for o in c.instances} == {
+        "embedding[vocab=102400,hidden=2048,bf16]": 1,
+        "norm.rms[hidden=2048,bf16]": 1,
+        "linear[k=2048,n=3648,bf16]": 27,  # q_proj + kv_a_proj_with_mqa: 16 * 192 + 512 + 64
+        "norm.rms[hidden=512,bf16]": 27,  # kv_a_layernorm: the latent's rows, not a per-head q/k norm
+        "linear[k=512,n=4096,bf16]": 27,  # kv_b_proj: 16 * (128 + 128)
+        "attention.prefill[hq=16,hkv=16,d=192,dv=128,causal,bf16]": 27,
+        "attention.decode[hq=16,hkv=16,d=192,dv=128,bf16]": 27,
+        "linear[k=2048,n=2048,bf16]": 27,  # o_proj: 16 * 128
+        "norm.rms_add[hidden=2048,bf16]": 54,
+        "linear[k=2048,n=21888,bf16]": 1,  # the dense first layer's gate_up
+        "act.swiglu[width=10944,bf16]": 1,
+        "linear[k=10944,n=2048,bf16]": 1,
+        "moe.experts[experts=64,top_k=6,hidden=2048,inter=1408,bf16]": 26,
+        "linear[k=2048,n=5632,bf16]": 26,  # the shared experts' gate_up: 2 * 1408 twice
+        "act.swiglu[width=2816,bf16]": 26,
+        "linear[k=2816,n=2048,bf16]": 26,
+        "linear[k=2048,n=102400,bf16]": 1,
+    }
+    roles = {str(o.signature): o.roles for o in c.instances}
+    assert roles["linear[k=2048,n=3648,bf16]"] == ("model.layers.*.self_attn.q_proj+kv_a_proj_with_mqa",)
+    assert roles["norm.rms[hidden=512,bf16]"] == ("model.layers.*.self_attn.kv_a_layernorm",)
+    # 64 experts: the unsorted top-k's order is not moe.router's (its form is checked by running it)
+    assert c.notes == (DEEPSEEK_NOTES[0].format("DeepseekV2TopkRouter", 26), DEEPSEEK_NOTES[1])
+    assert {str(o.signature): o.calls_per_forward for o in capture(DEEPSEEK_V2_LITE, "deepseek-v2-lite", 8).instances} == {
+        "embedding[vocab=12800,hidden=2048,bf16]": 1,
+        "norm.rms[hidden=2048,bf16]": 1,
+        "linear[k=2048,n=960,bf16]": 27,  # q_proj's share, 2 * 192, and the whole kv_a_proj_with_mqa, 576
+        "norm.rms[hidden=512,bf16]": 27,
+        "linear[k=512,n=512,bf16]": 27,  # kv_b_proj: 2 * (128 + 128)
+        "attention.prefill[hq=2,hkv=2,d=192,dv=128,causal,bf16]": 27,
+        "attention.decode[hq=2,hkv=2,d=192,dv=128,bf16]": 27,
+        "linear[k=256,n=2048,bf16]": 27,  # o_proj: row-parallel over 2 * 128
+        "norm.rms_add[hidden=2048,bf16]": 54,
+        "linear[k=2048,n=2736,bf16]": 1,
+        "act.swiglu[width=1368,bf16]": 1,
+        "linear[k=1368,n=2048,bf16]": 1,
+        "moe.experts[experts=64,top_k=6,hidden=2048,inter=176,bf16]": 26,
+        "linear[k=2048,n=704,bf16]": 26,
+        "act.swiglu[width=352,bf16]": 26,
+        "linear[k=352,n=2048,bf16]": 26,
+        "linear[k=2048,n=12800,bf16]": 1,
+    }
+
+
+def test_deepseek_v3_mla():
+    """transformers' DeepseekV3Config defaults (DeepSeek-V3's sizes): a q latent too (q_a_proj 1536,
+    q_a_layernorm, q_b_proj), read with the kv latent's GEMM; 3 dense layers, then 256 routed experts
+    (8 per token, grouped sigmoid routing: no op computes it, named) beside a shared one. Under TP 8
+    both latent projections are whole on every rank, the heads and widths divide."""
+    from transformers import DeepseekV3Config
+    cfg = DeepseekV3Config().to_dict()
+    c = capture(cfg, "deepseek-v3")
+    assert {str(o.signature): o.calls_per_forward for o in c.instances} == {
+        "embedding[vocab=129280,hidden=7168,bf16]": 1,
+        "norm.rms[hidden=7168,bf16]": 1,
+        "linear[k=7168,n=2112,bf16]": 61,  # q_a_proj + kv_a_proj_with_mqa: 1536 + 512 + 64
+        "norm.rms[hidden=1536,bf16]": 61,  # q_a_layernorm
+        "linear[k=1536,n=24576,bf16]": 61,  # q_b_proj: 128 * 192
+        "norm.rms[hidden=512,bf16]": 61,  # kv_a_layernorm
+        "linear[k=512,n=32768,bf16]": 61,  # kv_b_proj: 128 * (128 + 128)
+        "attention.prefill[hq=128,hkv=128,d=192,dv=128,causal,bf16]": 61,
+        "attention.decode[hq=128,hkv=128,d=192,dv=128,bf16]": 61,
+        "linear[k=16384,n=7168,bf16]": 61,  # o_proj: 128 * 128
+        "norm.rms_add[hidden=7168,bf16]": 122,
+        "linear[k=7168,n=36864,bf16]": 3,
+        "act.swiglu[width=18432,bf16]": 3,
+        "linear[k=18432,n=7168,bf16]": 3,
+        "moe.experts[experts=256,top_k=8,hidden=7168,inter=2048,bf16]": 58,
+        "linear[k=7168,n=4096,bf16]": 58,
+        "act.swiglu[width=2048,bf16]": 58,
+        "linear[k=2048,n=7168,bf16]": 58,
+        "linear[k=7168,n=129280,bf16]": 1,
+    }
+    assert c.notes == (DEEPSEEK_NOTES[0].format("DeepseekV3TopkRouter", 58), DEEPSEEK_NOTES[1])
+    assert features(c)["attention.prefill"] == {"causal", "v_head_dim"}
+    assert {str(o.signature): o.calls_per_forward for o in capture(cfg, "deepseek-v3", 8).instances} == {
+        "embedding[vocab=16160,hidden=7168,bf16]": 1,
+        "norm.rms[hidden=7168,bf16]": 1,
+        "linear[k=7168,n=2112,bf16]": 61,  # replicated: every rank computes both latents whole
+        "norm.rms[hidden=1536,bf16]": 61,
+        "linear[k=1536,n=3072,bf16]": 61,
+        "norm.rms[hidden=512,bf16]": 61,
+        "linear[k=512,n=4096,bf16]": 61,
+        "attention.prefill[hq=16,hkv=16,d=192,dv=128,causal,bf16]": 61,
+        "attention.decode[hq=16,hkv=16,d=192,dv=128,bf16]": 61,
+        "linear[k=2048,n=7168,bf16]": 61,
+        "norm.rms_add[hidden=7168,bf16]": 122,
+        "linear[k=7168,n=4608,bf16]": 3,
+        "act.swiglu[width=2304,bf16]": 3,
+        "linear[k=2304,n=7168,bf16]": 3,
+        "moe.experts[experts=256,top_k=8,hidden=7168,inter=256,bf16]": 58,
+        "linear[k=7168,n=512,bf16]": 58,
+        "act.swiglu[width=256,bf16]": 58,
+        "linear[k=256,n=7168,bf16]": 58,
+        "linear[k=7168,n=16160,bf16]": 1,
+    }
+    with pytest.raises(LzError, match="--tp 3 cannot shard"):
+        capture(cfg, "deepseek-v3", 3)
+
+
+def test_deepseek_v2_defaults():
+    """transformers' DeepseekV2Config defaults: a q latent (1536) like V3's, 32 heads, every layer MoE.
+    They leave num_experts_per_tok unset, which transformers' own routing cannot run: refused in one
+    line; with it set, they plan. Their expert width, 1407, divides by no TP."""
+    from transformers import DeepseekV2Config
+    with pytest.raises(LzError, match=r"^d: cannot run DeepseekV2ForCausalLM to capture its ops \(TypeError: topk"):
+        capture(DeepseekV2Config().to_dict(), "d")
+    cfg = DeepseekV2Config(num_experts_per_tok=6).to_dict()
+    found = {str(o.signature): o.calls_per_forward for o in capture(cfg, "deepseek-v2").instances}
+    assert {"linear[k=4096,n=2112,bf16]": 32, "norm.rms[hidden=1536,bf16]": 32, "linear[k=1536,n=6144,bf16]": 32,
+            "linear[k=512,n=8192,bf16]": 32, "attention.prefill[hq=32,hkv=32,d=192,dv=128,causal,bf16]": 32,
+            "linear[k=4096,n=4096,bf16]": 32, "moe.experts[experts=64,top_k=6,hidden=4096,inter=1407,bf16]": 32,
+            }.items() <= found.items(), found
+    with pytest.raises(LzError, match="--tp 8 cannot shard deepseek-v2: it does not divide MLP width 2814, expert width 1407"):
+        capture(cfg, "deepseek-v2", 8)
 
 
 def test_gpt2():

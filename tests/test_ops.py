@@ -147,6 +147,50 @@ def test_flops_and_bytes():
     assert CONTRACTS["attention.decode"].flops(windowed, long) == CONTRACTS["attention.decode"].flops(unwindowed, short)
 
 
+def test_a_value_head_dim_other_than_qs_is_its_own_signature(gen):
+    """MLA (DeepSeek): q and k of 192, v of 128. The signature names dv only where it differs, so
+    every other model's signatures (and tables) read as before; kernels must declare it."""
+    from runtime_loader import registry
+    from runtime_loader.hardware import device_info
+    from runtime_loader.ops.attention import attention_call
+    q, k, v = torch.randn(2, 4, 5, 24), torch.randn(2, 4, 5, 24), torch.randn(2, 4, 5, 16)
+    sig, dims = attention_call(q, k, v, True)
+    assert str(sig) == "attention.prefill[hq=4,hkv=4,d=24,dv=16,causal,fp32]" and dims == {"batch": 2, "seq": 5}
+    assert str(attention_call(q, k, k, True)[0]) == "attention.prefill[hq=4,hkv=4,d=24,causal,fp32]"
+    assert attention_call(q, v, v, True) is None, "k's head dim must be q's"
+    decode = Signature.make("attention.decode", {"hq": 4, "hkv": 2, "d": 24, "dv": 16}, (), "fp32")
+    q, k, v, *_ = CONTRACTS[decode.op].make_inputs(decode, {"batch": 1, "kv_len": 9}, CPU, gen)
+    assert (q.shape, k.shape, v.shape) == ((1, 4, 1, 24), (1, 2, 9, 24), (1, 2, 9, 16))
+    assert CONTRACTS[decode.op].reference(q, k, v, False, None).shape == (1, 4, 1, 16)
+    same = Signature.make("attention.decode", {"hq": 4, "hkv": 2, "d": 24}, (), "fp32")
+    contract, dims = CONTRACTS[decode.op], {"batch": 1, "kv_len": 9}
+    assert contract.flops(decode, dims) == contract.flops(same, dims) * (24 + 16) / 48
+    assert contract.bytes_moved(decode, dims) == contract.bytes_moved(same, dims) * (24 + 16) / 48
+    here = device_info("cpu")
+    assert not registry.get("sdpa.default").check(decode, here) and not registry.get("sdpa.math").check(decode, here)
+    assert "FEATURE_UNSUPPORTED:v_head_dim" in {r.code for r in registry.get("sdpa.cpu_flash").check(decode, here)}
+
+
+def test_mla_decode_is_deepseeks_attention_with_the_weights_absorbed():
+    """attention.mla_decode over the latent cache, with each head's key up-projection folded into q
+    and its value up-projection applied after, is the attention transformers' DeepSeek computes over
+    the expanded cache (kv_b_proj: per head, k_nope's rows then v's, from the latent)."""
+    from runtime_loader import registry
+    torch.manual_seed(0)
+    batch, hq, kv_len, rank, nope, rope, dv = 2, 3, 7, 16, 8, 4, 6
+    w_uk, w_uv = torch.randn(hq, nope + dv, rank).split([nope, dv], dim=1)  # kv_b_proj's weight, per head
+    kv, k_pe = torch.randn(batch, 1, kv_len, rank), torch.randn(batch, 1, kv_len, rope)
+    q_nope, q_pe = torch.randn(batch, hq, 1, nope), torch.randn(batch, hq, 1, rope)
+    scale = (nope + rope) ** -0.5
+    k = torch.cat([torch.einsum("btr,hnr->bhtn", kv[:, 0], w_uk), k_pe.expand(-1, hq, -1, -1)], dim=-1)
+    v = torch.einsum("btr,hvr->bhtv", kv[:, 0], w_uv)
+    expected = torch.nn.functional.scaled_dot_product_attention(torch.cat([q_nope, q_pe], dim=-1), k, v, scale=scale)
+    absorbed = torch.einsum("bhqn,hnr->bhqr", q_nope, w_uk)
+    latent = registry.get("eager.mla_decode").impl(absorbed, q_pe, kv, k_pe, scale)
+    torch.testing.assert_close(torch.einsum("bhqr,hvr->bhqv", latent, w_uv), expected)
+    torch.testing.assert_close(CONTRACTS["attention.mla_decode"].reference(absorbed, q_pe, kv, k_pe, scale), latent)
+
+
 def test_compare_rejects_wrong_outputs():
     ref = torch.randn(64, 128)
     tol = TOLERANCES["bf16"]

@@ -76,6 +76,11 @@ NAME = "lzsolve_capture"
 # notes on what is tuned but that patch() cannot reach (a server calling the Dispatcher can)
 UNSERVED = "tuned, but runtime_loader's transformers integration cannot serve it"
 ROW_PARALLEL_AFTER = ("attention", "act", "gate", "recurrent")  # a linear right after these reads sharded features
+# multi-head latent attention (DeepSeek-V2/V3, lzsolve.models.config.MLA_TYPES): the projections down to
+# the latents, replicated on every rank as servers hold them (vLLM's ReplicatedLinear: the kv latent and
+# k's RoPE part are shared by every head), and the latents' RMSNorms, plain norm.rms, not q/k norms
+MLA_DOWN_PROJECTIONS = ("q_a_proj", "kv_a_proj_with_mqa")
+MLA_LATENT_NORMS = ("q_a_layernorm", "kv_a_layernorm")
 
 
 @dataclass(frozen=True)
@@ -304,10 +309,11 @@ def _call_opaque(rec: _Recorder | None, fn, *args, **kwargs):
         rec.opaque -= 1
 
 
-def _rope_wrapper(original):
+def _rope_wrapper(original, served: bool = True):
     # split_half, interleaved (Cohere), split_half_once (GPT-OSS: cos/sin hold each angle once, half
-    # the rotated width), or a form no op serves (GLM's)
-    layout = rope_layout(original)
+    # the rotated width), or a form no op serves (GLM's); served=False: a function patch() does not
+    # replace, whatever it computes (its calls are noted)
+    layout = rope_layout(original) if served else None
     once = layout == "split_half_once"
 
     def apply_rotary_pos_emb(*args, **kwargs):
@@ -377,7 +383,12 @@ def _sdpa_wrapper(original):
     return scaled_dot_product_attention
 
 
-WRAPPED = {"apply_rotary_pos_emb": _rope_wrapper, "torch_chunk_gated_delta_rule": _deltanet_wrapper,
+WRAPPED = {"apply_rotary_pos_emb": _rope_wrapper,
+           # DeepSeek's RoPE forms no op computes: V2's complex product with freqs_cis, V3's de-interleaving
+           # one (rope_interleave); recorded so that a note names them (V3 without it calls apply_rotary_pos_emb)
+           "apply_rotary_emb": lambda original: _rope_wrapper(original, served=False),
+           "apply_rotary_pos_emb_interleave": lambda original: _rope_wrapper(original, served=False),
+           "torch_chunk_gated_delta_rule": _deltanet_wrapper,
            "torch_recurrent_gated_delta_rule": _deltanet_wrapper, "causal_conv1d_fn": _conv_wrapper,
            "causal_conv1d_update": functools.partial(_conv_wrapper, update=True)}
 
@@ -433,7 +444,8 @@ def _observer(name: str, kind: Kind, rec: _Recorder):
         if kind.op == "linear":
             weight = module.weight if isinstance(module, torch.nn.Linear) else module.weight.T  # Conv1D: (k, n)
             sig = _sig(linear_call(x, weight, module.bias))
-            rec.events.append(Event("linear", name, sig, (rec.tensor(x),), rec.tensor(output)))
+            replicated = {"replicated": True} if name.rsplit(".", 1)[-1] in MLA_DOWN_PROJECTIONS else {}
+            rec.events.append(Event("linear", name, sig, (rec.tensor(x),), rec.tensor(output), replicated))
         elif kind.op == "embedding":
             scale = 1.0 if kind.scale else None
             sig = _sig(embedding_call(x, module.weight, scale))
@@ -499,7 +511,8 @@ def _resolve(rec: _Recorder) -> list[Event]:
         elif e.op.startswith("norm"):
             x = e.extra["x"]
             parent = e.module.rsplit(".", 1)[0]
-            if parent in attention_modules and e.op == "norm.rms" and x.dim() >= 3:
+            latent = e.module.rsplit(".", 1)[-1] in MLA_LATENT_NORMS  # MLA's: rows of a latent, not heads
+            if parent in attention_modules and e.op == "norm.rms" and x.dim() >= 3 and not latent:
                 # per-head rows in whatever layout the model keeps q and k: heads = elements per token / d
                 per_token = x.reshape(rec.tokens, -1, x.shape[-1])
                 e = replace(e, op="norm.qk", sig=_sig(qk_norm_call(per_token, unit_offset=e.extra["unit_offset"])))
@@ -515,8 +528,10 @@ def _resolve(rec: _Recorder) -> list[Event]:
             fused = Signature.make("linear", {**dict(first.sig.static), "n": first.sig.dim("n") + e.sig.dim("n")},
                                    first.sig.flags, first.sig.dtype)
             parts = first.extra.get("parts", (first.sig.dim("n"),)) + (e.sig.dim("n"),)  # for _replicated_kv
+            # which parts every rank holds whole (MLA's kv_a_proj_with_mqa beside a column-parallel q_proj)
+            whole = first.extra.get("whole", (bool(first.extra.get("replicated")),)) + (bool(e.extra.get("replicated")),)
             out[i] = replace(first, sig=fused, module=first.module + "+" + e.module.rsplit(".", 1)[1],
-                             extra={**first.extra, "parts": parts})
+                             extra={**first.extra, "parts": parts, "whole": whole, "replicated": all(whole)})
             continue
         out.append(e)
     return out
@@ -597,6 +612,17 @@ def _replicated_kv(e: Event, sig: Signature, heads: tuple[int, int, int] | None,
     return Signature.make(sig.op, {**dict(sig.static), "n": width}, sig.flags, sig.dtype)
 
 
+def _partly_replicated(e: Event, sig: Signature, tp: int) -> Signature:
+    """Fused sibling linears of which some are replicated and some column-parallel (MLA without a q
+    latent, DeepSeek-V2-Lite: q_proj beside kv_a_proj_with_mqa): the rank's GEMM holds the replicated
+    parts whole and its share of the others."""
+    whole = e.extra.get("whole", ())
+    if tp == 1 or not any(whole) or all(whole):
+        return sig
+    width = sum(part if kept else part // tp for part, kept in zip(e.extra["parts"], whole))
+    return Signature.make(sig.op, {**dict(sig.static), "n": width}, sig.flags, sig.dtype)
+
+
 def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
     _check_ep(events, tp, where, ep)
     problems = []
@@ -650,6 +676,7 @@ def instances(prefill: list[Event], decode: list[Event], tp: int, ep: int = 1) -
         sig = _shard(e.sig, 1 if e.extra.get("replicated") else tp, row_parallel, lm_head, ep)
         if e.op == "linear" and not (row_parallel or lm_head):
             sig = _replicated_kv(e, sig, heads.get(e.module.rsplit(".", 1)[0]), tp)
+            sig = _partly_replicated(e, sig, tp)
         roles, count = merged.get(sig, ([], 0))
         role = _role(e.module)
         merged[sig] = (roles if role in roles else roles + [role], count + 1)
@@ -868,21 +895,23 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
 
 def fp8_kv_cache(captured: Captured) -> Captured:
     """The model served with its KV cache in FP8 (e4m3, a scale for k and one for v), "<name>-fp8kv":
-    its decode steps as attention.decode_fp8kv, except those with a window, a softcap or sinks,
-    which no FP8-cache op computes (they keep their decode signature, and a note says so)."""
+    its decode steps as attention.decode_fp8kv, except those with a window, a softcap, sinks or a v
+    head dim of their own (MLA's dv), which no FP8-cache op computes (they keep their decode
+    signature, and a note says so)."""
     merged: dict[Signature, tuple[tuple[str, ...], int]] = {}
     kept = []
     for instance in captured.instances:
         sig = instance.signature
         if sig.op == "attention.decode":
-            if sig.dim("window") or sig.dim("softcap") or "sinks" in sig.flags:
+            if sig.dim("window") or sig.dim("softcap") or sig.dim("dv") or "sinks" in sig.flags:
                 kept.append(str(sig))
             else:
                 sig = Signature.make("attention.decode_fp8kv", {d: sig.dim(d) for d in ("hq", "hkv", "d")}, (),
                                      sig.dtype)
         roles, calls = merged.get(sig, ((), 0))
         merged[sig] = (roles + tuple(r for r in instance.roles if r not in roles), calls + instance.calls_per_forward)
-    notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap or sinks): "
+    notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap, sinks "
+                                   f"or v's own head dim): "
                                    f"the decode is tuned over a cache in the activations' dtype instead" for s in kept)
     name = f"{captured.name}-fp8kv"
     return dataclasses.replace(captured, name=name, notes=notes,

@@ -13,11 +13,18 @@ from lzsolve.limits import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, read_json_input
 
 # Config keys that mean the model computes something no op here does: refused by name
 UNSUPPORTED_KEYS = {
-    "kv_lora_rank": "multi-head latent attention (MLA)",
-    "q_lora_rank": "multi-head latent attention (MLA)",
+    "kv_lora_rank": "multi-head latent attention (MLA) other than DeepSeek-V2/V3's",
+    "q_lora_rank": "multi-head latent attention (MLA) other than DeepSeek-V2/V3's",
     "add_cross_attention": "cross-attention",
     "use_bidirectional_attention": "bidirectional (non-causal) attention",
 }
+
+
+# Model types whose multi-head latent attention is captured and served (their low-rank projections
+# as linears, latent norms as norm.rms, attention with q/k 192 and v 128 as attention's dv); other
+# types with the same keys (GLM-4-MoE-Lite, MiniCPM3, Kimi-Linear...) are refused until checked
+MLA_TYPES = ("deepseek_v2", "deepseek_v3")
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
 
 
 def read_config(path: str | Path) -> tuple[dict, str]:
@@ -58,7 +65,9 @@ def refuse_unsupported(cfg: dict, where: str) -> None:
     """Parts no op computes, named from the config's keys (the text model's, for a multimodal one).
     A key set to 0, false or null is inert (dense checkpoints often carry them so)."""
     text = _text_keys(cfg, where)
-    found = [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items() if text.get(key)]
+    mla = text.get("model_type") in MLA_TYPES
+    found = [f"{desc} ('{key}')" for key, desc in UNSUPPORTED_KEYS.items()
+             if text.get(key) and not (mla and key in MLA_KEYS)]
     quant = text.get("quantization_config")
     if quant and fp8_scheme(text) is None:
         method = quant.get("quant_method") if isinstance(quant, dict) else None

@@ -4,7 +4,8 @@ Options: a sliding window (query at position p sees keys j > p - window; a prefi
 sits at i, a decode query, the newest token, at kv_len - 1) and Gemma 2's logit softcap (scaled
 scores -> softcap * tanh(scores / softcap), before the mask and softmax), and GPT-OSS's
 attention sinks (a learned logit per q head that joins each row's softmax denominator and
-carries no value: out = softmax([scores, sink])[:-1] v).
+carries no value: out = softmax([scores, sink])[:-1] v), and a v head dim dv other than q's and
+k's d (DeepSeek's MLA: d = 192, dv = 128; the output has dv, the default scale is d ** -0.5).
 The canonical call is (q, k, v, causal, scale), with (window, softcap) appended only when the
 signature sets one of them, and sinks after them with the sinks flag: kernels that declare
 none keep their five-argument form.
@@ -15,6 +16,7 @@ import torch
 
 from lzsolve.ops.base import OpContract, itemsize
 from runtime_loader.ops.attention import attention_shapes as _shapes
+from runtime_loader.ops.attention import value_dim
 
 MAX_SCORE_ELEMENTS = 1 << 26  # reference works on score blocks of at most 256 MiB in fp32
 
@@ -29,7 +31,7 @@ def reference(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
     scale = d ** -0.5 if scale is None else scale
     rows = max(1, MAX_SCORE_ELEMENTS // (groups * kv_len))
     col = torch.arange(kv_len, device=q.device)[None, :]
-    out = torch.empty_like(q)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # v's head dim (MLA's differs from q's)
     for b in range(batch):
         for h in range(hkv):
             qh = q[b, h * groups:(h + 1) * groups]  # (groups, seq_q, d)
@@ -72,24 +74,25 @@ def query_key_pairs(sig, dims) -> float:
 
 
 def flops(sig, dims):
-    """2 d for a score (q . k) and 2 d for its share of the output (p v), per (query, key) pair
-    the mask keeps (query_key_pairs): a causal prefill scores s (s + 1) / 2 pairs, not s^2 / 2."""
+    """2 d for a score (q . k) and 2 dv for its share of the output (p v; dv is d where the signature
+    has none), per (query, key) pair the mask keeps (query_key_pairs): a causal prefill scores
+    s (s + 1) / 2 pairs, not s^2 / 2."""
     batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
-    return 4.0 * batch * hq * query_key_pairs(sig, dims) * d
+    return 2.0 * batch * hq * query_key_pairs(sig, dims) * (d + value_dim(sig))
 
 
 def bytes_moved(sig, dims):
-    """q and out, the keys and values some query sees (a decode query reads only its window), and
-    the sinks' logit per q head."""
+    """q (d) and out (dv), the keys (d) and values (dv) some query sees (a decode query reads only
+    its window), and the sinks' logit per q head."""
     batch, hq, hkv, d, seq_q, kv_len = _shapes(sig, dims)
     window = sig.dim("window")
     keys_read = min(kv_len, window + seq_q - 1) if window else kv_len
     sinks = hq if "sinks" in sig.flags else 0
-    return float(itemsize(sig) * (batch * d * (2 * hq * seq_q + 2 * hkv * keys_read) + sinks))
+    return float(itemsize(sig) * (batch * (d + value_dim(sig)) * (hq * seq_q + hkv * keys_read) + sinks))
 
 
 # every combination at head_dim 128 (and batch 1 and 2: some libraries take another path for a
-# batch), then head dims 64 and 256
+# batch), then head dims 64 and 256, then DeepSeek's MLA heads (q/k 192, v 128), with GQA too
 PREFILL_CASES = (({"hq": 8, "hkv": 1, "d": 128}, ("causal",), {"batch": 1, "seq": 257}),
                  ({"hq": 4, "hkv": 2, "d": 128}, ("causal",), {"batch": 2, "seq": 33}),
                  ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "seq": 70}),
@@ -101,7 +104,9 @@ PREFILL_CASES = (({"hq": 8, "hkv": 1, "d": 128}, ("causal",), {"batch": 1, "seq"
                  ({"hq": 2, "hkv": 1, "d": 256}, ("causal",), {"batch": 2, "seq": 40}),
                  # GPT-OSS: sinks, alone and with its sliding window
                  ({"hq": 8, "hkv": 2, "d": 64}, ("causal", "sinks"), {"batch": 2, "seq": 70}),
-                 ({"hq": 4, "hkv": 2, "d": 64, "window": 16}, ("causal", "sinks"), {"batch": 1, "seq": 70}))
+                 ({"hq": 4, "hkv": 2, "d": 64, "window": 16}, ("causal", "sinks"), {"batch": 1, "seq": 70}),
+                 ({"hq": 4, "hkv": 4, "d": 192, "dv": 128}, ("causal",), {"batch": 2, "seq": 33}),
+                 ({"hq": 4, "hkv": 2, "d": 96, "dv": 64}, ("causal",), {"batch": 1, "seq": 70}))
 DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
                 ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
                 ({"hq": 8, "hkv": 2, "d": 128}, ("qk_norm",), {"batch": 2, "kv_len": 70}),
@@ -110,7 +115,8 @@ DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300})
                 ({"hq": 4, "hkv": 1, "d": 64}, (), {"batch": 3, "kv_len": 70}),
                 ({"hq": 4, "hkv": 4, "d": 256}, (), {"batch": 1, "kv_len": 129}),
                 ({"hq": 8, "hkv": 2, "d": 64}, ("sinks",), {"batch": 2, "kv_len": 70}),
-                ({"hq": 8, "hkv": 2, "d": 64, "window": 32}, ("sinks",), {"batch": 2, "kv_len": 70}))
+                ({"hq": 8, "hkv": 2, "d": 64, "window": 32}, ("sinks",), {"batch": 2, "kv_len": 70}),
+                ({"hq": 8, "hkv": 8, "d": 192, "dv": 128}, (), {"batch": 2, "kv_len": 70}))
 PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved, PREFILL_CASES)
 DECODE = OpContract("attention.decode", reference, flops, bytes_moved, DECODE_CASES)
 
@@ -137,4 +143,30 @@ DECODE_FP8KV = OpContract("attention.decode_fp8kv", fp8kv_reference, fp8kv_flops
                            ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
                            ({"hq": 4, "hkv": 2, "d": 64}, (), {"batch": 3, "kv_len": 70})))
 
-CONTRACTS = (PREFILL, DECODE, DECODE_FP8KV)
+# --- MLA's decode over its compressed latent cache, the weights absorbed (issue 60) ---------------
+def mla_reference(q_nope, q_pe, kv, k_pe, scale):
+    """In fp32: every head's scores against the latent and k's RoPE part, then the latent as values."""
+    scale = (q_nope.shape[-1] + q_pe.shape[-1]) ** -0.5 if scale is None else scale
+    scores = (q_nope @ kv.transpose(-1, -2) + q_pe @ k_pe.transpose(-1, -2)) * scale
+    return scores.softmax(-1) @ kv
+
+
+def mla_flops(sig, dims):
+    """Scores over rank + rope dims, then the values over rank, for each head and cached token."""
+    rank, rope = sig.dim("rank"), sig.dim("rope")
+    return 2.0 * dims["batch"] * sig.dim("hq") * dims["kv_len"] * (2 * rank + rope)
+
+
+def mla_bytes(sig, dims):
+    """The cache once (latent and RoPE part), the queries and the output."""
+    batch, hq, rank, rope = dims["batch"], sig.dim("hq"), sig.dim("rank"), sig.dim("rope")
+    return float(itemsize(sig) * batch * ((rank + rope) * (dims["kv_len"] + hq) + hq * rank))
+
+
+# DeepSeek-V3's latent (512 + 64) at a TP-8 rank's 16 heads, and small odd sizes
+MLA_DECODE = OpContract("attention.mla_decode", mla_reference, mla_flops, mla_bytes,
+                        (({"hq": 16, "rank": 512, "rope": 64}, (), {"batch": 2, "kv_len": 70}),
+                         ({"hq": 4, "rank": 64, "rope": 16}, (), {"batch": 3, "kv_len": 129}),
+                         ({"hq": 1, "rank": 32, "rope": 8}, (), {"batch": 1, "kv_len": 5})))
+
+CONTRACTS = (PREFILL, DECODE, DECODE_FP8KV, MLA_DECODE)

@@ -11,7 +11,9 @@ can never silently mean something else. A sliding window is FA's window_size (le
 window - 1, right 0 under a causal mask), aligned the same way; softcap is FA's own.
 Attention sinks take the row log-sum-exps FA returns (ops.attention.with_sinks).
 The fa3-fwd wheel is built with FLASHATTENTION_DISABLE_LOCAL (fa3_fwd_config.py), so
-FA3 declares softcap but no sliding window.
+FA3 declares softcap but no sliding window. Neither declares a v head dim other than q's
+(attention's dv, MLA): FA2 has one head dim for q, k and v; FA3's hdim_v kernels are not
+checked against this wheel.
 """
 from __future__ import annotations
 

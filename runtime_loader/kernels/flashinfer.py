@@ -21,6 +21,8 @@ RoPE is left out: apply_rope_with_cos_sin_cache wants q and k as (tokens, heads 
 position-indexed fp32 cos|sin cache, so our (batch, heads, seq, d) q and k would need a transposing
 copy per call (we would measure the copy, not the kernel); the other RoPE APIs compute cos and sin
 from rope_theta themselves instead of taking the ones a model hands over.
+A v head dim other than q's (attention's dv, MLA: q/k 192, v 128) is not declared: these adapters
+pass one head dim and refuse 192 (_check_head_dim).
 """
 from __future__ import annotations
 

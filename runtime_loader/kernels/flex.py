@@ -18,6 +18,7 @@ warmed up.
 The signature's options become a score mod (softcap) and a mask mod (causal, sliding
 window) in `mods`; each is built once per option value, so Dynamo's guards on them hold.
 Attention sinks take the row log-sum-exps flex returns (ops.attention.with_sinks).
+A v head dim other than q's (attention's dv, MLA) is not declared: unchecked on a GPU here.
 """
 from __future__ import annotations
 

@@ -22,6 +22,10 @@ CAUSAL_GQA = frozenset({"causal", "gqa"})
 # as given (all of ours) composes with it
 ATTENTION_FEATURES = CAUSAL_GQA | {"qk_norm"}
 SINKS = frozenset({"sinks"})  # kernels that return each row's log-sum-exp (eager.with_sinks)
+# v's head dim other than q's and k's (MLA, attention's dv): SDPA's default and math paths take it
+# (the default picks a backend that does); the flash ops refuse it ("Q/K/V should have the same head
+# size", CPU and CUDA alike); the efficient and cuDNN ops are not declared for it, unchecked here
+V_HEAD_DIM = frozenset({"v_head_dim"})
 aten = torch.ops.aten
 
 
@@ -66,7 +70,7 @@ def math_backend(q, k, v, causal: bool, scale: float | None):
 
 SPECS = [
     KernelSpec("sdpa.default", ATTENTION, "torch", sdpa, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | {"sliding_window"}, graph_safe=True,
+               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM | {"sliding_window"}, graph_safe=True,
                notes="PyTorch's own backend choice; the attention fallback; a sliding window as a boolean mask"),
     KernelSpec("sdpa.flash", ATTENTION, "torch", flash, platforms=frozenset({"cuda"}),
                min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | SINKS,
@@ -82,5 +86,5 @@ SPECS = [
                min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | SINKS,
                graph_safe=True),
     KernelSpec("sdpa.math", ATTENTION, "torch", math_backend, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES, graph_safe=True, deterministic=True),
+               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM, graph_safe=True, deterministic=True),
 ]

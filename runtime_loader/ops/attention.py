@@ -1,8 +1,10 @@
-"""Attention: prefill (seq_q == kv_len), decode (one query over a cache) and a decode step over
-an FP8 KV cache. Their records, how a call is read, their example inputs, the eager reference
+"""Attention: prefill (seq_q == kv_len), decode (one query over a cache), a decode step over
+an FP8 KV cache and one of MLA over its compressed latent cache (absorbed). Their records, how a call is read, their example inputs, the eager reference
 (the fallback where SDPA cannot: softcap, sinks) and the FP8 cache's baseline.
 
-Layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads. The fallback of prefill
+Layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads. The value head dim may
+differ from q's and k's (DeepSeek's multi-head latent attention: q and k 192, v 128): the
+signature then names it, dv, which kernels must declare ("v_head_dim"). The fallback of prefill
 and decode is SDPA's default (runtime_loader.kernels.sdpa). Contract: lzsolve.ops.attention.
 """
 from __future__ import annotations
@@ -26,7 +28,8 @@ def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
     softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
     sinks: one learned logit per q head, (q heads,), that joins every row of the softmax's
     denominator and carries no value (GPT-OSS's attention sinks); qk_norm: q and k come from a
-    per-head norm (no change to the math, only to which kernels may serve the call)."""
+    per-head norm (no change to the math, only to which kernels may serve the call). v's head dim
+    may differ from q's and k's (MLA); the output has v's."""
     # v.shape, not k.shape: a valid SDPA call has k.shape == v.shape but for the last dim, which must equal q's
     return ((q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, qk_norm),
             (q, k, v, causal, scale, window, softcap, sinks) if sinks is not None
@@ -34,12 +37,15 @@ def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
 
 
 def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sinks=None, qk_norm=False):
-    if q.dim() != 4 or k.dim() != 4 or q.dtype not in DTYPE_NAMES or sinks is not None and sinks.shape != q.shape[1:2]:
+    if (q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype not in DTYPE_NAMES or k.shape[-1] != q.shape[-1]
+            or sinks is not None and sinks.shape != q.shape[1:2]):
         return None
     batch, hq, seq_q, d = q.shape
     hkv, kv_len = k.shape[1], k.shape[2]
-    # int and float as the schema's defaults, so softcap=50 and softcap=50.0 name one signature
-    static = {"hq": hq, "hkv": hkv, "d": d, "window": int(window), "softcap": float(softcap)}
+    # int and float as the schema's defaults, so softcap=50 and softcap=50.0 name one signature;
+    # dv only where v's head dim differs from q's (0, the default, is "the same": signatures read as before)
+    dv = v.shape[-1] if v.shape[-1] != d else 0
+    static = {"hq": hq, "hkv": hkv, "d": d, "window": int(window), "softcap": float(softcap), "dv": dv}
     dtype = DTYPE_NAMES[q.dtype]
     marker = ("qk_norm",) * qk_norm + ("sinks",) * (sinks is not None)
     if seq_q == kv_len:
@@ -78,9 +84,37 @@ def attention_fp8kv_call(q, k, v, k_scale=1.0, v_scale=1.0, scale=None):
             {"batch": batch, "kv_len": k.shape[2]})
 
 
+def mla_decode_front(q_nope: Tensor, q_pe: Tensor, kv: Tensor, k_pe: Tensor, scale: float | None = None):
+    """A decode step of multi-head latent attention (DeepSeek-V2/V3) over its compressed cache, in the
+    absorbed form (FlashMLA's, vLLM's): q_nope (batch, q heads, 1, rank), each head's non-RoPE query
+    already multiplied by its key up-projection; q_pe (batch, q heads, 1, rope), the rotated RoPE part;
+    kv (batch, 1, kv_len, rank), the normed latent cache, and k_pe (batch, 1, kv_len, rope), k's
+    shared rotated part, as transformers' cache keeps them. Returns (batch, q heads, 1, rank):
+    softmax((q_nope kv^T + q_pe k_pe^T) * scale) kv, the latent each head's value up-projection then
+    reads. scale None: (rank + rope) ** -0.5 (a model passes its own: qk_head_dim ** -0.5)."""
+    return (q_nope.shape, kv.shape, q_pe.shape, q_nope.dtype, q_nope.is_cuda), (q_nope, q_pe, kv, k_pe, scale)
+
+
+def mla_decode_call(q_nope, q_pe, kv, k_pe, scale=None):
+    if (any(t.dim() != 4 for t in (q_nope, q_pe, kv, k_pe)) or q_nope.dtype not in DTYPE_NAMES
+            or q_nope.shape[2] != 1 or kv.shape[1] != 1 or k_pe.shape[1] != 1 or q_pe.shape[:3] != q_nope.shape[:3]
+            or kv.shape[-1] != q_nope.shape[-1] or k_pe.shape[-1] != q_pe.shape[-1] or kv.shape[:3] != k_pe.shape[:3]):
+        return None
+    batch, hq, _, rank = q_nope.shape
+    static = {"hq": hq, "rank": rank, "rope": q_pe.shape[-1]}
+    return (Signature.make("attention.mla_decode", static, (), DTYPE_NAMES[q_nope.dtype]),
+            {"batch": batch, "kv_len": kv.shape[2]})
+
+
 # --- example inputs ---------------------------------------------------------------------------------
+def value_dim(sig) -> int:
+    """The head dim of v (and of the output): dv where the signature sets it, else d."""
+    return dict(sig.static).get("dv") or sig.dim("d")
+
+
 def attention_shapes(sig, dims):
-    """(batch, hq, hkv, d, seq_q, kv_len): a prefill has seq, a decode one query and kv_len keys."""
+    """(batch, hq, hkv, d, seq_q, kv_len): a prefill has seq, a decode one query and kv_len keys
+    (v's head dim: value_dim)."""
     hq, hkv, d = sig.dim("hq"), sig.dim("hkv"), sig.dim("d")
     batch = dims["batch"]
     seq_q, kv_len = (dims["seq"], dims["seq"]) if "seq" in dims else (1, dims["kv_len"])
@@ -94,7 +128,7 @@ def attention_inputs(sig, dims, device, gen):
     batch, hq, hkv, d, seq_q, kv_len = attention_shapes(sig, dims)
     q = randn((batch, hq, seq_q, d), sig, device, gen)
     k = randn((batch, hkv, kv_len, d), sig, device, gen)
-    v = randn((batch, hkv, kv_len, d), sig, device, gen)
+    v = randn((batch, hkv, kv_len, value_dim(sig)), sig, device, gen)
     options = (sig.dim("window"), sig.dim("softcap"))
     if "sinks" in sig.flags:
         return q, k, v, "causal" in sig.flags, None, *options, randn((hq,), sig, device, gen).add_(1.0)
@@ -113,6 +147,15 @@ def attention_fp8kv_inputs(sig, dims, device, gen):
         values = torch.randn((batch, hkv, kv_len, d), generator=gen, device=device) / scale
         return values.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, cached(k_scale), cached(v_scale), k_scale, v_scale, None
+
+
+def mla_decode_inputs(sig, dims, device, gen):
+    """(q_nope, q_pe, kv, k_pe, scale) with the scale of a model whose q/k heads are a quarter of the
+    latent plus the RoPE part (DeepSeek's 128 + 64 beside 512), so the scores are not flattened."""
+    batch, hq, rank, rope, kv_len = dims["batch"], sig.dim("hq"), sig.dim("rank"), sig.dim("rope"), dims["kv_len"]
+    return (randn((batch, hq, 1, rank), sig, device, gen), randn((batch, hq, 1, rope), sig, device, gen),
+            randn((batch, 1, kv_len, rank), sig, device, gen), randn((batch, 1, kv_len, rope), sig, device, gen),
+            (rank // 4 + rope) ** -0.5)
 
 
 # --- the eager kernels: the fallbacks, written as transformers computes these ops ------------------
@@ -178,6 +221,14 @@ def attention_fp8kv(q, k, v, k_scale: float, v_scale: float, scale=None):
     return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
+def mla_decode(q_nope, q_pe, kv, k_pe, scale=None):
+    """Two matmuls of every head against the one latent cache (broadcast over heads: nothing copied or
+    expanded), the softmax in fp32, the latent read once more as the values."""
+    scale = (q_nope.shape[-1] + q_pe.shape[-1]) ** -0.5 if scale is None else scale
+    scores = (torch.matmul(q_nope, kv.transpose(-1, -2)) + torch.matmul(q_pe, k_pe.transpose(-1, -2))).float() * scale
+    return torch.matmul(scores.softmax(-1).to(q_nope.dtype), kv)
+
+
 # --- the records ---------------------------------------------------------------------------------------
 # The tuner's buckets per named grid (lzsolve.measure.grid): tiny for tests, small the default on a CPU, full
 # on a GPU, at the decode and prefill sizes a server sees. Prefill measures batch 1 and 2 both:
@@ -189,7 +240,8 @@ PREFILL_BUCKETS = {"tiny": {"batch": (1,), "seq": (16, 64)},
 DECODE_BUCKETS = {"tiny": {"batch": (1, 2), "kv_len": (64,)},
                   "small": {"batch": (1, 8), "kv_len": (128, 1024)},
                   "full": {"batch": (1, 8, 32, 128), "kv_len": (512, 2048, 8192)}}
-ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0))
+# dv: v's head dim where it differs from q's and k's (MLA); 0, the default, where it does not
+ATTENTION_OPTIONAL = (("window", 0), ("softcap", 0.0), ("dv", 0))
 ATTENTION = dict(method="attention", front=attention_front, call=attention_call, inputs=attention_inputs,
                  fake=attention_fake, outside=attention_outside)
 
@@ -197,7 +249,7 @@ ATTENTION = dict(method="attention", front=attention_front, call=attention_call,
 RECORDS = (
     # window: query i sees keys j with i - window < j (0: all); softcap: scores -> softcap * tanh(scores / softcap);
     # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
-    # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS)
+    # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS); dv: v's head dim, where not d
     OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm", "sinks"), ("batch", "seq"),
              "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", buckets=PREFILL_BUCKETS, **ATTENTION),
     OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks"), ("batch", "kv_len"), "sdpa.default",
@@ -206,16 +258,24 @@ RECORDS = (
     OpSchema("attention.decode_fp8kv", ("hq", "hkv", "d"), (), ("batch", "kv_len"), "eager.attention_fp8kv",
              method="attention_fp8kv", front=attention_fp8kv_front, call=attention_fp8kv_call,
              inputs=attention_fp8kv_inputs, fake=attention_fake, buckets=DECODE_BUCKETS),
+    # a decode step of MLA over its compressed latent cache, the weights absorbed (DeepSeek-V2/V3)
+    OpSchema("attention.mla_decode", ("hq", "rank", "rope"), (), ("batch", "kv_len"), "eager.mla_decode",
+             method="mla_decode", front=mla_decode_front, call=mla_decode_call, inputs=mla_decode_inputs,
+             buckets=DECODE_BUCKETS),
 )
 
 
 SPECS = [
     KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks"}), graph_safe=True,
+               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks", "v_head_dim"}),
+               graph_safe=True,
                deterministic=True, notes="matmul + fp32 softmax + matmul; materialises the score matrix; "
                                          "the reference for what SDPA cannot do (softcap, sinks)"),
     KernelSpec("eager.attention_fp8kv", frozenset({"attention.decode_fp8kv"}), "torch", attention_fp8kv, platforms=BOTH,
                dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY, features=frozenset({"gqa"}), graph_safe=True,
                notes="dequantise the whole cache to q's dtype, then SDPA"),
+    KernelSpec("eager.mla_decode", frozenset({"attention.mla_decode"}), "torch", mla_decode, platforms=BOTH,
+               dtypes=ALL_DTYPES, graph_safe=True, deterministic=True,
+               notes="q_nope kv^T + q_pe k_pe^T broadcast over heads, fp32 softmax, then kv as the values"),
 ]

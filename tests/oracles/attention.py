@@ -23,15 +23,20 @@ SIGS = [
     (Signature.make("attention.decode", {"hq": 6, "hkv": 2, "d": 8, "window": 4, "softcap": 2.0}, (), "fp32"),
      {"batch": 2, "kv_len": 9}),
     (Signature.make("attention.decode_fp8kv", {"hq": 6, "hkv": 2, "d": 8}, (), "bf16"), {"batch": 2, "kv_len": 9}),
+    # MLA: v's head dim other than q's and k's
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 12, "dv": 8}, ("causal",), "fp32"),
+     {"batch": 2, "seq": 7}),
+    (Signature.make("attention.decode", {"hq": 4, "hkv": 4, "d": 12, "dv": 8}, (), "fp32"), {"batch": 2, "kv_len": 9}),
+    (Signature.make("attention.mla_decode", {"hq": 3, "rank": 12, "rope": 4}, (), "fp32"), {"batch": 2, "kv_len": 9}),
 ]
 
 
 def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
     """Textbook attention, one (batch, head) at a time, in float64; masks as -inf triangles, the
     window's diagonal moved to the query's position (i, or kv_len - 1 for a decode query); a
-    sink adds exp(sink) to each row's denominator."""
+    sink adds exp(sink) to each row's denominator; the output has v's head dim."""
     q, k, v = q.double(), k.double(), v.double()
-    out = torch.empty_like(q)
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     groups = q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     offset = 0 if causal else k.shape[2] - q.shape[2]
@@ -52,9 +57,18 @@ def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
     return out
 
 
+def mla_decode64(q_nope, q_pe, kv, k_pe, scale):
+    """MLA's absorbed decode as the attention it stands for: one kv head whose keys are the latent
+    and k's RoPE part side by side and whose values are the latent, every q head reading it."""
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    k = torch.cat([kv, k_pe], dim=-1)
+    return attention64(q, k, kv, False, scale)
+
+
 INDEPENDENT = {
     "attention.prefill": attention64,
     "attention.decode": attention64,
     "attention.decode_fp8kv": lambda q, k, v, k_scale, v_scale, scale: attention64(
         q, k.double() * k_scale, v.double() * v_scale, False, scale),
+    "attention.mla_decode": mla_decode64,
 }

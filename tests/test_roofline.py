@@ -48,6 +48,13 @@ COUNTS = [
     (sig("attention.decode", {"hq": 1, "hkv": 1, "d": 4, "window": 16}), {"batch": 1, "kv_len": 10}, 160, 176),
     # decode with sinks: 4 x 2 heads x 3 keys x 2 = 48; q 2*2 = 4, out 4, k 1*3*2 = 6, v 6, sinks 2 -> 22 x 2 = 44
     (sig("attention.decode", {"hq": 2, "hkv": 1, "d": 2}, ("sinks",)), {"batch": 1, "kv_len": 3}, 48, 44),
+    # a value head dim other than q's (MLA's 192/128, small): 2 (d 6 + dv 4) = 20 a pair, no mask 2 x 2 pairs
+    # x 2 heads = 8 -> 160. q 2*2*6 = 24, out (dv) 2*2*4 = 16, k 24, v 16 -> 80 x 2 = 160
+    (sig("attention.prefill", {"hq": 2, "hkv": 2, "d": 6, "dv": 4}), {"batch": 1, "seq": 2}, 160, 160),
+    # MLA's decode over the latent cache (rank 4, rope 2): a score is 2 (4 + 2) = 12, a value 2 x 4 = 8
+    # -> 20 per (head, cached token) x 2 heads x 3 tokens = 120. The cache 3 x (4 + 2) = 18, q 2 heads x 6 = 12,
+    # out 2 x 4 = 8 -> 38 x 2 = 76
+    (sig("attention.mla_decode", {"hq": 2, "rank": 4, "rope": 2}), {"batch": 1, "kv_len": 3}, 120, 76),
     # FP8 cache: 4 x 4 heads x 6 keys x 8 = 768. q 4*8 = 32 x 2 = 64, out 64, k 2*6*8 = 96 x 1, v 96 -> 320
     (sig("attention.decode_fp8kv", {"hq": 4, "hkv": 2, "d": 8}), {"batch": 1, "kv_len": 6}, 768, 320),
     # --- norms: per element x^2, sum, scale, weight = 4 (rms); + residual add = 5; + amax and divide for fp8 ---

@@ -25,8 +25,10 @@ DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
          "gptj", "gpt_neo", "codegen", "persimmon", "helium", "diffllama", "bitnet", "ernie4_5", "gemma4",
          "gemma4_text"]
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "phimoe", "olmoe", "minimax", "ernie4_5_moe", "gpt_oss",
-       "deepseek_v3", "dbrx", "jetmoe", "llama4_text"]
-MOE_SERVED = MOE[:9]  # SwiGLU experts, and GPT-OSS's biased, interleaved, clamped ones: moe.experts
+       "llama4_text", "deepseek_v3", "dbrx", "jetmoe"]
+# SwiGLU experts, GPT-OSS's biased, interleaved, clamped ones, and Llama 4's (each token's input rows scaled by
+# its router weights: moe.experts over those rows): moe.experts
+MOE_SERVED = MOE[:10]
 
 
 def default_config(model_type: str) -> dict:
@@ -120,8 +122,6 @@ def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     assert not captured.notes, "its RoPE form too (split halves, cos/sin with each angle once)"
     status, message = outcomes["jetmoe"]  # no 3-D expert weights: its routing cannot run on meta
     assert status == "refused" and "JetMoeParallelExperts" in message and "\n" not in message
-    status, message = outcomes["llama4_text"]  # 3-D weights, but every token pre-scaled for every expert
-    assert status == "refused" and "Llama4TextExperts" in message and "\n" not in message
     # experts with a gate of their own that is not GPT-OSS's: planned without them, and said
     from transformers.models.mixtral import modeling_mixtral
     monkeypatch.setattr(modeling_mixtral.MixtralExperts, "_apply_gate",
@@ -129,6 +129,39 @@ def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     captured = capture({**default_config("mixtral"), "vocab_size": 1234}, "mixtral-gelu")
     assert not any(i.signature.op == "moe.experts" for i in captured.instances)
     assert any("experts in a form no op computes" in note for note in captured.notes), captured.notes
+
+
+@pytest.mark.parametrize("variant", [{}, {"num_local_experts": 128, "interleave_moe_layer_step": 2, "moe_layers": None,
+                                      "use_qk_norm": False, "num_experts_per_tok": 2}])
+@pytest.mark.parametrize("tp", [1, 8])
+def test_llama4_text_plans_its_prescaled_experts_and_names_its_attention_features(variant, tp):
+    """Llama 4 (Scout's default config; a Maverick-like variant: 128 experts every other layer, dense
+    MLPs between, no QK-norm, two experts a token): its experts take each token's rows scaled by the
+    router's weights, served as moe.experts over those rows (one expert and weight 1 each); its router
+    (sigmoid of the top-k logits) is not moe.router's softmax and is said; chunked layers, layers
+    without RoPE and its complex RoPE are named."""
+    cfg = {**default_config("llama4_text"), **variant}
+    captured = capture(cfg, "l4", tp=tp)
+    ops = {str(i.signature): i.calls_per_forward for i in captured.instances}
+    experts = variant.get("num_local_experts", 16)
+    moe_layers = 24 if variant else 48
+    assert ops[f"moe.experts[experts={experts},top_k=1,hidden=5120,inter={8192 // tp},transposed,bf16]"] == moe_layers
+    assert ops[f"act.swiglu[width={8192 // tp},bf16]"] == moe_layers, "the shared expert"
+    assert ops.get(f"act.swiglu[width={16384 // tp},bf16]", 0) == 48 - moe_layers, "the dense layers' MLPs"
+    assert not any(op.startswith("moe.router") for op in ops)
+    heads = f"hq={40 // tp},hkv={max(8 // tp, 1)},d=128"
+    if variant:
+        assert ops[f"attention.prefill[{heads},causal,bf16]"] == 48
+    else:  # QK-norm on the 36 RoPE layers only
+        assert ops[f"attention.prefill[{heads},causal,qk_norm,bf16]"] == 36
+        assert ops[f"attention.prefill[{heads},causal,bf16]"] == 12
+    notes = "\n".join(captured.notes)
+    for said in ("chunked attention (36 of 48 layers, chunks of 8192 tokens): tuned as causal attention",
+                 "12 of 48 layers apply no RoPE (their queries scaled by position",
+                 "apply_rotary_emb: rotary embedding in a form no op computes",
+                 "Llama4Router", "the routing (sigmoid of the top-k logits) runs as torch ops",
+                 f"each token's {variant.get('num_experts_per_tok', 1)} scaled row(s)"):
+        assert said in notes, notes
 
 
 # Falcon (transformers >= 5.25) asks for its causal mask materialised whatever its config

@@ -164,6 +164,16 @@ def test_llama4_text_plans_its_prescaled_experts_and_names_its_attention_feature
         assert said in notes, notes
 
 
+def test_alibi_attention_is_refused_by_name_not_as_no_attention():
+    """BLOOM runs attention, with ALiBi biases added to its scores inside BloomAttention (no attention
+    function to observe): refused naming ALiBi, where it was refused as a model that runs none."""
+    with pytest.raises(LzError) as e:
+        capture(default_config("bloom"), "bloom")
+    message = str(e.value)
+    assert "not supported yet: ALiBi position biases (BloomAttention adds them" in message, message
+    assert "runs no attention" not in message and "\n" not in message
+
+
 # Falcon (transformers >= 5.25) asks for its causal mask materialised whatever its config
 # (allow_is_causal_skip=False, so that ALiBi can be added to it): its attention then has a mask, which
 # the ops do not take, and stays transformers' own; capture must say so.

@@ -837,6 +837,23 @@ def _attention_notes(model, text) -> list[str]:
     return notes
 
 
+def _alibi_attention(model) -> list[str]:
+    """Classes of attention modules that add ALiBi biases to their scores themselves (BLOOM's): an
+    attention class whose forward takes `alibi`, or of a modelling module that builds an ALiBi tensor."""
+    alibi_modules = {mod.__name__ for mod in modelling_modules(model)
+                     if any("alibi" in name.lower() and callable(getattr(mod, name)) for name in vars(mod))}
+    found = set()
+    for module in model.modules():
+        cls = type(module)
+        try:
+            takes = "alibi" in inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if cls.__name__.endswith("Attention") and (takes or cls.__module__ in alibi_modules):
+            found.add(cls.__name__)
+    return sorted(found)
+
+
 # class names of expert and routing modules (MixtralExperts, JetMoeParallelExperts, JetMoeMoE,
 # Qwen2MoeSparseMoeBlock, JetMoeTopKGating), not of every module of a *Moe* model (Qwen2MoeAttention)
 MOE_CLASS = re.compile(r"experts|moe(block)?$|gating", re.IGNORECASE)
@@ -894,6 +911,11 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
         raise LzError(f"{where}: cannot run {type(model).__name__} to capture its ops "
                       f"({type(e).__name__}: {_one_line(e)})") from None
     if not any(e.op == "attention" for e in prefill):
+        alibi = _alibi_attention(model)
+        if alibi:
+            raise LzError(f"{where}: not supported yet: ALiBi position biases ({', '.join(alibi)} "
+                          f"add{'s' if len(alibi) == 1 else ''} them to the attention scores in its own forward; "
+                          f"no attention op takes them)")
         raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
     _check_tp(prefill, tp, name, ep)
     name = f"{name}-ep{ep}" if ep > 1 else name

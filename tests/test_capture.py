@@ -14,6 +14,7 @@ from lzsolve.models.capture import capture
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
 # Decoder types of transformers' causal-LM mapping, by what they are. Dense attention decoders
 # must plan (issue 13's bar was 33 of its 37; Gemma 4, whose layers differ, came with transformers
@@ -164,14 +165,31 @@ def test_llama4_text_plans_its_prescaled_experts_and_names_its_attention_feature
         assert said in notes, notes
 
 
-def test_alibi_attention_is_refused_by_name_not_as_no_attention():
-    """BLOOM runs attention, with ALiBi biases added to its scores inside BloomAttention (no attention
-    function to observe): refused naming ALiBi, where it was refused as a model that runs none."""
+# Types of transformers' causal-LM mapping whose default configs capture sees no attention call in:
+# state-space and recurrent mixers really run none; the others run attention inside their own modules
+# (written out as matmuls, BLOOM's with ALiBi biases), and are refused naming what stops capture.
+NO_ATTENTION = {
+    "falcon_mamba": "FalconMambaForCausalLM runs no attention", "mamba": "MambaForCausalLM runs no attention",
+    "mamba2": "Mamba2ForCausalLM runs no attention", "xlstm": "xLSTMForCausalLM runs no attention",
+    "bloom": "not supported yet: ALiBi position biases (BloomAttention adds them to the attention scores",
+    **{t: f"not supported yet: attention computed in its own modules' forward, calling no attention function that "
+          f"capture observes ({cls})"
+       for t, cls in (("gpt_neox_japanese", "GPTNeoXJapaneseAttention"), ("mvp", "MvpAttention"),
+                      ("trocr", "TrOCRAttention"), ("xglm", "XGLMAttention"))},
+}
+
+
+@pytest.mark.parametrize("model_type", list(NO_ATTENTION))
+def test_models_without_an_observed_attention_call_are_refused_for_what_they_run(model_type):
+    """"runs no attention" only where the model has none; BLOOM (ALiBi) and attention written out in
+    the model's own modules are refused naming that, not as models that run no attention."""
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
     with pytest.raises(LzError) as e:
-        capture(default_config("bloom"), "bloom")
+        capture(default_config(model_type), model_type)
     message = str(e.value)
-    assert "not supported yet: ALiBi position biases (BloomAttention adds them" in message, message
-    assert "runs no attention" not in message and "\n" not in message
+    assert NO_ATTENTION[model_type] in message and "\n" not in message, message
+    assert ("runs no attention" in message) == NO_ATTENTION[model_type].endswith("runs no attention"), message
 
 
 # Falcon (transformers >= 5.25) asks for its causal mask materialised whatever its config

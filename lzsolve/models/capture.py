@@ -916,6 +916,11 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
             raise LzError(f"{where}: not supported yet: ALiBi position biases ({', '.join(alibi)} "
                           f"add{'s' if len(alibi) == 1 else ''} them to the attention scores in its own forward; "
                           f"no attention op takes them)")
+        inline = sorted({type(m).__name__ for m in model.modules()
+                         if re.search(r"attention$", type(m).__name__, re.IGNORECASE) and any(True for _ in m.parameters())})
+        if inline:  # written out as matmuls (GPT-NeoX-Japanese, XGLM, TrOCR, MVP): nothing to observe
+            raise LzError(f"{where}: not supported yet: attention computed in its own modules' forward, calling no "
+                          f"attention function that capture observes ({', '.join(inline)})")
         raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
     _check_tp(prefill, tp, name, ep)
     name = f"{name}-ep{ep}" if ep > 1 else name

@@ -336,8 +336,11 @@ def test_llama4_experts_are_served_and_the_model_computes_what_it_did(top_k, ker
         assert torch.equal(model.generate(ids, **kw), expected)
     assert report.replaced["Llama4TextMoe"] == 2, report
     assert "sigmoid of the top-k logits" in report.left["Llama4Router"], report
+    # its layer's `hidden_states = residual + attention_states` before the norm: the fused add + norm capture plans
+    assert report.fused["residual add+post_attention_layernorm"] == 4, report
     stats = d.stats()
     assert stats["moe.experts"] == {kernel: 2 * (1 + 6)}, "both MoE layers, every forward"
+    assert stats["norm.rms_add"] == {"eager.rms_norm_add": 4 * (1 + 6)}, stats
     assert "moe.router" not in stats
     captured = {str(i.signature).replace("norm.rms_add", "norm.rms")
                 for i in capture(model.config.to_dict(), "tiny-llama4", dtype="fp32").instances}

@@ -277,9 +277,10 @@ def _add_norm(norm, x, residual):
     return out
 
 
-def _add_norm_sites(body: list) -> list[tuple[int, str, str, str]]:
-    """(index, hidden name, residual name, norm attribute) of each `h = r + h; r = h; h = self.<norm>(h)`
-    in a list of statements (the sum either way round)."""
+def _add_norm_sites(body: list) -> list[tuple[int, str, str, str, str]]:
+    """(index, hidden name, residual name, norm attribute, addend name) of each `h = r + a; r = h;
+    h = self.<norm>(h)` in a list of statements (the sum either way round; the addend a is h itself
+    in most layers, the sublayer's output under a name of its own in Llama 4's)."""
     def name(node) -> str | None:
         return node.id if isinstance(node, ast.Name) else None
 
@@ -294,17 +295,17 @@ def _add_norm_sites(body: list) -> list[tuple[int, str, str, str]]:
         if hidden is None or not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
             continue
         terms = [name(value.left), name(value.right)]
-        if hidden not in terms or None in terms or terms[0] == terms[1]:
+        if None in terms or terms[0] == terms[1]:
             continue
-        residual = terms[1 - terms.index(hidden)]
-        kept, total = assigned(body[i + 1])
-        if kept != residual or name(total) != hidden:
+        residual, total = assigned(body[i + 1])
+        if residual not in terms or residual == hidden or name(total) != hidden:
             continue
+        addend = terms[1 - terms.index(residual)]
         target, call = assigned(body[i + 2])
         if (target == hidden and isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords
                 and name(call.args[0]) == hidden and isinstance(call.func, ast.Attribute)
                 and name(call.func.value) == "self"):
-            sites.append((i, hidden, residual, call.func.attr))
+            sites.append((i, hidden, residual, call.func.attr, addend))
     return sites
 
 
@@ -323,10 +324,10 @@ class _FuseAddNorm(ast.NodeTransformer):
         return node
 
     def _fuse(self, body: list) -> list:
-        for i, hidden, residual, norm in reversed(_add_norm_sites(body)):
+        for i, hidden, residual, norm, addend in reversed(_add_norm_sites(body)):
             if norm not in self.norms:
                 continue
-            line = ast.parse(f"{hidden}, {residual} = {ADD_NORM}(self.{norm}, {hidden}, {residual})").body[0]
+            line = ast.parse(f"{hidden}, {residual} = {ADD_NORM}(self.{norm}, {addend}, {residual})").body[0]
             body[i:i + 3] = [ast.copy_location(line, body[i])]
             self.fused.append(norm)
         return body

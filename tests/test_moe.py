@@ -305,7 +305,8 @@ def tiny_llama4(top_k: int = 1):
     config = transformers.Llama4TextConfig(
         vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=32, intermediate_size_mlp=48, num_local_experts=4, num_experts_per_tok=top_k,
-        interleave_moe_layer_step=2, attention_chunk_size=4, max_position_embeddings=128, pad_token_id=0)
+        interleave_moe_layer_step=2, attention_chunk_size=4, max_position_embeddings=128, pad_token_id=0,
+        floor_scale=2, attn_scale=0.5)  # the no-RoPE layer's query temperature grows every 2 positions
     torch.manual_seed(5)
     model = transformers.Llama4ForCausalLM(config).eval()
     with torch.no_grad():  # 3-D expert weights stored (experts, in, out): O(1)-preserving
@@ -313,6 +314,7 @@ def tiny_llama4(top_k: int = 1):
             if p.dim() == 3:
                 p.normal_(0, p.shape[1] ** -0.5)
     assert config.layer_types.count("chunked_attention") == 3 and 0 in config.no_rope_layers
+    assert config.attn_temperature_tuning and config.use_qk_norm
     return model
 
 

@@ -14,6 +14,7 @@ from lzsolve.models.capture import capture
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
 # Decoder types of transformers' causal-LM mapping, by what they are. Dense attention decoders
 # must plan (issue 13's bar was 33 of its 37; Gemma 4, whose layers differ, came with transformers
@@ -25,8 +26,10 @@ DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
          "gptj", "gpt_neo", "codegen", "persimmon", "helium", "diffllama", "bitnet", "ernie4_5", "gemma4",
          "gemma4_text"]
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "phimoe", "olmoe", "minimax", "ernie4_5_moe", "gpt_oss",
-       "deepseek_v3", "dbrx", "jetmoe", "llama4_text"]
-MOE_SERVED = MOE[:9]  # SwiGLU experts, and GPT-OSS's biased, interleaved, clamped ones: moe.experts
+       "llama4_text", "deepseek_v3", "dbrx", "jetmoe"]
+# SwiGLU experts, GPT-OSS's biased, interleaved, clamped ones, and Llama 4's (each token's input rows scaled by
+# its router weights: moe.experts over those rows): moe.experts
+MOE_SERVED = MOE[:10]
 
 
 def default_config(model_type: str) -> dict:
@@ -120,8 +123,6 @@ def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     assert not captured.notes, "its RoPE form too (split halves, cos/sin with each angle once)"
     status, message = outcomes["jetmoe"]  # no 3-D expert weights: its routing cannot run on meta
     assert status == "refused" and "JetMoeParallelExperts" in message and "\n" not in message
-    status, message = outcomes["llama4_text"]  # 3-D weights, but every token pre-scaled for every expert
-    assert status == "refused" and "Llama4TextExperts" in message and "\n" not in message
     # experts with a gate of their own that is not GPT-OSS's: planned without them, and said
     from transformers.models.mixtral import modeling_mixtral
     monkeypatch.setattr(modeling_mixtral.MixtralExperts, "_apply_gate",
@@ -129,6 +130,66 @@ def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     captured = capture({**default_config("mixtral"), "vocab_size": 1234}, "mixtral-gelu")
     assert not any(i.signature.op == "moe.experts" for i in captured.instances)
     assert any("experts in a form no op computes" in note for note in captured.notes), captured.notes
+
+
+@pytest.mark.parametrize("variant", [{}, {"num_local_experts": 128, "interleave_moe_layer_step": 2, "moe_layers": None,
+                                      "use_qk_norm": False, "num_experts_per_tok": 2}])
+@pytest.mark.parametrize("tp", [1, 8])
+def test_llama4_text_plans_its_prescaled_experts_and_names_its_attention_features(variant, tp):
+    """Llama 4 (Scout's default config; a Maverick-like variant: 128 experts every other layer, dense
+    MLPs between, no QK-norm, two experts a token): its experts take each token's rows scaled by the
+    router's weights, served as moe.experts over those rows (one expert and weight 1 each); its router
+    (sigmoid of the top-k logits) is not moe.router's softmax and is said; chunked layers, layers
+    without RoPE and its complex RoPE are named."""
+    cfg = {**default_config("llama4_text"), **variant}
+    captured = capture(cfg, "l4", tp=tp)
+    ops = {str(i.signature): i.calls_per_forward for i in captured.instances}
+    experts = variant.get("num_local_experts", 16)
+    moe_layers = 24 if variant else 48
+    assert ops[f"moe.experts[experts={experts},top_k=1,hidden=5120,inter={8192 // tp},transposed,bf16]"] == moe_layers
+    assert ops[f"act.swiglu[width={8192 // tp},bf16]"] == moe_layers, "the shared expert"
+    assert ops.get(f"act.swiglu[width={16384 // tp},bf16]", 0) == 48 - moe_layers, "the dense layers' MLPs"
+    assert not any(op.startswith("moe.router") for op in ops)
+    heads = f"hq={40 // tp},hkv={max(8 // tp, 1)},d=128"
+    if variant:
+        assert ops[f"attention.prefill[{heads},causal,bf16]"] == 48
+    else:  # QK-norm on the 36 RoPE layers only
+        assert ops[f"attention.prefill[{heads},causal,qk_norm,bf16]"] == 36
+        assert ops[f"attention.prefill[{heads},causal,bf16]"] == 12
+    notes = "\n".join(captured.notes)
+    for said in ("chunked attention (36 of 48 layers, chunks of 8192 tokens): tuned as causal attention",
+                 "12 of 48 layers apply no RoPE (their queries scaled by position",
+                 "apply_rotary_emb: rotary embedding in a form no op computes",
+                 "Llama4Router", "the routing (sigmoid of the top-k logits) runs as torch ops",
+                 f"each token's {variant.get('num_experts_per_tok', 1)} scaled row(s)"):
+        assert said in notes, notes
+
+
+# Types of transformers' causal-LM mapping whose default configs capture sees no attention call in:
+# state-space and recurrent mixers really run none; the others run attention inside their own modules
+# (written out as matmuls, BLOOM's with ALiBi biases), and are refused naming what stops capture.
+NO_ATTENTION = {
+    "falcon_mamba": "FalconMambaForCausalLM runs no attention", "mamba": "MambaForCausalLM runs no attention",
+    "mamba2": "Mamba2ForCausalLM runs no attention", "xlstm": "xLSTMForCausalLM runs no attention",
+    "bloom": "not supported yet: ALiBi position biases (BloomAttention adds them to the attention scores",
+    **{t: f"not supported yet: attention computed in its own modules' forward, calling no attention function that "
+          f"capture observes ({cls})"
+       for t, cls in (("gpt_neox_japanese", "GPTNeoXJapaneseAttention"), ("mvp", "MvpAttention"),
+                      ("trocr", "TrOCRAttention"), ("xglm", "XGLMAttention"))},
+}
+
+
+@pytest.mark.parametrize("model_type", list(NO_ATTENTION))
+def test_models_without_an_observed_attention_call_are_refused_for_what_they_run(model_type):
+    """"runs no attention" only where the model has none; BLOOM (ALiBi) and attention written out in
+    the model's own modules are refused naming that, not as models that run no attention."""
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    with pytest.raises(LzError) as e:
+        capture(default_config(model_type), model_type)
+    message = str(e.value)
+    assert NO_ATTENTION[model_type] in message and "\n" not in message, message
+    assert ("runs no attention" in message) == NO_ATTENTION[model_type].endswith("runs no attention"), message
 
 
 # Falcon (transformers >= 5.25) asks for its causal mask materialised whatever its config

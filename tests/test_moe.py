@@ -296,3 +296,89 @@ def test_routing_skew_is_a_tune_setting_recorded_and_not_mixed(tmp_path):
     assert all(skew is None for (run, op), (skew, _) in by_run.items() if op != "moe.experts")
     (evaluation,) = [skew for (run, op), (skew, _) in by_run.items() if run.startswith("eval-")]
     assert evaluation == 0.0, "evaluate draws as the artifact's tune did"
+
+
+def tiny_llama4(top_k: int = 1):
+    """A tiny Llama 4 text model: MoE layers (sigmoid top-k router, experts taking each token scaled by
+    its weight, a shared expert) between dense ones, chunked attention with chunks shorter than the
+    prompt, QK-norm on its RoPE layers and a layer without RoPE (with the query temperature)."""
+    config = transformers.Llama4TextConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=32, intermediate_size_mlp=48, num_local_experts=4, num_experts_per_tok=top_k,
+        interleave_moe_layer_step=2, attention_chunk_size=4, max_position_embeddings=128, pad_token_id=0,
+        floor_scale=2, attn_scale=0.5)  # the no-RoPE layer's query temperature grows every 2 positions
+    torch.manual_seed(5)
+    model = transformers.Llama4ForCausalLM(config).eval()
+    with torch.no_grad():  # 3-D expert weights stored (experts, in, out): O(1)-preserving
+        for p in model.parameters():
+            if p.dim() == 3:
+                p.normal_(0, p.shape[1] ** -0.5)
+    assert config.layer_types.count("chunked_attention") == 3 and 0 in config.no_rope_layers
+    assert config.attn_temperature_tuning and config.use_qk_norm
+    return model
+
+
+@pytest.mark.parametrize("top_k,kernel", [(1, "torch.grouped_mm"), (2, "torch.grouped_mm"), (2, "eager.moe_experts")])
+def test_llama4_experts_are_served_and_the_model_computes_what_it_did(top_k, kernel, tmp_path, restore_active):
+    """Llama 4's MoE layer served through moe.experts (each token's rows scaled by its router weights,
+    one expert and weight 1 each), its router left and said why, its chunked layers handed to SDPA
+    past a chunk: logits and generate() as unpatched; what the patched model calls is what capture
+    planned from its config."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_llama4(top_k)
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        reference = model(ids).logits
+        expected = model.generate(ids, **kw)
+        d = serving_fallbacks(moe_experts=kernel)
+        report = patch(model, d)
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, **kw), expected)
+    assert report.replaced["Llama4TextMoe"] == 2, report
+    assert "sigmoid of the top-k logits" in report.left["Llama4Router"], report
+    # its layer's `hidden_states = residual + attention_states` before the norm: the fused add + norm capture plans
+    assert report.fused["residual add+post_attention_layernorm"] == 4, report
+    stats = d.stats()
+    assert stats["moe.experts"] == {kernel: 2 * (1 + 6)}, "both MoE layers, every forward"
+    assert stats["norm.rms_add"] == {"eager.rms_norm_add": 4 * (1 + 6)}, stats
+    assert "moe.router" not in stats
+    captured = {str(i.signature).replace("norm.rms_add", "norm.rms")
+                for i in capture(model.config.to_dict(), "tiny-llama4", dtype="fp32").instances}
+    recorded = tiny_llama4(top_k)
+    patch(recorded, Dispatcher(None), all_ops=True)
+    with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
+        # a prompt past a chunk, as capture's (its chunked layers are SDPA's, with their mask)
+        recorded.generate(torch.randint(1, 128, (2, 7)), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    called = {unfused(call["name"]) for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    assert "moe.experts[experts=4,top_k=1,hidden=64,inter=32,transposed,fp32]" in called, called
+    assert called <= captured, sorted(called - captured)
+
+
+def test_llama4_experts_are_served_from_their_table(tmp_path, restore_active):
+    """A table tuned for what the patched model calls serves its experts (moe.experts, transposed,
+    one expert a row) from its own kernels where it chose one beyond the op's fallback, with the
+    unpatched logits and generations."""
+    from runtime_loader.integrations.transformers import observe, patch
+
+    artifact = tune_what_patched_models_call(tmp_path, "tiny-llama4", [tiny_llama4()])
+    model = tiny_llama4()
+    ids = torch.randint(1, 128, (2, 3), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        reference = model(ids).logits
+        expected = model.generate(ids, **kw)
+    calls, _ = observe(model)
+    d = runtime_loader.load(artifact, strict=True)
+    report = patch(model, d)
+    layer = "model.layers.1.feed_forward"
+    assert "moe.experts[experts=4,top_k=1,hidden=64,inter=32,transposed,fp32]" in {str(s) for s in calls[layer]}
+    served = table_serves(d, calls, layer, "moe.experts")  # beyond its fallback, which the module's own code is
+    assert (report.replaced["Llama4TextMoe"] == 2) == served, report
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, **kw), expected)
+    assert_served_by_its_own_table(d)
+    if served:
+        assert sum(n for k, n in d.stats()["moe.experts"].items() if not k.endswith("(fallback)")) > 0, d.stats()

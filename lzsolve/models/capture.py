@@ -55,6 +55,7 @@ from runtime_loader.integrations.modules import (
     experts_arguments,
     is_experts,
     modelling_modules,
+    prescaled_arguments,
     rope_layout,
 )
 from runtime_loader.ops import Signature
@@ -404,6 +405,19 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, *args, **k
     return torch.empty_like(hidden_states)
 
 
+def _prescaled_experts_forward(self, hidden_states, *args, **kwargs):
+    """The experts of a moe.prescaled layer (Llama 4's) on the meta model: recorded as patch() serves
+    them, moe.experts over each token's top_k rows as one choice each, not run."""
+    rec = _current
+    if rec is not None and not rec.opaque:
+        rows = hidden_states.shape[0] // self.gate_up_proj.shape[0] * self._lzsolve_top_k
+        x = hidden_states.new_empty((rows, hidden_states.shape[-1]))
+        ids = torch.empty((rows, 1), dtype=torch.long, device=x.device)
+        call = moe_experts_call(x, ids, x.new_empty((rows, 1)), *prescaled_arguments(self, self._lzsolve_kind))
+        rec.events.append(Event("moe", rec.frame, _sig(call), extra={"prescaled": self._lzsolve_top_k}))
+    return torch.empty_like(hidden_states)
+
+
 def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> None:
     for name, module in model.named_modules():
         rec.owners.update((id(p), name) for p in module.parameters(recurse=False))
@@ -411,6 +425,11 @@ def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> N
             module._lzsolve_kind = kinds.get(name)
             module.forward = _experts_forward.__get__(module)
             stack.callback(module.__dict__.pop, "forward")
+        if kinds.get(name) is not None and kinds[name].op == "moe.prescaled":
+            experts = module.experts
+            experts._lzsolve_kind, experts._lzsolve_top_k = kinds[name], module.router.top_k
+            experts.forward = _prescaled_experts_forward.__get__(experts)
+            stack.callback(experts.__dict__.pop, "forward")
         stack.callback(module.register_forward_pre_hook(lambda m, a, name=name: rec.frames.append(name)).remove)
         stack.callback(module.register_forward_hook(rec.leave).remove)
         if name in kinds:
@@ -742,6 +761,11 @@ def uncovered(model, prefill: list[Event]) -> list[str]:
             notes.append(f"{_role(e.module)}: {UNSERVED}: {e.sig.op} is computed inside the module's own forward")
         if e.op == "conv" and e.sig is None:
             notes.append(f"{_role(e.module)}: causal conv1d with a {e.extra['activation']} activation: no op computes it")
+        if e.op == "moe" and e.extra.get("prescaled"):
+            notes.append(f"{_role(e.module.rpartition('.')[0])}: routed experts whose input rows are scaled by the "
+                         f"router's weights (Llama 4's): "
+                         f"tuned as moe.experts over each token's {e.extra['prescaled']} scaled row(s), one expert "
+                         f"and weight 1 each; the routing (sigmoid of the top-k logits) runs as torch ops")
         if e.op == "moe" and e.sig is None:
             notes.append(f"{_role(e.module)}: experts in a form no op computes (an activation other than SwiGLU "
                          f"or GPT-OSS's, one bias without the other): not tuned")
@@ -817,16 +841,58 @@ def _outside_text_model(cfg: dict, text) -> list[str]:
     return notes
 
 
+def _attention_notes(model, text) -> list[str]:
+    """What a model's attention does in its own forward, around the attention call capture observes
+    (Llama 4's): chunked layers, layers without RoPE and their query temperature, RoPE in a
+    function no op computes."""
+    notes = []
+    layer_types = list(getattr(text, "layer_types", None) or ())
+    chunk = getattr(text, "attention_chunk_size", None)
+    if chunk and "chunked_attention" in layer_types:
+        notes.append(f"chunked attention ({layer_types.count('chunked_attention')} of {len(layer_types)} layers, "
+                     f"chunks of {chunk} tokens): tuned as causal attention, which it is while a sequence fits one "
+                     f"chunk; a longer one gets its chunked mask and is handed to SDPA")
+    no_rope = getattr(text, "no_rope_layers", None)
+    if isinstance(no_rope, list) and not all(no_rope):
+        temperature = " (their queries scaled by position, attn_temperature_tuning: elementwise, in the module's " \
+                      "own forward)" if getattr(text, "attn_temperature_tuning", False) else ""
+        notes.append(f"{no_rope.count(0)} of {len(no_rope)} layers apply no RoPE{temperature}")
+    for mod in modelling_modules(model):
+        if callable(getattr(mod, "apply_rotary_emb", None)) and not callable(getattr(mod, "apply_rotary_pos_emb", None)):
+            notes.append(f"{mod.__name__.rpartition('.')[2]}.apply_rotary_emb: rotary embedding in a form no op "
+                         f"computes (complex products with freqs_cis): not tuned")
+    return notes
+
+
+def _alibi_attention(model) -> list[str]:
+    """Classes of attention modules that add ALiBi biases to their scores themselves (BLOOM's): an
+    attention class whose forward takes `alibi`, or of a modelling module that builds an ALiBi tensor."""
+    alibi_modules = {mod.__name__ for mod in modelling_modules(model)
+                     if any("alibi" in name.lower() and callable(getattr(mod, name)) for name in vars(mod))}
+    found = set()
+    for module in model.modules():
+        cls = type(module)
+        try:
+            takes = "alibi" in inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if cls.__name__.endswith("Attention") and (takes or cls.__module__ in alibi_modules):
+            found.add(cls.__name__)
+    return sorted(found)
+
+
 # class names of expert and routing modules (MixtralExperts, JetMoeParallelExperts, JetMoeMoE,
 # Qwen2MoeSparseMoeBlock, JetMoeTopKGating), not of every module of a *Moe* model (Qwen2MoeAttention)
 MOE_CLASS = re.compile(r"experts|moe(block)?$|gating", re.IGNORECASE)
 
 
-def _other_moe(model) -> list[str]:
+def _other_moe(model, kinds: dict[str, Kind]) -> list[str]:
     """Classes of mixture-of-experts modules whose experts are not transformers' 3-D expert
     weights called with the router's choice (their routing would run on meta tensors, and no op
-    here describes them)."""
+    here describes them), nor a layer of Llama 4's form (moe.prescaled: its experts and router)."""
     served_by_experts = {name.rpartition(".")[0] for name, m in model.named_modules() if is_experts(m)}
+    prescaled = {name for name, kind in kinds.items() if kind.op == "moe.prescaled"}
+    served_by_experts |= prescaled | {f"{name}.{child}" for name in prescaled for child in ("experts", "router")}
     return sorted({type(m).__name__ for name, m in model.named_modules()
                    if MOE_CLASS.search(type(m).__name__) and not is_experts(m) and name not in served_by_experts})
 
@@ -859,11 +925,11 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     except Exception as e:  # noqa: BLE001 - transformers' own checks of the config
         raise LzError(f"{where}: transformers cannot build {text.model_type} from this config "
                       f"({type(e).__name__}: {_one_line(e)}); fix the config") from None
-    moe = _other_moe(model)
+    kinds = classify(model)
+    moe = _other_moe(model, kinds)
     if moe:
         raise LzError(f"{where}: not supported yet: mixture-of-experts layers other than transformers' 3-D "
                       f"experts called with the router's choice ({', '.join(moe)})")
-    kinds = classify(model)
     try:
         prefill, decode = run(model, kinds)
     except LzError:
@@ -872,6 +938,16 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
         raise LzError(f"{where}: cannot run {type(model).__name__} to capture its ops "
                       f"({type(e).__name__}: {_one_line(e)})") from None
     if not any(e.op == "attention" for e in prefill):
+        alibi = _alibi_attention(model)
+        if alibi:
+            raise LzError(f"{where}: not supported yet: ALiBi position biases ({', '.join(alibi)} "
+                          f"add{'s' if len(alibi) == 1 else ''} them to the attention scores in its own forward; "
+                          f"no attention op takes them)")
+        inline = sorted({type(m).__name__ for m in model.modules()
+                         if re.search(r"attention$", type(m).__name__, re.IGNORECASE) and any(True for _ in m.parameters())})
+        if inline:  # written out as matmuls (GPT-NeoX-Japanese, XGLM, TrOCR, MVP): nothing to observe
+            raise LzError(f"{where}: not supported yet: attention computed in its own modules' forward, calling no "
+                          f"attention function that capture observes ({', '.join(inline)})")
         raise LzError(f"{where}: {type(model).__name__} runs no attention; its token mixer is not supported")
     _check_tp(prefill, tp, name, ep)
     name = f"{name}-ep{ep}" if ep > 1 else name
@@ -884,7 +960,7 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
     parameters = sum(p.numel() for p in model.parameters())
     summary = f"{name}: {text.model_type}, {layers} layers, {parameters / 1e9:.2f}B " \
               f"parameters (captured from transformers' {type(model).__name__})"
-    notes = filled + _outside_text_model(cfg, text) + uncovered(model, prefill)
+    notes = filled + _outside_text_model(cfg, text) + _attention_notes(model, text) + uncovered(model, prefill)
     if fp8:
         notes.append(f"layers.*: {UNSERVED}: the FP8 linears (linear.fp8, and the ops that quantise for them) "
                      f"run transformers' own FP8 modules")

@@ -34,7 +34,7 @@ PLAIN_OPS = {"gelu_tanh": "act.gelu"}
 
 @dataclass(frozen=True)
 class Kind:
-    op: str  # linear, embedding, norm.rms, norm.layer, act, moe.experts, moe.router
+    op: str  # linear, embedding, norm.rms, norm.layer, act, moe.experts, moe.router, moe.prescaled
     unit_offset: bool = False
     act: str = ""  # for act: a key of ACTIVATIONS
     scale: bool = False  # embedding times a scale (Gemma)
@@ -219,6 +219,112 @@ def _classify_experts(module) -> Kind | None:
     return kind if isinstance(got, torch.Tensor) and _close(got, expected) else None
 
 
+def is_prescaled_experts(module) -> bool:
+    """Experts with 3-D weights (gate_up_proj, down_proj) called with the tokens alone, each expert's
+    rows already scaled by its router weight (Llama 4's Llama4TextExperts: (experts * tokens, hidden)
+    in, every expert over every token)."""
+    weights = [getattr(module, name, None) for name in ("gate_up_proj", "down_proj")]
+    return all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in weights) and not _takes_routing(type(module))
+
+
+def prescaled_arguments(experts, kind: Kind) -> tuple:
+    """What moe_experts takes after (x, topk_ids, topk_weights) for the experts of a moe.prescaled
+    layer: their weights as (experts, out, in) views."""
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    return (gate_up.transpose(1, 2), down.transpose(1, 2)) if kind.transposed else (gate_up, down)
+
+
+class _Probe(torch.nn.Module):
+    """A stand-in shared expert: a fixed function of its input, so that a layer's sum of it and the
+    routed experts is checked."""
+
+    def forward(self, x):
+        return x * 0.5 + 0.25
+
+
+def prescaled_moe(x, logits, top_k: int, experts, kind: Kind, ops=None):
+    """The routed part of a moe.prescaled layer (Llama 4's Llama4TextMoe): the top_k logits of each
+    token, their sigmoids as its weights (not renormalised), each token scaled by its weight for
+    each chosen expert, and those rows through moe.experts as one choice each (top_k 1, weight 1),
+    summed per token. (moe.experts weights an expert's output; Llama 4 weights its input, which the
+    gated MLP does not commute with: so the rows are scaled before and the op's weights are 1.)
+    Returns the sum (tokens, hidden), or what ops.moe_experts returned when it is not a tensor."""
+    from ..ops.moe import moe_experts
+
+    top, ids = torch.topk(logits, top_k, dim=1)
+    weights = torch.sigmoid(top.float()).to(logits.dtype)
+    rows = (x.unsqueeze(1) * weights.unsqueeze(-1)).reshape(-1, x.shape[-1])
+    call = moe_experts if ops is None else ops.moe_experts
+    routed = call(rows, ids.reshape(-1, 1), rows.new_ones((rows.shape[0], 1)), *prescaled_arguments(experts, kind))
+    if not isinstance(routed, torch.Tensor):
+        return routed
+    return routed.view(x.shape[0], top_k, x.shape[-1]).sum(dim=1)
+
+
+def _shrunk(module, sizes: dict[int, int]):
+    """A shallow copy of module with its own parameter and child dicts, and each int attribute that
+    is a key of sizes (the real hidden and expert widths) set to its value (the small ones)."""
+    clone = copy.copy(module)
+    clone._parameters, clone._modules = {}, dict(module._modules)
+    for name, value in vars(module).items():
+        if type(value) is int and value in sizes:
+            setattr(clone, name, sizes[value])
+    return clone
+
+
+def _classify_prescaled_moe(module) -> Kind | None:
+    """Kind("moe.prescaled") for a mixture-of-experts layer of Llama 4's form: children router (a
+    linear with top_k, returning (scores, logits)), experts (is_prescaled_experts) and optionally
+    shared_expert, whose forward(hidden) returns (shared_expert(x) + prescaled_moe(x, ...), logits).
+    Found by running the layer's own forward on a stand-in: small random CPU weights of its expert
+    count and top_k, a probe for the shared expert."""
+    children = dict(module.named_children())
+    router, experts = children.get("router"), children.get("experts")
+    if set(children) - {"router", "experts", "shared_expert"} or router is None or experts is None \
+            or not is_prescaled_experts(experts):
+        return None
+    weight, top_k = getattr(router, "weight", None), getattr(router, "top_k", None)
+    if not (isinstance(weight, torch.Tensor) and weight.dim() == 2 and isinstance(top_k, int)) or \
+            set(router._parameters) - {"weight", "bias"} or set(experts._parameters) != {"gate_up_proj", "down_proj"}:
+        return None
+    count, hidden = weight.shape
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    if gate_up.shape[0] != count or down.shape[0] != count or not 0 < top_k <= count:
+        return None
+    transposed = gate_up.shape[1] == hidden and down.shape[2] == hidden and gate_up.shape[2] == 2 * down.shape[1]
+    if not transposed and not (gate_up.shape[2] == hidden and down.shape[1] == hidden
+                               and gate_up.shape[1] == 2 * down.shape[2]):
+        return None
+    inter = down.shape[1] if transposed else down.shape[2]
+    h, i = (12, 12) if inter == hidden else (12, 8)  # hidden != 2 * inter: the layouts differ
+    gen = torch.Generator().manual_seed(6)
+    stand_in, small_router, small_experts = (_shrunk(m, {hidden: h, inter: i}) for m in (module, router, experts))
+    small_router._parameters = {"weight": torch.nn.Parameter(torch.randn(count, h, generator=gen)),
+                                **({"bias": None} if "bias" in router._parameters else {})}
+    if router._parameters.get("bias") is not None:
+        small_router._parameters["bias"] = torch.nn.Parameter(torch.randn(count, generator=gen))
+    shapes = ((count, h, 2 * i), (count, i, h)) if transposed else ((count, 2 * i, h), (count, h, i))
+    small_experts._parameters = {name: torch.nn.Parameter(torch.randn(shape, generator=gen) * shape[1] ** -0.5)
+                                 for name, shape in zip(("gate_up_proj", "down_proj"), shapes)}
+    stand_in._modules.update(router=small_router, experts=small_experts)
+    if "shared_expert" in children:
+        stand_in._modules["shared_expert"] = _Probe()
+    kind = Kind("moe.prescaled", transposed=transposed)
+    x = torch.randn(5, h, generator=gen)
+    try:
+        with torch.no_grad():
+            got = type(module).forward(stand_in, x)
+            logits = F.linear(x, small_router.weight, small_router.bias)
+            expected = prescaled_moe(x, logits, top_k, small_experts, kind)
+    except Exception:  # noqa: BLE001 - another forward: not the layer we serve
+        return None
+    if "shared_expert" in children:
+        expected = expected + _Probe()(x)
+    ok = (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
+          and _close(got[0], expected) and _close(got[1], logits))
+    return kind if ok else None
+
+
 def _classify_router(module) -> Kind | None:
     """Kind("moe.router") when forward(hidden) returns (logits, weights, ids) as hidden @ weight.T
     (+ bias) and moe.router of those logits (softmax, top_k, renormalised or not; GPT-OSS's softmax
@@ -281,7 +387,8 @@ def classify(model) -> dict[str, Kind]:
             form = (type(module), own_parameters(module))
             if form not in by_class:
                 by_class[form] = (_classify_experts(module) if is_experts(module) else
-                                  _classify_norm(module) or _classify_activation(module) or _classify_router(module))
+                                  _classify_norm(module) or _classify_activation(module) or _classify_router(module)
+                                  or _classify_prescaled_moe(module))
             if by_class[form] is not None:
                 kinds[name] = by_class[form]
     return kinds

@@ -59,6 +59,7 @@ from .modules import (
     meta_twin,
     modelling_modules,
     own_parameters,
+    prescaled_moe,
     rope_layout,
     sibling_groups,
 )
@@ -80,7 +81,8 @@ def table_call(module, query, key, value, attention_mask, dropout, is_causal, kw
         return None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(is_causal) and seq_q > 1  # transformers' rule: a single query attends to every key
-    qk_norm = getattr(module, "q_norm", None) is not None  # Qwen3 / Gemma 3: tuned as qk_norm signatures
+    # Qwen3 / Gemma 3 (q_norm, k_norm), Llama 4's RoPE layers (one weightless qk_norm): tuned as qk_norm signatures
+    qk_norm = getattr(module, "q_norm", None) is not None or getattr(module, "qk_norm", None) is not None
     return causal, int(kwargs.get("sliding_window") or 0), float(kwargs.get("softcap") or 0.0), sinks, qk_norm
 
 
@@ -275,9 +277,10 @@ def _add_norm(norm, x, residual):
     return out
 
 
-def _add_norm_sites(body: list) -> list[tuple[int, str, str, str]]:
-    """(index, hidden name, residual name, norm attribute) of each `h = r + h; r = h; h = self.<norm>(h)`
-    in a list of statements (the sum either way round)."""
+def _add_norm_sites(body: list) -> list[tuple[int, str, str, str, str]]:
+    """(index, hidden name, residual name, norm attribute, addend name) of each `h = r + a; r = h;
+    h = self.<norm>(h)` in a list of statements (the sum either way round; the addend a is h itself
+    in most layers, the sublayer's output under a name of its own in Llama 4's)."""
     def name(node) -> str | None:
         return node.id if isinstance(node, ast.Name) else None
 
@@ -292,17 +295,17 @@ def _add_norm_sites(body: list) -> list[tuple[int, str, str, str]]:
         if hidden is None or not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
             continue
         terms = [name(value.left), name(value.right)]
-        if hidden not in terms or None in terms or terms[0] == terms[1]:
+        if None in terms or terms[0] == terms[1]:
             continue
-        residual = terms[1 - terms.index(hidden)]
-        kept, total = assigned(body[i + 1])
-        if kept != residual or name(total) != hidden:
+        residual, total = assigned(body[i + 1])
+        if residual not in terms or residual == hidden or name(total) != hidden:
             continue
+        addend = terms[1 - terms.index(residual)]
         target, call = assigned(body[i + 2])
         if (target == hidden and isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords
                 and name(call.args[0]) == hidden and isinstance(call.func, ast.Attribute)
                 and name(call.func.value) == "self"):
-            sites.append((i, hidden, residual, call.func.attr))
+            sites.append((i, hidden, residual, call.func.attr, addend))
     return sites
 
 
@@ -321,10 +324,10 @@ class _FuseAddNorm(ast.NodeTransformer):
         return node
 
     def _fuse(self, body: list) -> list:
-        for i, hidden, residual, norm in reversed(_add_norm_sites(body)):
+        for i, hidden, residual, norm, addend in reversed(_add_norm_sites(body)):
             if norm not in self.norms:
                 continue
-            line = ast.parse(f"{hidden}, {residual} = {ADD_NORM}(self.{norm}, {hidden}, {residual})").body[0]
+            line = ast.parse(f"{hidden}, {residual} = {ADD_NORM}(self.{norm}, {addend}, {residual})").body[0]
             body[i:i + 3] = [ast.copy_location(line, body[i])]
             self.fused.append(norm)
         return body
@@ -371,6 +374,21 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     # transformers calls the experts with the router's choice: (tokens, hidden), (tokens, top_k) twice
     out = _table().moe_experts(hidden_states, top_k_index, top_k_weights, *experts_arguments(self, self._lzsolve_kind))
     return _own(self, hidden_states, top_k_index, top_k_weights) if isinstance(out, NotServed) else out
+
+
+def _prescaled_moe_forward(self, hidden_states):
+    # Llama 4's MoE layer: its own router (logits GEMM, top-k, sigmoid: no op computes that routing;
+    # called as the module, so output_router_logits still records it), the routed experts through
+    # moe.experts over each token's rows scaled by its weights (prescaled_moe), the shared expert as
+    # its module (a gated MLP the patch may serve)
+    x = hidden_states.reshape(-1, hidden_states.shape[-1])
+    _, logits = self.router(x)
+    routed = prescaled_moe(x, logits, self.router.top_k, self.experts, self._lzsolve_kind, _table())
+    if isinstance(routed, NotServed):
+        return _own(self, hidden_states)
+    out = self.shared_expert(x) if "shared_expert" in self._modules else torch.zeros_like(x)
+    out.add_(routed)
+    return out, logits
 
 
 def _router_forward(self, hidden_states):
@@ -720,6 +738,11 @@ def _plan(model, report: PatchReport) -> _Plan:
     kinds = classify(model)
     # activations inside a module served whole (a gated MLP, routed experts): no note that no op serves them alone
     parts: set[str] = {f"{module_name}.act_fn" for module_name, kind in kinds.items() if kind.op == "moe.experts"}
+    for module_name, kind in kinds.items():  # Llama 4's: its router runs as its own module, said once
+        if kind.op == "moe.prescaled":
+            parts |= {f"{module_name}.router", f"{module_name}.experts.act_fn"}
+            report.left[type(model.get_submodule(module_name).router).__name__] = \
+                "a sigmoid of the top-k logits, not renormalised (moe.router is a softmax top-k): its own forward"
     for module_name, module in model.named_modules():
         form = _mlp_form(module, kinds, module_name)
         if form is None:
@@ -792,6 +815,8 @@ def _module_binding(module_name: str, module, kind: Kind, heads: dict) -> tuple:
         return (_layer_norm_forward, {"eps": eps_of(module)}), None
     if kind.op == "moe.experts":
         return (_experts_forward, {"kind": kind}), None
+    if kind.op == "moe.prescaled":
+        return (_prescaled_moe_forward, {"kind": kind}), None
     if kind.op == "moe.router":
         return (_router_forward, {"top_k": module.top_k, "renorm": kind.renorm, "float32_logits": kind.float32_logits,
                                   "float32_weights": kind.float32_weights}), None

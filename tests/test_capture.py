@@ -159,7 +159,7 @@ def test_llama4_text_plans_its_prescaled_experts_and_names_its_attention_feature
     notes = "\n".join(captured.notes)
     for said in ("chunked attention (36 of 48 layers, chunks of 8192 tokens): tuned as causal attention",
                  "12 of 48 layers apply no RoPE (their queries scaled by position",
-                 "apply_rotary_emb: rotary embedding in a form no op computes",
+                 "self_attn: rotary embedding in a form no op computes",
                  "Llama4Router", "the routing (sigmoid of the top-k logits) runs as torch ops",
                  f"each token's {variant.get('num_experts_per_tok', 1)} scaled row(s)"):
         assert said in notes, notes

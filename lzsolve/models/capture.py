@@ -843,8 +843,8 @@ def _outside_text_model(cfg: dict, text) -> list[str]:
 
 def _attention_notes(model, text) -> list[str]:
     """What a model's attention does in its own forward, around the attention call capture observes
-    (Llama 4's): chunked layers, layers without RoPE and their query temperature, RoPE in a
-    function no op computes."""
+    (Llama 4's): chunked layers, layers without RoPE and their query temperature. (Its RoPE, a
+    complex product no op computes, is noted where it is called: WRAPPED's apply_rotary_emb.)"""
     notes = []
     layer_types = list(getattr(text, "layer_types", None) or ())
     chunk = getattr(text, "attention_chunk_size", None)
@@ -857,10 +857,6 @@ def _attention_notes(model, text) -> list[str]:
         temperature = " (their queries scaled by position, attn_temperature_tuning: elementwise, in the module's " \
                       "own forward)" if getattr(text, "attn_temperature_tuning", False) else ""
         notes.append(f"{no_rope.count(0)} of {len(no_rope)} layers apply no RoPE{temperature}")
-    for mod in modelling_modules(model):
-        if callable(getattr(mod, "apply_rotary_emb", None)) and not callable(getattr(mod, "apply_rotary_pos_emb", None)):
-            notes.append(f"{mod.__name__.rpartition('.')[2]}.apply_rotary_emb: rotary embedding in a form no op "
-                         f"computes (complex products with freqs_cis): not tuned")
     return notes
 
 

@@ -588,8 +588,9 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
     """What CI needs to know about a tune, as plain data (`tune --json`). `records` are those the
     table was solved from, each once: `new` of them this run's (its rows in the PerfDB, with
     `written` adding the first calls made ahead), `measured` those of them that cost a measurement
-    (capability verdicts cost nothing), `reused` earlier runs', `cached` those of them that came from
-    the measurement cache (runs of other models or artifacts)."""
+    (capability verdicts cost nothing, nor a timing shared with a signature that differs only in
+    labels: `shared`, tuner.measured_as), `reused` earlier runs', `cached` those of them that came
+    from the measurement cache (runs of other models or artifacts)."""
     ours = [r for r in records if r["run_id"] == table["run_id"]]
     rejected: dict[str, int] = {}
     for r in records:
@@ -600,7 +601,8 @@ def run_summary(plan: Plan, table: dict, records: list[dict], out_dir: Path, wal
         "model": table["model"], "hardware": table["hardware"]["name"], "hw_slug": table["hw_slug"],
         "timing_mode": table["timing_mode"], "grid": table["grid"], "wall_s": round(wall_s, 1), "phases": phases,
         "records": len(records), "new": len(ours), "written": len(ours),
-        "measured": sum(r["stage"] != "capability" for r in ours),
+        "measured": sum(r["stage"] != "capability" and not r.get("timed_as") for r in ours),
+        "shared": sum(1 for r in records if r.get("timed_as")),
         "reused": len(records) - len(ours),
         "cached": sum(1 for r in records if r.get("cached_from")),
         "rejected_by_stage": rejected, "worker_restarts": restarts,

@@ -153,3 +153,41 @@ def test_the_command_takes_the_cache_options(tmp_path, args):
     summary = json.loads(result.stdout)
     assert summary["cache"] == (str(tmp_path / "cache") if "--cache-dir" in args else None)
     assert (tmp_path / "cache").is_dir() == ("--cache-dir" in args)
+
+
+PLAIN, LABELLED = "attention.prefill[hq=2,hkv=1,d=16,causal,fp32]", "attention.prefill[hq=2,hkv=1,d=16,causal,qk_norm,fp32]"
+
+
+def attention_workload(path: Path, *flag_sets: tuple[str, ...]) -> Path:
+    """Causal prefills at two lengths, once per flag set (("qk_norm",): Qwen3's; (): Llama's)."""
+    signature = {"op": "attention.prefill", "static": {"hq": 2, "hkv": 1, "d": 16}, "dtype": "fp32"}
+    return write_workload(path, [{"signature": {**signature, "flags": ["causal", *flags]},
+                                  "dims": {"batch": 1, "seq": seq}, "count": 1}
+                                 for flags in flag_sets for seq in (8, 24)])
+
+
+def test_signatures_that_differ_only_in_a_label_are_timed_once(tmp_path):
+    """Attention with and without qk_norm (Llama 4's layers; Qwen3's and Llama's at equal heads)
+    computes the same: each kernel is timed once at each shape, and the other signature's record is a
+    copy naming the signature it was timed under; both get their trees. A later tune of the
+    labelled signature alone, into another artifact, takes every timing from the cache."""
+    cache = tmp_path / "cache"
+    config = dataclasses.replace(QUICK_CPU, cache=True, cache_dir=cache)
+    grid = GridConfig(grid="tiny", kernels=("sdpa.*",))
+    both = tuned(ModelSource(workload=attention_workload(tmp_path / "both.json", (), ("qk_norm",))),
+                 tmp_path / "both", grid, config)
+    timed = {sig: {(r["kernel_id"], r["dims"]): r for r in rows(tmp_path / "both" / "perfdb", f"signature = '{sig}'")}
+             for sig in (PLAIN, LABELLED)}
+    assert len(timed[PLAIN]) >= 4 and timed[PLAIN].keys() == timed[LABELLED].keys()
+    for key, first in timed[PLAIN].items():
+        original, copy = (first, timed[LABELLED][key]) if timed[LABELLED][key]["timed_as"] else (timed[LABELLED][key], first)
+        assert original["timed_as"] is None and copy["timed_as"] == original["signature"], key
+        assert (copy["eager_ms"], copy["seed"], copy["run_id"]) == (original["eager_ms"], original["seed"], original["run_id"])
+    assert both.summary["measured"] == both.summary["shared"] == len(timed[PLAIN]), both.summary
+    assert len(rows(cache)) == len(timed[PLAIN]), "the cache holds each timing once"
+    entries = {e["signature"]: e for e in json.loads((tmp_path / "both" / "dispatch.json").read_text())["ops"]}
+    assert entries[PLAIN]["grid_regret"] is not None and entries[LABELLED]["grid_regret"] is not None
+
+    labelled = tuned(ModelSource(workload=attention_workload(tmp_path / "one.json", ("qk_norm",))),
+                     tmp_path / "one", grid, config)
+    assert labelled.summary["measured"] == 0 and labelled.summary["cached"] == len(timed[PLAIN]), labelled.summary

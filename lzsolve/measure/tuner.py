@@ -40,7 +40,7 @@ from lzsolve.store.perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
 from runtime_loader.inputs import ROUTED_OPS, ROUTING_SKEW, routing_skew
-from runtime_loader.ops import Signature
+from runtime_loader.ops import OPS, Signature
 from runtime_loader.specs import EXCLUDED, KernelSpec, Reason
 
 
@@ -253,6 +253,24 @@ def _key(record: dict) -> tuple:
     return record["signature"], record["kernel_id"], record["kernel_version"], record["dims"]
 
 
+def measured_as(signature: str, op: str) -> str:
+    """The signature a timing stands for: `signature` without its op's labels (OpSchema.labels),
+    the flags that narrow which kernels may serve it but not what they compute. Qwen3's
+    attention (qk_norm) and Llama's at the same heads time the same work, as do Llama 4's layers
+    with and without QK-norm: a kernel timed for one is not timed again for the other."""
+    schema = OPS.get(op)
+    if not schema or not schema.labels or "[" not in signature:
+        return signature
+    name, _, inside = signature.partition("[")
+    return f"{name}[{','.join(part for part in inside[:-1].split(',') if part not in schema.labels)}]"
+
+
+def _work_key(key: tuple) -> tuple:
+    """A reuse key (_key's) by the work timed: its signature as measured_as gives it."""
+    signature, kernel_id, version, dims = key
+    return measured_as(signature, signature.partition("[")[0]), kernel_id, version, dims
+
+
 def _answers(record: dict, modes: tuple[str, ...]) -> bool:
     """Whether an earlier record holds what a measurement in `modes` asks for: a time in one of
     them, or the reason there is none (a rejection, a failed graph capture)."""
@@ -344,13 +362,16 @@ class Session:
         # PerfDB files this run has read: newer ones not its own are another tuner's. Listed before
         # they are read, so a file another tuner writes meanwhile is read again, not missed
         self.seen = db.names()
-        self.reusable = _reusable(db, self.recorder) if reuse else {}
+        self.reusable: dict[tuple, dict] = {}
+        self.by_work: dict[tuple, dict] = {}  # the same records by the work they timed (_work_key)
+        self._remember(_reusable(db, self.recorder) if reuse else {})
         self.rejections = _recorded_rejections(db, self.recorder)
         self.reuse = reuse
         self.seeds = fresh_seeds()
         self.cache, self.cache_note = cache, None
         self.cache_seen: set[str] = set()
         self.copied: set[tuple] = set()  # keys of cache records this run copied into its PerfDB
+        self.shared: set[tuple] = set()  # keys answered by a twin signature's record (_reused), copied in too
         if cache is not None and cache.path.resolve() == db.path.resolve():
             self.cache = None  # (an artifact's own PerfDB named as the cache)
         self._read_cache()
@@ -363,11 +384,34 @@ class Session:
         try:
             names = self.cache.names()
             if self.reuse and names - self.cache_seen:
-                for key, record in _reusable(self.cache, self.recorder, str(self.cache.path)).items():
-                    self.reusable.setdefault(key, record)
+                self._remember(_reusable(self.cache, self.recorder, str(self.cache.path)), overwrite=False)
             self.cache_seen |= names
         except (LzError, OSError) as e:
             self._leave_cache(f"cannot be read ({str(e)[:300]})")
+
+    def _remember(self, records: dict[tuple, dict], overwrite: bool = True) -> None:
+        """Records that answer later measurements, by _key and by the work they timed."""
+        for key, record in records.items():
+            if overwrite or key not in self.reusable:
+                self.reusable[key] = record
+            if overwrite or _work_key(key) not in self.by_work:
+                self.by_work[_work_key(key)] = record
+
+    def _reused(self, sp: SignaturePlan, key: tuple, modes: tuple[str, ...]) -> dict | None:
+        """The earlier record that answers `key` in `modes`: its own, or one timed for a signature
+        that differs from it only in labels (measured_as), copied under this signature (a table is
+        solved from its own signature's records) and remembered as its own."""
+        earlier = self.reusable.get(key)
+        if earlier is not None and _answers(earlier, modes):
+            return earlier
+        twin = self.by_work.get(_work_key(key))
+        if twin is None or twin["signature"] == key[0] or twin["status"] != "ok" or not _answers(twin, modes):
+            return None
+        copy = {**twin, "signature": key[0], "roles": ",".join(sp.instance.roles),
+                "timed_as": twin.get("timed_as") or twin["signature"]}
+        self.reusable[key] = copy
+        self.shared.add(key)
+        return copy
 
     def _leave_cache(self, why: str) -> None:
         self.cache_note = f"the measurement cache {self.cache.path} {why}; this run went on without it"
@@ -399,7 +443,7 @@ class Session:
             others = {name for name in self.db.names() if not name.startswith(ours)} - self.seen
             if others:  # another tuner's records: its capability verdicts are not appended twice either
                 if self.reuse:
-                    self.reusable.update(_reusable(self.db, self.recorder))
+                    self._remember(_reusable(self.db, self.recorder))
                 self.rejections.update(_recorded_rejections(self.db, self.recorder))
             self.seen |= others
             self._read_cache()
@@ -427,7 +471,7 @@ class Session:
                 to_measure = []
                 for cand in candidates:
                     key = (str(sp.instance.signature), cand.spec.kernel_id, cand.spec.version(), dims_key(dims))
-                    earlier = self.reusable.get(key)
+                    earlier = self._reused(sp, key, modes) if cand.admitted else None
                     if not cand.admitted:
                         first, *rest = cand.reasons
                         verdict = recorder.record(sp, cand.spec, dims, stage="capability", phase=phase,
@@ -435,8 +479,10 @@ class Session:
                                                        reason_message="; ".join([first.message, *map(str, rest)]))
                         known = self.rejections.setdefault(_rejection_key(verdict), verdict)
                         (fresh if known is verdict else results).append(known)
-                    elif earlier is not None and _answers(earlier, modes):
-                        if earlier.get("cached_from") and key not in self.copied and earlier["run_id"] != self.run_id:
+                    elif earlier is not None:
+                        if key in self.shared or (earlier.get("cached_from") and key not in self.copied
+                                                  and earlier["run_id"] != self.run_id):
+                            self.shared.discard(key)
                             self.copied.add(key)  # the artifact's PerfDB holds what its table was solved from
                             fresh.append(earlier)
                         else:
@@ -449,7 +495,7 @@ class Session:
                                            on_step, phase, modes)
                     # later phases of this run reuse it too: a validation shape that lands on a bucket
                     # is not timed twice (two records of one key, and a rerun could see either)
-                    self.reusable.update((_key(r), r) for r in new if r["stage"] != "capability")
+                    self._remember({_key(r): r for r in new if r["stage"] != "capability"})
                     fresh.extend(new)
                     measured.extend(new)
         finally:  # keep what was measured even when interrupted

@@ -101,6 +101,9 @@ SCHEMA = pa.schema([
     # where a reused record came from: the measurement cache it was copied out of (tune --cache-dir),
     # null for a record this PerfDB's own runs measured
     ("cached_from", pa.string()),
+    # the signature the timing was taken under, where it is another that differs from this one only in
+    # labels (tuner.measured_as: attention with and without qk_norm); null where it was its own
+    ("timed_as", pa.string()),
 ])
 COLUMNS = SCHEMA.names
 

@@ -251,9 +251,10 @@ RECORDS = (
     # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
     # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS); dv: v's head dim, where not d
     OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm", "sinks"), ("batch", "seq"),
-             "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", buckets=PREFILL_BUCKETS, **ATTENTION),
+             "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", labels=("qk_norm",), buckets=PREFILL_BUCKETS,
+             **ATTENTION),
     OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks"), ("batch", "kv_len"), "sdpa.default",
-             ATTENTION_OPTIONAL, "eager.attention", buckets=DECODE_BUCKETS, **ATTENTION),
+             ATTENTION_OPTIONAL, "eager.attention", labels=("qk_norm",), buckets=DECODE_BUCKETS, **ATTENTION),
     # a decode step over an FP8 (e4m3) KV cache with a scale for k and one for v
     OpSchema("attention.decode_fp8kv", ("hq", "hkv", "d"), (), ("batch", "kv_len"), "eager.attention_fp8kv",
              method="attention_fp8kv", front=attention_fp8kv_front, call=attention_fp8kv_call,

@@ -51,6 +51,9 @@ class OpSchema:
     # signature only when set, so signatures of models without them read as before
     optional: tuple[tuple[str, int | float], ...] = ()
     reference: str | None = None  # the fallback for signatures `fallback` does not support (e.g. softcap)
+    # flags that narrow which kernels may serve a call without changing what it computes (attention's
+    # qk_norm): a kernel timed under one is timed for the signature without it (the tuner shares them)
+    labels: tuple[str, ...] = ()
     # --- how the op is served (several ops may share one method: attention.prefill and .decode) ---
     method: str = ""  # the Dispatcher method and the custom op torch.ops.lzsolve.<method>
     # the method's parameters (annotated, with defaults; its docstring is the method's) -> (cache key,

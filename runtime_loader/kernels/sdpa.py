@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dtypes import ALL_DTYPES, HALF
-from ..ops.attention import effective_window, visible_keys, with_sinks
+from ..ops.attention import alibi_bias, effective_window, visible_keys, with_sinks
 from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
 
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
@@ -29,11 +29,18 @@ V_HEAD_DIM = frozenset({"v_head_dim"})
 aten = torch.ops.aten
 
 
-def sdpa(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
-    """A sliding window goes in as an explicit boolean mask (SDPA's is_causal cannot say it);
-    softcap is never passed: this kernel does not declare it, so it is never chosen for one."""
-    window = effective_window(q.shape[2], k.shape[2], causal, window)
-    keep = visible_keys(q.shape[2], k.shape[2], causal, window, q.device) if window else None
+def sdpa(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None,
+         alibi: bool = False):
+    """A sliding window goes in as an explicit boolean mask (SDPA's is_causal cannot say it), ALiBi
+    as an additive float mask in q's dtype (its biases relative to each query's position, <= 0 on
+    the keys it sees, the hidden keys -inf); softcap and sinks are never passed: this kernel does
+    not declare them, so it is never chosen for one."""
+    seq_q, kv_len = q.shape[2], k.shape[2]
+    window = effective_window(seq_q, kv_len, causal, window)
+    keep = visible_keys(seq_q, kv_len, causal, window, q.device) if window or alibi else None
+    if alibi:
+        bias = alibi_bias(q.shape[1], seq_q, kv_len, causal, q.device)
+        keep = (bias if keep is None else bias.masked_fill(~keep, float("-inf"))).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal and keep is None, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 
@@ -70,8 +77,9 @@ def math_backend(q, k, v, causal: bool, scale: float | None):
 
 SPECS = [
     KernelSpec("sdpa.default", ATTENTION, "torch", sdpa, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM | {"sliding_window"}, graph_safe=True,
-               notes="PyTorch's own backend choice; the attention fallback; a sliding window as a boolean mask"),
+               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM | {"sliding_window", "alibi"},
+               graph_safe=True, notes="PyTorch's own backend choice; the attention fallback; a sliding window as a "
+                                      "boolean mask, ALiBi as a float one"),
     KernelSpec("sdpa.flash", ATTENTION, "torch", flash, platforms=frozenset({"cuda"}),
                min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | SINKS,
                graph_safe=True, notes="FlashAttention-2 inside PyTorch"),

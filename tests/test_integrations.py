@@ -1126,3 +1126,22 @@ def test_a_bloom_tune_from_its_config_covers_what_the_patched_model_calls(tmp_pa
     assert {"attention.prefill[hq=6,hkv=6,d=8,causal,alibi,fp32]", "attention.decode[hq=6,hkv=6,d=8,alibi,fp32]",
             "linear[k=48,n=144,bias,fp32]"} <= called
     assert called <= tuned, sorted(called - tuned)
+
+
+def test_patched_bloom_compiles_with_fullgraph(restore_active):
+    """BLOOM's served attention under torch.compile(fullgraph=True): q, k and v made contiguous for the
+    custom op (whose fake output is; its kernel's follows q's layout, a view of the fused qkv)."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_bloom()
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = model(ids).logits
+    d = serving_fallbacks()
+    patch(model, d)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
+    with torch.no_grad():
+        out = compiled(ids).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert sum(d.stats()["attention.prefill"].values()) >= 2, "through torch.ops.lzsolve"

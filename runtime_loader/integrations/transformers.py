@@ -203,6 +203,8 @@ def alibi_attention(module, hidden_states, residual, attention_mask, layer_past,
     q, k, v = module._reshape(module.query_key_value(hidden_states))
     if layer_past is not None:
         k, v = layer_past.update(k, v, module.layer_idx)
+    if torch.compiler.is_compiling():  # the custom op's fake output is contiguous: so must its kernel's be, which
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # follows q's layout (here a view of the fused qkv)
     out = attend(q, k, v, q_length > 1, module.inv_norm_factor)  # one query sees every key (transformers' rule)
     out = module.dense(out.transpose(1, 2).reshape(batch, q_length, -1))
     dropout_add = sys.modules[_base_class(module).__module__].dropout_add

@@ -135,7 +135,8 @@ BOTH = frozenset({"cpu", "cuda"})  # the platforms of a kernel written in plain 
 
 
 def required_features(sig: Signature) -> frozenset[str]:
-    """Features a kernel must declare to compute this signature correctly."""
+    """Features a kernel must declare to compute this signature correctly: its flags (causal, sinks,
+    alibi...), then what its static dims imply."""
     features = set(sig.flags)
     static = dict(sig.static)
     if "hkv" in static and static["hq"] != static["hkv"]:

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from lzsolve.cli import cli
 from lzsolve.errors import LzError
-from lzsolve.models.capture import capture
+from lzsolve.models.capture import capture, fp8_kv_cache
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
@@ -24,7 +24,7 @@ DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
          "gpt_neox", "olmo", "olmo2", "olmo3", "granite", "cohere", "cohere2", "starcoder2", "stablelm", "glm",
          "glm4", "smollm3", "exaone4", "ministral", "nemotron", "seed_oss", "apertus", "arcee", "gpt2",
          "gptj", "gpt_neo", "codegen", "persimmon", "helium", "diffllama", "bitnet", "ernie4_5", "gemma4",
-         "gemma4_text"]
+         "gemma4_text", "bloom"]
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "granitemoe", "phimoe", "olmoe", "minimax", "ernie4_5_moe", "gpt_oss",
        "llama4_text", "deepseek_v3", "dbrx", "jetmoe"]
 # SwiGLU experts, GPT-OSS's biased, interleaved, clamped ones, and Llama 4's (each token's input rows scaled by
@@ -54,7 +54,7 @@ def test_dense_decoders_plan(outcomes):
     refused = {t: outcomes[t][1] for t in DENSE if outcomes[t][0] != "ok"}
     # issue 13 asks for 33; GPT-J, GPT-Neo and CodeGen accept only eager attention (written out as
     # matmuls: no attention function to observe)
-    assert len(DENSE) - len(refused) >= 36, refused
+    assert len(DENSE) - len(refused) >= 37, refused
     for model_type, message in refused.items():
         assert "\n" not in message and model_type in message
 
@@ -112,6 +112,22 @@ def test_tp_is_checked_against_the_configs_heads_before_the_model_is_built(monke
     assert capture_module._heads_problem(32, 8, 16) is None, "16 ranks replicate 8 kv heads"
 
 
+def test_bloom_plans_attention_with_alibi(outcomes):
+    """BLOOM's attention module (fused query_key_value, ALiBi biases, its own score matmuls) is captured
+    as patch() serves it: attention with the alibi flag, q/k/v as one GEMM; not under --tp, where a
+    rank's heads would need the slopes of their place among the model's."""
+    status, captured = outcomes["bloom"]
+    assert status == "ok", captured
+    ops = {str(i.signature): i.roles for i in captured.instances}
+    assert ops["attention.prefill[hq=8,hkv=8,d=8,causal,alibi,bf16]"] == ("transformer.h.*.self_attention",)
+    assert "attention.decode[hq=8,hkv=8,d=8,alibi,bf16]" in ops
+    assert ops["linear[k=64,n=192,bias,bf16]"] == ("transformer.h.*.self_attention.query_key_value",)
+    with pytest.raises(LzError, match=r"^bloom: not supported yet: ALiBi attention under --tp 2 "):
+        capture(default_config("bloom"), "bloom", tp=2)
+    kept = fp8_kv_cache(captured)  # no FP8-cache op takes ALiBi: its decode keeps its signature
+    assert "attention.decode[hq=8,hkv=8,d=8,alibi,bf16]" in {str(i.signature) for i in kept.instances}
+
+
 def test_other_experts_are_named_or_refused(outcomes, monkeypatch):
     status, captured = outcomes["gpt_oss"]  # biased, interleaved, clamped experts stored (experts, in, out)
     ops = {str(i.signature) for i in captured.instances}
@@ -167,11 +183,11 @@ def test_llama4_text_plans_its_prescaled_experts_and_names_its_attention_feature
 
 # Types of transformers' causal-LM mapping whose default configs capture sees no attention call in:
 # state-space and recurrent mixers really run none; the others run attention inside their own modules
-# (written out as matmuls, BLOOM's with ALiBi biases), and are refused naming what stops capture.
+# (written out as matmuls), and are refused naming what stops capture. (BLOOM's, with ALiBi biases, is
+# its own module too, captured as patch() serves it: test_bloom_plans_attention_with_alibi.)
 NO_ATTENTION = {
     "falcon_mamba": "FalconMambaForCausalLM runs no attention", "mamba": "MambaForCausalLM runs no attention",
     "mamba2": "Mamba2ForCausalLM runs no attention", "xlstm": "xLSTMForCausalLM runs no attention",
-    "bloom": "not supported yet: ALiBi position biases (BloomAttention adds them to the attention scores",
     **{t: f"not supported yet: attention computed in its own modules' forward, calling no attention function that "
           f"capture observes ({cls})"
        for t, cls in (("gpt_neox_japanese", "GPTNeoXJapaneseAttention"), ("mvp", "MvpAttention"),
@@ -181,8 +197,8 @@ NO_ATTENTION = {
 
 @pytest.mark.parametrize("model_type", list(NO_ATTENTION))
 def test_models_without_an_observed_attention_call_are_refused_for_what_they_run(model_type):
-    """"runs no attention" only where the model has none; BLOOM (ALiBi) and attention written out in
-    the model's own modules are refused naming that, not as models that run no attention."""
+    """"runs no attention" only where the model has none; attention written out in the model's own
+    modules is refused naming that, not as a model that runs no attention."""
     if model_type not in CONFIG_MAPPING:
         pytest.skip(f"this transformers has no {model_type}")
     with pytest.raises(LzError) as e:

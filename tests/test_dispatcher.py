@@ -156,7 +156,7 @@ def test_flags_and_options_are_part_of_the_key():
     assert d.kernel_for("embedding", ids, rows, 4.0) == "torch.embedding"
     assert d.kernel_for("embedding", ids, rows) == "eager.embedding"
     q, k = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 20, 16)
-    assert d.kernel_for("attention", q, k, k, False, None, 8, 0.0, None, True) == "eager.attention"
+    assert d.kernel_for("attention", q, k, k, False, None, 8, 0.0, None, qk_norm=True) == "eager.attention"
     assert d.kernel_for("attention", q, k, k, causal=False, window=8) == "sdpa.default", "qk_norm is in the key"
     assert d.kernel_for("attention", q, k, k, causal=False, qk_norm=True) == "sdpa.default", "so is the window"
 

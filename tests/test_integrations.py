@@ -8,6 +8,7 @@ import torch
 
 import runtime_loader
 from runtime_loader import Dispatcher
+from runtime_loader.ops import Signature
 from runtime_loader.policies import Policy
 from runtime_loader.table import parse_table
 from tests.tables import (
@@ -1034,3 +1035,113 @@ def test_an_mla_decode_workload_is_tuned_and_replayed(tmp_path, restore_active):
     artifact = tuned(ModelSource(workload=tmp_path / "w.json"), tmp_path / "artifact").artifact
     served = assert_replays_references(artifact)
     assert [str(sig) for sig in served.table.trees] == ["attention.mla_decode[hq=4,rank=64,rope=16,fp32]"]
+
+
+# --- BLOOM: ALiBi attention in its own module (issue 60) ----------------------------------------------------
+def tiny_bloom(dtype=torch.float32):
+    """BLOOM's form, shrunk: fused query_key_value, ALiBi biases, LayerNorms and a tanh-GELU MLP; 6 heads
+    (ALiBi's slopes past a power of two). Token 0 pads, so random prompts of ids >= 1 have none."""
+    torch.manual_seed(17)
+    config = transformers.BloomConfig(vocab_size=128, hidden_size=48, n_layer=2, n_head=6, pad_token_id=0)
+    return transformers.BloomForCausalLM(config).to(dtype).eval()
+
+
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def bloom_artifact(request, tmp_path_factory):
+    """(dtype, a CPU tune of what the tiny BLOOM calls once patched in that dtype)."""
+    folder = tmp_path_factory.mktemp("bloom")
+    return request.param, tune_what_patched_models_call(folder, "tiny-bloom", [tiny_bloom(request.param)])
+
+
+@pytest.mark.parametrize("serving", ["tuned", "sdpa.default", "eager.attention"])
+def test_patched_bloom_is_served_from_its_table(serving, bloom_artifact, restore_active):
+    """BLOOM's attention through the table's attention with the alibi flag (its own module: q/k/v from
+    query_key_value, its KV cache updated as its forward does), from the tuned table or from every op's
+    fallback as a table would choose it, attention by SDPA's default (the biases as a float mask) or
+    the eager reference: logits as unpatched and generate() equal;
+    a padded batch (BLOOM's biases then count from each row's first token) and attention weights asked
+    for are handed back to BLOOM's own forward, with the mask it expects; fp32 and bf16."""
+    from runtime_loader.integrations.transformers import observe, patch
+
+    dtype, artifact = bloom_artifact
+    model = tiny_bloom(dtype)
+    calls, _ = observe(model)
+    name = "fp32" if dtype == torch.float32 else "bf16"
+    assert calls["transformer.h.0.self_attention"] == {
+        Signature.make("attention.prefill", {"hq": 6, "hkv": 6, "d": 8}, ("causal", "alibi"), name),
+        Signature.make("attention.decode", {"hq": 6, "hkv": 6, "d": 8}, ("alibi",), name)}
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    padding = torch.ones_like(ids)
+    padding[0, :3] = 0  # left padding
+    with torch.no_grad():
+        reference = model(ids).logits
+        padded = model(ids, attention_mask=padding).logits
+        weights = model(ids, output_attentions=True)
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
+        expected_padded = model.generate(ids, attention_mask=padding, max_new_tokens=4, do_sample=False)
+    tuned = serving == "tuned"
+    d = runtime_loader.load(artifact, strict=True) if tuned else serving_fallbacks(
+        attention_prefill=serving, attention_decode=serving)
+    report = patch(model, d)
+    if tuned:
+        assert {f"attention.prefill[hq=6,hkv=6,d=8,causal,alibi,{name}]",
+                f"attention.decode[hq=6,hkv=6,d=8,alibi,{name}]"} <= {str(sig) for sig in d.table.trees}
+    if not tuned or table_serves(d, calls, "transformer.h.0.self_attention"):
+        assert report.replaced["BloomAttention"] == 2, report
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    served = sum(sum(d.stats().get(op, {}).values()) for op in ("attention.prefill", "attention.decode"))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=tolerance, atol=tolerance)
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+        after = sum(sum(d.stats().get(op, {}).values()) for op in ("attention.prefill", "attention.decode"))
+        torch.testing.assert_close(model(ids, attention_mask=padding).logits[1], padded[1], rtol=tolerance,
+                                   atol=tolerance)
+        torch.testing.assert_close(model(ids, attention_mask=padding).logits[0, 3:], padded[0, 3:], rtol=tolerance,
+                                   atol=tolerance)
+        assert torch.equal(model.generate(ids, attention_mask=padding, max_new_tokens=4, do_sample=False),
+                           expected_padded)
+        got = model(ids, output_attentions=True)
+        torch.testing.assert_close(got.logits, weights.logits, rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(got.attentions, weights.attentions, rtol=tolerance, atol=tolerance)
+    if report.replaced["BloomAttention"]:  # two layers: the logits' forward, generate()'s prompt and 5 steps
+        assert after - served >= 2 * 7, d.stats()
+    if tuned:
+        assert_served_by_its_own_table(d)
+
+
+def test_a_bloom_tune_from_its_config_covers_what_the_patched_model_calls(tmp_path, restore_active):
+    """What capture plans from BLOOM's config (attention with the alibi flag, its fused q/k/v GEMM) is
+    what the patched model calls."""
+    from lzsolve.models.capture import capture
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_bloom()
+    cfg = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+    captured = capture(cfg, "tiny-bloom", dtype="fp32")
+    patch(model, Dispatcher(None), all_ops=True)
+    with runtime_loader.record(tmp_path / "w.json"), torch.no_grad():
+        model.generate(torch.randint(1, 128, (2, 12)), max_new_tokens=2, do_sample=False)
+    called = {unfused(call["name"]) for call in json.loads((tmp_path / "w.json").read_text())["calls"]}
+    tuned = {str(i.signature) for i in captured.instances}
+    assert {"attention.prefill[hq=6,hkv=6,d=8,causal,alibi,fp32]", "attention.decode[hq=6,hkv=6,d=8,alibi,fp32]",
+            "linear[k=48,n=144,bias,fp32]"} <= called
+    assert called <= tuned, sorted(called - tuned)
+
+
+def test_patched_bloom_compiles_with_fullgraph(restore_active):
+    """BLOOM's served attention under torch.compile(fullgraph=True): q, k and v made contiguous for the
+    custom op (whose fake output is; its kernel's follows q's layout, a view of the fused qkv)."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_bloom()
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = model(ids).logits
+    d = serving_fallbacks()
+    patch(model, d)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
+    with torch.no_grad():
+        out = compiled(ids).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert sum(d.stats()["attention.prefill"].values()) >= 2, "through torch.ops.lzsolve"

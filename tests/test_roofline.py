@@ -35,6 +35,11 @@ COUNTS = [
     # q 2*2*4 = 16, out 16, k 1*2*4 = 8, v 8, the sinks 2 -> 50 elements x 4 = 200
     (sig("attention.prefill", {"hq": 2, "hkv": 1, "d": 4}, ("causal", "sinks"), "fp32"), {"batch": 1, "seq": 2},
      96, 200),
+    # ALiBi adds a bias per pair (a mask's work, not counted): as plain causal, 1 + 2 = 3 pairs; 4 x 4 x 3 x 2 heads
+    # = 96. q 2*2*4 = 16, out 16, k 16, v 16 (MHA) -> 64 x 2 = 128; decode with ALiBi: as decode, 4 x 2 x 3 x 2 = 48,
+    # q 4, out 4, k 2*3*2 = 12, v 12 -> 32 x 2 = 64
+    (sig("attention.prefill", {"hq": 2, "hkv": 2, "d": 4}, ("causal", "alibi")), {"batch": 1, "seq": 2}, 96, 128),
+    (sig("attention.decode", {"hq": 2, "hkv": 2, "d": 2}, ("alibi",)), {"batch": 1, "kv_len": 3}, 48, 64),
     # qk_norm is a marker (the norm is norm.qk's work): as plain causal, 1 + 2 + 3 = 6 pairs;
     # 4 x 2 x 6 x 1 = 48. q 3*2 = 6, out 6, k 6, v 6 -> 24 x 2 = 48
     (sig("attention.prefill", {"hq": 1, "hkv": 1, "d": 2}, ("causal", "qk_norm")), {"batch": 1, "seq": 3}, 48, 48),

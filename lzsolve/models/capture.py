@@ -293,10 +293,37 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     from runtime_loader.integrations.transformers import table_call
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if _current is not None:
-        sig = _sig(attention_call(query, key, value, call[0], None, *call[1:])) if call else None  # scale: no part of it
+        if call:  # scale: no part of it
+            causal, window, softcap, sinks, qk_norm = call
+            sig = _sig(attention_call(query, key, value, causal, None, window, softcap, sinks, qk_norm=qk_norm))
+        else:
+            sig = None
         _current.events.append(Event("attention", _current.frame, sig))
     out = query.new_empty((*query.shape[:-1], value.shape[-1]))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _alibi_recorded(q, k, v, causal, scale):
+    """The attention call of an ALiBi attention module (BLOOM's), recorded with the alibi flag."""
+    if _current is not None:
+        _current.events.append(Event("attention", _current.frame, _sig(attention_call(q, k, v, causal, alibi=True))))
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def _alibi_attention_forward(self, hidden_states, residual, alibi, attention_mask, layer_past=None, use_cache=False,
+                             output_attentions=False, **kwargs):
+    """BLOOM's attention on the meta model, as patch() serves it (alibi_attention): its attention call
+    recorded with the alibi flag; a call patch() hands back to BLOOM's own forward is recorded as
+    attention the table does not serve, and runs that forward."""
+    from runtime_loader.integrations.transformers import alibi_attention
+    out = alibi_attention(self, hidden_states, residual, attention_mask, layer_past, _alibi_recorded,
+                          output_attentions, kwargs)
+    if out is not None:
+        return out
+    if _current is not None:
+        _current.events.append(Event("attention", _current.frame, None))
+    return type(self).forward(self, hidden_states, residual, alibi, attention_mask, layer_past, use_cache,
+                              output_attentions, **kwargs)
 
 
 def _call_opaque(rec: _Recorder | None, fn, *args, **kwargs):
@@ -419,8 +446,12 @@ def _prescaled_experts_forward(self, hidden_states, *args, **kwargs):
 
 
 def _hooks(model, kinds: dict[str, Kind], rec: _Recorder, stack: ExitStack) -> None:
+    from runtime_loader.integrations.transformers import is_alibi_attention
     for name, module in model.named_modules():
         rec.owners.update((id(p), name) for p in module.parameters(recurse=False))
+        if is_alibi_attention(module):
+            module.forward = _alibi_attention_forward.__get__(module)
+            stack.callback(module.__dict__.pop, "forward")
         if is_experts(module):
             module._lzsolve_kind = kinds.get(name)
             module.forward = _experts_forward.__get__(module)
@@ -651,6 +682,9 @@ def _check_tp(events: list[Event], tp: int, where: str, ep: int = 1) -> None:
         s = dict(e.sig.static)
         if e.op == "attention" and _heads_problem(s["hq"], s["hkv"], tp):
             problems.append(_heads_problem(s["hq"], s["hkv"], tp))
+        if e.op == "attention" and tp > 1 and "alibi" in e.sig.flags:
+            raise LzError(f"{where}: not supported yet: ALiBi attention under --tp {tp} (the alibi flag takes its "
+                          f"slopes from the head count a call has, a rank's share, not the model's)")
         if e.sig.op.startswith("act.") and s["width"] % tp:
             problems.append(f"MLP width {s['width']}")
         if e.sig.op == "moe.experts" and ep == 1 and s["inter"] % tp:
@@ -967,23 +1001,23 @@ def _capture(cfg: dict, name: str, tp: int, dtype: str, where: str, config_hash:
 
 def fp8_kv_cache(captured: Captured) -> Captured:
     """The model served with its KV cache in FP8 (e4m3, a scale for k and one for v), "<name>-fp8kv":
-    its decode steps as attention.decode_fp8kv, except those with a window, a softcap, sinks or a v
-    head dim of their own (MLA's dv), which no FP8-cache op computes (they keep their decode
+    its decode steps as attention.decode_fp8kv, except those with a window, a softcap, sinks, ALiBi or a
+    v head dim of their own (MLA's dv), which no FP8-cache op computes (they keep their decode
     signature, and a note says so)."""
     merged: dict[Signature, tuple[tuple[str, ...], int]] = {}
     kept = []
     for instance in captured.instances:
         sig = instance.signature
         if sig.op == "attention.decode":
-            if sig.dim("window") or sig.dim("softcap") or sig.dim("dv") or "sinks" in sig.flags:
+            if sig.dim("window") or sig.dim("softcap") or sig.dim("dv") or {"sinks", "alibi"} & set(sig.flags):
                 kept.append(str(sig))
             else:
                 sig = Signature.make("attention.decode_fp8kv", {d: sig.dim(d) for d in ("hq", "hkv", "d")}, (),
                                      sig.dtype)
         roles, calls = merged.get(sig, ((), 0))
         merged[sig] = (roles + tuple(r for r in instance.roles if r not in roles), calls + instance.calls_per_forward)
-    notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap, sinks "
-                                   f"or v's own head dim): "
+    notes = captured.notes + tuple(f"{s} over an FP8 KV cache (no op computes it with a window, softcap, sinks, "
+                                   f"ALiBi or v's own head dim): "
                                    f"the decode is tuned over a cache in the activations' dtype instead" for s in kept)
     name = f"{captured.name}-fp8kv"
     return dataclasses.replace(captured, name=name, notes=notes,

@@ -5,25 +5,27 @@ sits at i, a decode query, the newest token, at kv_len - 1) and Gemma 2's logit 
 scores -> softcap * tanh(scores / softcap), before the mask and softmax), and GPT-OSS's
 attention sinks (a learned logit per q head that joins each row's softmax denominator and
 carries no value: out = softmax([scores, sink])[:-1] v), and a v head dim dv other than q's and
-k's d (DeepSeek's MLA: d = 192, dv = 128; the output has dv, the default scale is d ** -0.5).
+k's d (DeepSeek's MLA: d = 192, dv = 128; the output has dv, the default scale is d ** -0.5),
+and BLOOM's ALiBi (the alibi flag: slope_h * key position added to head h's scaled scores, the
+slopes from the q head count, runtime_loader.ops.attention.alibi_slopes).
 The canonical call is (q, k, v, causal, scale), with (window, softcap) appended only when the
-signature sets one of them, and sinks after them with the sinks flag: kernels that declare
-none keep their five-argument form.
+signature sets one of them, and sinks after them with the sinks flag, and (sinks or None, True)
+after those with the alibi flag: kernels that declare none keep their five-argument form.
 """
 from __future__ import annotations
 
 import torch
 
 from lzsolve.ops.base import OpContract, itemsize
+from runtime_loader.ops.attention import alibi_slopes, value_dim
 from runtime_loader.ops.attention import attention_shapes as _shapes
-from runtime_loader.ops.attention import value_dim
 
 MAX_SCORE_ELEMENTS = 1 << 26  # reference works on score blocks of at most 256 MiB in fp32
 
 
-def reference(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
-    """softmax(mask(softcap(q k^T * scale))) v in fp32 (each row's sink logit, where given, one
-    more column of the softmax), one kv head (and its q group) at a time, in blocks of query rows
+def reference(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None, alibi=False):
+    """softmax(mask(softcap(q k^T * scale) + alibi)) v in fp32 (each row's sink logit, where given, one
+    more column of the softmax; ALiBi's slope_h * (key - query position)), one kv head (and its q group) at a time, in blocks of query rows
     so the score matrix never needs more than 256 MiB."""
     batch, hq, seq_q, d = q.shape
     hkv, kv_len = k.shape[1], k.shape[2]
@@ -31,6 +33,7 @@ def reference(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
     scale = d ** -0.5 if scale is None else scale
     rows = max(1, MAX_SCORE_ELEMENTS // (groups * kv_len))
     col = torch.arange(kv_len, device=q.device)[None, :]
+    slopes = alibi_slopes(hq, q.device) if alibi else None
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # v's head dim (MLA's differs from q's)
     for b in range(batch):
         for h in range(hkv):
@@ -41,6 +44,9 @@ def reference(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
                 if softcap:
                     scores = softcap * torch.tanh(scores / softcap)
                 row = torch.arange(r0, r1, device=q.device)[:, None]
+                if alibi:  # relative to the query's position, as the window (a constant per row to BLOOM's slope * key)
+                    position = row if causal else row + (kv_len - seq_q)
+                    scores = scores + slopes[h * groups:(h + 1) * groups, None, None] * (col - position)
                 if causal:  # top-left aligned, as SDPA: query row i sees keys 0..i
                     scores = scores.masked_fill(col > row, float("-inf"))
                 if window:  # counted back from the query's position: i, or kv_len - 1 for a decode query
@@ -106,7 +112,10 @@ PREFILL_CASES = (({"hq": 8, "hkv": 1, "d": 128}, ("causal",), {"batch": 1, "seq"
                  ({"hq": 8, "hkv": 2, "d": 64}, ("causal", "sinks"), {"batch": 2, "seq": 70}),
                  ({"hq": 4, "hkv": 2, "d": 64, "window": 16}, ("causal", "sinks"), {"batch": 1, "seq": 70}),
                  ({"hq": 4, "hkv": 4, "d": 192, "dv": 128}, ("causal",), {"batch": 2, "seq": 33}),
-                 ({"hq": 4, "hkv": 2, "d": 96, "dv": 64}, ("causal",), {"batch": 1, "seq": 70}))
+                 ({"hq": 4, "hkv": 2, "d": 96, "dv": 64}, ("causal",), {"batch": 1, "seq": 70}),
+                 # BLOOM: ALiBi, MHA; a head count that is not a power of two (its extra slopes)
+                 ({"hq": 8, "hkv": 8, "d": 64}, ("causal", "alibi"), {"batch": 2, "seq": 70}),
+                 ({"hq": 6, "hkv": 6, "d": 128}, ("causal", "alibi"), {"batch": 1, "seq": 33}))
 DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300}),
                 ({"hq": 4, "hkv": 4, "d": 128}, (), {"batch": 1, "kv_len": 129}),
                 ({"hq": 8, "hkv": 2, "d": 128}, ("qk_norm",), {"batch": 2, "kv_len": 70}),
@@ -116,7 +125,9 @@ DECODE_CASES = (({"hq": 8, "hkv": 1, "d": 128}, (), {"batch": 2, "kv_len": 300})
                 ({"hq": 4, "hkv": 4, "d": 256}, (), {"batch": 1, "kv_len": 129}),
                 ({"hq": 8, "hkv": 2, "d": 64}, ("sinks",), {"batch": 2, "kv_len": 70}),
                 ({"hq": 8, "hkv": 2, "d": 64, "window": 32}, ("sinks",), {"batch": 2, "kv_len": 70}),
-                ({"hq": 8, "hkv": 8, "d": 192, "dv": 128}, (), {"batch": 2, "kv_len": 70}))
+                ({"hq": 8, "hkv": 8, "d": 192, "dv": 128}, (), {"batch": 2, "kv_len": 70}),
+                ({"hq": 8, "hkv": 8, "d": 64}, ("alibi",), {"batch": 2, "kv_len": 70}),
+                ({"hq": 12, "hkv": 12, "d": 64}, ("alibi",), {"batch": 1, "kv_len": 129}))
 PREFILL = OpContract("attention.prefill", reference, flops, bytes_moved, PREFILL_CASES)
 DECODE = OpContract("attention.decode", reference, flops, bytes_moved, DECODE_CASES)
 

@@ -171,6 +171,93 @@ def causal_or_sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0
                      allow_is_causal_skip=allow_is_causal_skip, **kwargs)
 
 
+# --- ALiBi attention modules (BLOOM's): q, k and v from one fused GEMM, its own score matmuls -----------------
+def is_alibi_attention(module) -> bool:
+    """BLOOM's attention module: its forward takes `alibi` (the biases its model builds from the
+    attention mask) and computes q, k and v with one fused query_key_value (split by its _reshape),
+    then its output projection `dense`."""
+    cls = _base_class(module)
+    try:
+        takes = "alibi" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return takes and all(hasattr(module, a) for a in ("query_key_value", "dense", "_reshape", "num_heads",
+                                                         "inv_norm_factor", "hidden_dropout"))
+
+
+def alibi_attention(module, hidden_states, residual, attention_mask, layer_past, attend, output_attentions=False,
+                    kwargs=None):
+    """BLOOM's attention with its scores computed by `attend(q, k, v, causal, scale)` (the table's
+    attention with the alibi flag: slope_h * key position, the biases BLOOM builds for a batch
+    without padding), its KV cache updated as its own forward does; None, before anything is
+    computed, for a call it hands back to BLOOM's forward: a mask (padding, where BLOOM's biases
+    count each row's positions from its first token, or a query other than a whole prefill or one
+    decode token: causal_or_sdpa_mask leaves the mask out for those alone), attention weights asked
+    for, a head mask, dropout while training, or pretraining_tp's slow_but_exact output projection."""
+    kwargs = kwargs or {}
+    batch, q_length, _ = hidden_states.shape
+    if (attention_mask is not None or output_attentions or kwargs.get("head_mask") is not None
+            or module.training and getattr(getattr(module, "attention_dropout", None), "p", 0) > 0
+            or getattr(module, "pretraining_tp", 1) > 1 and getattr(module, "slow_but_exact", False)):
+        return None
+    q, k, v = module._reshape(module.query_key_value(hidden_states))
+    if layer_past is not None:
+        k, v = layer_past.update(k, v, module.layer_idx)
+    if torch.compiler.is_compiling():  # the custom op's fake output is contiguous: so must its kernel's be, which
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # follows q's layout (here a view of the fused qkv)
+    out = attend(q, k, v, q_length > 1, module.inv_norm_factor)  # one query sees every key (transformers' rule)
+    out = module.dense(out.transpose(1, 2).reshape(batch, q_length, -1))
+    dropout_add = sys.modules[_base_class(module).__module__].dropout_add
+    return dropout_add(out, residual, module.hidden_dropout, module.training), None
+
+
+def _additive_mask(attention_mask, hidden_states, layer_past, layer_idx):
+    """The mask BLOOM's own forward adds to its scores: a boolean one (SDPA's form) as 0 and the
+    dtype's min; none (a call with no padding) as the causal mask of a prefill, where the query's
+    last row is the cache's last key (a decode token sees every key: none)."""
+    dtype, device = hidden_states.dtype, hidden_states.device
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            return attention_mask
+        return torch.zeros(attention_mask.shape, dtype=dtype, device=device).masked_fill(
+            ~attention_mask, torch.finfo(dtype).min)
+    q_length = hidden_states.shape[1]
+    if q_length == 1:
+        return None
+    past = layer_past.get_seq_length(layer_idx) if layer_past is not None else 0
+    query = torch.arange(q_length, device=device)[:, None] + past
+    hidden = torch.arange(past + q_length, device=device)[None, :] > query
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)[None, None]
+
+
+def _alibi_attend(q, k, v, causal, scale):
+    return _ops().attention(q, k, v, causal, scale, alibi=True)
+
+
+def _alibi_attention_forward(self, hidden_states, residual, alibi, attention_mask, layer_past=None, use_cache=False,
+                             output_attentions=False, **kwargs):
+    """A BloomAttention served by the table (alibi_attention), or handed back to its own forward with
+    the mask it expects (_additive_mask)."""
+    out = alibi_attention(self, hidden_states, residual, attention_mask, layer_past, _alibi_attend, output_attentions,
+                          kwargs)
+    if out is not None:
+        return out
+    mask = _additive_mask(attention_mask, hidden_states, layer_past, self.layer_idx)
+    return _base_class(self).forward(self, hidden_states, residual, alibi, mask, layer_past, use_cache,
+                                     output_attentions, **kwargs)
+
+
+def set_attention(model, name: str) -> None:
+    """Make `name` the model's attention implementation. BLOOM's model refuses one (its attention is
+    its own module, which patch() serves: _alibi_attention_forward) but builds its causal mask by
+    its config's implementation: set there, so that a call without padding gets none
+    (causal_or_sdpa_mask), which the served forward reads as plain causal."""
+    if any(is_alibi_attention(m) for m in model.modules()):
+        model.config._attn_implementation = name
+    else:
+        model.set_attn_implementation(name)
+
+
 def register(dispatcher: Dispatcher, name: str = NAME) -> str:
     """Make `dispatcher` the active one and register it with transformers under `name`."""
     from transformers import AttentionInterface
@@ -779,6 +866,9 @@ def _plan(model, report: PatchReport) -> _Plan:
         elif module_name not in parts:
             report.left[cls] = why
     for module_name, module in model.named_modules():
+        if is_alibi_attention(module):  # BLOOM's: its scores through the table's attention with the alibi flag
+            plan.bindings[module_name] = (_alibi_attention_forward, {})
+    for module_name, module in model.named_modules():
         norms = frozenset(name for name, child in module.named_children()
                           if plan.bindings.get(_child(module_name, name), (None,))[0] is _rms_forward)
         forward, fused = _fused_forward(_base_class(module), norms) if norms else (None, ())
@@ -931,7 +1021,7 @@ def _observe(model, plan: _Plan) -> tuple[dict[str, set[Signature]], list[tuple[
             stack.callback(setattr, module, name, current)
         register(observer, OBSERVER_NAME)
         stack.callback(custom_ops.activate, active)
-        twin.set_attn_implementation(OBSERVER_NAME)
+        set_attention(twin, OBSERVER_NAME)
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
         ids = torch.zeros(1, 3, dtype=torch.long, device="meta")
@@ -1041,7 +1131,7 @@ def _apply(model, plan: _Plan, dispatcher: Dispatcher, name: str, report: PatchR
     custom_ops.activate(dispatcher)
     if plan.attention:
         register(dispatcher, name)
-        model.set_attn_implementation(name)
+        set_attention(model, name)
     for (module, function), wrap in plan.functions.items():
         _replace(module, function, wrap, report)
 
@@ -1054,7 +1144,8 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
     apply_rotary_pos_emb), gated MLPs (SwiGLU / GeGLU, fused gate_up too), tanh-GELU
     activations, token embeddings (with Gemma's scale), mixture-of-experts routers (softmax top-k)
     and experts (SwiGLU, as transformers stores them), Qwen3.5's linear attention (its conv1d, delta
-    rules and gated norm) and nn.Linear layers, lm_head included
+    rules and gated norm), BLOOM's attention module (its scores by the attention op's alibi flag) and
+    nn.Linear layers, lm_head included
     (its sliced input folded into one matrix); linears that read one tensor (q/k/v,
     gate/up) as one GEMM over their concatenated weights (their weights become views of it:
     patch after loading and moving the model, save before patching), and a decoder layer's residual

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dtypes import ALL_DTYPES, HALF
-from ..ops.attention import effective_window, visible_keys, with_sinks
+from ..ops.attention import alibi_bias, effective_window, visible_keys, with_sinks
 from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
 
 ATTENTION = frozenset({"attention.prefill", "attention.decode"})
@@ -26,14 +26,34 @@ SINKS = frozenset({"sinks"})  # kernels that return each row's log-sum-exp (eage
 # (the default picks a backend that does); the flash ops refuse it ("Q/K/V should have the same head
 # size", CPU and CUDA alike); the efficient and cuDNN ops are not declared for it, unchecked here
 V_HEAD_DIM = frozenset({"v_head_dim"})
+# BLOOM's linear position biases: the ops that take an additive float mask (SDPA's default, math and
+# CPU flash) serve them as one (alibi_mask); the flash, efficient and cuDNN CUDA ops are not declared for it
+ALIBI = frozenset({"alibi"})
 aten = torch.ops.aten
 
 
-def sdpa(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0):
-    """A sliding window goes in as an explicit boolean mask (SDPA's is_causal cannot say it);
-    softcap is never passed: this kernel does not declare it, so it is never chosen for one."""
+def alibi_mask(q, k, causal: bool, keep=None):
+    """ALiBi's biases as an additive float mask in q's dtype, (1, q heads, seq_q, kv_len): relative to
+    each query's position (<= 0 on the keys it sees, so the dtype keeps them exact where they
+    matter), the keys it does not see (causal, or `keep`'s False) -inf."""
+    seq_q, kv_len = q.shape[2], k.shape[2]
+    bias = alibi_bias(q.shape[1], seq_q, kv_len, causal, q.device)
+    if keep is None and causal:
+        keep = visible_keys(seq_q, kv_len, causal, 0, q.device)
+    if keep is not None:
+        bias = bias.masked_fill(~keep, float("-inf"))
+    return bias.to(q.dtype)[None]
+
+
+def sdpa(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None,
+         alibi: bool = False):
+    """A sliding window goes in as an explicit boolean mask (SDPA's is_causal cannot say it), ALiBi
+    as an additive float one (alibi_mask); softcap and sinks are never passed: this kernel does not
+    declare them, so it is never chosen for one."""
     window = effective_window(q.shape[2], k.shape[2], causal, window)
     keep = visible_keys(q.shape[2], k.shape[2], causal, window, q.device) if window else None
+    if alibi:
+        keep = alibi_mask(q, k, causal, keep)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=causal and keep is None, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 
@@ -45,8 +65,12 @@ def flash(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: 
     return out if sinks is None else with_sinks(out, lse, sinks)
 
 
-def cpu_flash(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+def cpu_flash(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None,
+              alibi: bool = False):
+    """ALiBi as an additive float mask (alibi_mask), which this op takes (4-D) in place of is_causal."""
+    mask = alibi_mask(q, k, causal) if alibi else None
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal and mask is None, attn_mask=mask,
+                                                                scale=scale)
     return out if sinks is None else with_sinks(out, lse, sinks)
 
 
@@ -63,21 +87,26 @@ def cudnn(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: 
     return out if sinks is None else with_sinks(out, lse.reshape(q.shape[:3]), sinks)
 
 
-def math_backend(q, k, v, causal: bool, scale: float | None):
-    return aten._scaled_dot_product_attention_math(q, k, v, None, 0.0, causal, None, scale=scale,
+def math_backend(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None,
+                 alibi: bool = False):
+    """ALiBi as an additive float mask (alibi_mask); window, softcap and sinks are never passed (not declared)."""
+    mask = alibi_mask(q, k, causal) if alibi else None
+    return aten._scaled_dot_product_attention_math(q, k, v, mask, 0.0, causal and mask is None, None, scale=scale,
                                                    enable_gqa=q.shape[1] != k.shape[1])[0]
 
 
 SPECS = [
     KernelSpec("sdpa.default", ATTENTION, "torch", sdpa, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM | {"sliding_window"}, graph_safe=True,
-               notes="PyTorch's own backend choice; the attention fallback; a sliding window as a boolean mask"),
+               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM | ALIBI | {"sliding_window"},
+               graph_safe=True, notes="PyTorch's own backend choice; the attention fallback; a sliding window as a "
+                                      "boolean mask, ALiBi as a float one"),
     KernelSpec("sdpa.flash", ATTENTION, "torch", flash, platforms=frozenset({"cuda"}),
                min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | SINKS,
                graph_safe=True, notes="FlashAttention-2 inside PyTorch"),
     KernelSpec("sdpa.cpu_flash", ATTENTION, "torch", cpu_flash,
                platforms=frozenset({"cpu"}), dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=ATTENTION_FEATURES | SINKS, graph_safe=True, notes="PyTorch's blocked CPU flash attention"),
+               features=ATTENTION_FEATURES | SINKS | ALIBI, graph_safe=True,
+               notes="PyTorch's blocked CPU flash attention; ALiBi as a float mask"),
     KernelSpec("sdpa.efficient", ATTENTION, "torch", efficient,
                platforms=frozenset({"cuda"}), min_sm=50, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
                head_dim_multiple=8, features=frozenset({"causal", "qk_norm"}) | SINKS, graph_safe=True,
@@ -86,5 +115,6 @@ SPECS = [
                min_sm=80, dtypes=HALF, head_dim_max=256, head_dim_multiple=8, features=ATTENTION_FEATURES | SINKS,
                graph_safe=True),
     KernelSpec("sdpa.math", ATTENTION, "torch", math_backend, platforms=BOTH, dtypes=ALL_DTYPES,
-               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM, graph_safe=True, deterministic=True),
+               head_dim_max=HEAD_DIM_ANY, features=ATTENTION_FEATURES | V_HEAD_DIM | ALIBI, graph_safe=True,
+               deterministic=True),
 ]

@@ -1,6 +1,8 @@
 """Attention: prefill (seq_q == kv_len), decode (one query over a cache), a decode step over
 an FP8 KV cache and one of MLA over its compressed latent cache (absorbed). Their records, how a call is read, their example inputs, the eager reference
-(the fallback where SDPA cannot: softcap, sinks) and the FP8 cache's baseline.
+(the fallback where SDPA cannot: softcap, sinks) and the FP8 cache's baseline. ALiBi (BLOOM's linear
+position biases, the alibi flag) adds slope_h * key position to each head's scaled scores, its slopes
+from the head count (alibi_slopes); kernels must declare "alibi".
 
 Layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads. The value head dim may
 differ from q's and k's (DeepSeek's multi-head latent attention: q and k 192, v 128): the
@@ -8,6 +10,8 @@ signature then names it, dv, which kernels must declare ("v_head_dim"). The fall
 and decode is SDPA's default (runtime_loader.kernels.sdpa). Contract: lzsolve.ops.attention.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -21,22 +25,25 @@ from .base import OpSchema, Signature
 
 
 def attention_front(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: float | None = None, window: int = 0,
-                    softcap: float = 0.0, sinks: Tensor | None = None, qk_norm: bool = False):
+                    softcap: float = 0.0, sinks: Tensor | None = None, alibi: bool = False, qk_norm: bool = False):
     """SDPA semantics, layout (batch, heads, seq, head_dim); GQA when kv heads divide q heads.
     window: a query at position p sees keys j > p - window, where p is i for query i under a
     causal mask and kv_len - seq_q + i without one (a decode query is the newest token);
     softcap: scaled scores become softcap * tanh(scores / softcap) before the mask (Gemma 2);
     sinks: one learned logit per q head, (q heads,), that joins every row of the softmax's
-    denominator and carries no value (GPT-OSS's attention sinks); qk_norm: q and k come from a
+    denominator and carries no value (GPT-OSS's attention sinks); alibi: each head's scaled scores
+    gain slope_h * key position, slopes from the q head count as BLOOM's (alibi_slopes; under the
+    softmax the same as slope_h * (key position - query position)); qk_norm: q and k come from a
     per-head norm (no change to the math, only to which kernels may serve the call). v's head dim
     may differ from q's and k's (MLA); the output has v's."""
     # v.shape, not k.shape: a valid SDPA call has k.shape == v.shape but for the last dim, which must equal q's
-    return ((q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, qk_norm),
-            (q, k, v, causal, scale, window, softcap, sinks) if sinks is not None
+    return ((q.shape, v.shape, q.dtype, q.is_cuda, causal, window, softcap, sinks is None, alibi, qk_norm),
+            (q, k, v, causal, scale, window, softcap, sinks, alibi) if alibi
+            else (q, k, v, causal, scale, window, softcap, sinks) if sinks is not None
             else (q, k, v, causal, scale, window, softcap) if window or softcap else (q, k, v, causal, scale))
 
 
-def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sinks=None, qk_norm=False):
+def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sinks=None, alibi=False, qk_norm=False):
     if (q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or q.dtype not in DTYPE_NAMES or k.shape[-1] != q.shape[-1]
             or sinks is not None and sinks.shape != q.shape[1:2]):
         return None
@@ -47,7 +54,7 @@ def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sink
     dv = v.shape[-1] if v.shape[-1] != d else 0
     static = {"hq": hq, "hkv": hkv, "d": d, "window": int(window), "softcap": float(softcap), "dv": dv}
     dtype = DTYPE_NAMES[q.dtype]
-    marker = ("qk_norm",) * qk_norm + ("sinks",) * (sinks is not None)
+    marker = ("qk_norm",) * qk_norm + ("sinks",) * (sinks is not None) + ("alibi",) * bool(alibi)
     if seq_q == kv_len:
         flags = ("causal",) if causal else ()
         return Signature.make("attention.prefill", static, flags + marker, dtype), {"batch": batch, "seq": seq_q}
@@ -56,9 +63,9 @@ def attention_call(q, k, v, causal=True, scale=None, window=0, softcap=0.0, sink
     return None  # e.g. chunked prefill: SDPA's top-left causal alignment is kept by the fallback
 
 
-def attention_outside(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None) -> str:
-    """A call outside the signatures (chunked prefill) goes to SDPA, or to the reference where SDPA
-    cannot softcap or take sinks."""
+def attention_outside(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None, alibi=False) -> str:
+    """A call outside the signatures (chunked prefill) goes to SDPA (ALiBi as a float mask), or to the
+    reference where SDPA cannot softcap or take sinks."""
     return "eager.attention" if softcap or sinks is not None else "sdpa.default"
 
 
@@ -124,14 +131,17 @@ def attention_shapes(sig, dims):
 def attention_inputs(sig, dims, device, gen):
     """(q, k, v, causal, scale), with (window, softcap) appended only when the signature sets one,
     and sinks after them with the sinks flag (logits about as large as a short row's log-sum-exp,
-    so they take a real share of the softmax)."""
+    so they take a real share of the softmax), and (sinks or None, True) with the alibi flag."""
     batch, hq, hkv, d, seq_q, kv_len = attention_shapes(sig, dims)
     q = randn((batch, hq, seq_q, d), sig, device, gen)
     k = randn((batch, hkv, kv_len, d), sig, device, gen)
     v = randn((batch, hkv, kv_len, value_dim(sig)), sig, device, gen)
     options = (sig.dim("window"), sig.dim("softcap"))
-    if "sinks" in sig.flags:
-        return q, k, v, "causal" in sig.flags, None, *options, randn((hq,), sig, device, gen).add_(1.0)
+    sinks = randn((hq,), sig, device, gen).add_(1.0) if "sinks" in sig.flags else None
+    if "alibi" in sig.flags:
+        return q, k, v, "causal" in sig.flags, None, *options, sinks, True
+    if sinks is not None:
+        return q, k, v, "causal" in sig.flags, None, *options, sinks
     return (q, k, v, "causal" in sig.flags, None) + (options if any(options) else ())
 
 
@@ -184,6 +194,25 @@ def visible_keys(seq_q: int, kv_len: int, causal: bool, window: int, device):
     return keep
 
 
+def alibi_slopes(heads: int, device=None) -> Tensor:
+    """ALiBi's slope per head (fp32), as BLOOM's build_alibi_tensor makes them: for the largest power
+    of two c <= heads, 2 ** (-8 k / c) for k = 1..c, then for the heads past c the odd k of
+    2 ** (-8 k / 2c)."""
+    closest = 2 ** math.floor(math.log2(heads))
+    slopes = [2.0 ** (-8.0 * k / closest) for k in range(1, closest + 1)]
+    slopes += [2.0 ** (-4.0 * k / closest) for k in range(1, 2 * min(closest, heads - closest), 2)]
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
+
+
+def alibi_bias(heads: int, seq_q: int, kv_len: int, causal: bool, device) -> Tensor:
+    """(heads, seq_q, kv_len) fp32: slope_h * (j - p_i), p_i query i's position (i under a causal
+    mask, kv_len - seq_q + i without one), so the keys a query sees get biases <= 0. BLOOM adds
+    slope_h * j; the two differ by a constant per row, which the softmax cancels."""
+    query = torch.arange(seq_q, device=device, dtype=torch.float32)[:, None] + (0 if causal else kv_len - seq_q)
+    key = torch.arange(kv_len, device=device, dtype=torch.float32)[None, :]
+    return alibi_slopes(heads, device)[:, None, None] * (key - query)
+
+
 def with_sinks(out, lse, sinks):
     """Attention over the keys alone, made attention with sinks: each row's sink logit joins the
     denominator, exp(lse) -> exp(lse) + exp(sink), so the row scales by sigmoid(lse - sink).
@@ -193,10 +222,11 @@ def with_sinks(out, lse, sinks):
     return (out.float() * scale[..., None]).to(out.dtype)
 
 
-def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None,
+              alibi: bool = False):
     """window and softcap are passed only by signatures that set them, sinks by those with sinks
     (see lzsolve.ops.attention); a sink is one more column of the softmax, as GPT-OSS's eager
-    attention computes it."""
+    attention computes it; ALiBi's biases are added to the scaled scores (after softcap, as BLOOM has none)."""
     groups = q.shape[1] // k.shape[1]
     if groups != 1:
         k = k.repeat_interleave(groups, dim=1)
@@ -205,6 +235,8 @@ def attention(q, k, v, causal: bool, scale: float | None, window: int = 0, softc
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     if softcap:  # Gemma 2: squash the scaled scores, then mask
         scores = torch.tanh(scores / softcap) * softcap
+    if alibi:
+        scores = scores + alibi_bias(q.shape[1], q.shape[2], k.shape[2], causal, q.device)
     keep = visible_keys(q.shape[2], k.shape[2], causal, window, q.device)
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -249,11 +281,12 @@ ATTENTION = dict(method="attention", front=attention_front, call=attention_call,
 RECORDS = (
     # window: query i sees keys j with i - window < j (0: all); softcap: scores -> softcap * tanh(scores / softcap);
     # qk_norm: q and k come from a per-head norm (norm.qk), so a kernel must not fuse what precedes it
-    # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS); dv: v's head dim, where not d
-    OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm", "sinks"), ("batch", "seq"),
+    # sinks: a learned logit per q head in the softmax's denominator (GPT-OSS); dv: v's head dim, where not d;
+    # alibi: slope_h * key position added to the scaled scores (BLOOM)
+    OpSchema("attention.prefill", ("hq", "hkv", "d"), ("causal", "qk_norm", "sinks", "alibi"), ("batch", "seq"),
              "sdpa.default", ATTENTION_OPTIONAL, "eager.attention", labels=("qk_norm",), buckets=PREFILL_BUCKETS,
              **ATTENTION),
-    OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks"), ("batch", "kv_len"), "sdpa.default",
+    OpSchema("attention.decode", ("hq", "hkv", "d"), ("qk_norm", "sinks", "alibi"), ("batch", "kv_len"), "sdpa.default",
              ATTENTION_OPTIONAL, "eager.attention", labels=("qk_norm",), buckets=DECODE_BUCKETS, **ATTENTION),
     # a decode step over an FP8 (e4m3) KV cache with a scale for k and one for v
     OpSchema("attention.decode_fp8kv", ("hq", "hkv", "d"), (), ("batch", "kv_len"), "eager.attention_fp8kv",
@@ -269,7 +302,8 @@ RECORDS = (
 SPECS = [
     KernelSpec("eager.attention", frozenset({"attention.prefill", "attention.decode"}), "torch", attention,
                platforms=BOTH, dtypes=ALL_DTYPES, head_dim_max=HEAD_DIM_ANY,
-               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks", "v_head_dim"}),
+               features=frozenset({"causal", "gqa", "sliding_window", "softcap", "qk_norm", "sinks", "v_head_dim",
+                                   "alibi"}),
                graph_safe=True,
                deterministic=True, notes="matmul + fp32 softmax + matmul; materialises the score matrix; "
                                          "the reference for what SDPA cannot do (softcap, sinks)"),

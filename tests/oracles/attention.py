@@ -27,14 +27,34 @@ SIGS = [
     (Signature.make("attention.prefill", {"hq": 4, "hkv": 2, "d": 12, "dv": 8}, ("causal",), "fp32"),
      {"batch": 2, "seq": 7}),
     (Signature.make("attention.decode", {"hq": 4, "hkv": 4, "d": 12, "dv": 8}, (), "fp32"), {"batch": 2, "kv_len": 9}),
+    # BLOOM's ALiBi: power-of-two and other head counts
+    (Signature.make("attention.prefill", {"hq": 4, "hkv": 4, "d": 8}, ("causal", "alibi"), "fp32"),
+     {"batch": 2, "seq": 7}),
+    (Signature.make("attention.prefill", {"hq": 6, "hkv": 6, "d": 8}, ("causal", "alibi"), "fp32"),
+     {"batch": 1, "seq": 6}),
+    (Signature.make("attention.decode", {"hq": 5, "hkv": 5, "d": 8}, ("alibi",), "fp32"), {"batch": 2, "kv_len": 9}),
     (Signature.make("attention.mla_decode", {"hq": 3, "rank": 12, "rope": 4}, (), "fp32"), {"batch": 2, "kv_len": 9}),
 ]
 
 
-def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
+def alibi_slopes64(heads):
+    """The ALiBi paper's slopes (Press et al., as BLOOM's code): the geometric sequence starting at
+    2^(-8/n) with that ratio for n a power of two; else that of the largest power of two below,
+    then every other term of the sequence of twice that power."""
+    def geometric(n):
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+    if math.log2(heads).is_integer():
+        return geometric(heads)
+    closest = 2 ** int(math.log2(heads))
+    return geometric(closest) + geometric(2 * closest)[0::2][:heads - closest]
+
+
+def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None, alibi=False):
     """Textbook attention, one (batch, head) at a time, in float64; masks as -inf triangles, the
     window's diagonal moved to the query's position (i, or kv_len - 1 for a decode query); a
-    sink adds exp(sink) to each row's denominator; the output has v's head dim."""
+    sink adds exp(sink) to each row's denominator; ALiBi adds slope * key index, as BLOOM does;
+    the output has v's head dim."""
     q, k, v = q.double(), k.double(), v.double()
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     groups = q.shape[1] // k.shape[1]
@@ -45,6 +65,8 @@ def attention64(q, k, v, causal, scale, window=0, softcap=0.0, sinks=None):
             s = q[b, h] @ k[b, h // groups].T * scale
             if softcap:
                 s = softcap * torch.tanh(s / softcap)
+            if alibi:
+                s = s + alibi_slopes64(q.shape[1])[h] * torch.arange(k.shape[2], dtype=torch.float64)
             if causal:
                 s = s + torch.full_like(s, -math.inf).triu(1)
             if window:

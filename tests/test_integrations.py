@@ -836,7 +836,10 @@ def test_patched_qwen35_serves_its_linear_attention_layers(tuned, qwen35_artifac
     linear_attention = "model.layers.0.linear_attn"
     served = {name for name, op in functions.items() if table_serves(d, calls, linear_attention, op)}
     assert served == set(report.replaced) & set(functions), report
-    assert "Qwen3_5RMSNormGated" in report.replaced, report
+    # the gated norm (norm.rms, then the gate in the module's own code) is replaced where the table
+    # serves its norm beyond the fallback: a tuned CPU table may choose the fallback there
+    gated_norm = not tuned or table_serves(d, calls, "model.layers.0.linear_attn.norm", "norm.rms")
+    assert ("Qwen3_5RMSNormGated" in report.replaced) == gated_norm, report
     if not tuned:
         assert served == set(functions), "every op's fallback, as a table would choose it: all four served"
     assert not d.stats(), "patch checks an MLP's form with the op's definition, not the table"

@@ -29,6 +29,7 @@
 #   devices STEP   §15: STEP start|finish: one tune on every GPU of the host against the same on one GPU
 #   fp8            §16: the FP8 kernels' parity, then fp8.py
 #   fp8_tune       §16.2-16.7: llama3-70b TP8 as an FP8 deployment, tuned with the FP8 kernels alone
+#   batch          the command lines of a file (COMMANDS), detached, over several calls on a warm machine
 #
 # STEP may also be given as STAGE=STEP in the environment (as the separate scripts took it).
 set -u
@@ -249,7 +250,8 @@ e2e() {
   # reuses tables already there, and tunes the missing ones. CHECKS= (empty) keeps the tune's
   # probes and validation on (default: off, to fit a call). GRID: the grid the workload's buckets
   # are like (full: every recorded length of these scenarios is a bucket). TUNE_ARGS (default
-  # --exclude flashinfer.*,compile.*), TUNE_S (240 s a table).
+  # --exclude flashinfer.*,compile.*), TUNE_S (240 s a table); TUNE_OPTS replaces all of those options (e.g.
+  # "--mode eager": a tune with default settings, as a user runs it; the tables' mode is still eager).
   # GRAPH_TABLE=1 also tunes a graph-mode table of the same calls (ARTIFACTS/graph/<model>): the
   # compiled lzsolve variants' table (--graph-artifacts), a compiled client's.
   # STEPS=tune stops after the tables. WORK: this run's scratch folder (default /tmp/e2e; one per
@@ -267,7 +269,7 @@ e2e() {
     # keeps /tmp between calls: such a call must not take a carried table, of another GPU maybe, for its own)
     rm -rf $work/carried && mkdir -p $work/carried && tar -C $work/carried -xzf "$art" && art=$work/carried
   fi
-  tune_args="--grid ${GRID:-full} --trials 0 ${CHECKS---no-probe --validate 0} ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"
+  tune_args=${TUNE_OPTS:-"--grid ${GRID:-full} --trials 0 ${CHECKS---no-probe --validate 0} ${TUNE_ARGS:---exclude flashinfer.*,compile.*}"}
   modes="eager${GRAPH_TABLE:+ graph}"
   missing=()  # (model mode out) of each table not there yet: ARTIFACTS' tables are kept, a cut-off tune goes on
   for m in ${models//,/ }; do
@@ -327,6 +329,35 @@ e2e_gpus() {
   done
   wait
   for m in "${models[@]}"; do echo "== $m"; tail -${TAIL:-12} /tmp/out-$m/run.log; done
+}
+
+batch() {
+  # The command lines of the file COMMANDS, one after another, in a process session of their own
+  # (setsid), so that they run on past one device call's 600 s: the call that finds none running
+  # starts them, and each call on the still-warm machine (this stage again; COMMANDS is then
+  # ignored) waits up to WAIT_S (540 s) for them to end, then packs what they wrote so far as
+  # $OUT/batch.tgz.* (parts under 16 MiB; cat batch.tgz.* | tar xz): each line runs with bash
+  # from the repo root, with OUT=/tmp/batch/out/<line number> (its log: that folder's log) and
+  # the carried packages set up; /tmp/batch/progress has each line's exit code and seconds.
+  # Files named artifacts.tgz (tables with their JIT caches) stay behind.
+  root=/tmp/batch
+  if [ ! -f $root/started ]; then
+    [ -f "${COMMANDS:-}" ] || { echo "batch: COMMANDS=${COMMANDS:-}: no such file"; exit 2; }
+    rm -rf $root && mkdir -p $root/out && grep -v '^\s*\(#\|$\)' "$COMMANDS" > $root/commands && date +%s > $root/started
+    setsid nohup bash -c 'n=0
+      while IFS= read -r line; do
+        n=$((n + 1)); mkdir -p '$root'/out/$n; start=$(date +%s)
+        OUT='$root'/out/$n bash -c "$line" > '$root'/out/$n/log 2>&1 < /dev/null
+        echo "$n rc=$? $(( $(date +%s) - start )) s: $line" >> '$root'/progress
+      done < '$root'/commands
+      touch '$root'/done' > /dev/null 2>&1 < /dev/null &
+  fi
+  start=$(date +%s)
+  while [ ! -f $root/done ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 5; done
+  cut -c1-160 $root/progress 2> /dev/null
+  if [ -f $root/done ]; then echo "batch done"; else echo "batch running: line $(( $(wc -l < $root/progress 2> /dev/null || echo 0) + 1 ))"; fi
+  tar -C $root --exclude=artifacts.tgz -cz commands progress out 2> /dev/null | split -b 15M - "$OUT/batch.tgz."
+  ls -la "$OUT"
 }
 
 launch() {
@@ -653,10 +684,10 @@ fp8_tune() {
 case "$stage" in
   setup) setup > "$OUT/setup.txt"; cat "$OUT/setup.txt" ;;
   session) session ;;
-  parity|tune|families|suite|decisions|e2e|e2e_gpus|launch|moe|flashinfer_moe|qwen35|hardening|jit|devices|fp8|fp8_tune)
+  parity|tune|families|suite|decisions|e2e|e2e_gpus|batch|launch|moe|flashinfer_moe|qwen35|hardening|jit|devices|fp8|fp8_tune)
     setup > "$OUT/setup.txt"
     "$stage" ;;
   *) echo "unknown stage '$stage': setup, session, parity, tune, families, suite, decisions, e2e, e2e_gpus, launch,"\
-       "moe, flashinfer_moe, qwen35, hardening, jit, devices, fp8, fp8_tune (benchmarks/device.sh's top says what each runs)"
+       "batch, moe, flashinfer_moe, qwen35, hardening, jit, devices, fp8, fp8_tune (benchmarks/device.sh's top says what each runs)"
      exit 2 ;;
 esac

@@ -72,15 +72,26 @@ MODELS = {  # name -> (config class, shape, Liger family); sdpa is the unpatched
                                     intermediate_size=9216, vocab_size=256000, sliding_window=4096,
                                     attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                                     query_pre_attn_scalar=256), "gemma2"),
+    # DeepSeek-V2-Lite: multi-head latent attention without a q latent, 64 routed experts (6 a token) beside
+    # 2 shared ones, the first layer dense; YaRN as its config.json has it (Liger has no DeepSeek patch)
+    "deepseek-v2-lite": ("DeepseekV2Config", dict(
+        hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_attention_heads=16,
+        num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1,
+        topk_method="greedy", norm_topk_prob=False, vocab_size=102400, rope_scaling={
+            "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 0.707,
+            "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}), "deepseek_v2"),
 }
 OWN_ATTENTION = {"gemma2": "eager"}  # the unpatched model's attention where it is not sdpa
 OTHER_TABLE = {"llama3-8b": "mistral", "mistral": "llama3-8b", "qwen3-8b": "llama3-8b", "gemma3": "gemma2",
-               "gemma2": "gemma3"}  # lzsolve@other: whose table each model is patched with
+               "gemma2": "gemma3", "deepseek-v2-lite": "llama3-8b"}  # lzsolve@other: whose table each model is patched with
 STATES = ("none", "other", "torch", "partial")
 # initializer_range 0.02 * sqrt(4096 / 64): attention scores as spread as the full-size models' (at 0.02
 # they are near uniform, and the check against sdpa would pass a wrong attention)
 TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
             vocab_size=256, initializer_range=0.16)
+TINY_MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)  # over TINY, for MLA models
 SCENARIOS = {"b1s2048": (1, 2048, 0), "b4s512": (4, 512, 0), "b1s1000": (1, 1000, 0), "b3s777": (3, 777, 0),
              "b1s777": (1, 777, 0), "gen_b1": (1, 512, 128), "gen_b16": (16, 512, 128),
              "gen_b1_500": (1, 500, 64), "gen_b8_300": (8, 300, 64)}  # name -> (batch, prompt tokens, decode steps)
@@ -102,7 +113,8 @@ CHECKED_STEPS = 8  # generation: the first steps whose tokens are compared with 
 def build(name: str, args, device, dtype):
     cls, shape, _ = MODELS[name]
     if args.tiny:
-        shape = dict(shape, **TINY, **({"sliding_window": 8} if "sliding_window" in shape else {}))
+        shape = {**shape, **TINY, **({"sliding_window": 8} if "sliding_window" in shape else {}),
+                 **(TINY_MLA if "kv_lora_rank" in shape else {})}
     config = getattr(transformers, cls)(**shape, num_hidden_layers=args.layers, max_position_embeddings=8192)
     torch.manual_seed(0)
     with torch.device(device):

@@ -934,7 +934,9 @@ def tiny_deepseek(dtype=torch.float32, v3: bool = False):
     """DeepSeek-V2-Lite's shape, shrunk: no q latent (q_proj), a kv latent of 32 with k's shared RoPE part
     of 8, q/k heads of 16 + 8 and v heads of 16 (attention's dv); the first layer dense, then 8 routed
     experts (2 per token) beside 2 shared ones; V2-Lite's YaRN scaling (its mscale scales attention).
-    v3: DeepSeek-V3's modelling (grouped sigmoid routing, interleaved RoPE weights) at the same sizes."""
+    v3: DeepSeek-V3's modelling (grouped sigmoid routing, interleaved RoPE weights) at the same sizes.
+    Built as from_pretrained builds it: in bf16 the router's weight stays float32 (the models'
+    _keep_in_fp32_modules_strict)."""
     if not hasattr(transformers, "DeepseekV2ForCausalLM"):
         pytest.skip("this transformers has no DeepseekV2ForCausalLM")
     torch.manual_seed(13)
@@ -944,11 +946,11 @@ def tiny_deepseek(dtype=torch.float32, v3: bool = False):
                    n_shared_experts=2, moe_intermediate_size=32, first_k_dense_replace=1)
     if v3:
         config = transformers.DeepseekV3Config(**options, n_group=2, topk_group=1)
-        return transformers.DeepseekV3ForCausalLM(config).to(dtype).eval()
-    config = transformers.DeepseekV2Config(**options, topk_method="greedy", rope_scaling={
-        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 0.707,
-        "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})
-    return transformers.DeepseekV2ForCausalLM(config).to(dtype).eval()
+    else:
+        config = transformers.DeepseekV2Config(**options, topk_method="greedy", rope_scaling={
+            "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 0.707,
+            "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -481,6 +481,10 @@ def _prescaled_moe_forward(self, hidden_states):
 def _router_forward(self, hidden_states):
     # the logits GEMM and the top-k choice through the table; each family's dtypes kept (Mixtral returns
     # float32 weights, Qwen casts them to the logits' dtype, GraniteMoE returns float32 logits)
+    if self.weight.dtype != hidden_states.dtype:
+        # a router weight kept in float32 in a bf16 model (DeepSeek's _keep_in_fp32_modules_strict): its own
+        # forward, which takes the logits in float32 (a workload of one dtype records no float32 GEMM)
+        return _own(self, hidden_states)
     rows = hidden_states.reshape(-1, hidden_states.shape[-1])
     logits = _table().linear(rows, self.weight, getattr(self, "bias", None))
     routed = NOT_SERVED if isinstance(logits, NotServed) else _table().moe_router(logits, self._lzsolve_top_k,

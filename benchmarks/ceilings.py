@@ -1,0 +1,82 @@
+"""Are the roofline's ceilings honest? The tune's probe against a plain copy and matmul, in one run.
+
+The probe is what `lzsolve tune` runs (lzsolve.measure.tasks.run_ceilings through the tuner's
+harness: both timing modes, the L2 flushed before each sample, the faster of a memcpy and an
+elementwise copy). Beside it, timed by triton.testing.do_bench (median, L2 flushed before each
+call): torch's own `dst.copy_(src)` of the same size (bytes read + written) and `torch.mm` of the
+probe's n x n bf16 matrices (2 n^3 FLOPs). The rounds alternate, so clock and power drift fall on
+both alike. A ceiling further than 5% from the plain figure (issue 58's bar) puts roofline
+fractions off by as much: below it, fractions past 1.0; above it, fractions too low.
+
+    python benchmarks/ceilings.py --json ceilings.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+
+import torch
+from triton.testing import do_bench
+
+from lzsolve.measure.harness import make_harness
+from lzsolve.measure.tasks import CeilingTask, ceiling_sizes, free_memory, run_ceilings
+from runtime_loader.hardware import hardware_signature, slug
+
+ROUNDS = 3
+BAR = 0.05
+
+
+def plain_rates(n: int, copy_bytes: int, device: torch.device) -> dict[str, float]:
+    """{kind: per second} of torch's own copy and matmul, do_bench's median."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    src = torch.randn(copy_bytes // 2, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    mm_ms = do_bench(lambda: torch.mm(a, b), warmup=25, rep=200, return_mode="median")
+    copy_ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return {"compute": 2.0 * n ** 3 / (mm_ms * 1e-3), "memory": 2.0 * copy_bytes / (copy_ms * 1e-3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write every round's figures here")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    harness = make_harness(device)
+    n, copy_bytes = ceiling_sizes(device.type, harness.cache_bytes, free_memory(device))
+    if copy_bytes is None:
+        raise SystemExit("no copy past 8x the L2 fits in a quarter of the free memory: no memory ceiling to check")
+    probe_rounds, plain_rounds, probes = [], [], {}
+    for _ in range(ROUNDS):
+        result = run_ceilings(CeilingTask("bf16"), device, harness)
+        if "ceilings" not in result:
+            raise SystemExit(f"the probe failed: {result}")
+        probe_rounds.append({(row["kind"], row["mode"]): row["per_s"] for row in result["ceilings"]})
+        probes.update({f"{row['kind']} {row['mode']}": row["probe"] for row in result["ceilings"]})
+        plain_rounds.append(plain_rates(n, copy_bytes, device))
+    rows = []
+    for kind, mode in sorted(probe_rounds[0]):
+        probe = statistics.median(r[kind, mode] for r in probe_rounds)
+        plain = statistics.median(r[kind] for r in plain_rounds)
+        rows.append({"kind": kind, "mode": mode, "probe": probes[f"{kind} {mode}"], "probe_per_s": probe,
+                     "plain_per_s": plain, "ratio": probe / plain, "within_bar": abs(probe / plain - 1) <= BAR})
+    unit = {"compute": ("TFLOP/s", 1e12), "memory": ("TB/s", 1e12)}
+    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}; matmul n={n}, copy "
+          f"{copy_bytes >> 20} MiB x 2, {ROUNDS} rounds (medians)")
+    print(f"{'ceiling':16} {'probe':>10} {'plain':>10} {'probe/plain':>12}  probe")
+    for row in rows:
+        name, scale = unit[row["kind"]]
+        print(f"{row['kind'] + ' ' + row['mode']:16} {row['probe_per_s'] / scale:10.1f} {row['plain_per_s'] / scale:10.1f} "
+              f"{row['ratio']:12.3f}  {row['probe']} ({name}){'' if row['within_bar'] else '  OUTSIDE 5%'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"date": dt.datetime.now(dt.timezone.utc).isoformat(), "device": torch.cuda.get_device_name(device),
+                       "hardware": slug(hardware_signature(device)), "torch": torch.__version__, "n": n,
+                       "copy_bytes": copy_bytes, "rows": rows,
+                       "rounds": {"probe": [{f"{k} {m}": v for (k, m), v in r.items()} for r in probe_rounds],
+                                  "plain": plain_rounds}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

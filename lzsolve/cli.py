@@ -235,8 +235,8 @@ def cli():
               help="reuse, and add to, the measurement cache every tune of this machine shares: a record any "
                    "earlier tune measured (of any model, into any --out) with the same signature, kernel and "
                    "version, shape, hardware, timing mode and a sampling as long is not measured again, and is "
-                   "copied into this artifact's PerfDB (its cached_from column says where from). --no-cache "
-                   "neither reads nor writes it")
+                   "copied into this artifact's PerfDB (its cached_from column says where from), and the "
+                   "search's studies there are continued, not run again. --no-cache neither reads nor writes it")
 @click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR", default=None,
               help="the measurement cache's folder, a PerfDB the machines of one kind may share (a mount all of "
                    "them write to: a tuner locks a signature while it measures it)  [default: $LZSOLVE_CACHE, "

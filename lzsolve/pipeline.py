@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import functools
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -458,7 +459,7 @@ class Tune:
                                      refine=cfg.refine)
         total = planned_trials(self.plan, self.spaces, cfg.trials)
         if total:
-            storage = self.out / STORAGE_NAME
+            storage = self._search_storage()
             click.echo(f"searching {', '.join(sorted(self.spaces))} configurations: up to {total} trials "
                        f"(studies in {storage})", err=True)
             with progress(total, "searching") as bar:  # a full disk under the studies' journal: WriteError naming it
@@ -467,6 +468,21 @@ class Tune:
                     slug(self.plan.hardware), cfg.trials, on_trial=lambda label: bar.update(1, label), budget=budget)
             click.echo(f"search: {self.searched.line()}", err=True)
         self._lap("search_s")
+
+    def _search_storage(self) -> Path:
+        """The studies' journal: the measurement cache's where this run reuses and the cache can be
+        written (a study is named by what decides its trials' times, so another model's tune of the
+        same signature and bucket continues it, and a study that stopped runs no trial again), else
+        the artifact's own (--no-cache, --fresh: a re-run into the same --out still continues it)."""
+        cache = self.session.cache
+        if cache is not None and self.session.reuse:
+            try:
+                cache.path.mkdir(parents=True, exist_ok=True)
+                if os.access(cache.path, os.W_OK):
+                    return cache.path / STORAGE_NAME
+            except OSError:
+                pass
+        return self.out / STORAGE_NAME
 
     def measure_grid(self) -> None:
         """Gate and time every candidate at every bucket of the grid."""

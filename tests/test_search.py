@@ -73,14 +73,14 @@ def test_bad_spaces_are_refused(tmp_path, text, message):
         load_space(write_space(tmp_path / "spaces", text))
 
 
-def tune(tmp_path, *extra, space=demo.SPACE):
-    config = tmp_path / "tiny-llama.json"
-    config.write_text(json.dumps(TINY_LLAMA))
+def tune(tmp_path, *extra, space=demo.SPACE, out="out", config=TINY_LLAMA, name="tiny-llama"):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(config))
     spaces = write_space(tmp_path / "spaces", space).parent
     result = CliRunner().invoke(cli, [
-        "tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32", "--device", "cpu", "--no-isolate",
+        "tune", "--config", str(path), "--grid", "tiny", "--dtype", "fp32", "--device", "cpu", "--no-isolate",
         "--plugin", "tests.tunable_kernels", "--spaces", str(spaces), "--kernels", "demo.*",
-        "--out", str(tmp_path / "out"), *extra])
+        "--out", str(tmp_path / out), *extra])
     assert result.exit_code == 0, result.output
     return result
 
@@ -100,7 +100,7 @@ def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
     found = studies(tmp_path)
     assert len(found) == 2, "one study per bucket of the one norm.rms signature (tiny grid: tokens 1 and 8)"
     for name, study in found.items():
-        assert name.startswith("norm.rms[hidden=256,fp32]|") and "|demo.rms_norm:" in name
+        assert name.startswith("norm.rms[hidden=256,fp32]|") and "|demo.rms_norm@" in name
         assert len(study.trials) == 6
         assert study.trials[0].params == demo.DEMO.default, "the default is the first trial, the baseline"
         pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
@@ -113,6 +113,30 @@ def test_search_prunes_wrong_configs_and_adds_winners_everywhere(tmp_path):
     assert all(r["status"] == "ok" and "exact=1" in r["kernel_id"] for r in rows), "never a wrong config"
     for kernel_id in searched:  # timed at every bucket, not only where it won (probes may add more)
         assert {r["dims"] for r in rows if r["kernel_id"] == kernel_id and r["phase"] == "grid"} == {dims_key({"tokens": 1}), dims_key({"tokens": 8})}
+
+
+def test_another_models_tune_continues_the_studies_in_the_measurement_cache(tmp_path):
+    """The studies live in the measurement cache, named by what decides their trials' times: a tune
+    of another model with the same norm, into another folder, runs none of their trials again and
+    finds the same winners; a model whose norm is another width searches its own. --no-cache keeps
+    the studies in the artifact."""
+    cache = tmp_path / "cache"
+    first = json.loads(tune(tmp_path, "--trials", "4", "--cache-dir", str(cache), "--json").stdout)
+    assert first["search"]["trials_run"] > 0 and (cache / STORAGE_NAME).exists()
+    assert not (tmp_path / "out" / STORAGE_NAME).exists()
+    deeper = {**TINY_LLAMA, "num_hidden_layers": TINY_LLAMA["num_hidden_layers"] + 1}
+    second = json.loads(tune(tmp_path, "--trials", "4", "--cache-dir", str(cache), "--json", out="deeper",
+                             config=deeper, name="deeper-llama").stdout)
+    assert second["search"]["trials_run"] == 0, second["search"]
+    winners = {out: {r["kernel_id"] for r in PerfDB(tmp_path / out / "perfdb").rows(
+        "SELECT kernel_id FROM records WHERE kernel_id LIKE 'demo.rms_norm[%'")} for out in ("out", "deeper")}
+    assert winners["out"] == winners["deeper"]
+    wider = {**TINY_LLAMA, "hidden_size": 2 * TINY_LLAMA["hidden_size"]}
+    third = json.loads(tune(tmp_path, "--trials", "4", "--cache-dir", str(cache), "--json", out="wider",
+                            config=wider, name="wider-llama").stdout)
+    assert third["search"]["trials_run"] > 0, "another signature: studies of its own"
+    tune(tmp_path, "--trials", "4", "--no-cache", out="alone")
+    assert (tmp_path / "alone" / STORAGE_NAME).exists()
 
 
 def test_every_study_tries_the_spaces_starts_right_after_the_default(tmp_path):

@@ -119,11 +119,15 @@ def load_spaces(folder: Path = SPACES_DIR) -> dict[str, SearchSpace]:
 
 
 def study_name(sp: SignaturePlan, dims: dict, space: SearchSpace, hw_slug: str, mode: str) -> str:
-    """One study per signature, bucket, space, hardware and mode. The space's values are part of
+    """One study per signature, bucket, space, kernel version, hardware and mode: what decides its
+    trials' times, and nothing of the model or artifact that asked, so that the measurement cache's
+    journal serves any later tune of the same signature and bucket. The space's values are part of
     the name: optuna cannot continue a study whose parameters took other values (a space edited
-    since, a family with a new parameter), so a changed space starts a study of its own."""
+    since, a family with a new parameter), so a changed space starts a study of its own; so does a
+    changed kernel (its source or Triton's version), whose earlier trials timed other code."""
     values = hashlib.sha256(json.dumps(space.params, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{sp.instance.signature}|{dims_key(dims)}|{space.kernel}:{values}|{hw_slug}|{mode}"
+    version = registry.TUNABLES[space.kernel].spec.version()
+    return f"{sp.instance.signature}|{dims_key(dims)}|{space.kernel}@{version}:{values}|{hw_slug}|{mode}"
 
 
 class Objective:

@@ -56,13 +56,19 @@ def gen():
 
 @pytest.fixture(scope="session")
 def tiny_llama_artifact(tmp_path_factory):
-    """One CPU tune of a tiny Llama (tiny grid, fp32, torch.compile left out, default probes and
-    validation, quick sampling), in this process, shared by the tests that read an artifact (they may
-    add evaluation records)."""
+    """One CPU tune of a tiny Llama (tiny grid, fp32, torch.compile left out, default validation,
+    probes at every probe point, quick sampling), in this process, shared by the tests that read an
+    artifact (they may add evaluation records). Every point is probed (tuner.PROBE_CLEAR) so that
+    the artifact has probe records whichever races the VM's noise makes close."""
+    import math
+
+    from lzsolve.measure import tuner
     from lzsolve.pipeline import ModelSource, ValidateConfig
     from tests.tables import tuned
     from tests.test_cli import tiny_llama_config
 
     root = tmp_path_factory.mktemp("tiny-artifact")
-    return tuned(ModelSource(config=tiny_llama_config(root), dtype="fp32"), root / "artifact",
-                 validate=ValidateConfig()).artifact
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tuner, "PROBE_CLEAR", math.inf)
+        return tuned(ModelSource(config=tiny_llama_config(root), dtype="fp32"), root / "artifact",
+                     validate=ValidateConfig()).artifact

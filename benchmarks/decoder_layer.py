@@ -17,7 +17,12 @@ Before timing, each variant's output is checked against the pytorch variant comp
 fp32 on the same inputs; one that disagrees is reported and not timed. Then all variants
 of a scenario are timed interleaved by lzsolve's harness (L2 flushed per sample): graph =
 CUDA-graph replay of the layer (GPU time), eager = launches from Python (host overhead
-included). First-call times are the compile / JIT each variant pays per shape, in one
+included). The roofline (issue 58): the device's ceilings measured in this run as the tune measures
+them (lzsolve.measure.tasks.run_ceilings), each op call of the table's layer counted by its op's
+contract (FLOPs, bytes) into its time at the roofline, and each call timed alone under the table:
+the layer's time against the sum of its calls' roofline times, and per call what its kernel
+reaches, so what holds the layer back is named per op (the rest of the layer's time is the glue
+between the calls: views, the KV cache's copy, launches). First-call times are the compile / JIT each variant pays per shape, in one
 process and in this order: table (its kernels' JIT unless --restore-jit), pytorch,
 compile, max-autotune (which may find some Triton kernels compile already built).
 
@@ -35,11 +40,14 @@ from dataclasses import dataclass
 import torch
 
 import runtime_loader
-from lzsolve.measure.harness import Budget, CudaHarness
+from lzsolve.decide.roofline import Peak, roof_ms
+from lzsolve.measure.harness import MODES, Budget, CudaHarness
+from lzsolve.measure.tasks import CeilingTask, run_ceilings
 from lzsolve.models import CATALOGUE, capture
-from lzsolve.ops import compare
+from lzsolve.ops import CONTRACTS, compare
 from lzsolve.ops.base import Tolerance
 from runtime_loader import registry
+from runtime_loader.dispatcher import METHOD_OPS
 from runtime_loader.hardware import hardware_signature
 from runtime_loader.ops import OPS
 
@@ -48,7 +56,8 @@ SIZES = capture.load("llama3-70b", None, tp=8).sizes()  # one rank's shard, as c
 (HQ,), (HKV,), (D,), (HIDDEN,), (INTERMEDIATE,) = (SIZES[k] for k in ("hq", "hkv", "d", "hidden", "mlp"))
 EPS, ROPE_THETA = CONFIG["rms_norm_eps"], CONFIG["rope_theta"]
 # (name, batch, tokens per sequence, kv_len); kv_len 0 = prefill
-SCENARIOS = [("prefill b1 s2048", 1, 2048, 0), ("decode b8 kv4096", 8, 1, 4096), ("decode b64 kv1024", 64, 1, 1024)]
+SCENARIOS = [("prefill b1 s2048", 1, 2048, 0), ("decode b8 kv4096", 8, 1, 4096), ("decode b64 kv1024", 64, 1, 1024),
+             ("decode b64 kv4096", 64, 1, 4096)]
 # A bf16 layer against the same layer in fp32: eight ops' rounding, so looser than one op's bf16 bound.
 LAYER_TOLERANCE = Tolerance(rel_l2=3e-2, max_rel=6e-2)
 
@@ -76,17 +85,64 @@ class Defaults:
         return self._impl["linear"](x, weight, None)
 
 
-class Chosen:
-    """The Dispatcher's methods, noting which kernel each call goes to (not timed)."""
+@dataclass
+class Call:
+    method: str
+    args: tuple
+    kwargs: dict
+    kernel: str
+    signature: object  # runtime_loader.ops.Signature
+    dims: dict
+
+
+class Calls:
+    """The Dispatcher's methods, noting each call: its arguments, the kernel it goes to, its op
+    signature and dims (not timed)."""
 
     def __init__(self, dispatcher):
-        self.dispatcher, self.seen = dispatcher, {}
+        self.dispatcher, self.calls = dispatcher, []
 
     def __getattr__(self, method):
         def call(*args, **kwargs):
-            self.seen.setdefault(method, set()).add(self.dispatcher.kernel_for(method, *args, **kwargs))
+            signature, dims = METHOD_OPS[method].call(*args, **kwargs)
+            self.calls.append(Call(method, args, kwargs, self.dispatcher.kernel_for(method, *args, **kwargs),
+                                   signature, dims))
             return getattr(self.dispatcher, method)(*args, **kwargs)
         return call
+
+    def kernels(self) -> dict[str, list[str]]:
+        return {m: sorted({c.kernel for c in self.calls if c.method == m}) for m in dict.fromkeys(c.method for c in self.calls)}
+
+
+def ceilings(device, harness) -> dict[str, Peak]:
+    """Per timing mode, the device's bf16 compute and memory ceilings, measured as a tune measures them."""
+    rows = run_ceilings(CeilingTask("bf16"), device, harness).get("ceilings", [])
+    rates = {(r["kind"], r["mode"]): r["per_s"] for r in rows}
+    return {mode: Peak(rates["compute", mode], rates["memory", mode]) for mode in MODES
+            if ("compute", mode) in rates and ("memory", mode) in rates}
+
+
+def roofline(calls: Calls, dispatcher, peaks: dict[str, Peak], layer: dict, harness) -> dict:
+    """Per mode: the layer's time under the table against the sum of its calls' roofline times,
+    and each call alone (timed under the table) against its own."""
+    timed = harness.measure({f"{i} {c.method}": [functools.partial(getattr(dispatcher, c.method), *c.args, **c.kwargs)]
+                             for i, c in enumerate(calls.calls)})
+    out = {}
+    for mode, peak in peaks.items():
+        ops = []
+        for i, c in enumerate(calls.calls):
+            contract = CONTRACTS[c.signature.op]
+            roof = roof_ms(contract.flops(c.signature, c.dims), contract.bytes_moved(c.signature, c.dims), peak)
+            m = timed[f"{i} {c.method}"]
+            t = None if isinstance(m, Exception) or getattr(m, mode) is None else getattr(m, mode).median_ms
+            ops.append({"method": c.method, "signature": str(c.signature), "dims": c.dims, "kernel": c.kernel,
+                        "ms": t, "roof_ms": roof, "fraction": roof / t if t else None})
+        roof = sum(o["roof_ms"] for o in ops)
+        layer_ms = layer.get(f"{mode}_ms")
+        out[mode] = {"peak": {"compute": peak.compute, "memory": peak.memory}, "roof_ms": roof, "layer_ms": layer_ms,
+                     "fraction": roof / layer_ms if layer_ms else None,
+                     "ops_ms": sum(o["ms"] for o in ops) if all(o["ms"] for o in ops) else None, "ops": ops}
+    return out
 
 
 @dataclass
@@ -184,6 +240,7 @@ def main() -> None:
     }
     reference_layer = functools.partial(decoder_layer, Defaults(), weights.to(torch.float32))
     harness = CudaHarness(Budget(time_cap_s=3.0, max_samples=400, target_spread=0.01), device)
+    peaks = ceilings(device, harness)
     rows = []
     for name, batch, seq, kv_len in SCENARIOS:
         inputs = make_inputs(batch, seq, kv_len, device, dtype, gen)
@@ -199,9 +256,9 @@ def main() -> None:
                 continue
             call_inputs = fresh(inputs)
             timed[variant] = [functools.partial(fn, **call_inputs)]
-        chosen = Chosen(table)
-        decoder_layer(chosen, weights, **fresh(inputs))
-        row["kernels"] = {method: sorted(ids) for method, ids in chosen.seen.items()}
+        calls = Calls(table)
+        decoder_layer(calls, weights, **fresh(inputs))
+        row["kernels"] = calls.kernels()
         results = harness.measure(timed)
         for variant, m in results.items():
             if isinstance(m, Exception):
@@ -210,12 +267,14 @@ def main() -> None:
             row[variant] = {"eager_ms": m.eager.median_ms, "eager_spread": m.eager.spread,
                             "graph_ms": m.graph.median_ms if m.graph else None,
                             "graph_spread": m.graph.spread if m.graph else None, "graph_error": m.graph_error}
+        row["roofline"] = roofline(calls, table, peaks, row.get("table", {}), harness)
         rows.append(row)
         print_row(row)
     print(f"table load {load_s * 1e3:.0f} ms; first-call seconds per scenario are compile / JIT time")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": dt.date.today().isoformat(), "torch": torch.__version__,
+                       "ceilings": {mode: vars(peak) for mode, peak in peaks.items()},
                        "hardware": hardware_signature(device), "artifact": args.artifact, "table_load_s": load_s,
                        "restore_jit": args.restore_jit, "model": "llama3-70b tp8 (one rank)", "rows": rows}, f,
                       indent=1)
@@ -229,6 +288,15 @@ def print_row(row: dict) -> None:
         print(f"{row['scenario']:<18} {mode:<5} {cells}")
     print(f"{'':<18} first call s: " + "  ".join(f"{v} {s:.1f}" for v, s in row["first_call_s"].items()))
     print(f"{'':<18} table kernels: " + ", ".join(f"{m} {'/'.join(ids)}" for m, ids in row["kernels"].items()))
+    for mode, r in row.get("roofline", {}).items():
+        share = f"{r['fraction']:.2f}" if r["fraction"] else "-"
+        ops_ms = f"{r['ops_ms']:.3f}" if r["ops_ms"] else "-"
+        print(f"{'':<18} roofline ({mode}): layer {r['layer_ms'] or 0:.3f} ms, its calls alone {ops_ms} ms, at the "
+              f"roofline {r['roof_ms']:.3f} ms: {share} of it")
+        for o in r["ops"]:
+            fraction = f"{o['fraction']:.2f}" if o["fraction"] else "-"
+            print(f"{'':<20} {o['method']:<13} {o['kernel']:<36} {o['ms'] or 0:8.4f} ms  roof {o['roof_ms']:8.4f} ms  "
+                  f"{fraction}")
 
 
 if __name__ == "__main__":

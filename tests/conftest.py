@@ -1,3 +1,4 @@
+import math
 import os
 import sys
 
@@ -60,8 +61,6 @@ def tiny_llama_artifact(tmp_path_factory):
     probes at every probe point, quick sampling), in this process, shared by the tests that read an
     artifact (they may add evaluation records). Every point is probed (tuner.PROBE_CLEAR) so that
     the artifact has probe records whichever races the VM's noise makes close."""
-    import math
-
     from lzsolve.measure import tuner
     from lzsolve.pipeline import ModelSource, ValidateConfig
     from tests.tables import tuned
@@ -72,3 +71,12 @@ def tiny_llama_artifact(tmp_path_factory):
         patch.setattr(tuner, "PROBE_CLEAR", math.inf)
         return tuned(ModelSource(config=tiny_llama_config(root), dtype="fp32"), root / "artifact",
                      validate=ValidateConfig()).artifact
+
+
+@pytest.fixture
+def probes_everywhere(monkeypatch):
+    """Every probe point timed, however clear the lead at the buckets around it (tuner.PROBE_CLEAR):
+    which races of a tiny CPU tune are close is up to the VM's noise; tiny_llama_artifact was tuned
+    so, and a re-run of it must be too to find every record it needs."""
+    from lzsolve.measure import tuner
+    monkeypatch.setattr(tuner, "PROBE_CLEAR", math.inf)

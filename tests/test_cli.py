@@ -75,7 +75,7 @@ def test_explain_and_db_query(artifact):
     assert result.exit_code == 0 and result.output.startswith("kernel_id")
 
 
-def test_rerun_reuses_measurements(artifact, tmp_path):
+def test_rerun_reuses_measurements(artifact, tmp_path, probes_everywhere):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))
     from lzsolve.store.perfdb import PerfDB

@@ -3,7 +3,6 @@ phase at a time and whole; its lifecycle; and `lzsolve tune`'s options, each one
 TuneConfig it runs."""
 import dataclasses
 import json
-import math
 import multiprocessing
 
 import pytest
@@ -46,13 +45,6 @@ def norm_config(tmp_path, **changes) -> TuneConfig:
 
 def rows(out, run_id: str) -> int:
     return PerfDB(out / "perfdb").rows("SELECT count(*) AS n FROM records WHERE run_id = ?", [run_id])[0]["n"]
-
-
-@pytest.fixture
-def probes_everywhere(monkeypatch):
-    """Every probe point timed, however clear the lead at the buckets around it (tuner.PROBE_CLEAR):
-    which of these tiny CPU tunes' races are close is up to the VM's noise."""
-    monkeypatch.setattr(tuner, "PROBE_CLEAR", math.inf)
 
 
 def test_the_phases_one_at_a_time(tmp_path, probes_everywhere):

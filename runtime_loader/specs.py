@@ -55,7 +55,9 @@ def _not_installed(module: str, library: str) -> Reason:
 @functools.cache
 def _import_reason(module: str, library: str) -> Reason | None:
     try:
-        if importlib.util.find_spec(module) is None:
+        # the top-level package first: find_spec of a dotted name imports its parent, and raises
+        # where the parent is missing (flash_attn.cute without flash-attn-4's flash_attn)
+        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
             return _not_installed(module, library)
         importlib.import_module(module)
     except Exception as e:  # a broken install fails in many ways (ImportError, OSError, RuntimeError...)

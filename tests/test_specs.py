@@ -50,6 +50,15 @@ def test_a_missing_library_names_the_distribution_to_install(load):
         "NOT_INSTALLED", "python module 'surely_not_a_module_xyz' is not installed (pip install flash-attn)")
 
 
+@pytest.mark.parametrize("module", ["surely_not_a_package_xyz.cute", "json.surely_not_a_module_xyz"])
+def test_a_missing_submodule_is_not_installed_not_an_import_failure(module):
+    """FA4's module is flash_attn.cute: without its package, or beside FA2's flash_attn without it,
+    the kernel is NOT_INSTALLED (find_spec of a dotted name raised where the parent was missing)."""
+    missing = spec(library="flash-attn-4", requires=(module,)).installed()
+    assert (missing.code, missing.message) == (
+        "NOT_INSTALLED", f"python module '{module}' is not installed (pip install flash-attn-4)")
+
+
 def test_missing_fields_mean_unsupported():
     bare = KernelSpec("bare", frozenset({"attention.prefill"}), "torch", lambda *a: None)
     got = codes(bare.check(ATTN, H100))

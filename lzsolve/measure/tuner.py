@@ -566,7 +566,7 @@ LEAD_MARGIN = 0.10  # off the buckets, time the kernels within this of the best 
 # A probe point is skipped where one kernel leads every other (the fallback too) by more than this
 # at every measured point around it: no alignment cliff short of that size changes the choice
 # there, and validation's random shapes still time the table's choice against the fallback. On an
-# H100 a workload tune spent 103 of its 379 s on 830 probes (benchmark log §21).
+# H100 a workload tune spent 103 of its 379 s on 830 probes (benchmarks/runs/2026-12-05-states-workloads.txt).
 PROBE_CLEAR = 0.25
 
 

@@ -1,4 +1,5 @@
-"""FlashAttention adapters: FA3's forward (the fa3-fwd wheel, Hopper) and FA2 (flash-attn).
+"""FlashAttention adapters: FA3's forward (the fa3-fwd wheel, Hopper), FA2 (flash-attn) and FA4
+(flash-attn-4: CuTe DSL, Hopper and Blackwell).
 
 Both take q, k, v as (batch, seq, heads, d) and need only the last dim at unit stride
 (every other stride is passed to the kernel), so our (batch, heads, seq, d) tensors go
@@ -13,7 +14,8 @@ Attention sinks take the row log-sum-exps FA returns (ops.attention.with_sinks).
 The fa3-fwd wheel is built with FLASHATTENTION_DISABLE_LOCAL (fa3_fwd_config.py), so
 FA3 declares softcap but no sliding window. Neither declares a v head dim other than q's
 (attention's dv, MLA): FA2 has one head dim for q, k and v; FA3's hdim_v kernels are not
-checked against this wheel.
+checked against this wheel. FA4 takes q/k and v head dims of 8-256 apart on sm90 (its
+_validate_head_dims), so it declares v_head_dim: DeepSeek's 192/128.
 """
 from __future__ import annotations
 
@@ -73,6 +75,23 @@ def fa2(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: fl
     return fa_layout(out) if sinks is None else with_sinks(fa_layout(out[0]), out[1], sinks)
 
 
+def fa4(q, k, v, causal: bool, scale: float | None, window: int = 0, softcap: float = 0.0, sinks=None):
+    check_causal_alignment(q, k, causal)
+    from flash_attn.cute import flash_attn_func
+
+    # FA4's window bounds are None where unbounded; num_splits as FA3's (< 1: its heuristic);
+    # it always returns (out, row log-sum-exp)
+    out, lse = flash_attn_func(fa_layout(q), fa_layout(k), fa_layout(v), softmax_scale=scale, causal=causal,
+                               window_size=(window - 1, 0 if causal else None) if window else (None, None),
+                               softcap=softcap, num_splits=fa3_splits(causal))
+    return fa_layout(out) if sinks is None else with_sinks(fa_layout(out), lse, sinks)
+
+
+# What a device call carries is 64 MiB: FA4 and QuACK need NVIDIA's CuTe DSL, whose CUDA 13 libraries
+# (nvidia-cutlass-dsl-libs-cu13 4.8.1) are a 92.0 MB wheel, 227 MB unpacked, 66.1 MB as tar.xz
+# (measured 2026-12-05): they have not run on the lent GPUs yet.
+CUTE_DSL = "needs nvidia-cutlass-dsl (its CUDA 13 libraries: a 92.0 MB wheel)"
+
 SPECS = [
     # fa3_fwd_config.py: FP16 kernels disabled (bf16 only; fp8 is outside our dtypes), head dims
     # 64/96/128/192/256 built, a smaller d runs in the 64 kernel; mha_fwd wants d % 8 == 0, d <= 256.
@@ -87,4 +106,11 @@ SPECS = [
                graph_safe=True, deterministic=True, requires=("flash_attn",),
                notes="FlashAttention-2 (Ampere, Ada, Hopper per its README); written from the documented "
                      "flash_attn_func API, not yet run; d % 8 != 0 would be padded (a copy), so not declared"),
+    # the sm90 forward of flash-attn-4 4.0.0b40 (flash_fwd_sm90.py); fp8 is outside our dtypes
+    KernelSpec("fa4.attention", ATTENTION, "flash-attn-4", fa4, platforms=frozenset({"cuda"}), min_sm=90,
+               dtypes=HALF, head_dim_max=256, head_dim_multiple=8,
+               features=ATTENTION_FEATURES | SINKS | {"sliding_window", "softcap", "v_head_dim"},
+               graph_safe=True, deterministic=True, jit=True, requires=("flash_attn.cute",),
+               notes=f"FlashAttention-4 (CuTe DSL), compiled per configuration at its first call; {CUTE_DSL}; "
+                     "written from flash_attn.cute.flash_attn_func of 4.0.0b40, not yet run"),
 ]

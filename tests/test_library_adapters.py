@@ -1,4 +1,4 @@
-"""Adapters of optional libraries (Liger-Kernel, FlashAttention 3 and 2) and FlexAttention, on CPU.
+"""Adapters of optional libraries (Liger-Kernel, FlashAttention 4, 3 and 2, QuACK) and FlexAttention, on CPU.
 
 The libraries themselves run only on the GPU machine (tests/test_kernels.py's GPU parity test
 covers them there); here: their capability gates, the layout plumbing of each adapter (with a
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from lzsolve.ops import CONTRACTS, compare, to_fp32
 from runtime_loader import registry
-from runtime_loader.kernels import flash_attn, flex, liger
+from runtime_loader.kernels import flash_attn, flex, liger, quack
 from runtime_loader.ops import Signature
 from runtime_loader.specs import DeviceInfo
 
@@ -40,7 +40,8 @@ ADMITTED = {
     "attention.prefill": PREFILL,
     "attention.decode": DECODE,
 }
-OPTIONAL = [spec for spec in registry.REGISTRY.values() if spec.kernel_id.split(".")[0] in ("liger", "fa3", "fa2")]
+OPTIONAL = [spec for spec in registry.REGISTRY.values()
+            if spec.kernel_id.split(".")[0] in ("liger", "fa4", "fa3", "fa2", "quack")]
 
 
 def codes(spec, sig, device=H100):
@@ -50,14 +51,14 @@ def codes(spec, sig, device=H100):
 def test_every_library_kernel_is_registered():
     assert {s.kernel_id for s in OPTIONAL} == {
         "liger.rms_norm", "liger.rms_norm_add", "liger.layer_norm", "liger.swiglu", "liger.geglu", "liger.rope",
-        "fa3.attention", "fa2.attention"}
+        "fa4.attention", "fa3.attention", "fa2.attention", "quack.rms_norm", "quack.rms_norm_add"}
     assert "flex.attention" in registry.REGISTRY
 
 
 @pytest.mark.parametrize("spec", OPTIONAL, ids=lambda s: s.kernel_id)
 def test_missing_library_is_the_only_reason_on_an_h100(spec):
     (module,) = spec.requires
-    if importlib.util.find_spec(module) is not None:
+    if importlib.util.find_spec(module.split(".")[0]) is not None:
         pytest.skip(f"{module} is installed here")
     for op in spec.ops:
         assert codes(spec, ADMITTED[op]) == ["NOT_INSTALLED"], op
@@ -65,7 +66,7 @@ def test_missing_library_is_the_only_reason_on_an_h100(spec):
 
 def test_runtime_loader_imports_no_optional_library():
     probe = ("import sys, runtime_loader.registry; "
-             "print([m for m in ('liger_kernel', 'fa3_fwd_interface', 'flash_attn') if m in sys.modules])")
+             "print([m for m in ('liger_kernel', 'fa3_fwd_interface', 'flash_attn', 'quack') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -150,6 +151,87 @@ def test_causal_with_unequal_lengths_is_refused(kernel_id):
         registry.get(kernel_id).impl(q, kv, kv, True, None)
     flash_attn.check_causal_alignment(q, kv, causal=False)  # non-causal: any lengths
     flash_attn.check_causal_alignment(kv, kv, causal=True)  # prefill: equal lengths
+
+
+def fake_fa4(calls):
+    """flash_attn.cute's flash_attn_func as FA4 4.0.0b40 has it: (out, row log-sum-exp), window bounds
+    None where unbounded, v's head dim free; computed by SDPA (no window: the tests below use none)."""
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
+                        num_splits=1, **kwargs):
+        calls.append({"q": q, "k": k, "v": v, "window_size": window_size, "num_splits": num_splits})
+        assert not causal or q.shape[1] == k.shape[1]
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=softmax_scale, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+    return flash_attn_func
+
+
+@pytest.mark.parametrize("op,dims,splits", [("attention.prefill", {"batch": 2, "seq": 33}, 1),
+                                             ("attention.decode", {"batch": 3, "kv_len": 70}, 0)])
+@pytest.mark.parametrize("dv", [0, 32], ids=["dv=d", "dv=32"])
+def test_fa4_passes_views_takes_a_v_head_dim_and_splits_decode_only(monkeypatch, op, dims, splits, dv):
+    """FA4's adapter through a stand-in: q, k, v as views in FA's layout, v of another head dim
+    (MLA: its v_head_dim feature), the KV split left to FA4 for decode only (num_splits 0), no window."""
+    calls = []
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", types.SimpleNamespace(flash_attn_func=fake_fa4(calls)))
+    static = {"hq": 4, "hkv": 2, "d": 64, **({"dv": dv} if dv else {})}
+    sig = Signature.make(op, static, ("causal",) if op == "attention.prefill" else (), "fp32")
+    spec = registry.get("fa4.attention")
+    assert set(codes(spec, Signature.make(op, static, sig.flags, "bf16"))) <= {"NOT_INSTALLED"}, "dv is declared"
+    contract = CONTRACTS[op]
+    args = contract.make_inputs(sig, dims, CPU, torch.Generator().manual_seed(0))
+    out = spec.impl(*args)
+    ok, _, message = compare(out, contract.reference(*to_fp32(args)), contract.tolerances["fp32"])
+    assert ok, message
+    (call,) = calls
+    assert call["window_size"] == (None, None) and call["num_splits"] == splits
+    assert call["v"].shape[-1] == (dv or 64) and out.shape[-1] == (dv or 64)
+    assert all(t.data_ptr() == a.data_ptr() for t, a in zip((call["q"], call["k"], call["v"]), args[:3]))
+
+
+def test_fa4_window_bounds_are_none_where_unbounded(monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", types.SimpleNamespace(flash_attn_func=fake_fa4(calls)))
+    q = torch.randn(1, 2, 5, 16)
+    registry.get("fa4.attention").impl(q, q, q, True, None, 3)
+    registry.get("fa4.attention").impl(q[:, :, :1], q, q, False, None, 3)
+    assert [c["window_size"] for c in calls] == [(2, 0), (2, None)]
+
+
+def fake_quack(calls):
+    """quack.rmsnorm as quack-kernels 0.6.5 has it: x_hat * (weight + weight_offset) in fp32, one
+    rounding; with a residual and prenorm, (normed, x + residual) as new tensors."""
+    def rmsnorm(x, weight=None, bias=None, residual=None, out_dtype=None, residual_dtype=None, eps=1e-6,
+                prenorm=False, weight_offset=0.0):
+        calls.append({"residual": residual is not None, "prenorm": prenorm, "weight_offset": weight_offset})
+        total = x.float() + residual.float() if residual is not None else x.float()
+        normed = (total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + weight_offset))
+        out = normed.to(x.dtype)
+        return (out, total.to(x.dtype)) if residual is not None and prenorm else out
+    return rmsnorm
+
+
+@pytest.mark.parametrize("op", ["norm.rms", "norm.rms_add"])
+@pytest.mark.parametrize("flags", [(), ("unit_offset",)], ids=["plain", "unit_offset"])
+def test_quack_rms_norms_match_the_reference_and_keep_their_inputs(monkeypatch, op, flags):
+    calls = []
+    monkeypatch.setitem(sys.modules, "quack", types.SimpleNamespace(rmsnorm=fake_quack(calls)))
+    flags = flags + (("keep_inputs",) if op == "norm.rms_add" else ())
+    sig = Signature.make(op, {"hidden": 96}, flags, "fp32")
+    contract = CONTRACTS[op]
+    args = contract.make_inputs(sig, {"tokens": 7}, CPU, torch.Generator().manual_seed(0))
+    before = [a.clone() for a in args if isinstance(a, torch.Tensor)]
+    spec = registry.get({"norm.rms": "quack.rms_norm", "norm.rms_add": "quack.rms_norm_add"}[op])
+    assert set(flags) <= spec.features
+    ok, _, message = compare(spec.impl(*args), contract.reference(*to_fp32(args)), contract.tolerances["fp32"])
+    assert ok, message
+    assert all(torch.equal(a, b) for a, b in zip([a for a in args if isinstance(a, torch.Tensor)], before))
+    (call,) = calls
+    assert call["weight_offset"] == (1.0 if "unit_offset" in flags else 0.0)
+    assert call["residual"] == call["prenorm"] == (op == "norm.rms_add")
+    assert quack.CUTE_DSL in spec.notes
 
 
 # --- Liger helpers (pure torch) and kernels (Triton interpreter) -------------------------------

@@ -30,6 +30,7 @@
 #   fp8            §16: the FP8 kernels' parity, then fp8.py
 #   fp8_tune       §16.2-16.7: llama3-70b TP8 as an FP8 deployment, tuned with the FP8 kernels alone
 #   batch          the command lines of a file (COMMANDS), detached, over several calls on a warm machine
+#   cute STEP      §21: STEP stage|run: FlashAttention-4 and QuACK, carried in two halves (benchmarks/pack_cute.sh)
 #
 # STEP may also be given as STAGE=STEP in the environment (as the separate scripts took it).
 set -u
@@ -360,6 +361,32 @@ batch() {
   ls -la "$OUT"
 }
 
+cute() {
+  # FlashAttention-4 and QuACK (issue 58), whose wheels need two calls on one warm machine
+  # (benchmarks/pack_cute.sh says how; no .devsite: the two halves fill a call each). STEP stage: the
+  # first half (carried as .cute/a) parked in /tmp/cute-parts; run: the second (.cute/b) beside it,
+  # the wheels installed into /tmp/cute, first on PYTHONPATH; then the adapters' GPU parity
+  # (tests/test_kernels.py, fa4.* and quack.*) and benchmarks/cute_candidates.py.
+  mkdir -p /tmp/cute-parts
+  case "${step:?set the step: cute stage|run}" in
+    stage) cp .cute/a/* /tmp/cute-parts/ && ls -la /tmp/cute-parts ;;
+    run)
+      cp .cute/b/* /tmp/cute-parts/
+      [ -f /tmp/cute-parts/wheels.tar.00 ] || { echo "cute run: no first half in /tmp/cute-parts (the machine went back"\
+        "between the calls): run 'cute stage' again, then this at once"; exit 2; }
+      (cd /tmp/cute-parts && cat wheels.tar.00 wheels.tar.01 > wheels.tar && sha256sum -c wheels.tar.sha256) || exit 2
+      mkdir -p /tmp/cute/wheels && tar -xf /tmp/cute-parts/wheels.tar -C /tmp/cute/wheels
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cute/site /tmp/cute/wheels/*.whl || exit 1
+      # the CuTe DSL's own .pth puts its dsl_packages on sys.path, which a PYTHONPATH folder does not read
+      export PYTHONPATH=/tmp/cute/site:/tmp/cute/site/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHONUNBUFFERED=1
+      LZSOLVE_TEST_KERNELS='fa4.*,quack.*' timeout "${PARITY_S:-300}" python3 -m pytest -q -m gpu -s -p no:cacheprovider \
+        --tb=short tests/test_kernels.py > "$OUT/parity.log" 2>&1
+      echo "parity rc $?"; grep -vE "^ok " "$OUT/parity.log" | tail -20
+      python3 benchmarks/cute_candidates.py ${CUTE_ARGS:-} --json "$OUT/cute.json" 2>&1 | tee "$OUT/cute.txt" ;;
+    *) echo "cute: unknown step '$step' (stage|run)"; exit 2 ;;
+  esac
+}
+
 launch() {
   # §11.7 (issue 14): our Triton kernels through the launcher (runtime_loader/kernels/triton_ops/launch.py).
   # First its checks: the launcher's key against Triton's own binder, and every Triton kernel's parity
@@ -684,10 +711,11 @@ fp8_tune() {
 case "$stage" in
   setup) setup > "$OUT/setup.txt"; cat "$OUT/setup.txt" ;;
   session) session ;;
+  cute) cute ;;
   parity|tune|families|suite|decisions|e2e|e2e_gpus|batch|launch|moe|flashinfer_moe|qwen35|hardening|jit|devices|fp8|fp8_tune)
     setup > "$OUT/setup.txt"
     "$stage" ;;
   *) echo "unknown stage '$stage': setup, session, parity, tune, families, suite, decisions, e2e, e2e_gpus, launch,"\
-       "batch, moe, flashinfer_moe, qwen35, hardening, jit, devices, fp8, fp8_tune (benchmarks/device.sh's top says what each runs)"
+       "batch, cute, moe, flashinfer_moe, qwen35, hardening, jit, devices, fp8, fp8_tune (benchmarks/device.sh's top says what each runs)"
      exit 2 ;;
 esac

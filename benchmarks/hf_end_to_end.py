@@ -516,11 +516,19 @@ def write(args, device, rows, skipped) -> None:
         Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "skipped": skipped}, indent=1))
 
 
+def paired_ratio(base: dict, other: dict) -> float:
+    """The median over reps of base's sample / other's: the reps interleave the variants, so a host
+    that drifts between reps moves both samples of a pair alike."""
+    return statistics.median(b / o for b, o in zip(base["samples"], other["samples"]))
+
+
 def print_table(rows, names, scenarios, variants, shapes, args, device) -> None:
     cell = {(r["model"], r["scenario"], r["variant"]): r for r in rows}
     others = [v for v in variants if v != "sdpa"]
     print(f"\n{args.layers} layers, {args.dtype}, {device}: median ms of {args.reps} reps ((p90-p10)/median); x = sdpa "
-          f"ms / variant ms (>1: faster than sdpa); * tokens differ from sdpa's in the first {CHECKED_STEPS} steps")
+          f"ms / variant ms (>1: faster than sdpa), in brackets the median of the reps' own ratios (each rep times "
+          f"every variant in turn: drift between reps cancels); * tokens differ from sdpa's in the first "
+          f"{CHECKED_STEPS} steps")
     width = max(16, *(len(v) + 1 for v in variants))
     print(f"{'model':10} {'scenario':8} {'shape':>12} " + "".join(f"{v:>{width}}" for v in variants)
           + "".join(f"{'x ' + v:>{width + 2}}" for v in others))
@@ -531,7 +539,8 @@ def print_table(rows, names, scenarios, variants, shapes, args, device) -> None:
             ms = {v: r.get("median_ms") if r else None for v, r in found.items()}
             texts = ["skip" if r is None else "FAILED" if ms[v] is None else f"{ms[v]:.2f} ({r['spread']:.0%})"
                      + "*" * (r.get("equal_first", 0) < r.get("first", 0)) for v, r in found.items()]
-            ratios = [f"{ms['sdpa'] / ms[v]:.2f}" if ms.get("sdpa") and ms[v] else "-" for v in others]
+            ratios = [f"{ms['sdpa'] / ms[v]:.2f} ({paired_ratio(found['sdpa'], found[v]):.2f})" if ms.get("sdpa") and ms[v]
+                      else "-" for v in others]
             shape = f"b{batch} s{seq}" + (f" +{steps}" if steps else "")
             print(f"{name:10} {s:8} {shape:>12} " + "".join(f"{t:>{width}}" for t in texts)
                   + "".join(f"{x:>{width + 2}}" for x in ratios))

@@ -17,14 +17,18 @@ Before timing, each variant's output is checked against the pytorch variant comp
 fp32 on the same inputs; one that disagrees is reported and not timed. Then all variants
 of a scenario are timed interleaved by lzsolve's harness (L2 flushed per sample): graph =
 CUDA-graph replay of the layer (GPU time), eager = launches from Python (host overhead
-included). The roofline (issue 58): the device's ceilings measured in this run as the tune measures
-them (lzsolve.measure.tasks.run_ceilings), each op call of the table's layer counted by its op's
+included).
+
+The roofline (issue 58): the device's ceilings measured in this run as the tune measures them
+(lzsolve.measure.tasks.run_ceilings), each op call of the table's layer counted by its op's
 contract (FLOPs, bytes) into its time at the roofline, and each call timed alone under the table:
 the layer's time against the sum of its calls' roofline times, and per call what its kernel
 reaches, so what holds the layer back is named per op (the rest of the layer's time is the glue
-between the calls: views, the KV cache's copy, launches). First-call times are the compile / JIT each variant pays per shape, in one
-process and in this order: table (its kernels' JIT unless --restore-jit), pytorch,
-compile, max-autotune (which may find some Triton kernels compile already built).
+between the calls: views, the KV cache's copy, launches).
+
+First-call times are the compile / JIT each variant pays per shape, in one process and in this
+order: table (its kernels' JIT unless --restore-jit), pytorch, compile, max-autotune (which may
+find some Triton kernels compile already built).
 
     python benchmarks/decoder_layer.py ARTIFACT --json out.json
 """

@@ -253,22 +253,22 @@ def _key(record: dict) -> tuple:
     return record["signature"], record["kernel_id"], record["kernel_version"], record["dims"]
 
 
-def measured_as(signature: str, op: str) -> str:
+def measured_as(signature: str) -> str:
     """The signature a timing stands for: `signature` without its op's labels (OpSchema.labels),
     the flags that narrow which kernels may serve it but not what they compute. Qwen3's
     attention (qk_norm) and Llama's at the same heads time the same work, as do Llama 4's layers
     with and without QK-norm: a kernel timed for one is not timed again for the other."""
+    op, _, inside = signature.partition("[")
     schema = OPS.get(op)
-    if not schema or not schema.labels or "[" not in signature:
+    if not schema or not schema.labels or not inside:
         return signature
-    name, _, inside = signature.partition("[")
-    return f"{name}[{','.join(part for part in inside[:-1].split(',') if part not in schema.labels)}]"
+    return f"{op}[{','.join(part for part in inside[:-1].split(',') if part not in schema.labels)}]"
 
 
 def _work_key(key: tuple) -> tuple:
     """A reuse key (_key's) by the work timed: its signature as measured_as gives it."""
     signature, kernel_id, version, dims = key
-    return measured_as(signature, signature.partition("[")[0]), kernel_id, version, dims
+    return measured_as(signature), kernel_id, version, dims
 
 
 def _answers(record: dict, modes: tuple[str, ...]) -> bool:
@@ -394,8 +394,9 @@ class Session:
         for key, record in records.items():
             if overwrite or key not in self.reusable:
                 self.reusable[key] = record
-            if overwrite or _work_key(key) not in self.by_work:
-                self.by_work[_work_key(key)] = record
+            work = _work_key(key)
+            if overwrite or work not in self.by_work:
+                self.by_work[work] = record
 
     def _reused(self, sp: SignaturePlan, key: tuple, modes: tuple[str, ...]) -> dict | None:
         """The earlier record that answers `key` in `modes`: its own, or one timed for a signature

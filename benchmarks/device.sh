@@ -371,14 +371,17 @@ cute() {
   case "${step:?set the step: cute stage|run}" in
     stage) cp .cute/a/* /tmp/cute-parts/ && ls -la /tmp/cute-parts ;;
     run)
-      cp .cute/b/* /tmp/cute-parts/
+      # the second half from this call's tree, unless an earlier call staged it (a batch line that waited for both)
+      [ -d .cute/b ] && cp .cute/b/* /tmp/cute-parts/
       [ -f /tmp/cute-parts/wheels.tar.00 ] || { echo "cute run: no first half in /tmp/cute-parts (the machine went back"\
         "between the calls): run 'cute stage' again, then this at once"; exit 2; }
       (cd /tmp/cute-parts && cat wheels.tar.00 wheels.tar.01 > wheels.tar && sha256sum -c wheels.tar.sha256) || exit 2
       mkdir -p /tmp/cute/wheels && tar -xf /tmp/cute-parts/wheels.tar -C /tmp/cute/wheels
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cute/site /tmp/cute/wheels/*.whl || exit 1
       # the CuTe DSL's own .pth puts its dsl_packages on sys.path, which a PYTHONPATH folder does not read
-      export PYTHONPATH=/tmp/cute/site:/tmp/cute/site/nvidia_cutlass_dsl/dsl_packages:$PWD PYTHONUNBUFFERED=1
+      # /tmp/site: the .devsite packages (FA3, FlashInfer...), where an earlier call on this machine unpacked them
+      export PYTHONPATH=/tmp/cute/site:/tmp/cute/site/nvidia_cutlass_dsl/dsl_packages$([ -f /tmp/site/.unpacked ] && echo :/tmp/site):$PWD
+      export PYTHONUNBUFFERED=1
       LZSOLVE_TEST_KERNELS='fa4.*,quack.*' timeout "${PARITY_S:-300}" python3 -m pytest -q -m gpu -s -p no:cacheprovider \
         --tb=short tests/test_kernels.py > "$OUT/parity.log" 2>&1
       echo "parity rc $?"; grep -vE "^ok " "$OUT/parity.log" | tail -20

@@ -165,7 +165,8 @@ def cli():
               default=lambda: _attr("measure.harness", "Budget.time_cap_s"),
               help=lambda: f"how long one candidate's timing may sample, per timing mode, while its spread stays "
                            f"above {_attr('measure.harness', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
-                           "most); shorter: a quicker, noisier tune. Records sampled as long or longer are reused, shorter ones "
+                           "most); shorter: a quicker, noisier tune (--quick: 0.1 unless given). Records sampled as long or "
+                           "longer are reused, as are shorter ones whose spread fell below that target; the others are "
                            "measured again (--fresh: every one)")
 @click.option("--devices", default=None, metavar="cuda:0,cuda:1|all",
               help="measure on several devices of this host, one worker each (they must be the same model): "
@@ -229,8 +230,9 @@ def cli():
 @click.option("--quick", is_flag=True,
               help="a first table in a minute or so: the next smaller grid than the default (unless --grid), no "
                    "search, probes or validation, and no kernel whose first call builds for seconds to minutes "
-                   "(compile.*, FlashInfer's); report.md says what it left out. A later `lzsolve tune` into the "
-                   "same --out measures the rest, reusing this run's records")
+                   "(compile.*, FlashInfer's), each candidate sampled 0.1 s at most unless --sample-time says; "
+                   "report.md says what it left out. A later `lzsolve tune` into the same --out measures the "
+                   "rest, reusing this run's records that reached the target spread")
 @click.option("--cache/--no-cache", default=True, show_default=True,
               help="reuse, and add to, the measurement cache every tune of this machine shares: a record any "
                    "earlier tune measured (of any model, into any --out) with the same signature, kernel and "

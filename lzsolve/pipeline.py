@@ -277,14 +277,20 @@ def say_incremental(session: Session, plan: Plan) -> None:
 # kernels whose first call builds for seconds to minutes (Inductor's compiles, nvcc's FlashInfer
 # modules): a quick tune leaves them to the full one
 SLOW_FIRST_CALLS = frozenset({"inductor", *NVCC_BUILT})
+# a quick tune's sampling per candidate and mode, where --sample-time is left at its default: most
+# GPU timings never reach the target spread and sample for the whole cap (83 of a quick tune's 153 on
+# the H100, benchmarks/device.sh batch: its 66 s grid phase was mostly sampling); a timing that does
+# reach it is as good as the full tune's, which reuses it (tuner._reusable) and measures the rest again
+QUICK_SAMPLE_S = 0.1
 
 
 def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
     """`tune --quick`: `config` with what a first table can do without, and what that is, for the
     report. The next smaller grid than the device's default (unless --grid names one), no search of
     tunable kernels' parameters (their default configurations are candidates), no probes or
-    validation, and no candidate whose first call builds for seconds to minutes. The sampling is
-    the full tune's, so a later `lzsolve tune` into the same --out reuses every record of this one."""
+    validation, no candidate whose first call builds for seconds to minutes, and QUICK_SAMPLE_S of
+    sampling unless --sample-time says otherwise. A later `lzsolve tune` into the same --out reuses
+    the records this one measured as well as it would (tuner._reusable) and measures the others."""
     if not config.grid.quick:
         return config, []
     slow = sorted({spec.kernel_id.split("[")[0] for spec in registry.REGISTRY.values()
@@ -300,8 +306,14 @@ def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
         skipped.append("the validation at random shapes")
     if slow:
         skipped.append(f"the kernels whose first call builds for seconds to minutes ({', '.join(slow)})")
+    sample_time = config.measure.sample_time
+    if sample_time == Budget.time_cap_s:
+        sample_time = QUICK_SAMPLE_S
+        skipped.append(f"the full sampling ({QUICK_SAMPLE_S:g} s a candidate, not {Budget.time_cap_s:g} s, where its "
+                       f"spread stays above {Budget.target_spread:.0%}: noisier; the full tune measures those again)")
     return dataclasses.replace(
         config, grid=dataclasses.replace(config.grid, exclude=config.grid.exclude + tuple(slow)),
+        measure=dataclasses.replace(config.measure, sample_time=sample_time),
         search=dataclasses.replace(config.search, trials=0),
         validate=dataclasses.replace(config.validate, probe=False, shapes=0)), skipped
 

@@ -1,6 +1,7 @@
 """The measurement cache (Session's cache, tune --cache-dir): what one tune measured answers any later
 tune on the same machine, whatever model or artifact asked, and never across hardware, kernel
-versions or a shorter sampling; tuners filling it at once neither lose nor duplicate records."""
+versions or a shorter sampling that stayed noisy; tuners filling it at once neither lose nor duplicate
+records."""
 import dataclasses
 import json
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lzsolve.measure.harness import Budget
 from lzsolve.pipeline import GridConfig, ModelSource
 from lzsolve.store.perfdb import PerfDB, default_cache
 
@@ -71,10 +73,10 @@ def test_records_of_other_hardware_kernels_or_a_shorter_sampling_are_never_reuse
     cached_tune(tmp_path, "first", (64,), cache)
     original = rows(cache)
     # the same records, as measured on another machine, by another version of each kernel, or sampled
-    # for a tenth of the time: each kind alone in a cache of its own
+    # for a tenth of the time and still noisy: each kind alone in a cache of its own
     changes = {"hardware": {"hw_slug": "cuda-nvidia-h100-sm90-torch2.11.0"},
                "version": {"kernel_version": "0.0.0+src.00000000"},
-               "sampling": {"sample_time": QUICK_CPU.sample_time / 10}}
+               "sampling": {"sample_time": QUICK_CPU.sample_time / 10, "eager_spread": Budget.target_spread * 5}}
     for name, change in changes.items():
         other = PerfDB(tmp_path / f"cache-{name}")
         other.append([{**r, **change} for r in original], "elsewhere")
@@ -85,6 +87,24 @@ def test_records_of_other_hardware_kernels_or_a_shorter_sampling_are_never_reuse
     longer.append([{**r, "sample_time": QUICK_CPU.sample_time * 10} for r in original], "elsewhere")
     result = cached_tune(tmp_path, "after-longer", (64,), longer.path)
     assert result.summary["cached"] == len(original) and result.summary["measured"] == 0
+
+
+def test_a_shorter_sampling_that_reached_the_target_spread_is_reused(tmp_path):
+    """A timing that stopped at the target spread (tune --quick's, say) is what a longer sampling
+    would have stopped at too: reused; one that sampled for its whole shorter cap is measured again."""
+    cache = tmp_path / "cache"
+    cached_tune(tmp_path, "first", (64,), cache)
+    original = rows(cache)
+    assert len(original) >= 2
+    shorter = PerfDB(tmp_path / "cache-shorter")
+    converged = {(r["kernel_id"], r["dims"]) for r in original[::2]}
+    shorter.append([{**r, "sample_time": QUICK_CPU.sample_time / 10, "eager_spread": Budget.target_spread / 2
+                     if (r["kernel_id"], r["dims"]) in converged else Budget.target_spread * 5}
+                    for r in original], "elsewhere")
+    result = cached_tune(tmp_path, "after-shorter", (64,), shorter.path)
+    reused = rows(tmp_path / "after-shorter" / "perfdb", "cached_from IS NOT NULL")
+    assert {(r["kernel_id"], r["dims"]) for r in reused} == converged
+    assert result.summary["measured"] == len(original) - len(reused), result.summary
 
 
 TUNER = """

@@ -119,6 +119,18 @@ def test_a_quick_table_leaves_out_what_it_says_and_the_full_tune_adds_it(tmp_pat
     assert {"grid", "probe", "validation"} <= {r["phase"] for r in full.records}
     assert "quick" not in (tmp_path / "out" / "report.md").read_text()
 
+def test_a_quick_tune_samples_shorter_unless_told_and_says_so(tmp_path):
+    """Left at its default, --sample-time becomes QUICK_SAMPLE_S under --quick (named in what it left
+    out); a sample time the user gave is kept."""
+    base = TuneConfig(ModelSource(name="llama3-8b"), GridConfig(quick=True))
+    config, skipped = pipeline.quick(base)
+    assert config.measure.sample_time == pipeline.QUICK_SAMPLE_S < base.measure.sample_time
+    assert any(s.startswith(f"the full sampling ({pipeline.QUICK_SAMPLE_S:g} s a candidate") for s in skipped), skipped
+    told, skipped = pipeline.quick(dataclasses.replace(base, measure=MeasureConfig(sample_time=0.3)))
+    assert told.measure.sample_time == 0.3 and not any("sampling" in s for s in skipped)
+    assert pipeline.quick(dataclasses.replace(base, grid=GridConfig()))[0].measure.sample_time == base.measure.sample_time
+
+
 def test_the_summary_lines_go_to_stdout_unless_json(tmp_path, capsys):
     config = norm_config(tmp_path, validate=ValidateConfig(probe=False, shapes=0))
     Tune(config).run()

@@ -216,9 +216,11 @@ class Recorder:
 def _reusable(db: PerfDB, recorder: Recorder, cached_from: str | None = None) -> dict[tuple, dict]:
     """Records of earlier runs that measured the same thing on this machine and stack (_key: the
     signature, the kernel and its version, the dims; the hardware, timer and MoE routing skew), with
-    samples as long as this run's or longer; never those of `lzsolve evaluate`, whose shapes must
-    stay unseen by the tables they judge. cached_from: `db` is the measurement cache, named so in
-    every record taken from it (its provenance in the artifact's PerfDB)."""
+    samples as long as this run's or longer, or whose every timing reached the target spread (this
+    run's sampling would have stopped there too) or whose kernel failed parity (no sampling decided
+    that); never those of `lzsolve evaluate`, whose shapes must stay unseen by the tables they judge.
+    cached_from: `db` is the measurement cache, named so in every record taken from it (its
+    provenance in the artifact's PerfDB)."""
     if not db.files():
         return {}
     # nor a first call made ahead unchecked (stage 'compile'), which holds no verdict
@@ -226,9 +228,12 @@ def _reusable(db: PerfDB, recorder: Recorder, cached_from: str | None = None) ->
                    "AND stage NOT IN ('capability', 'compile') "
                    "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
                    "AND run_id NOT LIKE 'eval-%' "
-                   "AND coalesce(sample_time, ?) >= ? "
+                   "AND (coalesce(sample_time, ?) >= ? OR stage = 'parity' OR status = 'ok' "
+                   "     AND coalesce(eager_spread, graph_spread) IS NOT NULL "
+                   "     AND coalesce(eager_spread, 0) <= ? AND coalesce(graph_spread, 0) <= ?) "
                    f"AND (op NOT IN ({', '.join('?' for _ in ROUTED_OPS)}) OR coalesce(routing_skew, ?) = ?) "
                    "ORDER BY ts", [recorder.hw_slug, recorder.timer, Budget.time_cap_s, recorder.sample_time * 0.999,
+                                   Budget.target_spread, Budget.target_spread,
                                    *ROUTED_OPS, ROUTING_SKEW, routing_skew()])
     if cached_from is not None:
         rows = [{**r, "cached_from": r.get("cached_from") or cached_from} for r in rows]

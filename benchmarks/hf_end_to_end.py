@@ -14,7 +14,10 @@ Table states (issue 54: never slower than the model the user had): lzsolve@STATE
 lzsolve_traced@STATE patch the model with another table than its own: @none (no table: the load
 failed closed), @other (another model's table, OTHER_TABLE), @torch (its own table as a tune under
 another torch wrote it: torch's kernels' entries dropped by partial revalidation), @partial (its own
-table with every other signature removed); `x` columns compare each with sdpa (the unpatched model).
+table with every other signature removed), @unfused (its own table without the entries whose every
+choice is the op's fallback: what patch then leaves is what it left before, but for q/k/v and gate/up,
+which it fuses into one GEMM by the fallback when the table has the fused signature at all; the
+diagnostic of that rule); `x` columns compare each with sdpa (the unpatched model).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps, one explicit loop for every variant: over a DynamicCache eagerly, over a
 StaticCache for the compiled variants, as a compiled client serves: fixed shapes, no recompile
@@ -85,7 +88,7 @@ MODELS = {  # name -> (config class, shape, Liger family); sdpa is the unpatched
 OWN_ATTENTION = {"gemma2": "eager"}  # the unpatched model's attention where it is not sdpa
 OTHER_TABLE = {"llama3-8b": "mistral", "mistral": "llama3-8b", "qwen3-8b": "llama3-8b", "gemma3": "gemma2",
                "gemma2": "gemma3", "deepseek-v2-lite": "llama3-8b"}  # lzsolve@other: whose table each model is patched with
-STATES = ("none", "other", "torch", "partial")
+STATES = ("none", "other", "torch", "partial", "unfused")
 # initializer_range 0.02 * sqrt(4096 / 64): attention scores as spread as the full-size models' (at 0.02
 # they are near uniform, and the check against sdpa would pass a wrong attention)
 TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
@@ -309,7 +312,7 @@ def table_of(state: str, name: str, artifacts: Path) -> Path:
     if (state, name) not in _derived:
         scratch = Path(tempfile.mkdtemp(prefix=f"lzsolve-{state}-"))
         _derived[state, name] = scratch / "no-table" if state == "none" else derived(own, scratch / name, {
-            "torch": under_another_torch, "partial": every_other_signature}[state])
+            "torch": under_another_torch, "partial": every_other_signature, "unfused": beyond_the_fallback}[state])
     return _derived[state, name]
 
 
@@ -339,6 +342,16 @@ def under_another_torch(raw: dict) -> None:
 
 def every_other_signature(raw: dict) -> None:
     raw["ops"] = raw["ops"][::2]
+
+
+def beyond_the_fallback(raw: dict) -> None:
+    """The entries that choose some kernel other than their op's fallback."""
+    from runtime_loader.ops import OPS
+
+    def kernels(tree: dict) -> set:
+        return {tree["kernel_id"]} if "kernel_id" in tree else kernels(tree["le"]) | kernels(tree["gt"])
+
+    raw["ops"] = [e for e in raw["ops"] if kernels(e["tree"]) - {OPS[e["signature"].partition("[")[0]].fallback}]
 
 
 def relative_error(out, reference) -> float:

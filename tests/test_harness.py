@@ -136,6 +136,19 @@ def test_stops_at_sample_cap_and_time_cap():
     assert harness.measure({"k": [lambda: time.sleep(0.01)]})["k"].eager.samples < 20
 
 
+def test_a_candidate_clearly_behind_the_leader_stops_sampling():
+    """Racing: after min_samples, a candidate whose fastest quarter is race_margin slower than the
+    leader's slowest quarter stops; the leader, and one within the margin, sample on to the cap."""
+    budget = Budget(warmup_s=0.0, min_samples=5, max_samples=30, time_cap_s=10, target_spread=0.0)
+    out = CpuHarness(budget).measure({"fast": [lambda: time.sleep(0.001)], "close": [lambda: time.sleep(0.0011)],
+                                      "slow": [lambda: time.sleep(0.004)]})
+    assert out["fast"].eager.samples == out["close"].eager.samples == 30
+    assert out["slow"].eager.samples == 5 and out["slow"].eager.median_ms > 2 * out["fast"].eager.median_ms
+    off = CpuHarness(dataclasses.replace(budget, race_margin=float("inf"))).measure(
+        {"fast": [lambda: time.sleep(0.001)], "slow": [lambda: time.sleep(0.004)]})
+    assert off["slow"].eager.samples == 30
+
+
 @pytest.mark.gpu
 def test_cuda_graph_and_eager_modes():
     harness = CudaHarness(Budget(time_cap_s=0.2))

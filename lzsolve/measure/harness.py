@@ -14,8 +14,9 @@ triton.testing.do_bench does). Two numbers per record:
 
 All admitted candidates of a workload are timed together, interleaved round by
 round on the same input sets (see _Base). Each keeps sampling until its spread
-(IQR / median) is under a target, a sample cap or its time cap. `first_call` times the very first call on a workload (JIT,
-compile, autotune), which never enters the steady-state numbers.
+(IQR / median) is under a target, a sample cap or its time cap, or until it is clearly
+behind the fastest of its mode (Budget.race_margin). `first_call` times the very first call
+on a workload (JIT, compile, autotune), which never enters the steady-state numbers.
 """
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ class Budget:
     max_set_bytes: int = 1 << 30  # never hold more than this in rotation sets
     max_sample_s: float = 0.005  # rotate fewer sets when one pass would take longer: a call this
     # long refills the cache itself, so more sets would only slow the tuning
+    race_margin: float = 0.25  # a candidate whose fastest quarter of samples is this much slower than
+    # the slowest quarter of the leader's (in its mode) stops sampling: no more samples change that
+    # decision, and most GPU timings never reach the target spread, sampling for the whole time cap
 
     def sampling(self, seconds: float) -> Budget:
         """This budget with `seconds` of sampling per candidate and mode (tune's --sample-time), its
@@ -199,6 +203,20 @@ class _Base:
         return n >= b.max_samples or (n >= b.min_samples and (spent_s > b.time_cap_s or
                                                              summarize(samples).spread < b.target_spread))
 
+    def _behind(self, samples: dict, errors: dict) -> set:
+        """The (candidate, mode) keys clearly behind the leader of their mode: after min_samples each,
+        their lower quartile over the leader's upper quartile by more than race_margin. Racing, as
+        in F-Race: the interleaved rounds gave both the same clocks, so more samples would only
+        sharpen a time the decision does not need."""
+        quartiles = {k: statistics.quantiles(v, n=4, method="inclusive") for k, v in samples.items()
+                     if k not in errors and len(v) >= max(2, self.budget.min_samples)}
+        behind = set()
+        for mode in {k[1] for k in quartiles}:
+            keys = [k for k in quartiles if k[1] == mode]
+            leader = min(keys, key=lambda k: quartiles[k][2])
+            behind |= {k for k in keys if quartiles[k][0] > quartiles[leader][2] * (1 + self.budget.race_margin)}
+        return behind
+
     def _interleaved(self, samplers: dict) -> tuple[dict, dict]:
         samples = {key: [] for key in samplers}
         spent = dict.fromkeys(samplers, 0.0)
@@ -213,7 +231,8 @@ class _Base:
                     self.sync()  # a broken CUDA context raises here and ends the whole task
                     errors[key] = e
                 spent[key] += time.perf_counter() - start
-            active = [k for k in active if k not in errors and not self._done(samples[k], spent[k])]
+            behind = self._behind(samples, errors) if len(samples) > 1 else set()
+            active = [k for k in active if k not in errors and k not in behind and not self._done(samples[k], spent[k])]
             active = active[1:] + active[:1]  # rotate, so no candidate always runs first
         return {k: summarize(v) for k, v in samples.items() if v and k not in errors}, errors
 

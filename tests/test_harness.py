@@ -1,5 +1,6 @@
 """The harness: statistics, rotation sets, warm-up and first-call separation, adaptive stop, graph mode."""
 import dataclasses
+import itertools
 import statistics
 import subprocess
 import sys
@@ -138,15 +139,20 @@ def test_stops_at_sample_cap_and_time_cap():
 
 def test_a_candidate_clearly_behind_the_leader_stops_sampling():
     """Racing: after min_samples, a candidate whose fastest quarter is race_margin slower than the
-    leader's slowest quarter stops; the leader, and one within the margin, sample on to the cap."""
-    budget = Budget(warmup_s=0.0, min_samples=5, max_samples=30, time_cap_s=10, target_spread=0.0)
-    out = CpuHarness(budget).measure({"fast": [lambda: time.sleep(0.001)], "close": [lambda: time.sleep(0.0011)],
-                                      "slow": [lambda: time.sleep(0.004)]})
-    assert out["fast"].eager.samples == out["close"].eager.samples == 30
-    assert out["slow"].eager.samples == 5 and out["slow"].eager.median_ms > 2 * out["fast"].eager.median_ms
-    off = CpuHarness(dataclasses.replace(budget, race_margin=float("inf"))).measure(
-        {"fast": [lambda: time.sleep(0.001)], "slow": [lambda: time.sleep(0.004)]})
-    assert off["slow"].eager.samples == 30
+    leader's slowest quarter (of its mode) stops; the leader, one within the margin, and the other
+    mode's candidates sample on to the cap. Samplers of fixed times with a little spread."""
+    def sampler(ms: float):
+        times = itertools.cycle([ms * 0.95, ms, ms * 1.05])
+        return lambda: next(times)
+
+    budget = Budget(min_samples=5, max_samples=30, time_cap_s=10, target_spread=0.0)
+    times = {("fast", "eager"): 1.0, ("close", "eager"): 1.2, ("slow", "eager"): 1.5, ("slow", "graph"): 0.5}
+    timings, errors = CpuHarness(budget)._interleaved({key: sampler(ms) for key, ms in times.items()})
+    assert not errors and {key: t.samples for key, t in timings.items()} == {
+        ("fast", "eager"): 30, ("close", "eager"): 30, ("slow", "eager"): 5, ("slow", "graph"): 30}
+    assert timings[("slow", "eager")].median_ms == 1.5
+    off = CpuHarness(dataclasses.replace(budget, race_margin=float("inf")))
+    assert off._interleaved({key: sampler(ms) for key, ms in times.items()})[0][("slow", "eager")].samples == 30
 
 
 @pytest.mark.gpu

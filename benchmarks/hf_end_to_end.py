@@ -14,10 +14,10 @@ Table states (issue 54: never slower than the model the user had): lzsolve@STATE
 lzsolve_traced@STATE patch the model with another table than its own: @none (no table: the load
 failed closed), @other (another model's table, OTHER_TABLE), @torch (its own table as a tune under
 another torch wrote it: torch's kernels' entries dropped by partial revalidation), @partial (its own
-table with every other signature removed), @unfused (its own table without the entries whose every
-choice is the op's fallback: what patch then leaves is what it left before, but for q/k/v and gate/up,
-which it fuses into one GEMM by the fallback when the table has the fused signature at all; the
-diagnostic of that rule); `x` columns compare each with sdpa (the unpatched model).
+table with every other signature removed), @unfused (its own table without the entries that choose
+only the op's fallback: patch leaves the same modules, but no longer fuses q/k/v or gate/up into one
+GEMM by the fallback, as it does wherever the table has the fused signature; docs/benchmark-log.md
+§22); `x` columns compare each with sdpa (the unpatched model).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps, one explicit loop for every variant: over a DynamicCache eagerly, over a
 StaticCache for the compiled variants, as a compiled client serves: fixed shapes, no recompile

@@ -569,15 +569,14 @@ class Dispatcher:
     def cached_keys(self) -> int:
         return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values()))
 
-    def covers(self, sig: Signature, fallback_serves: bool = False) -> bool:
+    def covers(self, sig: Signature) -> bool:
         """Whether the table (or a policy lock) serves calls of `sig` here, at some dims, with a
-        kernel other than the op's fallback (fallback_serves: or with the fallback): a patch replaces
-        a module only where this holds for what the module calls."""
-        return self.uncovered(sig, fallback_serves) is None
+        kernel other than the op's fallback: a patch replaces a module, or fuses sibling linears,
+        only where this holds for what the module calls."""
+        return self.uncovered(sig) is None
 
-    def uncovered(self, sig: Signature, fallback_serves: bool = False) -> str | None:
-        """Why no call of `sig` is served from the table or a lock here (fallback_serves: see covers);
-        None when some are."""
+    def uncovered(self, sig: Signature) -> str | None:
+        """Why no call of `sig` is served from the table or a lock here; None when some are."""
         if self.policy.disable:
             return "policy: disabled"
         locked = self._locks.get(sig.op)
@@ -592,7 +591,7 @@ class Dispatcher:
             return "not in the table"
         kernels = {k for leaf in leaves(tree) for k in leaf_kernels(leaf)}
         fallback = registry.fallback_for(sig).kernel_id
-        if kernels & self._usable - ({fallback} if not fallback_serves else set()):
+        if kernels & self._usable - {fallback}:
             return None
         if fallback in kernels:
             return f"{CHOSE_FALLBACK} ({fallback}) wherever a kernel of its entry serves here"

@@ -1,6 +1,7 @@
 """Hand-built artifacts for runtime tests (the solver's own output is tested end to end), the
 replay check every tuned artifact of the tests goes through, and the tune of what patched models call."""
 import json
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -160,6 +161,19 @@ def table_serves(d: Dispatcher, calls: dict, name: str, op: str | None = None) -
     """Whether `d`'s table serves, beyond the op's fallback, some call (of `op`) the module `name`
     makes (`calls`: integrations.transformers.observe's, of the unpatched model): whether patch serves it."""
     return any(d.covers(sig) for sig in calls.get(name, ()) if op is None or sig.op == op)
+
+
+def fused_groups(d: Dispatcher, model, calls: dict, groups: list) -> dict[str, int]:
+    """The sibling linears (observe's groups) whose one GEMM `d` serves beyond the op's fallback, counted
+    as patch's report names them ("q_proj+k_proj+v_proj": layers): what patch fuses."""
+    from runtime_loader.integrations.transformers import _fused_signature
+
+    modules, fused = dict(model.named_modules()), Counter()
+    for names in groups:
+        dtype = next(iter(calls[names[0]])).dtype
+        if d.covers(_fused_signature([modules[n] for n in names], dtype)):
+            fused["+".join(n.rpartition(".")[2] for n in names)] += 1
+    return dict(fused)
 
 
 def tune_what_patched_models_call(root: Path, name: str, models) -> Path:

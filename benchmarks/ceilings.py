@@ -8,7 +8,7 @@ call): torch's own `dst.copy_(src)` of the same size (bytes read + written), and
 two counting. Each is timed twice: over 5 ms of back-to-back calls (a burst, as the tune's samples
 run, the probe's and the tuned kernels' alike) and over 200 ms (sustained). A matmul's rate falls
 with the length of the run: on an H100, do_bench of this one gave 780 TFLOP/s over 5 ms, 717 over
-20 to 200 ms and 679 over 1 s, the clocks falling under the 700 W limit (docs/benchmark-log.md
+20 to 200 ms and 679 over 1 s, as the 700 W power limit would make it (docs/benchmark-log.md
 §23). The probe is checked against the burst; the sustained rate is printed beside it. The rounds
 alternate, so clock and power drift fall on both alike. A ceiling further than 5% from the plain
 figure (issue 58's bar) puts roofline fractions off by as much: below it, fractions past 1.0;

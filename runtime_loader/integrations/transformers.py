@@ -1074,7 +1074,7 @@ def _covered(model, plan: _Plan, seen: dict, groups: list, dispatcher: Dispatche
         label = "+".join(n.rpartition(".")[2] for n in names) + " as one GEMM"
         if sig is not None:
             # served beyond the fallback, as a module is: one GEMM by the fallback was never timed against
-            # the members' own GEMMs, and on both Gemmas it was the slower (docs/benchmark-log.md §22)
+            # the members' own GEMMs, and ran Gemma 3 slower, Llama 3 no faster (docs/benchmark-log.md §23)
             why = dispatcher.uncovered(sig)
             if why is None:
                 kept.groups.append(names)

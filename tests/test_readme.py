@@ -54,7 +54,7 @@ def test_the_names_it_cites_exist():
 def test_the_cpu_try_out_runs_as_written(tmp_path):
     """Its tune (with the tests' quicker sampling and no validation added: this checks that the commands
     run, not the table), then its Python in a process of its own: the patched model generates, and
-    calls are served from the table."""
+    its report and every op's calls (by the table's kernel or the module's own code) are printed."""
     blocks = marked_blocks(README.read_text())
     assert [language for language, _ in blocks] == ["bash", "python"]
     (_, command), (_, code) = blocks
@@ -65,6 +65,8 @@ def test_the_cpu_try_out_runs_as_written(tmp_path):
     assert tuned.returncode == 0, tuned.stderr
     served = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert served.returncode == 0, served.stderr
+    assert served.stdout.startswith("table: artifacts/try/dispatch.json\n"), served.stdout[:300]
     stats = ast.literal_eval(served.stdout.strip().splitlines()[-1])
-    from_table = {kernel for kernels in stats.values() for kernel in kernels if not kernel.endswith("(fallback)")}
-    assert "linear" in stats and from_table, stats  # q/k/v and gate/up: the table's one GEMM each, always
+    # what is served depends on what this CPU's tune chose (a module whose every choice is PyTorch's
+    # default is left as it was): each op's calls, by the table's kernel or the module's own code
+    assert all(kernels and all(n > 0 for n in kernels.values()) for kernels in stats.values()), stats

@@ -165,7 +165,9 @@ def test_patch_serves_attention_norms_rope_mlp_and_linears_from_the_table(tiny_l
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert_served_by_its_own_table(d)
     served = {op for op, kernels in d.stats().items() if any("(fallback)" not in k for k in kernels)}
-    assert ("linear" in served) == bool(fused or any(table_serves(d, calls, name, "linear") for name in calls)), d.stats()
+    # a linear served only where the table serves one beyond the fallback (the input's 11 tokens may
+    # still fall in a bucket where it chose the fallback)
+    assert "linear" not in served or fused or any(table_serves(d, calls, name, "linear") for name in calls), d.stats()
     assert ("attention.prefill" in served) == table_serves(d, calls, "model.layers.0.self_attn", "attention.prefill")
 
 
@@ -373,8 +375,8 @@ def test_a_model_whose_layers_differ_is_served_from_its_table(families_artifact,
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
     calls = json.loads((tmp_path / "served.json").read_text())["calls"]
     assert calls and {c["served"] for c in calls} == {"table"}, [c["name"] for c in calls if c["served"] != "table"]
-    assert ("linear" in {c["signature"]["op"] for c in calls}) == bool(
-        fused_groups(d, model, observed, groups) or any(table_serves(d, observed, n, "linear") for n in observed))
+    assert "linear" not in {c["signature"]["op"] for c in calls} or fused_groups(d, model, observed, groups) or any(
+        table_serves(d, observed, n, "linear") for n in observed), "a linear served only where the table serves one"
     if table_serves(d, observed, "model.layers.0.self_attn", "attention.prefill"):
         assert {c["signature"]["static"]["d"] for c in calls if c["signature"]["op"] == "attention.prefill"} == {16, 32}
 

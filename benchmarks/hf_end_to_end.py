@@ -346,12 +346,11 @@ def every_other_signature(raw: dict) -> None:
 
 def beyond_the_fallback(raw: dict) -> None:
     """The entries that choose some kernel other than their op's fallback."""
+    from lzsolve.decide.solve import leaves
     from runtime_loader.ops import OPS
 
-    def kernels(tree: dict) -> set:
-        return {tree["kernel_id"]} if "kernel_id" in tree else kernels(tree["le"]) | kernels(tree["gt"])
-
-    raw["ops"] = [e for e in raw["ops"] if kernels(e["tree"]) - {OPS[e["signature"].partition("[")[0]].fallback}]
+    raw["ops"] = [e for e in raw["ops"] if {leaf["kernel_id"] for leaf in leaves(e["tree"])}
+                  - {OPS[e["signature"].partition("[")[0]].fallback}]
 
 
 def relative_error(out, reference) -> float:

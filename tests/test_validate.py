@@ -66,7 +66,8 @@ def test_grid_alone_is_fooled_by_the_cliff(tuned):
     sig, tree = norm_tree(root / "naive")
     assert {choose(tree, {"tokens": t}) for t in (1, 8)} == {CLIFF}
     assert choose(tree, {"tokens": 5}) == CLIFF
-    assert naive["phases"]["probe_s"] == 0 and naive["phases"]["validation_s"] == 0
+    # what they measured, not their phases' seconds (a phase that measured nothing took 0.1 s in CI)
+    assert all(set(s["points_by_phase"]) <= {"grid"} for s in naive["signatures"]), naive["signatures"]
 
 
 def test_validation_keeps_unaligned_shapes_off_the_cliff(tuned):

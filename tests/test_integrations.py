@@ -248,17 +248,17 @@ def seeded_tiny(family: str):
     return tiny(family)
 
 
-def tiny_gemma4():
+def tiny_gemma4(**second_layer):
     """Gemma 4 (transformers 5.2x), whose layers differ: the full-attention layer's head_dim is its
-    own (a per-layer config), and each layer's v_norm is an RMSNorm of q_norm's class built without
-    a weight. None where this transformers has no Gemma 4."""
+    own (a per-layer config; more of its fields from second_layer), and each layer's v_norm is an
+    RMSNorm of q_norm's class built without a weight. None where this transformers has no Gemma 4."""
     if not hasattr(transformers, "Gemma4ForCausalLM"):
         return None
     torch.manual_seed(11)
     config = transformers.Gemma4TextConfig(**COMMON, head_dim=16, sliding_window=8,
                                            layer_types=["sliding_attention", "full_attention"],
                                            hidden_size_per_layer_input=16, vocab_size_per_layer_input=128,
-                                           per_layer_config={"01": {"head_dim": 32}})
+                                           per_layer_config={"01": {"head_dim": 32, **second_layer}})
     return transformers.Gemma4ForCausalLM(config).eval()
 
 
@@ -379,6 +379,27 @@ def test_a_model_whose_layers_differ_is_served_from_its_table(families_artifact,
         table_serves(d, observed, n, "linear") for n in observed), "a linear served only where the table serves one"
     if table_serves(d, observed, "model.layers.0.self_attn", "attention.prefill"):
         assert {c["signature"]["static"]["d"] for c in calls if c["signature"]["op"] == "attention.prefill"} == {16, 32}
+
+
+def test_a_config_whose_heads_differ_by_layer_is_patched_and_computes_what_it_did(restore_active):
+    """A per-layer config raises for a field its layers set apart (here the KV heads: reading
+    num_key_value_heads off the model's config is an error); patch reads each QK-norm's heads
+    without it (once it raised, and patch with it). Logits and generate() as unpatched."""
+    from runtime_loader.integrations.transformers import patch
+
+    model = tiny_gemma4(num_key_value_heads=1)
+    if model is None:
+        pytest.skip("this transformers has no Gemma 4")
+    with pytest.raises(RuntimeError):
+        getattr(model.config.get_text_config(), "num_key_value_heads")  # noqa: B009 - the read is the test
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference, expected = model(ids).logits, model.generate(ids, max_new_tokens=5, do_sample=False)
+        d = serving_fallbacks()
+        report = patch(model, d)
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False), expected)
+    assert report.replaced["Gemma4RMSNorm"] and "norm.qk" in d.stats(), report
 
 
 def lzsolve_nodes(graphs) -> int:

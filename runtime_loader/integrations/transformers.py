@@ -845,9 +845,9 @@ def _plan(model, report: PatchReport) -> _Plan:
         else:
             report.left[type(module).__name__] = "its forward is not down(act(gate(x)) * up(x))"
     text = model.config.get_text_config()
-    heads = {"q_norm": getattr(text, "num_attention_heads", None),
-             "k_norm": getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None),
-             "linear_v": getattr(text, "linear_num_value_heads", None)}  # the gated norm's heads (Qwen3.5)
+    heads = {"q_norm": _global(text, "num_attention_heads"),
+             "k_norm": _global(text, "num_key_value_heads") or _global(text, "num_attention_heads"),
+             "linear_v": _global(text, "linear_num_value_heads")}  # the gated norm's heads (Qwen3.5)
     served_classes = {type(module) for name, module in model.named_modules() if name in kinds}
     for module_name, module in model.named_modules():
         kind: Kind | None = kinds.get(module_name)
@@ -881,6 +881,15 @@ def _plan(model, report: PatchReport) -> _Plan:
     for module in modelling_modules(model):
         _plan_functions(module, plan, report)
     return plan
+
+
+def _global(config, name: str):
+    """config.name, or None where it is unset or differs by layer (a per-layer config raises for it,
+    a RuntimeError: the QK-norm forward then finds the heads' axis without it)."""
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:
+        return None
 
 
 def _child(parent: str, name: str) -> str:
@@ -1190,7 +1199,13 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
         report.left["every module"] = f"{nothing}: the model runs as it was"
         warn(f"lzsolve: patch() changed nothing ({nothing}); the model runs as it was", stacklevel=2)
         return report
-    plan = _plan(model, report)
+    try:
+        plan = _plan(model, report)
+    except Exception as e:  # noqa: BLE001 - a model of a form patch does not know: left whole, not broken
+        why = f"its modules could not be planned ({type(e).__name__}: {str(e)[:200]})"
+        report.left["every module"] = f"{why}; the model runs as it was"
+        warn(f"lzsolve: patch() changed nothing: {why}", stacklevel=2)
+        return report
     try:
         seen, plan.groups = _observe(model, plan)
     except Exception as e:  # noqa: BLE001 - a model whose twin cannot be built or run

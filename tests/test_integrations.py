@@ -791,6 +791,55 @@ def test_patched_held_out_types_compute_what_they_did(family, restore_active):
     assert ("posenc.rope" in d.stats()) == (family != "glm")
 
 
+def test_a_fused_residual_add_keeps_the_layout_of_the_layers_own_sum(restore_active):
+    """The layer's `total = residual + x` takes residual's layout; x from a sublayer may be a
+    transposed view (Inkling's short convolution). The fused add serves contiguous inputs alone,
+    handing the rest to the sum in the order the layer wrote it."""
+    from runtime_loader import custom_ops
+    from runtime_loader.integrations.transformers import _add_norm
+    from runtime_loader.ops.norm import rms_norm
+
+    norm = torch.nn.Module()
+    norm.weight = torch.nn.Parameter(torch.rand(64) + 0.5)
+    norm._lzsolve_eps, norm._lzsolve_unit_offset = 1e-6, False
+
+    def own_norm(h):  # the module's own forward, as the fallback path calls it
+        return rms_norm(h, norm.weight, 1e-6)
+
+    norm.forward = own_norm
+    d = serving_fallbacks()
+    custom_ops.activate(d)
+    residual = torch.randn(2, 11, 64)
+    transposed = torch.randn(2, 64, 11).transpose(1, 2)
+    for x, residual_first in ((transposed, True), (transposed, False), (transposed.contiguous(), True)):
+        expected = residual + x if residual_first else x + residual
+        normed, total = _add_norm(norm, x, residual, residual_first)
+        assert total.stride() == expected.stride(), (residual_first, x.is_contiguous())
+        torch.testing.assert_close(total, expected)
+        torch.testing.assert_close(normed, own_norm(expected))
+    assert d.stats()["norm.rms_add"] == {"eager.rms_norm_add": 1}, "the contiguous pair alone went to the table"
+
+
+def test_inklings_moe_reads_a_contiguous_total_after_the_fused_add(restore_active):
+    """Inkling's layer adds a transposed sublayer output to its residual and its MoE .view()s the
+    normed sum, which a fused add in x's layout broke (a RuntimeError). Same logits as unpatched."""
+    from runtime_loader.integrations.transformers import patch
+
+    if not hasattr(transformers, "InklingForCausalLM"):
+        pytest.skip("this transformers has no Inkling")
+    torch.manual_seed(3)
+    config = transformers.InklingTextConfig(**COMMON, head_dim=16, layer_types=["hybrid_sliding", "hybrid"],
+                                            mlp_layer_types=["sparse", "sparse"], moe_intermediate_size=32,
+                                            n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1)
+    model = transformers.InklingForCausalLM(config).eval()
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = model(ids).logits
+        report = patch(model, serving_fallbacks())
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+    assert report.fused["residual add+post_attention_layernorm"] == 2, report
+
+
 def test_a_softcapped_call_the_table_cannot_take_keeps_the_models_eager_attention(restore_active):
     """Gemma 2 caps its logits, which SDPA cannot: a call the table does not describe (a padding mask,
     a static cache's mask) goes to the model's own eager attention, as unpatched, not to SDPA."""

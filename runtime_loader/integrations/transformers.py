@@ -354,20 +354,23 @@ def _layer_norm_forward(self, x):
 ADD_NORM = "_lzsolve_add_norm"  # the name the recompiled forwards call it by, in their module's globals
 
 
-def _add_norm(norm, x, residual):
-    """(norm(residual + x), residual + x): one norm.rms_add call where the table serves it; else
-    the add and the norm, as the layer's own lines did."""
-    out = _table().rms_norm_add(x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True)
-    if isinstance(out, NotServed):
-        total = residual + x
-        return norm(total), total
-    return out
+def _add_norm(norm, x, residual, residual_first: bool = True):
+    """(norm(total), total) of the layer's `total = residual + x` (x + residual: residual_first
+    False): one norm.rms_add call where the table serves it and both are contiguous, as a kernel's
+    results are; else the add and the norm, as the layer's own lines did (their sum takes its first
+    term's layout, which the layer's later lines may rely on: a .view() of Inkling's MoE did)."""
+    if x.is_contiguous() and residual.is_contiguous():
+        out = _table().rms_norm_add(x, residual, norm.weight, norm._lzsolve_eps, norm._lzsolve_unit_offset, True)
+        if not isinstance(out, NotServed):
+            return out
+    total = residual + x if residual_first else x + residual
+    return norm(total), total
 
 
-def _add_norm_sites(body: list) -> list[tuple[int, str, str, str, str]]:
-    """(index, hidden name, residual name, norm attribute, addend name) of each `h = r + a; r = h;
-    h = self.<norm>(h)` in a list of statements (the sum either way round; the addend a is h itself
-    in most layers, the sublayer's output under a name of its own in Llama 4's)."""
+def _add_norm_sites(body: list) -> list[tuple[int, str, str, str, str, bool]]:
+    """(index, hidden name, residual name, norm attribute, addend name, residual first) of each
+    `h = r + a; r = h; h = self.<norm>(h)` in a list of statements (the sum either way round; the
+    addend a is h itself in most layers, the sublayer's output under a name of its own in Llama 4's)."""
     def name(node) -> str | None:
         return node.id if isinstance(node, ast.Name) else None
 
@@ -392,7 +395,7 @@ def _add_norm_sites(body: list) -> list[tuple[int, str, str, str, str]]:
         if (target == hidden and isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords
                 and name(call.args[0]) == hidden and isinstance(call.func, ast.Attribute)
                 and name(call.func.value) == "self"):
-            sites.append((i, hidden, residual, call.func.attr, addend))
+            sites.append((i, hidden, residual, call.func.attr, addend, terms[0] == residual))
     return sites
 
 
@@ -411,10 +414,11 @@ class _FuseAddNorm(ast.NodeTransformer):
         return node
 
     def _fuse(self, body: list) -> list:
-        for i, hidden, residual, norm, addend in reversed(_add_norm_sites(body)):
+        for i, hidden, residual, norm, addend, residual_first in reversed(_add_norm_sites(body)):
             if norm not in self.norms:
                 continue
-            line = ast.parse(f"{hidden}, {residual} = {ADD_NORM}(self.{norm}, {addend}, {residual})").body[0]
+            line = ast.parse(f"{hidden}, {residual} = {ADD_NORM}(self.{norm}, {addend}, {residual}, "
+                             f"{residual_first})").body[0]
             body[i:i + 3] = [ast.copy_location(line, body[i])]
             self.fused.append(norm)
         return body

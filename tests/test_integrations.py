@@ -840,6 +840,54 @@ def test_inklings_moe_reads_a_contiguous_total_after_the_fused_add(restore_activ
     assert report.fused["residual add+post_attention_layernorm"] == 2, report
 
 
+EAGER_ONLY = {  # models that declare no SDPA, whose attention runs eager: the table's calls aside, it must stay so
+    # a relative position bias and per-token sinks, which SDPA drops
+    "inkling2": ("Inkling2ForCausalLM", "Inkling2TextConfig", dict(head_dim=16, layer_types=["hybrid_sliding", "hybrid"],
+                                                                    moe_intermediate_size=32, n_routed_experts=4,
+                                                                    num_experts_per_tok=2)),
+    # sinks and a window: padded rows as eager's mask has them (SDPA's mask differs there)
+    "mimo_v2_flash": ("MiMoV2FlashForCausalLM", "MiMoV2FlashConfig", dict(
+        head_dim=16, v_head_dim=16, sliding_window=8, layer_types=["full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse"], moe_intermediate_size=32, num_experts_per_tok=2, n_routed_experts=4,
+        n_group=1, topk_group=1)),
+    # its attention pads a tensor mask with its compressed keys' bias, and adds none to a mask left out
+    "deepseek_v4": ("DeepseekV4ForCausalLM", "DeepseekV4Config", dict(
+        head_dim=16, q_lora_rank=32, qk_rope_head_dim=16, sliding_window=8, num_experts_per_tok=2, n_routed_experts=4,
+        n_shared_experts=1, moe_intermediate_size=32, mlp_layer_types=["hash_moe", "moe"],
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention"])),
+}
+
+
+@pytest.mark.parametrize("family", list(EAGER_ONLY))
+def test_a_model_that_ran_eager_attention_keeps_it_for_what_the_table_does_not_serve(family, restore_active):
+    """Attention served by a kernel (eager.attention, as a table might choose): every call the table
+    does not take runs the model's own eager attention with eager's mask, never SDPA (which dropped
+    Inkling 2's position bias and sinks, and changed MiMo's padded rows); a model whose attention
+    reads its mask keeps its attention whole (DeepSeek V4's lost its causal mask). Logits with and
+    without padding as unpatched."""
+    from runtime_loader.integrations.transformers import NAME, patch
+
+    model_class, config_class, options = EAGER_ONLY[family]
+    if not hasattr(transformers, model_class):
+        pytest.skip(f"this transformers has no {model_class}")
+    torch.manual_seed(5)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**COMMON, **options)).eval()
+    assert model.config._attn_implementation == "eager"
+    ids = torch.randint(1, 128, (2, 11), generator=torch.Generator().manual_seed(1))
+    padding = torch.ones_like(ids)
+    padding[1, :3] = 0
+    with torch.no_grad():
+        reference, padded = model(ids).logits, model(ids, attention_mask=padding).logits
+        d = serving_fallbacks(attention_prefill="eager.attention", attention_decode="eager.attention")
+        report = patch(model, d)
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(ids, attention_mask=padding).logits, padded, rtol=1e-5, atol=1e-5)
+    if family == "deepseek_v4":
+        assert "DeepseekV4Attention" in report.left and model.config._attn_implementation == "eager", report
+    else:
+        assert model.config._attn_implementation == NAME + "_eager", report
+
+
 def test_a_softcapped_call_the_table_cannot_take_keeps_the_models_eager_attention(restore_active):
     """Gemma 2 caps its logits, which SDPA cannot: a call the table does not describe (a padding mask,
     a static cache's mask) goes to the model's own eager attention, as unpatched, not to SDPA."""
@@ -856,7 +904,7 @@ def test_a_softcapped_call_the_table_cannot_take_keeps_the_models_eager_attentio
         expected, unmasked = model(ids, attention_mask=mask).logits, model(ids).logits
         d = serving_fallbacks(attention_prefill="eager.attention", attention_decode="eager.attention")
         patch(model, d)
-        assert model.config._attn_implementation == "lzsolve"
+        assert model.config._attn_implementation == "lzsolve_eager", "it ran eager: what the table leaves stays so"
         torch.testing.assert_close(model(ids, attention_mask=mask).logits, expected, rtol=1e-5, atol=1e-5)
         assert "attention.prefill" not in d.stats(), "a padding mask: the model's own attention"
         torch.testing.assert_close(model(ids).logits, unmasked, rtol=1e-5, atol=1e-5)

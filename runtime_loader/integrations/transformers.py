@@ -12,9 +12,10 @@ or, for attention alone:
 The common serving cases (no explicit mask, no dropout, prefill with
 seq_q == kv_len or single-token decode) go through torch.ops.lzsolve.attention,
 so torch.compile(fullgraph=True) sees one node; everything else (padding masks,
-chunked prefill, softcap, paged caches...) is handed to transformers' own SDPA
-implementation unchanged, so results never differ from attn_implementation="sdpa".
-Masks are built as for "sdpa", except that with no padding mask at all a plain
+chunked prefill, a position bias, paged caches...) is handed to the implementation
+the model ran, unchanged: transformers' SDPA, or for a model that ran its eager
+attention (register's second name, "lzsolve_eager") that eager form with eager's mask.
+Masks are built as for that implementation, except that with no padding mask at all a plain
 causal mask is left implicit (is_causal) even under torch.compile, where
 transformers (before torch 2.14) would materialise it and lose the fast path.
 One case still gets a mask under torch.compile: use_cache=False without an
@@ -88,6 +89,7 @@ def table_call(module, query, key, value, attention_mask, dropout, is_causal, kw
 
 def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                       is_causal=None, **kwargs):
+    """A model that ran SDPA: what the table serves (_serve), the rest as SDPA ran it."""
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if call is None:
         # what SDPA cannot take (attention sinks, a logit soft cap): the model's own eager form,
@@ -100,6 +102,41 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    return _serve(query, key, value, scaling, call)
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                            is_causal=None, **kwargs):
+    """A model that ran its eager attention (one that declares no SDPA, or a user's choice): what the
+    table serves (_serve), the rest by that eager form, with the mask eager built (causal_or_eager_mask
+    leaves a plain causal one out: built here), so that what SDPA would drop (a position bias, sinks
+    of another form) or change (fully padded rows) is as it was."""
+    call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
+    if call is not None:
+        return _serve(query, key, value, scaling, call)
+    if attention_mask is None:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        attention_mask = _causal_mask(query, key, bool(causal), int(kwargs.get("sliding_window") or 0))
+    own = sys.modules[type(module).__module__].eager_attention_forward
+    return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _causal_mask(query, key, causal: bool, window: int):
+    """The additive mask eager builds for a call with no padding whose last query is the last key:
+    each query sees the keys up to its own (causal), the last `window` of them where window > 0."""
+    seq_q, kv_len = query.shape[2], key.shape[2]
+    if not causal and not window:
+        return None
+    distance = torch.arange(kv_len - seq_q, kv_len, device=query.device)[:, None] - torch.arange(kv_len,
+                                                                                                 device=query.device)
+    hidden = (distance < 0) if causal else torch.zeros_like(distance, dtype=torch.bool)
+    if window:
+        hidden |= distance >= window
+    mask = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device)
+    return mask.masked_fill(hidden, torch.finfo(query.dtype).min)[None, None]
+
+
+def _serve(query, key, value, scaling, call):
     causal, window, softcap, sinks, qk_norm = call
     # the plain methods, not _table(): the mask was left to the call (causal_or_sdpa_mask), so a call the
     # table does not serve takes the op's fallback, which builds it, not transformers' own path
@@ -151,24 +188,47 @@ def _is_causal_window(mask_function, window: int) -> bool:
         return False
 
 
-def causal_or_sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
-                        attention_mask=None, local_size=None, allow_is_causal_skip=True, **kwargs):
-    """None for a causal mask (sliding or not) with no padding, whose last query is the last key:
-    the attention call then says causal and window itself; sdpa's mask otherwise."""
-    from transformers.masking_utils import causal_mask_function, sdpa_mask
+def _plain_causal(q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, local_size,
+                  allow_is_causal_skip) -> bool:
+    """Whether a mask asked for is causal (sliding or not) with no padding, whose last query is the last
+    key: the attention call then says causal and window itself."""
+    from transformers.masking_utils import causal_mask_function
 
     if mask_function is None:  # not `or`: Dynamo cannot take the truth of a closure (torch 2.11: a graph break)
         mask_function = causal_mask_function
     ints = all(isinstance(v, int) for v in (q_length, kv_length, q_offset, kv_offset))
-    plain = (allow_is_causal_skip and attention_mask is None and ints and (q_length == 1 or q_length == kv_length)
-             and q_offset + q_length == kv_offset + kv_length
-             and (mask_function is causal_mask_function and local_size is None
-                  or _is_causal_window(mask_function, int(local_size or 0))))
-    if plain:
+    return (allow_is_causal_skip and attention_mask is None and ints and (q_length == 1 or q_length == kv_length)
+            and q_offset + q_length == kv_offset + kv_length
+            and (mask_function is causal_mask_function and local_size is None
+                 or _is_causal_window(mask_function, int(local_size or 0))))
+
+
+def causal_or_sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                        attention_mask=None, local_size=None, allow_is_causal_skip=True, **kwargs):
+    """None for a plain causal mask (_plain_causal), sdpa's mask otherwise."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    if _plain_causal(q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, local_size,
+                     allow_is_causal_skip):
         return None
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
-                     mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
+                     mask_function=causal_mask_function if mask_function is None else mask_function,
+                     attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def causal_or_eager_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                         attention_mask=None, local_size=None, allow_is_causal_skip=True, **kwargs):
+    """None for a plain causal mask (_plain_causal), eager's own mask otherwise (fully padded rows as
+    eager has them, which sdpa's differ from)."""
+    from transformers.masking_utils import causal_mask_function, eager_mask
+
+    if _plain_causal(q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, local_size,
+                     allow_is_causal_skip):
+        return None
+    return eager_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                      mask_function=causal_mask_function if mask_function is None else mask_function,
+                      attention_mask=attention_mask, local_size=local_size, **kwargs)
 
 
 # --- ALiBi attention modules (BLOOM's): q, k and v from one fused GEMM, its own score matmuls -----------------
@@ -259,14 +319,47 @@ def set_attention(model, name: str) -> None:
 
 
 def register(dispatcher: Dispatcher, name: str = NAME) -> str:
-    """Make `dispatcher` the active one and register it with transformers under `name`."""
+    """Make `dispatcher` the active one and register it with transformers under `name` (for a model
+    that ran SDPA) and name + "_eager" (for one that ran its eager attention)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     custom_ops.activate(dispatcher)
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, causal_or_sdpa_mask)
+    AttentionInterface.register(name + EAGER, eager_attention_forward)
+    AttentionMaskInterface.register(name + EAGER, causal_or_eager_mask)
     return name
+
+
+EAGER = "_eager"  # register's second name, for a model that ran its eager attention
+
+
+def _ran_eager(model, name: str) -> bool:
+    """Whether the model ran its eager attention before patch (or a patch before this one saw it so)."""
+    return model.config._attn_implementation in ("eager", name + EAGER)
+
+
+def _reads_the_mask(cls) -> bool:
+    """Whether cls.forward does more with its attention_mask than hand it to a call (or its source
+    cannot be read): DeepSeek V4's pads a tensor mask with its compressed keys' bias and adds none
+    to a mask left out. A model that ran eager attention always built such a module a tensor mask,
+    so the None that says "plain causal" to the table is for modules that only hand it on."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(cls.forward))))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Name) and node.id == "attention_mask"):
+            continue
+        parent = parents[node]
+        call = parents[parent] if isinstance(parent, ast.keyword) else parent
+        handed_on = (isinstance(node.ctx, ast.Load) and isinstance(call, ast.Call) and node is not call.func
+                     and not (isinstance(call.func, ast.Name) and call.func.id in ("isinstance", "getattr", "len")))
+        if not handed_on:
+            return True
+    return False
 
 
 # --- patch: every module the table serves ------------------------------------------------------------
@@ -1059,10 +1152,12 @@ def _fused_signature(linears, dtype: str) -> Signature | None:
     return call[0] if call else None
 
 
-def _covered(model, plan: _Plan, seen: dict, groups: list, dispatcher: Dispatcher, report: PatchReport) -> _Plan:
+def _covered(model, plan: _Plan, seen: dict, groups: list, dispatcher: Dispatcher, report: PatchReport,
+             attention_name: str = NAME) -> _Plan:
     """The part of `plan` the dispatcher serves: a module where it serves some call the twin saw the
     module make, a fused form where it serves the fused op, attention and each function where it
-    serves one of their calls. What is left is in the report, with why."""
+    serves one of their calls (attention of a model that ran eager only where no attention module
+    reads its mask: _reads_the_mask). What is left is in the report, with why."""
     uncovered: dict[str, dict[str, str]] = {}  # class (or function) -> signature -> why
 
     def served(frame: str, label: str, op=None) -> bool:
@@ -1098,6 +1193,15 @@ def _covered(model, plan: _Plan, seen: dict, groups: list, dispatcher: Dispatche
     kept.attention = any(dispatcher.covers(sig) for sig in attention)
     if attention and not kept.attention:
         uncovered["attention"] = {str(sig): dispatcher.uncovered(sig) for sig in attention}
+    # (an attention module served whole, BLOOM's, reads no mask of ours: its forward is _alibi_attention_forward)
+    readers = sorted({type(modules[frame]).__name__ for frame, sigs in seen.items()
+                      if frame in modules and frame not in plan.bindings
+                      and any(sig.op.startswith("attention.") for sig in sigs)
+                      and _reads_the_mask(type(modules[frame]))})
+    if kept.attention and readers and _ran_eager(model, attention_name):
+        kept.attention = False
+        report.left[readers[0]] = "reads its eager attention's mask, which a call the table serves goes without: " \
+                                  "its attention as it was"
     for (module, name), wrap in plan.functions.items():
         calls = [sig for sig in every if sig.op == FUNCTION_OPS[name]]
         if any(dispatcher.covers(sig) for sig in calls):
@@ -1150,7 +1254,7 @@ def _apply(model, plan: _Plan, dispatcher: Dispatcher, name: str, report: PatchR
     custom_ops.activate(dispatcher)
     if plan.attention:
         register(dispatcher, name)
-        set_attention(model, name)
+        set_attention(model, name + EAGER if _ran_eager(model, name) else name)
     for (module, function), wrap in plan.functions.items():
         _replace(module, function, wrap, report)
 
@@ -1219,7 +1323,7 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
             return report
         report.left["sibling linears"] = f"q/k/v and gate/up not fused: {why}"
     if not all_ops:
-        plan = _covered(model, plan, seen, plan.groups, dispatcher, report)
+        plan = _covered(model, plan, seen, plan.groups, dispatcher, report, name)
     if not traced and (plan.bindings or plan.attention):  # a traced patch is for a compiled model, which a graph-mode table fits
         _warn_on_graph_table(dispatcher)
     _apply(model, plan, dispatcher, name, report)

@@ -17,6 +17,7 @@ another user than the tune reads it.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import reprlib
@@ -183,8 +184,16 @@ def write_whole(path: str | Path, data: bytes) -> None:
     sees the old file or the new one, never half of one. The file is created as open() creates
     one, 0666 less the umask, not 0600 as tempfile.mkstemp does: under umask 022 another user
     (the server's) can read it. A failed write (a full disk) raises its OSError and leaves `path`
-    as it was and no temporary file."""
+    as it was and no temporary file. A path that is something other than a file (a device such as
+    /dev/null, a pipe, a folder) is refused with FileExistsError: the rename would replace it."""
     path = Path(path)
+    try:
+        kind = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind):
+        raise FileExistsError(errno.EEXIST, "exists and is not a regular file (a device, pipe or folder), which "
+                                            "writing whole would replace; name a file", str(path))
     fd, tmp = _new_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:

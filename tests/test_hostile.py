@@ -707,6 +707,37 @@ def _disk_full_at(monkeypatch, name_part: str) -> list[str]:
     return failed
 
 
+def test_a_whole_write_never_replaces_a_device_or_a_pipe(tmp_path):
+    """The rename of a whole write replaces what the path names: as root, record("/dev/null")
+    once turned /dev/null into a file. A FIFO stands in for the device here."""
+    from runtime_loader.safeio import write_whole
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for target in (fifo, tmp_path):
+        with pytest.raises(FileExistsError, match="not a regular file"):
+            write_whole(target, b"{}")
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"], "nothing replaced or left"
+    write_whole(tmp_path / "new.json", b"{}")
+    write_whole(tmp_path / "new.json", b"[]")
+    assert (tmp_path / "new.json").read_bytes() == b"[]"
+
+
+def test_a_workloads_name_cannot_choose_where_its_artifact_is_written(monkeypatch):
+    """The default --out is artifacts/<model>/...; a workload file names its model, and "../x" or an
+    absolute path there wrote the artifact outside ./artifacts."""
+    from types import SimpleNamespace
+
+    from lzsolve.store import artifact
+    from runtime_loader.hardware import hardware_signature
+
+    for name, folder in (("../../../tmp/escape", "tmp-escape"), ("/tmp/absolute", "tmp-absolute"),
+                         ("llama3-70b", "llama3-70b"), ("..", "model"), ("meta-llama/Llama-3.1-8B", "meta-llama-Llama-3.1-8B")):
+        plan = SimpleNamespace(model=SimpleNamespace(name=name, tp=1), hardware=hardware_signature("cpu"), dtype="fp32")
+        out = artifact.default_out(plan)
+        assert out.parent == artifact.ARTIFACTS_ROOT / folder, (name, out)
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
 def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch, code):
     target = tmp_path / "dispatch.json"

@@ -5,6 +5,7 @@ import datetime as dt
 import functools
 import json
 import os
+import re
 import statistics
 from pathlib import Path
 
@@ -29,9 +30,12 @@ ARTIFACTS_ROOT = Path("artifacts")
 
 
 def default_out(plan: Plan) -> Path:
-    """artifacts/<model>/<hardware-signature>[-tp<N>]-<dtype>/"""
+    """artifacts/<model>/<hardware-signature>[-tp<N>]-<dtype>/, the model's name one folder of
+    ARTIFACTS_ROOT whatever it holds (a workload file names its model: "../x" or "/x" there must
+    not choose where the artifact is written)."""
     tp = f"-tp{plan.model.tp}" if plan.model.tp > 1 else ""
-    return ARTIFACTS_ROOT / plan.model.name / f"{slug(plan.hardware)}{tp}-{plan.dtype}"
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "-", plan.model.name).strip("-.") or "model"
+    return ARTIFACTS_ROOT / folder / f"{slug(plan.hardware)}{tp}-{plan.dtype}"
 
 
 def ensure_writable(out: Path) -> None:

@@ -52,7 +52,8 @@ def _open(folder: Path, restore_jit: bool, jit_dir: Path | None, allow_similar_g
 
 # What reading hostile data can raise besides TableError (every reader maps the ones it expects;
 # this is the net under them): a server's start must see a warning, never one of these.
-DATA_ERRORS = (OSError, EOFError, ValueError, TypeError, KeyError, RecursionError, MemoryError, tarfile.TarError)
+DATA_ERRORS = (OSError, EOFError, ValueError, TypeError, KeyError, OverflowError, RecursionError, MemoryError,
+               tarfile.TarError)
 
 
 def _read(folder: Path, restore_jit: bool, jit_dir: Path | None, allow_similar_gpu: bool) -> tuple[Table, Comparison]:

@@ -92,16 +92,42 @@ def _parse_node(node, sig: Signature, depth: int) -> Leaf | Split:
         raise TableError(f"{sig}: tree node is not an object")
     if "kernel_id" in node:
         kernel_id = _known(node["kernel_id"], sig)
-        ranked = tuple((_known(r.get("kernel_id"), sig), float(r["ratio"])) for r in node.get("ranked") or ())
+        ranked = tuple((_known(r.get("kernel_id"), sig), _finite(r.get("ratio"), "a ranked ratio", sig))
+                       for r in node.get("ranked") or ())
         gain = node.get("gain")
-        return Leaf(kernel_id, ranked, float(gain) if isinstance(gain, (int, float)) else None)
+        return Leaf(kernel_id, ranked, None if gain is None else _finite(gain, "a leaf's gain", sig))
     dim, threshold = node.get("dim"), node.get("threshold")
     if dim not in sig.schema.dynamic:
         raise TableError(f"{sig}: split on {shown(dim)}, which is not a dynamic dim of {sig.op}")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-        raise TableError(f"{sig}: split threshold {shown(threshold)} is not a finite number")
-    return Split(dim, float(threshold), _parse_node(node.get("le"), sig, depth + 1),
+    return Split(dim, _finite(threshold, "split threshold", sig), _parse_node(node.get("le"), sig, depth + 1),
                  _parse_node(node.get("gt"), sig, depth + 1))
+
+
+def _finite(value, what: str, sig: Signature) -> float:
+    """value as a float, where it is a number a float holds (not a bool, NaN, an infinity, or an
+    integer past a float's range, which raised OverflowError out of load)."""
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise TableError(f"{sig}: {what} {shown(value)} is not a finite number")
+    return number
+
+
+def _buckets_problem(buckets: dict, ops: set[str]) -> str | None:
+    """Where the grid a table was tuned at (its buckets) is not one load's warm-up and checks can
+    walk: for each op the table serves, every dynamic dim (those its trees split on and its calls
+    take), each value an integer up to MAX_BUCKET, at most MAX_GRID_POINTS points."""
+    for op in sorted(ops & set(buckets)):
+        dims = buckets[op]
+        if dims and set(dims) != set(OPS[op].dynamic):
+            return f"buckets[{op}] name {shown(sorted(dims))}, not {op}'s dynamic dims {list(OPS[op].dynamic)}"
+        if any(not 1 <= value <= MAX_BUCKET for values in dims.values() for value in values):
+            return f"buckets[{op}] hold a value past {MAX_BUCKET:,}"
+        if math.prod(len(values) for values in dims.values()) > MAX_GRID_POINTS:
+            return f"buckets[{op}] make over {MAX_GRID_POINTS:,} grid points"
+    return None
 
 
 def _parse_signature(entry) -> Signature:
@@ -147,6 +173,11 @@ MAX_TREE_NODES = 1 << 14
 # 2.8 million of them, 300 MB, and the schema visits each value): the tests' tuned tiny Llama's table
 # holds 1,139 for 11 op signatures (1,358 counted), so 262,144 leaves room for hundreds of signatures
 MAX_TABLE_VALUES = 1 << 18
+# An op's grid points (the product of its dims' bucket counts), which load(warmup=True) and verify=True
+# walk: the default GPU grid's largest is attention's, under 300; two lists of 40,000 values (1.6e9
+# points, under MAX_TABLE_VALUES) kept a warm-up from returning
+MAX_GRID_POINTS = 1 << 14
+MAX_BUCKET = 1 << 40  # a token count or a cache length: floats hold it exactly, and 10**400 overflowed them
 
 
 def _count_nodes(ops: list) -> int:
@@ -209,6 +240,9 @@ def parse_table(raw, source: str = "<memory>", depth_checked: bool = False) -> T
             if kernel_id not in raw["kernels"]:
                 raise TableError(f"{sig}: kernel {kernel_id} has no entry under 'kernels'")
         trees[sig] = tree
+    grid = _buckets_problem(raw["buckets"], {sig.op for sig in trees})
+    if grid:
+        raise TableError(grid)
     return Table(source, raw, raw["hardware"], trees, raw["kernels"], raw.get("jit"))
 
 

@@ -38,7 +38,7 @@ from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.safeio import parse_json
 from runtime_loader.table import TableError
 
-from .tables import RMS, entry, table, tuned, write
+from .tables import RMS, entry, provenance, table, tuned, write
 from .test_workload import RMS_CALL, write_workload
 
 LOAD_SECONDS = 1.0  # each hostile artifact fails closed well within this
@@ -258,6 +258,22 @@ CASES = {
         hardware={**_table_with()["hardware"], "torch": "2" * (3 << 20)}))),
     "archive_member_with_a_long_pax_name_outside": _fixed(lambda a: (a / "jit" / "caches.tar").write_bytes(
         tar_with("site-packages/" + "x" * 200 + ".py", size=0))),
+    # an adversarial sweep of load (2026-12-06): numbers past a float's range raised OverflowError out of
+    # load, NaN ratios loaded strictly, and grids warm-up and verify could not walk
+    "dispatch_threshold_10_to_400": _fixed(lambda a: write_table(a, _table_with(ops=[entry(RMS, {
+        "dim": "tokens", "threshold": 10 ** 400, "le": {"kernel_id": "eager.rms_norm"},
+        "gt": {"kernel_id": "eager.rms_norm"}})]))),
+    "dispatch_gain_10_to_400": _fixed(lambda a: write_table(a, _table_with(ops=[entry(RMS, {
+        "kernel_id": "eager.rms_norm", "gain": 10 ** 400})]))),
+    "dispatch_ranked_ratio_nan": _fixed(lambda a: write_table(a, _table_with(ops=[entry(RMS, {
+        "kernel_id": "eager.rms_norm", "ranked": [{"kernel_id": "torch.rms_norm", "ratio": float("nan")}]})],
+        kernels=provenance({"eager.rms_norm", "torch.rms_norm"})))),
+    "dispatch_bucket_10_to_400": _fixed(lambda a: write_table(a, _table_with(
+        buckets={"norm.rms": {"tokens": [1, 10 ** 400]}}))),
+    "dispatch_bucket_without_the_ops_dim": _fixed(lambda a: write_table(a, _table_with(
+        buckets={"norm.rms": {"batch": [1, 2]}}))),
+    "dispatch_grid_of_20000_points": _fixed(lambda a: write_table(a, _table_with(
+        buckets={"norm.rms": {"tokens": list(range(1, 20_001))}}))),
 }
 
 
@@ -278,6 +294,9 @@ REASONS = {
     "dispatch_hardware_with_control_characters": "not a name or version",
     "dispatch_kernel_version_with_control_characters": "not a name or version",
     "dispatch_torch_version_3_mib": "not a name or version", "archive_member_with_a_long_pax_name_outside": "outside",
+    "dispatch_threshold_10_to_400": "not a finite number", "dispatch_gain_10_to_400": "not a finite number",
+    "dispatch_ranked_ratio_nan": "not a finite number", "dispatch_bucket_10_to_400": "past",
+    "dispatch_bucket_without_the_ops_dim": "dynamic dims", "dispatch_grid_of_20000_points": "grid points",
 }
 ECHO_CHARS = 3000  # a warning may echo the artifact's data, escaped and cut to about this
 

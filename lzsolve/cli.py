@@ -72,6 +72,19 @@ class Deferred(click.Option):
         return super().get_default(ctx, call=True)
 
 
+class Finite(click.FloatRange):
+    """A FloatRange that refuses nan and the infinities, which FloatRange lets through: --max-regression
+    nan turned the regression gate off (no geomean is over nan), --timeout inf waited forever."""
+
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
@@ -157,11 +170,11 @@ def cli():
               help="timing the solver optimises: graph (CUDA-graph replay, GPU time) or eager (launches "
                    "from Python, host overhead included)  [default: graph on cuda, eager on cpu]")
 @click.option("--fresh", is_flag=True, help="re-measure everything instead of reusing matching PerfDB records")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+@click.option("--timeout", default=300.0, show_default=True, type=Finite(min=1),
               help="seconds one measurement may take (first-call JIT included) before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True,
               help="measure in a worker process, so a crash or hang costs one record, not the run")
-@click.option("--sample-time", cls=Deferred, type=click.FloatRange(min=0.001), show_default=True, metavar="SECONDS",
+@click.option("--sample-time", cls=Deferred, type=Finite(min=0.001), show_default=True, metavar="SECONDS",
               default=lambda: _attr("measure.harness", "Budget.time_cap_s"),
               help=lambda: f"how long one candidate's timing may sample, per timing mode, while its spread stays "
                            f"above {_attr('measure.harness', 'Budget.target_spread'):.0%} (its warm-up: a tenth of that at "
@@ -184,7 +197,7 @@ def cli():
                            f"{_attr('measure.cluster', 'CPU_WORKERS')} on a CPU-only one]")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
               help="import MODULE first; it may register extra kernels with runtime_loader.registry.register")
-@click.option("--trials", type=click.IntRange(min=0), default=None,
+@click.option("--trials", type=click.IntRange(min=0, max=100_000), default=None,
               help="optuna trials per op signature and bucket for each tunable kernel (0: no search)  "
                    "[default: each search space's own budget]")
 @click.option("--spaces", type=click.Path(file_okay=False, exists=True), default=None,
@@ -193,7 +206,7 @@ def cli():
               default=lambda: _attr("measure.search", "SearchBudget.patience"),
               help=lambda: "stop a bucket's search after this many trials in a row that beat its best by less than "
                            f"{_attr('measure.search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
-@click.option("--skip-behind", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+@click.option("--skip-behind", cls=Deferred, type=Finite(min=0), show_default=True,
               default=lambda: _attr("measure.search", "SearchBudget.skip_behind"),
               help="skip the search at a bucket where the family's best is more than this fraction slower than the "
                    "best other kernel at every neighbouring bucket (two at least); 0: search every bucket")
@@ -206,22 +219,22 @@ def cli():
                    "neighbours' winners (to check the smarter budget against)")
 @click.option("--baseline", type=click.Path(file_okay=False), default=None,
               help="a previous artifact of the same model: exit 3 if this one is slower beyond --max-regression")
-@click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+@click.option("--max-regression", cls=Deferred, type=Finite(min=0), show_default=True,
               default=lambda: _attr("decide.compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature vs --baseline (geomean over its grid points; 0.1 = 10%)")
-@click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+@click.option("--min-ms", cls=Deferred, type=Finite(min=0), show_default=True,
               default=lambda: _attr("decide.compare", "DEFAULT_MIN_MS"),
               help="grid points where both tables' times are under this are reported, not gated (run-to-run "
                    "noise of microsecond kernels)")
 @click.option("--probe/--no-probe", default=True, show_default=True,
               help="also time the leading kernels and the fallback at unaligned values inside each bucket and "
                    "past the last (odd lengths, where tile-aligned kernels lose what the grid shows them winning)")
-@click.option("--validate", "validate_shapes", cls=Deferred, type=click.IntRange(min=0), show_default=True,
+@click.option("--validate", "validate_shapes", cls=Deferred, type=click.IntRange(min=0, max=10_000), show_default=True,
               default=lambda: _attr("decide.validate", "VALIDATION_SHAPES"),
               help="random shapes per dynamic dim of each op signature (inside the buckets and up to 1.5x past "
                    "them: 8 for a tokens op, 16 for attention's batch x seq) at which the "
                    "solved table is timed against the best kernels and the fallback, then refined; 0: skip")
-@click.option("--routing-skew", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+@click.option("--routing-skew", cls=Deferred, type=Finite(min=0), show_default=True,
               default=lambda: importlib.import_module("runtime_loader.inputs").ROUTING_SKEW,
               help="mixture-of-experts layers: how unevenly the experts' inputs are routed (the expert of popularity "
                    "rank r gets -S * log(r) on its router logits; 0.3: the fullest of 128 experts gets about 2.4x "
@@ -444,7 +457,7 @@ def explain(artifact, op_glob):
 
 @cli.command()
 @click.argument("artifact", required=False, type=click.Path())
-@click.option("--random", "random_n", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--random", "random_n", type=click.IntRange(min=1, max=10_000), default=None, metavar="N",
               help="evaluate N random shapes per op signature, drawn inside the buckets and up to 1.5x past the "
                    "largest (mostly no power of two)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the --random shapes")
@@ -452,7 +465,7 @@ def explain(artifact, op_glob):
               help="evaluate these shapes (e.g. tokens=24, batch=2,seq=700) instead of the midpoints between buckets")
 @click.option("--op", "op_glob", default="*", metavar="GLOB", help="only signatures matching this, e.g. 'attention*'")
 @click.option("--device", default=None, metavar="cpu|cuda[:i]", help="[default: the artifact's device]")
-@click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+@click.option("--timeout", default=300.0, show_default=True, type=Finite(min=1),
               help="seconds one measurement may take before its worker is killed")
 @click.option("--isolate/--no-isolate", default=True, show_default=True, help="measure in a worker process")
 @click.option("--plugin", "plugins", multiple=True, metavar="MODULE", help="import MODULE first (extra kernels)")
@@ -482,6 +495,10 @@ def evaluate(artifact, random_n, seed, shapes, op_glob, device, timeout, isolate
 
     if random_n and shapes:
         raise LzError("pass --random or --shapes, not both")
+    if json_out:  # before the measurements, not after them
+        parent = Path(json_out).parent
+        if not parent.is_dir() or Path(json_out).exists() and not Path(json_out).is_file():
+            raise LzError(f"--json {json_out}: not a file in an existing folder; name a file path to write")
     load_plugins(plugins)
     folder = find_artifact(artifact)
     table = read_table_json(folder)
@@ -541,10 +558,10 @@ def _evaluation_device(folder: Path, hardware: dict) -> str:
 @cli.command("compare")
 @click.argument("artifact", type=click.Path(file_okay=False))
 @click.argument("baseline", type=click.Path(file_okay=False))
-@click.option("--max-regression", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+@click.option("--max-regression", cls=Deferred, type=Finite(min=0), show_default=True,
               default=lambda: _attr("decide.compare", "DEFAULT_THRESHOLD"),
               help="allowed slowdown of an op signature (geomean over its grid points; 0.1 = 10%)")
-@click.option("--min-ms", cls=Deferred, type=click.FloatRange(min=0), show_default=True,
+@click.option("--min-ms", cls=Deferred, type=Finite(min=0), show_default=True,
               default=lambda: _attr("decide.compare", "DEFAULT_MIN_MS"),
               help="grid points where both times are under this are reported, not gated")
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
@@ -582,10 +599,10 @@ QUERY_TIMEOUT_S = 10.0  # a query over a tune's PerfDB (an in-memory copy) takes
 @click.option("--db", "db_path", type=click.Path(), default=None,
               help="artifact folder or perfdb folder  [default: newest artifact under ./artifacts]")
 @click.option("--json", "as_json", is_flag=True, help="print rows as JSON objects")
-@click.option("--limit", type=click.IntRange(min=1), default=QUERY_ROWS, show_default=True, metavar="N",
+@click.option("--limit", type=click.IntRange(min=1, max=1 << 40), default=QUERY_ROWS, show_default=True, metavar="N",
               help="print at most this many rows (a note on stderr says when there were more)")
 @click.option("--all", "all_rows", is_flag=True, help="print every row, however many (instead of --limit)")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=QUERY_TIMEOUT_S, show_default=True,
+@click.option("--timeout", type=Finite(min=0, min_open=True), default=QUERY_TIMEOUT_S, show_default=True,
               metavar="SECONDS", help="stop the query after this long")
 def db_query(sql, db_path, as_json, limit, all_rows, timeout):
     """Run SQL over the PerfDB, e.g.

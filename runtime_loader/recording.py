@@ -83,15 +83,37 @@ def _write(path: Path, data: dict) -> None:
     safeio.write_whole(path, json.dumps(data, indent=1).encode())
 
 
+def _writable(path: Path) -> None:
+    """Raise ValueError now, before the block runs, where `path` cannot take the recording at its end
+    (a folder, a device, a file where its folder should be): else the whole run was recorded for
+    nothing, and the write's error hid the block's own."""
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    if path.exists() and not path.is_file():
+        raise ValueError(f"record({str(path)!r}): that is not a regular file (a folder, a device or a pipe); "
+                         "name a .json file to write")
+    if not parent.is_dir():
+        raise ValueError(f"record({str(path)!r}): {str(parent)!r} is a file, not a folder; name a path under a folder")
+
+
 @contextmanager
 def record(path: str | Path, name: str | None = None):
     """Record every Dispatcher call in the block to `path` (JSON); `name` names the workload
-    (and the artifact a tune of it writes), by default the file's stem. Yields the Recording."""
+    (and the artifact a tune of it writes), by default the file's stem. Yields the Recording.
+    The file is written when the block ends, also when it raises (what ran is kept; a failed
+    write then warns instead of hiding the block's error). A path that cannot be written is a
+    ValueError at once."""
     path = Path(path)
+    _writable(path)
     recording = Recording(name or path.stem)
     dispatcher.start_recording(recording)
     try:
         yield recording
-    finally:
+    except BaseException:
         dispatcher.stop_recording()
-        _write(path, recording.to_json())
+        try:
+            _write(path, recording.to_json())
+        except OSError as e:
+            safeio.warn(f"lzsolve: the recording could not be written to {path}: {e}", stacklevel=3)
+        raise
+    dispatcher.stop_recording()
+    _write(path, recording.to_json())

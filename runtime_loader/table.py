@@ -79,28 +79,28 @@ class Table:
     jit: dict | None  # {"archive": "jit/....tar", "caches": [...]} when JIT caches travel
 
 
-def _known(kernel_id, sig: Signature) -> str:
-    if not isinstance(kernel_id, str) or not registry.known(kernel_id):
+def _known(kernel_id, sig: Signature, resolve: bool = True) -> str:
+    if not isinstance(kernel_id, str) or resolve and not registry.known(kernel_id):
         raise TableError(f"{sig}: unknown kernel id {shown(kernel_id)} (not in this runtime's registry)")
     return kernel_id
 
 
-def _parse_node(node, sig: Signature, depth: int) -> Leaf | Split:
+def _parse_node(node, sig: Signature, depth: int, resolve: bool = True) -> Leaf | Split:
     if depth > MAX_TREE_DEPTH:
         raise TableError(f"{sig}: tree deeper than {MAX_TREE_DEPTH}")
     if not isinstance(node, dict):
         raise TableError(f"{sig}: tree node is not an object")
     if "kernel_id" in node:
-        kernel_id = _known(node["kernel_id"], sig)
-        ranked = tuple((_known(r.get("kernel_id"), sig), _finite(r.get("ratio"), "a ranked ratio", sig))
+        kernel_id = _known(node["kernel_id"], sig, resolve)
+        ranked = tuple((_known(r.get("kernel_id"), sig, resolve), _finite(r.get("ratio"), "a ranked ratio", sig))
                        for r in node.get("ranked") or ())
         gain = node.get("gain")
         return Leaf(kernel_id, ranked, None if gain is None else _finite(gain, "a leaf's gain", sig))
     dim, threshold = node.get("dim"), node.get("threshold")
     if dim not in sig.schema.dynamic:
         raise TableError(f"{sig}: split on {shown(dim)}, which is not a dynamic dim of {sig.op}")
-    return Split(dim, _finite(threshold, "split threshold", sig), _parse_node(node.get("le"), sig, depth + 1),
-                 _parse_node(node.get("gt"), sig, depth + 1))
+    return Split(dim, _finite(threshold, "split threshold", sig), _parse_node(node.get("le"), sig, depth + 1, resolve),
+                 _parse_node(node.get("gt"), sig, depth + 1, resolve))
 
 
 def _finite(value, what: str, sig: Signature) -> float:
@@ -206,8 +206,10 @@ def _labels_problem(raw: dict) -> str | None:
     return None
 
 
-def parse_table(raw, source: str = "<memory>", depth_checked: bool = False) -> Table:
-    """The table `raw` holds, checked (depth_checked: its nesting was, as it was decoded)."""
+def parse_table(raw, source: str = "<memory>", depth_checked: bool = False, resolve: bool = True) -> Table:
+    """The table `raw` holds, checked (depth_checked: its nesting was, as it was decoded). resolve=False
+    checks all but its kernel ids against this process's registry (lzsolve explain reads a table of a
+    plugin's kernels without the plugin)."""
     if not isinstance(raw, dict):
         raise TableError("top level is not a JSON object")
     if not depth_checked and json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
@@ -231,10 +233,10 @@ def parse_table(raw, source: str = "<memory>", depth_checked: bool = False) -> T
         sig = _parse_signature(entry)
         if sig in trees:
             raise TableError(f"{sig}: listed twice")
-        tree = _parse_node(entry.get("tree"), sig, 0)
+        tree = _parse_node(entry.get("tree"), sig, 0, resolve)
         for kernel_id in dict.fromkeys(k for leaf in leaves(tree) for k in leaf_kernels(leaf)):
             # A table that picks (or ranks) a kernel lacking a required feature lies: refuse it.
-            wrong = registry.get(kernel_id).semantic_reasons(sig)
+            wrong = registry.get(kernel_id).semantic_reasons(sig) if resolve else ()
             if wrong:
                 raise TableError(f"{sig}: kernel {kernel_id} cannot compute it ({wrong[0]})")
             if kernel_id not in raw["kernels"]:

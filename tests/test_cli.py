@@ -169,6 +169,11 @@ def test_plan_llama3_70b_tp8(tmp_path):
     (["tune", "--config", "{config}"], "not valid JSON"),
     (["tune", "--model", "llama3-70b", "--tp", "3"], "--tp 3 cannot shard llama3-70b"),
     (["tune", "--model", "llama3-70b", "--tp", "0"], "'--tp': 0 is not in the range x>=1"),
+    # nan passed FloatRange and turned the regression gate off; a count that no run ends
+    (["tune", "--model", "llama3-8b", "--max-regression", "nan"], "'nan' is not a finite number"),
+    (["db", "query", "SELECT 1", "--timeout", "inf"], "'inf' is not a finite number"),
+    (["tune", "--model", "llama3-8b", "--validate", "10000000000"], "is not in the range 0<=x<=10000"),
+    (["evaluate", "--json", "{file}/eval.json"], "eval.json: not a file in an existing folder"),
     (["tune", "--model", "llama3-8b", "--out", "{file}/sub"], "cannot write to --out"),
     (["tune", "--model", "llama3-8b", "--dtype", "int4"], "'int4' is not one of"),
     (["tune"], "pass exactly one of --model NAME, --config PATH or --workload FILE"),

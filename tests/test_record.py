@@ -93,3 +93,25 @@ def test_recordings_do_not_nest(tmp_path):
             with runtime_loader.record(tmp_path / "b.json"):
                 pass
     assert not (tmp_path / "b.json").exists()
+
+
+def test_a_path_that_cannot_take_the_recording_is_refused_before_the_run(tmp_path):
+    """A folder, or a file where its folder should be: refused at entry, before a run is recorded for
+    nothing (the write at the end raised, and hid the block's own error)."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    for path in (tmp_path, blocker / "w.json"):
+        with pytest.raises(ValueError, match="record"), runtime_loader.record(path):
+            pytest.fail("the block ran")
+
+
+def test_the_blocks_error_reaches_the_caller_and_what_ran_is_kept(tmp_path):
+    target = tmp_path / "w.json"
+    with pytest.raises(KeyError, match="the server's"), runtime_loader.record(target):
+        raise KeyError("the server's")
+    assert json.loads(target.read_text())["calls"] == []
+    later = tmp_path / "later.json"
+    with pytest.warns(RuntimeWarning, match="could not be written"), pytest.raises(KeyError, match="the server's"):
+        with runtime_loader.record(later):
+            later.mkdir()  # the path stops being writable during the run
+            raise KeyError("the server's")

@@ -23,8 +23,7 @@ from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTED_OPS, routing_skew
 from runtime_loader.manifest import MANIFEST, build_manifest
 from runtime_loader.ops import OPS
-from runtime_loader.schema import first_dispatch_problem
-from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, parse_table
+from runtime_loader.table import MAX_JSON_DEPTH, MAX_TABLE_BYTES, SCHEMA_VERSION, TableError, parse_table
 
 ARTIFACTS_ROOT = Path("artifacts")
 
@@ -377,13 +376,15 @@ def find_artifact(path: str | Path | None) -> Path:
 
 def read_table_json(folder: Path) -> dict:
     """dispatch.json as data (for explain and evaluate), read with the runtime's limits and held to
-    its schema (the fields these commands read are there, of their types). Its kernel ids are not
-    resolved: a table of a plugin's kernels is explained without the plugin."""
+    its checks (runtime_loader.table.parse_table: the schema, finite numbers, walkable buckets), so
+    these commands show no table load refuses. Its kernel ids are not resolved: a table of a
+    plugin's kernels is explained without the plugin."""
     path = folder / "dispatch.json"
     raw = safeio.read_json(path, MAX_TABLE_BYTES, MAX_JSON_DEPTH, LzError)
     if not isinstance(raw, dict):
         raise LzError(f"{path} is not a JSON object; pass the folder `lzsolve tune` wrote")
-    problem, _ = first_dispatch_problem(raw)
-    if problem:
-        raise LzError(f"{path} does not match dispatch.schema.json: {problem}; run `lzsolve tune` to write it again")
+    try:
+        parse_table(raw, str(path), depth_checked=True, resolve=False)
+    except TableError as e:
+        raise LzError(f"{path}: {e}; run `lzsolve tune` to write it again") from None
     return raw

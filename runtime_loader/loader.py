@@ -2,6 +2,7 @@
 with one warning, when any check fails)."""
 from __future__ import annotations
 
+import os
 import tarfile
 from pathlib import Path
 
@@ -99,6 +100,8 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
     With strict=False a table kernel that raises on a call is replaced (Dispatcher's circuit
     breaker); strict=True also lets such errors, and a lock that cannot be honoured, raise.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"load(path) got a {type(path).__name__}: pass the artifact's folder as a str or Path")
     path = Path(path)
     folder = path.parent if path.name == "dispatch.json" else path
     try:

@@ -92,18 +92,18 @@ def _parse_node(node, sig: Signature, depth: int, resolve: bool = True) -> Leaf 
         raise TableError(f"{sig}: tree node is not an object")
     if "kernel_id" in node:
         kernel_id = _known(node["kernel_id"], sig, resolve)
-        ranked = tuple((_known(r.get("kernel_id"), sig, resolve), _finite(r.get("ratio"), "a ranked ratio", sig))
+        ranked = tuple((_known(r.get("kernel_id"), sig, resolve), _finite(r.get("ratio"), f"{sig}: a ranked ratio"))
                        for r in node.get("ranked") or ())
         gain = node.get("gain")
-        return Leaf(kernel_id, ranked, None if gain is None else _finite(gain, "a leaf's gain", sig))
+        return Leaf(kernel_id, ranked, None if gain is None else _finite(gain, f"{sig}: a leaf's gain"))
     dim, threshold = node.get("dim"), node.get("threshold")
     if dim not in sig.schema.dynamic:
         raise TableError(f"{sig}: split on {shown(dim)}, which is not a dynamic dim of {sig.op}")
-    return Split(dim, _finite(threshold, "split threshold", sig), _parse_node(node.get("le"), sig, depth + 1, resolve),
+    return Split(dim, _finite(threshold, f"{sig}: split threshold"), _parse_node(node.get("le"), sig, depth + 1, resolve),
                  _parse_node(node.get("gt"), sig, depth + 1, resolve))
 
 
-def _finite(value, what: str, sig: Signature) -> float:
+def _finite(value, what: str) -> float:
     """value as a float, where it is a number a float holds (not a bool, NaN, an infinity, or an
     integer past a float's range, which raised OverflowError out of load)."""
     try:
@@ -111,7 +111,7 @@ def _finite(value, what: str, sig: Signature) -> float:
     except OverflowError:
         number = math.nan
     if not math.isfinite(number):
-        raise TableError(f"{sig}: {what} {shown(value)} is not a finite number")
+        raise TableError(f"{what} {shown(value)} is not a finite number")
     return number
 
 
@@ -242,6 +242,7 @@ def parse_table(raw, source: str = "<memory>", depth_checked: bool = False, reso
             if kernel_id not in raw["kernels"]:
                 raise TableError(f"{sig}: kernel {kernel_id} has no entry under 'kernels'")
         trees[sig] = tree
+    _finite(raw["model"].get("routing_skew", 0), "model.routing_skew")  # (evaluate draws MoE routings with it)
     grid = _buckets_problem(raw["buckets"], {sig.op for sig in trees})
     if grid:
         raise TableError(grid)

@@ -21,7 +21,7 @@ def test_midpoints_between_buckets():
 
 def test_parse_shapes():
     assert parse_shapes(("tokens=24", "batch=2,seq=700")) == [{"tokens": 24}, {"batch": 2, "seq": 700}]
-    for bad in ("tokens", "tokens=0", "tokens=x", "width=3"):
+    for bad in ("tokens", "tokens=0", "tokens=x", "width=3", "tokens=" + "9" * 23):  # past a float: OverflowError once
         with pytest.raises(LzError, match="--shapes"):
             parse_shapes((bad,))
 

@@ -274,6 +274,8 @@ CASES = {
         buckets={"norm.rms": {"batch": [1, 2]}}))),
     "dispatch_grid_of_20000_points": _fixed(lambda a: write_table(a, _table_with(
         buckets={"norm.rms": {"tokens": list(range(1, 20_001))}}))),
+    "dispatch_routing_skew_10_to_400": _fixed(lambda a: write_table(a, _table_with(
+        model={"id": "test", "tp": 1, "dtype": "fp32", "routing_skew": 10 ** 400}))),
 }
 
 
@@ -297,6 +299,7 @@ REASONS = {
     "dispatch_threshold_10_to_400": "not a finite number", "dispatch_gain_10_to_400": "not a finite number",
     "dispatch_ranked_ratio_nan": "not a finite number", "dispatch_bucket_10_to_400": "past",
     "dispatch_bucket_without_the_ops_dim": "dynamic dims", "dispatch_grid_of_20000_points": "grid points",
+    "dispatch_routing_skew_10_to_400": "model.routing_skew",
 }
 ECHO_CHARS = 3000  # a warning may echo the artifact's data, escaped and cut to about this
 
@@ -943,3 +946,18 @@ def test_orphaned_worker_exits_quietly(capfd):
     proc.join(60)
     assert proc.exitcode == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_runtimes_entry_points_name_a_wrong_argument():
+    """load(None), patch(None, d), patch(model, "a path"): a TypeError that says what to pass, not an
+    AttributeError from inside."""
+    transformers = pytest.importorskip("transformers")
+    from runtime_loader.integrations.transformers import patch
+
+    with pytest.raises(TypeError, match="pass the artifact's folder"):
+        runtime_loader.load(None)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
+    for args in ((None, runtime_loader.Dispatcher(None)), (model, "artifacts/try")):
+        with pytest.raises(TypeError, match="pass the transformers model and runtime_loader.load"):
+            patch(*args)

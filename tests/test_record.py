@@ -115,3 +115,4 @@ def test_the_blocks_error_reaches_the_caller_and_what_ran_is_kept(tmp_path):
         with runtime_loader.record(later):
             later.mkdir()  # the path stops being writable during the run
             raise KeyError("the server's")
+

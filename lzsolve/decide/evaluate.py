@@ -32,7 +32,7 @@ from lzsolve.store.perfdb import PerfDB
 from runtime_loader import Dispatcher, registry
 from runtime_loader.hardware import device_info, differences, hardware_signature
 from runtime_loader.ops import OPS, Signature
-from runtime_loader.table import TableError, choose, read_table
+from runtime_loader.table import MAX_BUCKET, TableError, choose, read_table
 
 
 def between(values: list[int]) -> list[int]:
@@ -60,8 +60,9 @@ def parse_shapes(specs: tuple[str, ...]) -> list[dict]:
         for part in spec.split(","):
             name, _, value = part.partition("=")
             name = name.strip()
-            if name not in known or not value.strip().isdigit() or int(value) < 1:
-                raise LzError(f"--shapes {spec!r}: expected DIM=N[,DIM=N] with DIM in {sorted(known)} and N >= 1")
+            if name not in known or not value.strip().isdigit() or not 1 <= int(value) <= MAX_BUCKET:
+                raise LzError(f"--shapes {spec!r}: expected DIM=N[,DIM=N] with DIM in {sorted(known)} and "
+                              f"1 <= N <= {MAX_BUCKET:,}")
             shape[name] = int(value)
         shapes.append(shape)
     return shapes

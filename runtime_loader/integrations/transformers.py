@@ -1298,6 +1298,9 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
     activations, RoPE, the embedding: OpSchema.fusible) keep the module's own code in the graph, and
     the table serves the rest (attention, linears, experts); with the table's kernels for them too, a
     compiled Llama ran 6-16% slower than compile alone (benchmarks/hf_end_to_end.py). fuse=False: the table's choice for every op."""
+    if not isinstance(model, torch.nn.Module) or not isinstance(dispatcher, Dispatcher):
+        raise TypeError(f"patch(model, dispatcher) got a {type(model).__name__} and a {type(dispatcher).__name__}: "
+                        "pass the transformers model and runtime_loader.load(path) (or Dispatcher(None))")
     dispatcher.traced = traced
     dispatcher.traced_fuse = fuse
     report = PatchReport(table=dispatcher.table.source if dispatcher.table is not None else "none")

@@ -105,7 +105,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     return _serve(query, key, value, scaling, call)
 
 
-def eager_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+def attention_forward_eager(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                             is_causal=None, **kwargs):
     """A model that ran its eager attention (one that declares no SDPA, or a user's choice): what the
     table serves (_serve), the rest by that eager form, with the mask eager built (causal_or_eager_mask
@@ -327,7 +327,7 @@ def register(dispatcher: Dispatcher, name: str = NAME) -> str:
     custom_ops.activate(dispatcher)
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, causal_or_sdpa_mask)
-    AttentionInterface.register(name + EAGER, eager_attention_forward)
+    AttentionInterface.register(name + EAGER, attention_forward_eager)
     AttentionMaskInterface.register(name + EAGER, causal_or_eager_mask)
     return name
 

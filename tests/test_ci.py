@@ -229,6 +229,27 @@ def test_compare_refuses_unlike_artifacts(ci_run, tmp_path):
         compare(artifact, other)
 
 
+def test_compare_reads_its_tables_and_records_as_data(ci_run, tmp_path):
+    """Fields the schema leaves optional (created_at, hw_slug, run_id: every tune writes them) and
+    records whose dims are not a point of the tree: one-line errors and skipped records, not
+    KeyError or ValueError tracebacks."""
+    artifact = ci_run[0] / "out" / "tiny-llama-tp2"
+    for field, value, needle in (("created_at", None, "has no created_at"), ("run_id", None, "has no run_id"),
+                                 ("created_at", "yesterday", "is not an ISO date")):
+        other = tmp_path / f"{field}-{value}"
+        shutil.copytree(artifact, other)
+        table = json.loads((other / "dispatch.json").read_text())
+        table.pop(field) if value is None else table.update({field: value})
+        (other / "dispatch.json").write_text(json.dumps(table))
+        with pytest.raises(LzError, match=needle):
+            compare(other, artifact)
+    foreign = tmp_path / "foreign-dims"
+    shutil.copytree(artifact, foreign)
+    rewrite(foreign / "perfdb", dims=lambda column: pa.array(['{"width": "x"}'] * len(column), pa.string()))
+    result = compare(artifact, foreign)
+    assert result["overall"]["points"] == 0 and not result["regressed"], result["overall"]
+
+
 def test_tune_rejects_a_missing_baseline(tmp_path):
     result = CliRunner().invoke(cli, ["tune", "--model", "gpt2", "--baseline", str(tmp_path), "--out",
                                       str(tmp_path / "a")])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +31,7 @@ from lzsolve.decide.validate import geomean
 from lzsolve.errors import LzError
 from lzsolve.measure.env import busy
 from lzsolve.store.perfdb import PerfDB
+from runtime_loader.safeio import shown
 from runtime_loader.table import TableError, choose, read_table
 
 # Three pairs of H100 tunes of one stack on the tiny grid (ci/tune_artifacts.py): norms, SwiGLU and
@@ -57,7 +59,15 @@ def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, Timed]]]:
         raise LzError(f"cannot compare {folder}: {e}") from None
     raw = table.raw
     mode = raw["timing_mode"]
-    created = dt.datetime.fromisoformat(raw["created_at"]).astimezone(dt.timezone.utc).replace(tzinfo=None)
+    missing = [field for field in ("created_at", "hw_slug", "run_id") if not isinstance(raw.get(field), str)]
+    if missing:  # optional in the schema, written by every tune: which records solved the table
+        raise LzError(f"cannot compare {folder}: its table has no {', '.join(missing)}; compare artifacts "
+                      "`lzsolve tune` wrote")
+    try:
+        created = dt.datetime.fromisoformat(raw["created_at"]).astimezone(dt.timezone.utc).replace(tzinfo=None)
+    except ValueError:
+        raise LzError(f"cannot compare {folder}: its created_at {shown(raw['created_at'])} is not an ISO date; "
+                      "compare artifacts `lzsolve tune` wrote") from None
     rows = PerfDB(folder / "perfdb").rows(
         f"SELECT signature, kernel_id, dims, {mode}_ms AS ms, coalesce({mode}_spread, 0) AS spread, device, "
         f"host_load, gpu_others FROM admitted WHERE hw_slug = ? AND ts <= ? "
@@ -67,9 +77,23 @@ def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, Timed]]]:
     trees = {str(sig): tree for sig, tree in table.trees.items()}
     times: dict[str, dict[str, Timed]] = {}
     for (signature, kernel_id, dims), r in latest.items():
-        if signature in trees and kernel_id == choose(trees[signature], json.loads(dims)):
+        if signature in trees and kernel_id == _chosen(trees[signature], dims) and _finite(r["ms"]):
             times.setdefault(signature, {})[dims] = Timed(kernel_id, r["ms"], r["spread"], busy(r))
     return raw, times
+
+
+def _chosen(tree, dims: str) -> str | None:
+    """The kernel the tree names at a record's dims; None where they are not a point it reads (an
+    object of numbers naming the dims it splits on: a PerfDB is data too)."""
+    try:
+        point = json.loads(dims)
+        return choose(tree, point) if all(_finite(v) for v in point.values()) else None
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _comparable(new: dict, old: dict) -> None:

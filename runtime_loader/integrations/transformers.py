@@ -96,8 +96,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         if kwargs.get("s_aux") is not None or kwargs.get("softcap"):
             own = sys.modules[type(module).__module__].eager_attention_forward
             if attention_mask is not None and attention_mask.dtype == torch.bool:  # which adds its mask to the scores
-                attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
-                    ~attention_mask, torch.finfo(query.dtype).min)
+                attention_mask = _additive(~attention_mask, query.dtype)
             return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
@@ -116,24 +115,28 @@ def attention_forward_eager(module, query, key, value, attention_mask, dropout: 
         return _serve(query, key, value, scaling, call)
     if attention_mask is None:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-        attention_mask = _causal_mask(query, key, bool(causal), int(kwargs.get("sliding_window") or 0))
+        attention_mask = _causal_mask(query.shape[2], key.shape[2], bool(causal), int(kwargs.get("sliding_window") or 0),
+                                      query.dtype, query.device)
     own = sys.modules[type(module).__module__].eager_attention_forward
     return own(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def _causal_mask(query, key, causal: bool, window: int):
-    """The additive mask eager builds for a call with no padding whose last query is the last key:
-    each query sees the keys up to its own (causal), the last `window` of them where window > 0."""
-    seq_q, kv_len = query.shape[2], key.shape[2]
+def _causal_mask(seq_q: int, kv_len: int, causal: bool, window: int, dtype, device):
+    """The additive mask (1, 1, seq_q, kv_len) eager builds for a call with no padding whose last query
+    is the last key: each query sees the keys up to its own (causal), the last `window` of them where
+    window > 0; None where it sees every key."""
     if not causal and not window:
         return None
-    distance = torch.arange(kv_len - seq_q, kv_len, device=query.device)[:, None] - torch.arange(kv_len,
-                                                                                                 device=query.device)
+    distance = torch.arange(kv_len - seq_q, kv_len, device=device)[:, None] - torch.arange(kv_len, device=device)
     hidden = (distance < 0) if causal else torch.zeros_like(distance, dtype=torch.bool)
     if window:
         hidden |= distance >= window
-    mask = torch.zeros(hidden.shape, dtype=query.dtype, device=query.device)
-    return mask.masked_fill(hidden, torch.finfo(query.dtype).min)[None, None]
+    return _additive(hidden, dtype)[None, None]
+
+
+def _additive(hidden, dtype):
+    """A mask added to attention scores: 0 where a key is seen, the dtype's min where `hidden`."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(hidden, torch.finfo(dtype).min)
 
 
 def _serve(query, key, value, scaling, call):
@@ -275,19 +278,13 @@ def _additive_mask(attention_mask, hidden_states, layer_past, layer_idx):
     """The mask BLOOM's own forward adds to its scores: a boolean one (SDPA's form) as 0 and the
     dtype's min; none (a call with no padding) as the causal mask of a prefill, where the query's
     last row is the cache's last key (a decode token sees every key: none)."""
-    dtype, device = hidden_states.dtype, hidden_states.device
     if attention_mask is not None:
-        if attention_mask.dtype != torch.bool:
-            return attention_mask
-        return torch.zeros(attention_mask.shape, dtype=dtype, device=device).masked_fill(
-            ~attention_mask, torch.finfo(dtype).min)
+        return _additive(~attention_mask, hidden_states.dtype) if attention_mask.dtype == torch.bool else attention_mask
     q_length = hidden_states.shape[1]
     if q_length == 1:
         return None
     past = layer_past.get_seq_length(layer_idx) if layer_past is not None else 0
-    query = torch.arange(q_length, device=device)[:, None] + past
-    hidden = torch.arange(past + q_length, device=device)[None, :] > query
-    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)[None, None]
+    return _causal_mask(q_length, past + q_length, True, 0, hidden_states.dtype, hidden_states.device)
 
 
 def _alibi_attend(q, k, v, causal, scale):

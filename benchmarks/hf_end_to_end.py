@@ -17,7 +17,8 @@ another torch wrote it: torch's kernels' entries dropped by partial revalidation
 table with every other signature removed), @unfused (its own table without the entries that choose
 only the op's fallback: patch leaves the same modules, but no longer fuses q/k/v or gate/up into one
 GEMM by the fallback, as it does wherever the table has the fused signature; docs/benchmark-log.md
-§22); `x` columns compare each with sdpa (the unpatched model).
+§22), lzsolve@only=OP+OP... (its own table with the entries of those ops alone, e.g. @only=norm.qk+act.geglu:
+which served op a state loses on); `x` columns compare each with sdpa (the unpatched model).
 Rows: prefill forwards (use_cache=False, last position's logits) and greedy generation (prefill,
 then decode steps, one explicit loop for every variant: over a DynamicCache eagerly, over a
 StaticCache for the compiled variants, as a compiled client serves: fixed shapes, no recompile
@@ -41,6 +42,7 @@ import gc
 import inspect
 import json
 import pstats
+import re
 import shutil
 import statistics
 import sys
@@ -208,6 +210,9 @@ def profile(fn, device, label: str, trace: str | None) -> dict:
         host = cProfile.Profile()
         host.runcall(lambda: [fn() for _ in range(5)])
         pstats.Stats(host).sort_stats("tottime").print_stats(20)
+        pstats.Stats(host).sort_stats("ncalls").print_stats(25)  # Python's share of host time is its calls
+        if trace:
+            host.dump_stats(str(Path(trace).with_suffix(".prof")))
     cpu_ms = sum(e.self_cpu_time_total for e in events) / 1e3
     # the kernels' own events, as the profiler's table totals them (a CPU op's self device time is its
     # kernels' time once more: summing every event counted each kernel twice)
@@ -310,9 +315,10 @@ def table_of(state: str, name: str, artifacts: Path) -> Path:
     if not state:
         return own
     if (state, name) not in _derived:
-        scratch = Path(tempfile.mkdtemp(prefix=f"lzsolve-{state}-"))
-        _derived[state, name] = scratch / "no-table" if state == "none" else derived(own, scratch / name, {
-            "torch": under_another_torch, "partial": every_other_signature, "unfused": beyond_the_fallback}[state])
+        scratch = Path(tempfile.mkdtemp(prefix=f"lzsolve-{state.partition('=')[0]}-"))
+        change = only(state.partition("=")[2].split("+")) if state.startswith("only=") else {
+            "torch": under_another_torch, "partial": every_other_signature, "unfused": beyond_the_fallback}.get(state)
+        _derived[state, name] = scratch / "no-table" if state == "none" else derived(own, scratch / name, change)
     return _derived[state, name]
 
 
@@ -342,6 +348,12 @@ def under_another_torch(raw: dict) -> None:
 
 def every_other_signature(raw: dict) -> None:
     raw["ops"] = raw["ops"][::2]
+
+
+def only(ops: list[str]):
+    def keep(raw: dict) -> None:
+        raw["ops"] = [e for e in raw["ops"] if e["op"] in ops]
+    return keep
 
 
 def beyond_the_fallback(raw: dict) -> None:
@@ -411,11 +423,14 @@ def main() -> None:
     parser.add_argument("--tol", type=float, default=2.0,
                         help="a prefill row passes when max |logits - fp32's| / max |fp32's| is at most TOL times sdpa's")
     parser.add_argument("--profile", action="store_true", help="torch.profiler over 2 reps of each timed cell, cProfile over 5")
-    parser.add_argument("--trace", action="store_true", help="with --profile and --out: chrome traces next to --out")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --profile and --out: chrome traces and cProfile stats (.prof) next to --out")
     parser.add_argument("--out", help="JSON file for every figure")
     args = parser.parse_args()
     names, variants, scenarios = (s.split(",") for s in (args.models, args.variants, args.scenarios))
-    for given, known in ((names, MODELS), (variants, VARIANTS), (scenarios, SCENARIOS)):
+    only = {v for v in variants if v.partition("@")[0] == "lzsolve"
+            and v.partition("@")[2].startswith("only=")}
+    for given, known in ((names, MODELS), (set(variants) - only, VARIANTS), (scenarios, SCENARIOS)):
         if set(given) - set(known):
             parser.error(f"unknown {sorted(set(given) - set(known))}; known: {', '.join(known)}")
     args.compile_backend = args.compile_backend or ("aot_eager" if args.tiny else "inductor")
@@ -503,7 +518,8 @@ def main() -> None:
                     print(f"[{name} {s}] {variant}: {row['median_ms']:.2f} ms ({row['spread']:.0%})")
                     if args.profile:
                         label = f"{name}-{s}-{variant}"
-                        trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{label}.json"
+                        safe = re.sub(r"[^\w.-]", "_", label)  # @only=a+b: plain file names
+                        trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{safe}.json"
                         use(variant)
                         row["profile"] = profile(fn, device, label, trace or None)
                 write(args, device, rows, skipped)  # each scenario as it comes: a run cut short keeps its figures

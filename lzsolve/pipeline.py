@@ -44,7 +44,13 @@ from lzsolve.decide.validate import in_order as validation_order
 from lzsolve.decide.validate import validate as validate_table
 from lzsolve.errors import LzError
 from lzsolve.measure import devices, tuner, worker
-from lzsolve.measure.ahead import CompileAhead, imports_a_library, phase_calls, warmed_by_inductor
+from lzsolve.measure.ahead import (
+    CompileAhead,
+    builders_per_device,
+    imports_a_library,
+    phase_calls,
+    warmed_by_inductor,
+)
 from lzsolve.measure.cluster import Cluster
 from lzsolve.measure.grid import default_grid
 from lzsolve.measure.harness import Budget
@@ -452,7 +458,7 @@ class Tune:
         # the nvcc builders; the primer, one for the run (bytecode and Triton's cache are the run's);
         # on a GPU, Inductor's warming processes (lzsolve/measure/ahead.py)
         if measure.isolate and not self.cluster:
-            self.ahead.append(CompileAhead.start(plan.signatures, session, builders))
+            self.ahead.append(CompileAhead.start(plan.signatures, session, builders, per_device=builders_per_device()))
             self.ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))
             if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
                 self.warmer = CompileAhead.start(plan.signatures, session, builders, warmed_by_inductor,

@@ -1,7 +1,9 @@
 """Compiling ahead (lzsolve.measure.ahead): the nvcc-built kernels' first calls, made by a second worker,
 so the grid finds their modules built. tests.nvcc_kernels stands in for FlashInfer."""
 import dataclasses
+import itertools
 import json
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ from lzsolve.cli import cli
 from lzsolve.measure.ahead import (
     CompileAhead,
     branch_points,
+    builders_per_device,
     first_calls,
     imports_a_library,
     phase_calls,
@@ -220,6 +223,40 @@ def test_a_builder_per_device_shares_the_first_calls_and_each_is_made_once(nvcc_
     by_lane = {lane: sorted(r["dims"] for r in built if r["device_index"] == lane) for lane in made}
     assert by_lane == {lane: sorted(dims_key(task.dims) for task in made[lane]) for lane in made}, \
         "each record names its builder's device"
+
+
+def test_two_builders_on_one_device_share_the_first_calls_and_each_is_made_once(nvcc_plan, tmp_path):
+    """per_device=2: two builders on the one device build at once (each waits for the other at its
+    first call), taking the calls from one queue, each call made once."""
+    session = Session(nvcc_plan, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
+    calls = first_calls(nvcc_plan.signatures, session)
+    assert len(calls) >= 2
+    both_building = threading.Barrier(2, timeout=30)
+    made: dict[int, list] = {0: [], 1: []}
+    numbers = itertools.count()
+
+    class Builder(InProcessRunner):
+        def run(self, task):
+            if not made[self.number]:
+                both_building.wait()  # raises, failing the builder, where no second one is there
+            made[self.number].append(task)
+            return super().run(task)
+
+    def builder():
+        runner = Builder(torch.device("cpu"))
+        runner.number = next(numbers)
+        return runner
+
+    ahead = CompileAhead.start(nvcc_plan.signatures, session, [builder], per_device=2)
+    built = ahead.wait()
+    assert ahead.error is None and made[0] and made[1]
+    assert sorted((t.kernel_id, dims_key(t.dims)) for t in made[0] + made[1]) == \
+        sorted((spec.kernel_id, dims_key(dims)) for _, spec, dims in calls), "each call made once"
+    assert len(built) == len(calls) and all(r["status"] == "ok" for r in built)
+
+
+def test_a_host_of_16_cores_or_more_gets_two_builders_per_device():
+    assert [builders_per_device(cores) for cores in (2, 8, 15, 16, 128)] == [1, 1, 1, 2, 2]
 
 
 def test_nothing_is_compiled_ahead_where_an_earlier_run_measured_the_kernel(nvcc_plan, tmp_path):

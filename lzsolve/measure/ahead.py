@@ -1,5 +1,5 @@
 """Compiling ahead: the first calls that build a module with nvcc, made by a second worker on
-each device while the first ones search and measure.
+each device (two from 16 cores: builders_per_device) while the first ones search and measure.
 
 A FlashInfer kernel's first call builds its module with nvcc: 35 s and 51 s for its two prefill
 modules, 14 s and 7 s for its decode ones on the H100, where a Triton or Inductor compile takes a
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 
@@ -72,6 +73,20 @@ def branch_points(points: tuple[dict, ...]) -> list[dict]:
         if above:
             picked.append(min(above, key=size))
     return [p for n, p in enumerate(picked) if p not in picked[:n]]
+
+
+def builders_per_device(cores: int | None = None) -> int:
+    """The nvcc builders each device gets. One builder makes its first calls one after another: on
+    an H100 host (16 cores) a cold workload tune's FlashInfer modules took 117 s in a row (the two
+    prefill modules 34 and 48 s), and its grid waited about 45 s for them (benchmarks/runs/2026-12-06.txt),
+    while a module is 6-10 nvcc translation units (FlashInfer 0.5.3's prefill modules: one per mask
+    mode, and their bindings), built in parallel but fewer than such a host's cores. So
+    two builders per device from 16 cores; one below, where they would take the cores the search's
+    compiles and the eager timings need (two builders beside the search made its trials 21% slower
+    on a host of two H200s, each device's builder on its own)."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    return 2 if cores >= 16 else 1
 
 
 INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fills (see above)
@@ -134,8 +149,8 @@ def first_calls(signatures: tuple[SignaturePlan, ...], session: Session,
 
 
 class CompileAhead:
-    """The builders' threads, one per device of the run (the n-th with its own worker on the
-    device of the session's n-th lane, whose recorder names that device), taking the first calls
+    """The builders' threads, per_device per device of the run (each with its own worker on the
+    device of one of the session's lanes, whose recorder names that device), taking the first calls
     from one queue: on two GPUs two modules build at once, where one builder would leave the
     second device's grid waiting on the first device's queue of builds. Each first call's record
     goes to the PerfDB when it is made, so a run interrupted before the builders finished keeps
@@ -147,7 +162,7 @@ class CompileAhead:
     and `begin` bring (its worker process, started once, keeps its compiled state)."""
 
     def __init__(self, calls: list[Call], session: Session, make_runners: Sequence[Callable[[], Runner]],
-                 checked: bool = True, stays: bool = False):
+                 checked: bool = True, stays: bool = False, per_device: int = 1):
         self.session, self.records, self.error = session, [], None
         self.task = ParityTask if checked else FirstCallTask
         self.stays = stays
@@ -157,20 +172,24 @@ class CompileAhead:
         self._in_flight = 0
         self._changed = threading.Condition()
         self.add(calls, "grid")
+        # per_device threads (each its own worker) per device, the devices' first ones first
+        slots = [pair for _ in range(per_device) for pair in zip(make_runners, session.lanes)][:len(calls)]
         self._threads = [threading.Thread(target=self._run, args=(make_runner, lane.recorder), daemon=True,
                                           name=f"lzsolve-compile-ahead-{n}")
-                         for n, (make_runner, lane) in enumerate(zip(make_runners[:len(calls)], session.lanes))]
+                         for n, (make_runner, lane) in enumerate(slots)]
         for thread in self._threads:
             thread.start()
 
     @classmethod
     def start(cls, signatures: tuple[SignaturePlan, ...], session: Session,
               make_runners: Sequence[Callable[[], Runner]], wanted: Callable[[KernelSpec], bool] = built_by_nvcc,
-              every_workload: bool = False) -> CompileAhead | None:
+              every_workload: bool = False, per_device: int = 1) -> CompileAhead | None:
         """every_workload: a first call at each grid workload, unchecked (FirstCallTask), and the
-        warmer stays for more (add); else a parity check at each branch point."""
+        warmer stays for more (add); else a parity check at each branch point. per_device: the
+        threads, each with its own worker, per device (builders_per_device)."""
         calls = first_calls(signatures, session, wanted, every_workload)
-        return cls(calls, session, make_runners, checked=not every_workload, stays=every_workload) if calls else None
+        return cls(calls, session, make_runners, checked=not every_workload, stays=every_workload,
+                   per_device=per_device) if calls else None
 
     def add(self, calls: list[Call], phase: str) -> None:
         """More first calls for `phase` (one of PHASES), after its queued ones; those given before

@@ -12,7 +12,9 @@ with the length of the run: on an H100, do_bench of this one gave 780 TFLOP/s ov
 §23). The probe is checked against the burst; the sustained rate is printed beside it. The rounds
 alternate, so clock and power drift fall on both alike. A ceiling further than 5% from the plain
 figure (issue 58's bar) puts roofline fractions off by as much: below it, fractions past 1.0;
-above it, fractions too low.
+above it, fractions too low. Every tune on a GPU makes the burst check once beside its probe
+(lzsolve.measure.tasks.plain_ceilings, stated in report.md); this script repeats it over rounds
+and adds the sustained rates.
 
     python benchmarks/ceilings.py --json ceilings.json
 """
@@ -24,34 +26,25 @@ import json
 import statistics
 
 import torch
-import torch.nn.functional as F
-from triton.testing import do_bench
 
 from lzsolve.measure.harness import make_harness
-from lzsolve.measure.tasks import CeilingTask, ceiling_sizes, free_memory, run_ceilings
+from lzsolve.measure.tasks import (
+    PLAIN_BURST_MS,
+    PLAIN_FORMS,
+    CeilingTask,
+    ceiling_sizes,
+    free_memory,
+    plain_rates,
+    run_ceilings,
+)
+from lzsolve.store.perfdb import PLAIN_MODE
 from runtime_loader.hardware import hardware_signature, slug
 
 ROUNDS = 3
 BAR = 0.05
 
 
-RUNS_MS = {"burst": 5, "sustained": 200}  # how long do_bench runs each plain form back to back
-
-
-def plain_rates(n: int, copy_bytes: int, device: torch.device) -> dict[str, dict[str, float]]:
-    """{run: {form: per second}} of torch's own copy and matmuls, do_bench's median over each run of
-    RUNS_MS: `mm` (a @ b) and `linear` (a @ b.T, the probe's and the models' weight layout, which
-    cuBLAS may run faster)."""
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    src = torch.randn(copy_bytes // 2, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    work = {"mm": (2.0 * n ** 3, lambda: torch.mm(a, b)), "linear": (2.0 * n ** 3, lambda: F.linear(a, b)),
-            "copy": (2.0 * copy_bytes, lambda: dst.copy_(src))}
-    return {run: {form: amount / (do_bench(fn, warmup=25, rep=ms, return_mode="median") * 1e-3)
-                  for form, (amount, fn) in work.items()} for run, ms in RUNS_MS.items()}
-
-
-PLAIN = {"compute": ("mm", "linear"), "memory": ("copy",)}  # a ceiling's plain forms: it is checked against the fastest
+RUNS_MS = {"burst": PLAIN_BURST_MS, "sustained": 200}  # how long do_bench runs each plain form back to back
 
 
 def main() -> None:
@@ -64,19 +57,24 @@ def main() -> None:
     if copy_bytes is None:
         raise SystemExit("no copy past 8x the L2 fits in a quarter of the free memory: no memory ceiling to check")
     probe_rounds, plain_rounds, probes = [], [], {}
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    src = torch.randn(copy_bytes // 2, device=device, dtype=torch.bfloat16)
+    plain_tensors = (a, b, src, torch.empty_like(src))
     for _ in range(ROUNDS):
         result = run_ceilings(CeilingTask("bf16"), device, harness)
         if "ceilings" not in result:
             raise SystemExit(f"the probe failed: {result}")
-        probe_rounds.append({(row["kind"], row["mode"]): row["per_s"] for row in result["ceilings"]})
-        probes.update({f"{row['kind']} {row['mode']}": row["probe"] for row in result["ceilings"]})
-        plain_rounds.append(plain_rates(n, copy_bytes, device))
+        probed = [row for row in result["ceilings"] if row["mode"] != PLAIN_MODE]  # the tune's own check, redone here
+        probe_rounds.append({(row["kind"], row["mode"]): row["per_s"] for row in probed})
+        probes.update({f"{row['kind']} {row['mode']}": row["probe"] for row in probed})
+        timed = plain_rates(*plain_tensors, tuple(RUNS_MS.values()))
+        plain_rounds.append({run: timed[ms] for run, ms in RUNS_MS.items()})
     rows = []
     for kind, mode in sorted(probe_rounds[0]):
         probe = statistics.median(r[kind, mode] for r in probe_rounds)
-        forms = {form: statistics.median(r["burst"][form] for r in plain_rounds) for form in PLAIN[kind]}
+        forms = {form: statistics.median(r["burst"][form] for r in plain_rounds) for form in PLAIN_FORMS[kind]}
         plain = max(forms.values())
-        sustained = max(statistics.median(r["sustained"][form] for r in plain_rounds) for form in PLAIN[kind])
+        sustained = max(statistics.median(r["sustained"][form] for r in plain_rounds) for form in PLAIN_FORMS[kind])
         rows.append({"kind": kind, "mode": mode, "probe": probes[f"{kind} {mode}"], "probe_per_s": probe,
                      "plain_per_s": plain, "plain_forms": forms, "sustained_per_s": sustained,
                      "ratio": probe / plain, "within_bar": abs(probe / plain - 1) <= BAR})

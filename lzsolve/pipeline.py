@@ -572,7 +572,8 @@ class Tune:
         and the JIT caches' archive, after the wall."""
         searched = self.searched.line() if self.searched else None
         write_artifact(self.out, self.table, report_markdown(self.table, self.wall, len(self.records), self.phases,
-                                                             searched, self.skipped), self.records + self.compiled)
+                                                             searched, self.skipped, self.session.db.ceilings()),
+                       self.records + self.compiled)
         self._lap("write_s")
 
     def report(self) -> TuneResult:

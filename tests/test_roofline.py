@@ -289,6 +289,31 @@ def test_report_and_explain_show_the_chosen_and_best_fractions(plan):
            "point(s))" in format_op(entry), "lzsolve explain prints format_op"
 
 
+@pytest.mark.parametrize("plain_memory, verdict", [(1.02e11, "within 5%"),
+                                                   (1.2e11, "OUTSIDE 5% for memory: fractions are off by as much")])
+def test_report_states_the_ceilings_and_their_distance_from_torchs_own_forms(plan, plain_memory, verdict):
+    """The ceilings rows of mode 'plain' (torch's own mm / linear and copy_, timed apart in the same
+    run) check the probe's: report.md gives the rates and both ratios, and says whether within 5%."""
+    from lzsolve.store.artifact import build_table, report
+    from runtime_loader.hardware import slug
+
+    sp, records = rms_records(plan)
+    hw = slug(plan.hardware)
+    probed = [ceiling("compute", 1e12, hw=hw), ceiling("memory", 1e11, hw=hw)]
+    plain = [ceiling("compute", 0.98e12, mode="plain", hw=hw), ceiling("memory", plain_memory, mode="plain", hw=hw)]
+    table = build_table(plan, records, "eager", "r", ceilings=probed + plain)
+    line = next(line for line in report(table, 1.0, len(records), ceilings=probed + plain).splitlines()
+                if line.startswith("- ceilings"))
+    assert line.startswith("- ceilings (eager mode): compute 1 TFLOP/s (a matmul), memory 0.1 TB/s"), line
+    assert f"1.020x and {1e11 / plain_memory:.3f}x torch's own mm / linear (0.98 TFLOP/s)" in line, line
+    assert line.endswith(verdict), line
+    alone = next(line for line in report(table, 1.0, 0, ceilings=probed).splitlines() if line.startswith("- ceilings"))
+    assert alone.endswith("not checked against torch's own forms (none timed in that run)"), alone
+    assert not any(line.startswith("- ceilings") for line in report(table, 1.0, 0).splitlines())
+    assert build_table(plan, records, "eager", "r", ceilings=plain)["ops"][0]["roofline"] is None, \
+        "torch's own forms are never the ceilings"
+
+
 def test_report_without_ceilings_skips_the_roofline(plan):
     from lzsolve.store.artifact import build_table, format_op, report
 

@@ -1,4 +1,5 @@
 """One measurement task: parity, rotation sets, environment, bounded re-measure when throttled."""
+import pytest
 import torch
 
 from lzsolve.measure.env import SW_POWER_CAP, EnvReading, Sensor
@@ -232,6 +233,22 @@ def test_ceilings_measure_on_cpu():
     rows = run_task(CeilingTask("fp32"), CPU, harness, Sensor())["ceilings"]
     assert sorted((r["kind"], r["mode"]) for r in rows) == [("compute", "eager"), ("memory", "eager")]
     assert all(r["per_s"] > 0 for r in rows)
+
+
+@pytest.mark.gpu
+def test_ceilings_on_a_gpu_come_with_torchs_own_forms_timed_apart():
+    """On a GPU the probe's rows (both modes) come with a compute and a memory row of mode 'plain':
+    torch's own mm / linear and copy_, timed by Triton's do_bench, for report.md's check."""
+    from lzsolve.measure.harness import make_harness
+    from lzsolve.measure.tasks import CeilingTask
+
+    device = torch.device("cuda")
+    rows = run_task(CeilingTask("bf16"), device, make_harness(device), Sensor())["ceilings"]
+    assert sorted((r["kind"], r["mode"]) for r in rows) == [
+        ("compute", "eager"), ("compute", "graph"), ("compute", "plain"),
+        ("memory", "eager"), ("memory", "graph"), ("memory", "plain")]
+    assert all(r["per_s"] > 0 for r in rows)
+    assert all("do_bench" in r["probe"] for r in rows if r["mode"] == "plain")
 
 
 def test_a_warm_perfdb_measures_again_over_an_older_memory_probe(tmp_path):

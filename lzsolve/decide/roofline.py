@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from lzsolve.decide.solve import leaves
 from lzsolve.decide.validate import geomean
+from lzsolve.store.perfdb import PLAIN_MODE
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,35 @@ def signature_roofline(tree: dict, records: list[dict], peak: Peak, mode: str,
     return {**summary(every), "leaves": [{"kernel_id": leaf["kernel_id"], **summary(per_leaf[i])} if per_leaf.get(i)
                                          else {"kernel_id": leaf["kernel_id"], "chosen": None, "best": None, "points": 0}
                                          for i, leaf in enumerate(leaves(tree))]}
+
+
+CEILING_BAR = 0.05  # a ceiling this far from torch's own form puts every fraction off by as much (issue 58)
+
+
+def ceilings_check(ceilings: list[dict], hw_slug: str, dtype: str, mode: str) -> tuple[Peak, Peak | None] | None:
+    """(the ceilings fractions divide by in `mode`, torch's own copy and matmul timed apart in the
+    run that measured them: the PLAIN_MODE rows, None where it timed none: a CPU, an older tune);
+    None without ceilings."""
+    probe = peaks(ceilings, mode).get((hw_slug, dtype))
+    return (probe, peaks(ceilings, PLAIN_MODE).get((hw_slug, dtype))) if probe else None
+
+
+def format_ceilings(check: tuple[Peak, Peak | None] | None, mode: str) -> str | None:
+    """report.md's line on the ceilings: their rates, and how far from torch's own forms."""
+    if check is None:
+        return None
+    probe, plain = check
+    rates = (f"compute {probe.compute / 1e12:.4g} TFLOP/s (a matmul), memory {probe.memory / 1e12:.4g} TB/s "
+             f"(a copy, read + written)")
+    if plain is None:
+        return f"- ceilings ({mode} mode): {rates}; not checked against torch's own forms (none timed in that run)"
+    ratios = {"compute": probe.compute / plain.compute, "memory": probe.memory / plain.memory}
+    off = [kind for kind, ratio in ratios.items() if abs(ratio - 1) > CEILING_BAR]
+    verdict = (f"OUTSIDE {CEILING_BAR:.0%} for {' and '.join(off)}: fractions are off by as much" if off
+               else f"within {CEILING_BAR:.0%}")
+    return (f"- ceilings ({mode} mode): {rates}; {ratios['compute']:.3f}x and {ratios['memory']:.3f}x torch's "
+            f"own mm / linear ({plain.compute / 1e12:.4g} TFLOP/s) and copy_ ({plain.memory / 1e12:.4g} TB/s), "
+            f"timed apart in the same run by Triton's do_bench over 5 ms: {verdict}")
 
 
 def format_fraction(value: float | None) -> str:

@@ -24,6 +24,7 @@ from lzsolve.measure.env import Sensor, combine, contention
 from lzsolve.measure.gates import parity_gate, reason_for
 from lzsolve.measure.harness import MODES, Harness, Measurement, describe, rotation_sets, slowest
 from lzsolve.ops import CONTRACTS, to_fp32
+from lzsolve.store.perfdb import PLAIN_MODE
 from runtime_loader import jit, registry
 from runtime_loader.dtypes import DTYPES
 from runtime_loader.ops import Signature
@@ -259,9 +260,11 @@ def run_ceilings(task: CeilingTask, device: torch.device, harness: Harness) -> d
     another (ceiling_sizes), bytes read + bytes written, by the faster of two copies per mode: the
     runtime's memcpy (copy_), which a CUDA graph replays as a memcpy node that may run on a copy
     engine slower than the SMs, and an elementwise kernel (neg) reading and writing as much: a
-    ceiling below what a plain copy reaches would put kernels past 1.0 of the roofline."""
+    ceiling below what a plain copy reaches would put kernels past 1.0 of the roofline. On a GPU, then
+    the rows torch's own forms of the same tensors give, timed apart (plain_ceilings)."""
     n, copy_bytes = ceiling_sizes(device.type, harness.cache_bytes, free_memory(device))
     dtype = DTYPES[task.dtype]
+    src = dst = None
     try:
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         candidates = {"compute": [lambda: F.linear(a, b)]}
@@ -288,7 +291,45 @@ def run_ceilings(task: CeilingTask, device: torch.device, harness: Harness) -> d
         key = (row["kind"], row["mode"])
         if key not in fastest or row["per_s"] > fastest[key]["per_s"]:
             fastest[key] = row
-    return {"ceilings": list(fastest.values())}
+    return {"ceilings": list(fastest.values()) + plain_ceilings(a, b, src, dst)}
+
+
+PLAIN_BURST_MS = 5  # do_bench's run: the tune samples every candidate, the probe too, in bursts this short
+PLAIN_FORMS = {"compute": ("mm", "linear"), "memory": ("copy",)}  # a ceiling's plain forms: the fastest counts
+
+
+def plain_rates(a: torch.Tensor, b: torch.Tensor, src: torch.Tensor | None, dst: torch.Tensor | None,
+                runs_ms: tuple[int, ...] = (PLAIN_BURST_MS,)) -> dict[int, dict[str, float]]:
+    """{run ms: {form: per second}} of torch's own forms of the probes, timed by Triton's do_bench
+    (median, its cache flush before each call), not by the tuner's harness: `mm` (a @ b), `linear`
+    (a @ b.T, the probe's layout, which cuBLAS may run faster) of the n x n matrices a and b (2 n^3
+    FLOPs) and `copy` (dst.copy_(src): read + written). A matmul's rate falls with the length of the
+    run (power limits: an H100 read 780 TFLOP/s over 5 ms and 679 over 1 s), so each is timed over
+    every length of `runs_ms`."""
+    from triton.testing import do_bench
+
+    n = a.shape[0]
+    work = {"mm": (2.0 * n ** 3, lambda: torch.mm(a, b)), "linear": (2.0 * n ** 3, lambda: F.linear(a, b))}
+    if src is not None:
+        work["copy"] = (2.0 * src.numel() * src.element_size(), lambda: dst.copy_(src))
+    return {ms: {form: amount / (do_bench(fn, warmup=25, rep=ms, return_mode="median") * 1e-3)
+                 for form, (amount, fn) in work.items()} for ms in runs_ms}
+
+
+def plain_ceilings(a: torch.Tensor, b: torch.Tensor, src: torch.Tensor | None, dst: torch.Tensor | None) -> list[dict]:
+    """Ceilings rows of mode PLAIN_MODE on a GPU, of the probe's own tensors: torch's own forms over
+    a PLAIN_BURST_MS burst, so that a report can say how far the probe's ceilings are from them
+    (issue 58's bar: 5%). None on a CPU (do_bench times CUDA events) or where timing them fails:
+    the probe's rows stand alone."""
+    if a.device.type != "cuda":
+        return []
+    try:
+        rates = plain_rates(a, b, src, dst)[PLAIN_BURST_MS]
+    except Exception:  # noqa: BLE001 - a check of the ceilings, never a reason to lose them
+        return []
+    return [{"kind": kind, "mode": PLAIN_MODE, "per_s": max(rates[f] for f in forms), "spread": None,
+             "probe": f"torch {' / '.join(forms)} by triton.testing.do_bench, {PLAIN_BURST_MS} ms"}
+            for kind, forms in PLAIN_FORMS.items() if all(f in rates for f in forms)]
 
 
 def run_task(task: Task, device: torch.device, harness: Harness, sensor: Sensor) -> dict:

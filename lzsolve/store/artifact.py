@@ -10,7 +10,14 @@ import statistics
 from pathlib import Path
 
 from lzsolve import __version__
-from lzsolve.decide.roofline import format_fraction, format_roofline, peaks, signature_roofline
+from lzsolve.decide.roofline import (
+    ceilings_check,
+    format_ceilings,
+    format_fraction,
+    format_roofline,
+    peaks,
+    signature_roofline,
+)
 from lzsolve.decide.solve import MIN_NOISE, candidates_summary, leaves, solve_signature
 from lzsolve.errors import LzError, WriteError
 from lzsolve.measure.env import BUSY_LOAD, busy
@@ -256,9 +263,10 @@ NO_ROOFLINE_NOTE = "- roofline: not shown (no compute and memory ceilings measur
 
 
 def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] | None = None,
-           search: str | None = None, skipped: list[str] | None = None) -> str:
+           search: str | None = None, skipped: list[str] | None = None, ceilings: list[dict] | None = None) -> str:
     """report.md: the run, its time per phase, the search, the noise, then per op signature its points,
-    validation figures and tree; `skipped`: what a quick tune left out (tune --quick)."""
+    validation figures and tree; `skipped`: what a quick tune left out (tune --quick); `ceilings`: the
+    PerfDB's, whose rates and check against torch's own forms it states."""
     model, hw = table["model"], table["hardware"]
     lines = [
         f"# lzsolve report: {model['id']} (tp={model['tp']}, {model['dtype']})",
@@ -281,6 +289,8 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
         "- validation: the table's choice at random shapes inside the buckets and up to 1.5x past them;",
         "  regret = time(choice) / time(best kernel timed there), vs default = time(choice) / time(fallback).",
         ROOFLINE_NOTE if any(entry.get("roofline") for entry in table["ops"]) else NO_ROOFLINE_NOTE,
+        *filter(None, [format_ceilings(ceilings_check(ceilings or [], table["hw_slug"], table["model"]["dtype"],
+                                                      table["timing_mode"]), table["timing_mode"])]),
         "",
         "| signature | points (grid/probe/validation) | validation regret geomean | worst | vs default worst "
         "| roofline chosen | best |",

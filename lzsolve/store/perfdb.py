@@ -117,11 +117,14 @@ CEILINGS_SCHEMA = pa.schema([
     ("timer", pa.string()),
     ("dtype", pa.string()),
     ("kind", pa.string()),  # 'compute' (FLOP/s) or 'memory' (bytes/s, read + write)
-    ("mode", pa.string()),  # 'eager' or 'graph', as the records' *_ms columns
+    ("mode", pa.string()),  # 'eager' or 'graph', as the records' *_ms columns; PLAIN_MODE: torch's own forms
     ("per_s", pa.float64()),
     ("probe", pa.string()),  # what was run, e.g. 'matmul 8192x8192x8192 bf16'
     ("spread", pa.float64()),
 ])
+# The mode of the rows of torch's own copy and matmul, timed apart from the tuner's harness in the same
+# run (triton.testing.do_bench): what the probe's ceilings are checked against (roofline.ceilings_check)
+PLAIN_MODE = "plain"
 RECORDS_GLOB, CEILINGS_GLOB = "part-*.parquet", "ceilings-*.parquet"
 LOCK_FILE = ".measuring.lock"  # PerfDB.measuring; hidden, so no artifact manifest lists it
 MAX_PART_BYTES = 1 << 30  # a part holds one signature's records of one run: tens of KB

@@ -458,7 +458,8 @@ class Tune:
         # the nvcc builders; the primer, one for the run (bytecode and Triton's cache are the run's);
         # on a GPU, Inductor's warming processes (lzsolve/measure/ahead.py)
         if measure.isolate and not self.cluster:
-            self.ahead.append(CompileAhead.start(plan.signatures, session, builders, per_device=builders_per_device()))
+            self.ahead.append(CompileAhead.start(plan.signatures, session, builders,
+                                                 per_device=builders_per_device(len(builders))))
             self.ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))
             if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
                 self.warmer = CompileAhead.start(plan.signatures, session, builders, warmed_by_inductor,

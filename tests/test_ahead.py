@@ -255,8 +255,9 @@ def test_two_builders_on_one_device_share_the_first_calls_and_each_is_made_once(
     assert len(built) == len(calls) and all(r["status"] == "ok" for r in built)
 
 
-def test_a_host_of_16_cores_or_more_gets_two_builders_per_device():
-    assert [builders_per_device(cores) for cores in (2, 8, 15, 16, 128)] == [1, 1, 1, 2, 2]
+def test_a_host_of_16_cores_a_device_gets_two_builders_per_device():
+    assert [builders_per_device(1, cores) for cores in (2, 8, 15, 16, 128)] == [1, 1, 1, 2, 2]
+    assert [builders_per_device(2, cores) for cores in (16, 31, 32)] == [1, 1, 2]
 
 
 def test_nothing_is_compiled_ahead_where_an_earlier_run_measured_the_kernel(nvcc_plan, tmp_path):

@@ -1,5 +1,6 @@
 """Compiling ahead: the first calls that build a module with nvcc, made by a second worker on
-each device (two from 16 cores: builders_per_device) while the first ones search and measure.
+each device (two where the host has 16 cores a device: builders_per_device) while the first ones
+search and measure.
 
 A FlashInfer kernel's first call builds its module with nvcc: 35 s and 51 s for its two prefill
 modules, 14 s and 7 s for its decode ones on the H100, where a Triton or Inductor compile takes a
@@ -75,18 +76,18 @@ def branch_points(points: tuple[dict, ...]) -> list[dict]:
     return [p for n, p in enumerate(picked) if p not in picked[:n]]
 
 
-def builders_per_device(cores: int | None = None) -> int:
-    """The nvcc builders each device gets. One builder makes its first calls one after another: on
-    an H100 host (16 cores) a cold workload tune's FlashInfer modules took 117 s in a row (the two
-    prefill modules 34 and 48 s), and its grid waited about 45 s for them (benchmarks/runs/2026-12-06.txt),
-    while a module is 6-10 nvcc translation units (FlashInfer 0.5.3's prefill modules: one per mask
-    mode, and their bindings), built in parallel but fewer than such a host's cores. So
-    two builders per device from 16 cores; one below, where they would take the cores the search's
-    compiles and the eager timings need (two builders beside the search made its trials 21% slower
-    on a host of two H200s, each device's builder on its own)."""
-    cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
-    return 2 if cores >= 16 else 1
+def builders_per_device(devices: int = 1, cores: int | None = None) -> int:
+    """The nvcc builders each of `devices` devices gets. One builder makes its first calls one after
+    another: on an H100 host (16 cores) a cold workload tune's FlashInfer modules took 117 s in a row
+    (the two prefill modules 34 and 48 s), and its grid waited about 45 s for them
+    (benchmarks/runs/2026-12-06.txt), while a module is 6-10 nvcc translation units (FlashInfer
+    0.5.3's prefill modules: one per mask mode, and their bindings), built in parallel but fewer
+    than such a host's cores. So two builders per device where the host has 16 cores a device;
+    one below, where they would take the cores the search's compiles and the eager timings need
+    (one builder per device beside the search made its trials 21% slower on a host of two H200s)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 2 if cores >= 16 * devices else 1
 
 
 INDUCTOR_WARMED = frozenset({"inductor"})  # the caches the warming process fills (see above)

@@ -196,6 +196,8 @@ def summary(samples: list[float]) -> dict:
 
 
 def profile(fn, device, label: str, trace: str | None) -> dict:
+    """torch.profiler's tables of 2 reps of fn and, on a GPU, cProfile's of 5; trace: a path stem for
+    the chrome trace (.json.gz) and the cProfile stats (.prof)."""
     cuda = device.type == "cuda"
     with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for _ in range(2):
@@ -212,15 +214,15 @@ def profile(fn, device, label: str, trace: str | None) -> dict:
         pstats.Stats(host).sort_stats("tottime").print_stats(20)
         pstats.Stats(host).sort_stats("ncalls").print_stats(25)  # Python's share of host time is its calls
         if trace:
-            host.dump_stats(str(Path(trace).with_suffix(".prof")))
+            host.dump_stats(f"{trace}.prof")
     cpu_ms = sum(e.self_cpu_time_total for e in events) / 1e3
     # the kernels' own events, as the profiler's table totals them (a CPU op's self device time is its
     # kernels' time once more: summing every event counted each kernel twice)
     device_ms = sum(e.self_device_time_total for e in events
                     if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1e3
     print(f"total self CPU {cpu_ms:.2f} ms, self device {device_ms:.2f} ms\n")
-    if trace:
-        prof.export_chrome_trace(trace)
+    if trace:  # gzipped: a 4-layer model's trace is megabytes of JSON
+        prof.export_chrome_trace(f"{trace}.json.gz")
     return {"cpu_ms": cpu_ms, "device_ms": device_ms}
 
 
@@ -519,7 +521,7 @@ def main() -> None:
                     if args.profile:
                         label = f"{name}-{s}-{variant}"
                         safe = re.sub(r"[^\w.-]", "_", label)  # @only=a+b: plain file names
-                        trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{safe}.json"
+                        trace = args.trace and args.out and f"{Path(args.out).with_suffix('')}-{safe}"
                         use(variant)
                         row["profile"] = profile(fn, device, label, trace or None)
                 write(args, device, rows, skipped)  # each scenario as it comes: a run cut short keeps its figures

@@ -61,6 +61,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, StaticCache
 import runtime_loader
 from runtime_loader import custom_ops
 from runtime_loader.integrations import transformers as lz_hf
+from runtime_loader.ops import OPS
 
 GQA = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
 MODELS = {  # name -> (config class, shape, Liger family); sdpa is the unpatched model's attention, but for
@@ -361,7 +362,6 @@ def only(ops: list[str]):
 def beyond_the_fallback(raw: dict) -> None:
     """The entries that choose some kernel other than their op's fallback."""
     from lzsolve.decide.solve import leaves
-    from runtime_loader.ops import OPS
 
     raw["ops"] = [e for e in raw["ops"] if {leaf["kernel_id"] for leaf in leaves(e["tree"])}
                   - {OPS[e["signature"].partition("[")[0]].fallback}]
@@ -430,9 +430,9 @@ def main() -> None:
     parser.add_argument("--out", help="JSON file for every figure")
     args = parser.parse_args()
     names, variants, scenarios = (s.split(",") for s in (args.models, args.variants, args.scenarios))
-    only = {v for v in variants if v.partition("@")[0] == "lzsolve"
-            and v.partition("@")[2].startswith("only=")}
-    for given, known in ((names, MODELS), (set(variants) - only, VARIANTS), (scenarios, SCENARIOS)):
+    subsets = {v for v in variants if v.startswith("lzsolve@only=")}  # the own table, some ops' entries alone
+    for given, known in ((names, MODELS), (set(variants) - subsets, VARIANTS), (scenarios, SCENARIOS),
+                         ({op for v in subsets for op in v.partition("=")[2].split("+")}, OPS)):
         if set(given) - set(known):
             parser.error(f"unknown {sorted(set(given) - set(known))}; known: {', '.join(known)}")
     args.compile_backend = args.compile_backend or ("aot_eager" if args.tiny else "inductor")

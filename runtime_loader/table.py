@@ -103,14 +103,20 @@ def _parse_node(node, sig: Signature, depth: int, resolve: bool = True) -> Leaf 
                  _parse_node(node.get("gt"), sig, depth + 1, resolve))
 
 
-def _finite(value, what: str) -> float:
-    """value as a float, where it is a number a float holds (not a bool, NaN, an infinity, or an
-    integer past a float's range, which raised OverflowError out of load)."""
+def finite_number(value) -> float | None:
+    """value as a float, where it is a number a float holds; None for anything else (a bool, NaN, an
+    infinity, an integer past a float's range, which raises OverflowError in float() and
+    math.isfinite alike, or no number at all)."""
     try:
         number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
     except OverflowError:
-        number = math.nan
-    if not math.isfinite(number):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _finite(value, what: str) -> float:
+    number = finite_number(value)
+    if number is None:
         raise TableError(f"{what} {shown(value)} is not a finite number")
     return number
 

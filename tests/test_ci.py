@@ -243,11 +243,12 @@ def test_compare_reads_its_tables_and_records_as_data(ci_run, tmp_path):
         (other / "dispatch.json").write_text(json.dumps(table))
         with pytest.raises(LzError, match=needle):
             compare(other, artifact)
-    foreign = tmp_path / "foreign-dims"
-    shutil.copytree(artifact, foreign)
-    rewrite(foreign / "perfdb", dims=lambda column: pa.array(['{"width": "x"}'] * len(column), pa.string()))
-    result = compare(artifact, foreign)
-    assert result["overall"]["points"] == 0 and not result["regressed"], result["overall"]
+    for name, dims in (("foreign-dims", '{"width": "x"}'), ("past-a-float", '{"tokens": 1%s}' % ("0" * 400))):
+        foreign = tmp_path / name
+        shutil.copytree(artifact, foreign)
+        rewrite(foreign / "perfdb", dims=lambda column, dims=dims: pa.array([dims] * len(column), pa.string()))
+        result = compare(artifact, foreign)
+        assert result["overall"]["points"] == 0 and not result["regressed"], (name, result["overall"])
 
 
 def test_tune_rejects_a_missing_baseline(tmp_path):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import NamedTuple
@@ -32,7 +31,7 @@ from lzsolve.errors import LzError
 from lzsolve.measure.env import busy
 from lzsolve.store.perfdb import PerfDB
 from runtime_loader.safeio import shown
-from runtime_loader.table import TableError, choose, read_table
+from runtime_loader.table import TableError, choose, finite_number, read_table
 
 # Three pairs of H100 tunes of one stack on the tiny grid (ci/tune_artifacts.py): norms, SwiGLU and
 # RoPE (1.6-3.1 µs kernels at tokens <= 16) moved by up to 21% in a signature's geomean, the
@@ -77,7 +76,7 @@ def chosen_times(folder: Path) -> tuple[dict, dict[str, dict[str, Timed]]]:
     trees = {str(sig): tree for sig, tree in table.trees.items()}
     times: dict[str, dict[str, Timed]] = {}
     for (signature, kernel_id, dims), r in latest.items():
-        if signature in trees and kernel_id == _chosen(trees[signature], dims) and _finite(r["ms"]):
+        if signature in trees and kernel_id == _chosen(trees[signature], dims) and finite_number(r["ms"]) is not None:
             times.setdefault(signature, {})[dims] = Timed(kernel_id, r["ms"], r["spread"], busy(r))
     return raw, times
 
@@ -87,13 +86,9 @@ def _chosen(tree, dims: str) -> str | None:
     object of numbers naming the dims it splits on: a PerfDB is data too)."""
     try:
         point = json.loads(dims)
-        return choose(tree, point) if all(_finite(v) for v in point.values()) else None
+        return choose(tree, point) if all(finite_number(v) is not None for v in point.values()) else None
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _comparable(new: dict, old: dict) -> None:

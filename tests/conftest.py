@@ -64,18 +64,14 @@ def tiny_llama_artifact(tmp_path_factory):
     the artifact has probe records whichever races the VM's noise makes close."""
     from lzsolve.measure import tuner
     from lzsolve.pipeline import ModelSource, ValidateConfig
-    from runtime_loader import registry
-    from tests.tables import NO_COMPILE, tuned
+    from tests.tables import NO_COMPILE, plugin_kernels, tuned
     from tests.test_cli import tiny_llama_config
 
-    # the kernels test modules register on import (tests.cliff_kernels...) are no candidates: a table that
-    # chose one (as the VM's noise once made it) is refused by every process without that plugin
-    plugins = tuple(k for k, spec in registry.REGISTRY.items() if getattr(spec.impl, "__module__", "").startswith("tests."))
     root = tmp_path_factory.mktemp("tiny-artifact")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tuner, "PROBE_CLEAR", math.inf)
         return tuned(ModelSource(config=tiny_llama_config(root), dtype="fp32"), root / "artifact",
-                     dataclasses.replace(NO_COMPILE, exclude=NO_COMPILE.exclude + plugins),
+                     dataclasses.replace(NO_COMPILE, exclude=NO_COMPILE.exclude + plugin_kernels()),
                      validate=ValidateConfig()).artifact
 
 

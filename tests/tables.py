@@ -41,6 +41,15 @@ QUICK = ("--sample-time", "0.05")
 QUICK_CPU = MeasureConfig(device="cpu", isolate=False, sample_time=0.05)
 # torch.compile left out (seconds of Inductor per kernel on CPU)
 NO_COMPILE = GridConfig(grid="tiny", exclude=("compile.*",))
+
+
+def plugin_kernels() -> tuple[str, ...]:
+    """The kernels test modules registered (tests.cliff_kernels, tests.tunable_kernels... on their
+    import, at collection): no candidates for the shared tiny tune or a re-run of it. A table that
+    chose one is refused by every process without that plugin, and a re-run that planned them
+    measured them again, in workers that do not know them."""
+    return tuple(kernel_id for kernel_id, spec in registry.REGISTRY.items()
+                 if getattr(spec.impl, "__module__", "").startswith("tests."))
 # no probes or validation: for the tests that check what is tuned and served, not the decisions
 SERVING = ValidateConfig(probe=False, shapes=0)
 NO_SEARCH_CHANGE = SearchConfig()  # the search's defaults

@@ -16,7 +16,7 @@ import runtime_loader
 from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE
 
-from .tables import QUICK, assert_replays_references
+from .tables import QUICK, assert_replays_references, plugin_kernels
 
 TINY_LLAMA = {**CATALOGUE["llama3-8b"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
@@ -83,8 +83,8 @@ def test_rerun_reuses_measurements(artifact, tmp_path, probes_everywhere):
     before = list((artifact / "perfdb").glob("*.parquet"))
     rows = PerfDB(artifact / "perfdb").rows("SELECT count(*) AS n FROM records")[0]["n"]
     result = CliRunner().invoke(cli, ["tune", "--config", str(config), "--grid", "tiny", "--dtype", "fp32",
-                                      "--device", "cpu", "--exclude", "compile.*", "--out", str(artifact),
-                                      *QUICK])  # sampled as the shared artifact was: its records answer
+                                      "--device", "cpu", "--exclude", ",".join(("compile.*", *plugin_kernels())),
+                                      "--out", str(artifact), *QUICK])  # as the shared artifact was: its records answer
     assert result.exit_code == 0, result.output
     runs = PerfDB(artifact / "perfdb").rows(  # the tunes' runs (an evaluation may have added its own)
         "SELECT run_id, count(*) FILTER (WHERE stage <> 'capability') AS measured FROM records "

@@ -356,6 +356,7 @@ class Tune:
         self.session: Session | None = None
         self.where = ""
         self.ahead: list[CompileAhead] = []  # the nvcc builders, the primer, Inductor's warmer
+        self.builders: CompileAhead | None = None  # the nvcc builders (the grid measures what they hold last)
         self.warmer: CompileAhead | None = None
         self.searched: SearchStats | None = None
         self.records: list[dict] = []
@@ -458,8 +459,9 @@ class Tune:
         # the nvcc builders; the primer, one for the run (bytecode and Triton's cache are the run's);
         # on a GPU, Inductor's warming processes (lzsolve/measure/ahead.py)
         if measure.isolate and not self.cluster:
-            self.ahead.append(CompileAhead.start(plan.signatures, session, builders,
-                                                 per_device=builders_per_device(len(builders))))
+            self.builders = CompileAhead.start(plan.signatures, session, builders,
+                                               per_device=builders_per_device(len(builders)))
+            self.ahead.append(self.builders)
             self.ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))
             if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
                 self.warmer = CompileAhead.start(plan.signatures, session, builders, warmed_by_inductor,
@@ -510,7 +512,8 @@ class Tune:
                    f"({self.where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
         with progress(plan.measurements, "measuring") as bar:
-            self.records = tuner.tune(plan, self.session, on_step=lambda label: bar.update(1, label))
+            self.records = tuner.tune(plan, self.session, on_step=lambda label: bar.update(1, label),
+                                      building=self.builders.building if self.builders else frozenset)
         self._lap("grid_s")
 
     def probe(self) -> None:

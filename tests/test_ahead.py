@@ -20,7 +20,7 @@ from lzsolve.measure.ahead import (
     phase_calls,
     warmed_by_inductor,
 )
-from lzsolve.measure.tuner import Session, make_plan, tune
+from lzsolve.measure.tuner import Session, make_plan, ready_first, signature_of, tune
 from lzsolve.measure.worker import InProcessRunner
 from lzsolve.models.capture import capture
 from lzsolve.store.perfdb import PerfDB, dims_key
@@ -169,6 +169,64 @@ def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
     stored = db.rows("SELECT count(*) AS n FROM records WHERE phase = 'compile'")[0]["n"]
     assert stored == len(built), "the builds' records are in the PerfDB"
     assert (tmp_path / "jit" / "flashinfer" / "builds.log").read_text().count("\n") == 1
+
+
+def test_the_builders_name_the_kernels_they_hold_until_their_calls_are_made(nvcc_plan, tmp_path):
+    sp = nvcc_plan.signatures[0]
+    spec = next(c.spec for c in sp.candidates if c.spec.kernel_id == "built.rms_norm")
+    started, release = threading.Event(), threading.Event()
+
+    class Builder:  # holds its first call until released
+        timer = "fake"
+
+        def run(self, task):
+            started.set()
+            release.wait(timeout=30)
+            return {}
+
+        def close(self, wait=True):
+            pass
+
+    session = Session(nvcc_plan, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
+    ahead = CompileAhead([(sp, spec, {"tokens": 1}), (sp, spec, {"tokens": 8})], session, [Builder])
+    assert ahead.building() == {"built.rms_norm"}, "queued"
+    assert started.wait(timeout=30) and ahead.building() == {"built.rms_norm"}, "in flight, one more queued"
+    release.set()
+    ahead.wait()
+    assert ahead.building() == frozenset()
+    ahead.close()
+
+
+def test_the_grid_measures_first_the_signatures_no_build_holds(tmp_path):
+    """A signature with a kernel still being built goes after every other, so that the grid does
+    not wait on a build while it has other work; asked again at each signature, it comes back to
+    plan order once the build is done, and where every signature left waits, it takes the first."""
+    import tests.nvcc_kernels  # noqa: F401  (registers built.rms_norm)
+    plan = make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny", only=("built.*",))
+    plan = dataclasses.replace(plan, signatures=tuple(sp for sp in plan.signatures
+                                                      if sp.instance.signature.op in ("norm.rms", "linear")))
+    names = [str(sp.instance.signature) for sp in plan.signatures]
+    norms, linears = [n for n in names if n.startswith("norm.rms")], [n for n in names if n.startswith("linear")]
+    assert names.index(norms[0]) < names.index(linears[0]) and len(linears) > 1, "a norm comes before the linears"
+
+    def grid_order(build_ends_after: int) -> list[str]:
+        session = Session(plan, PerfDB(tmp_path / f"perfdb-{build_ends_after}"), InProcessRunner(torch.device("cpu")))
+        order = []
+
+        def measure(sp, work, *args, **kwargs):
+            order.append(str(sp.instance.signature))
+            return []
+
+        session.measure = measure
+        tune(plan, session, building=lambda: frozenset({"built.rms_norm"} if len(order) < build_ends_after else ()))
+        return order
+
+    assert grid_order(build_ends_after=len(names)) == linears + norms, "built all along: the norms last"
+    # the build done after the first linear: the rest in plan order
+    assert grid_order(build_ends_after=1) == linears[:1] + [n for n in names if n != linears[0]]
+    # on several devices the workloads are ordered once, at the start
+    units = [(sp, [(sp.workloads[0], sp.candidates)]) for sp in plan.signatures]
+    assert [signature_of(unit) for unit in ready_first(units, frozenset({"built.rms_norm"}))] == linears + norms
 
 
 def test_the_measuring_worker_finds_the_library_the_primer_imported(nvcc_plan, tmp_path):

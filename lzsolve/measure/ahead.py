@@ -7,7 +7,8 @@ modules, 14 s and 7 s for its decode ones on the H100, where a Triton or Inducto
 second. In a cold default tune those builds were 107 s of the grid's 268 s (benchmarks/device.sh decisions),
 with the GPU idle while nvcc ran on the host. Here a second worker per device makes those first
 calls (each a ParityTask: a real parity check, recorded with phase 'compile' and its
-jit_ms) from the start of the run, so the grid finds the modules built. FlashInfer guards a build
+jit_ms) from the start of the run, so the grid finds the modules built; a signature whose kernel is still
+queued or building when the grid reaches it goes after the others (tuner.waits). FlashInfer guards a build
 and its load with one file lock, so a worker that reaches a module still building waits for it
 instead of building it twice.
 
@@ -170,7 +171,7 @@ class CompileAhead:
         self._stop = threading.Event()
         self._queued = {phase: collections.deque() for phase in PHASES}  # (call, seed) per phase
         self._given: set[tuple] = set()  # keys of the calls queued, in flight or made
-        self._in_flight = 0
+        self._making = collections.Counter()  # the kernels of the calls in flight
         self._changed = threading.Condition()
         self.add(calls, "grid")
         # per_device threads (each its own worker) per device, the devices' first ones first
@@ -223,8 +224,9 @@ class CompileAhead:
             while not self._stop.is_set():
                 queued = next((q for q in self._queued.values() if q), None)
                 if queued:
-                    self._in_flight += 1
-                    return queued.popleft()
+                    taken = queued.popleft()
+                    self._making[taken[0][1].kernel_id] += 1
+                    return taken
                 if not self.stays:
                     return None
                 self._changed.wait(timeout=0.2)
@@ -243,7 +245,7 @@ class CompileAhead:
                     self.records.append(record)
                 finally:
                     with self._changed:
-                        self._in_flight -= 1
+                        self._making[spec.kernel_id] -= 1
                         self._changed.notify_all()
         except Exception as e:  # a worker that cannot start costs the head start, never the run
             self.error = self.error or f"{type(e).__name__}: {e}"
@@ -253,10 +255,19 @@ class CompileAhead:
             with self._changed:
                 self._changed.notify_all()
 
+    def building(self) -> frozenset[str]:
+        """The kernels whose first calls are queued or being made (the grid measures the signatures
+        they hold last: tuner.ready_first)."""
+        with self._changed:
+            if not any(thread.is_alive() for thread in self._threads):  # gone, whatever they left queued
+                return frozenset()
+            queued = {spec.kernel_id for calls in self._queued.values() for (_, spec, _), _ in calls}
+            return frozenset(queued | set(+self._making))
+
     def wait(self) -> list[dict]:
         """Every call given so far made (or every thread gone); their records."""
         with self._changed:
-            self._changed.wait_for(lambda: not (self._in_flight or any(self._queued.values()))
+            self._changed.wait_for(lambda: not (+self._making or any(self._queued.values()))
                                    or not any(t.is_alive() for t in self._threads))
         return list(self.records)
 

@@ -510,13 +510,23 @@ class Session:
         return results + fresh
 
     def measure_all(self, jobs: list[tuple[SignaturePlan, Work]], phase: str, modes: tuple[str, ...] = MODES,
-                    on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
+                    on_step: Callable[[str], None] = lambda label: None,
+                    building: Callable[[], frozenset[str]] = frozenset) -> list[dict]:
         """`measure` over many signatures: one after the other on one device; on several, each
         workload (one bucket's candidates, never split) goes to the next free device, largest first,
-        a device staying on the signatures it has started while they have workloads left."""
+        a device staying on the signatures it has started while they have workloads left.
+        `building()`: the kernels whose modules are being built ahead (CompileAhead.building); the
+        work that waits for none of them goes first (`waits`): on one device the first such
+        signature in their order, asked at each; on several once, at the start (ready_first)."""
         if len(self.lanes) == 1:
-            return [r for sp, work in jobs for r in self.measure(sp, work, phase, modes, on_step)]
-        return run_sharded(self.order(jobs), self.lanes, lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane),
+            results, pending = [], list(jobs)
+            while pending:
+                busy = building()
+                sp, work = pending.pop(next((n for n, unit in enumerate(pending) if not waits(unit, busy)), 0))
+                results += self.measure(sp, work, phase, modes, on_step)
+            return results
+        return run_sharded(ready_first(self.order(jobs), building()), self.lanes,
+                           lambda lane, unit: self.measure(*unit, phase, modes, on_step, lane),
                            group=signature_of, warm=[lane.warm for lane in self.lanes])
 
     def order(self, jobs: list[tuple[SignaturePlan, Work]]) -> list[tuple[SignaturePlan, Work]]:
@@ -556,16 +566,32 @@ def first_calls_apart(units: list[tuple[SignaturePlan, Work]]) -> list[tuple[Sig
     return groups_apart(units, workload_size, signature_of)
 
 
+def waits(unit: tuple[SignaturePlan, Work], building: frozenset[str]) -> bool:
+    """Whether an admitted candidate of `unit` is in `building`: its first call would wait for a
+    build. A cold workload tune on an H100 waited about 45 s in the grid for FlashInfer's prefill
+    modules, built one after another beside it (benchmarks/runs/2026-12-06.txt), while the linears,
+    which no build holds, waited behind them: measured first, they leave the builds that time."""
+    return bool(building) and any(c.admitted and c.spec.kernel_id in building for _, candidates in unit[1]
+                                  for c in candidates)
+
+
+def ready_first(units: list[tuple[SignaturePlan, Work]], building: frozenset[str]) -> list[tuple[SignaturePlan, Work]]:
+    """The units in their order, those that wait for a build (`waits`) last."""
+    return sorted(units, key=lambda unit: waits(unit, building))
+
+
 def signature_of(unit: tuple[SignaturePlan, Work]) -> str:
     return str(unit[0].instance.signature)
 
 
-def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda label: None) -> list[dict]:
+def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda label: None,
+         building: Callable[[], frozenset[str]] = frozenset) -> list[dict]:
     """Gate and measure every candidate of the plan at every grid bucket; returns this run's view
-    of the records (new ones and reused ones). `on_step` follows each candidate."""
+    of the records (new ones and reused ones). `on_step` follows each candidate; `building()` names
+    the kernels still being built ahead, whose signatures wait (Session.measure_all)."""
     measure_ceilings(session.db, session.runner, session.recorder, plan.dtype, session.reuse)
     return session.measure_all([(sp, [(dims, sp.candidates) for dims in sp.workloads]) for sp in plan.signatures],
-                               "grid", on_step=on_step)
+                               "grid", on_step=on_step, building=building)
 
 
 LEAD_MARGIN = 0.10  # off the buckets, time the kernels within this of the best at the neighbouring points

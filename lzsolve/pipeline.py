@@ -362,6 +362,7 @@ class Tune:
         self.records: list[dict] = []
         self.validation: dict | None = None
         self.compiled: list[dict] = []  # the first calls made ahead
+        self.jit_named: list[dict] = []  # the measurement cache's records naming the JIT files it brought
         self.table: dict | None = None
         self._resources = contextlib.ExitStack()
         self._released = False
@@ -448,8 +449,9 @@ class Tune:
         cache_dir = (measure.cache_dir or default_cache()) if measure.cache else None
         self.session = session = tuner.Session(plan, db, runner, tuner.new_run_id(), reuse=not cfg.output.fresh,
                                                more=tuple(more), cache=PerfDB(cache_dir) if cache_dir else None,
-                                               sample_time=self.budget.time_cap_s)
+                                               sample_time=self.budget.time_cap_s, jit_work=self.out / JIT_WORK)
         say_incremental(session, plan)
+        self.jit_named = session.bring_jit_files(plan)  # what earlier runs compiled, before the builders look
         # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare. The
         # builders run niced: their nvcc jobs take the cores the measuring workers leave (on two H200s,
         # two builders beside the search made its trials 21% slower, benchmarks/device.sh devices)
@@ -572,12 +574,13 @@ class Tune:
         self.wall = time.perf_counter() - self.started
 
     def write(self) -> None:
-        """The artifact: dispatch.json, report.md, the records (the builds' name the files they wrote)
-        and the JIT caches' archive, after the wall."""
+        """The artifact: dispatch.json, report.md, the records (the builds' name the files they wrote,
+        as do the measurement cache's records of what it brought) and the JIT caches' archive, after
+        the wall."""
         searched = self.searched.line() if self.searched else None
         write_artifact(self.out, self.table, report_markdown(self.table, self.wall, len(self.records), self.phases,
                                                              searched, self.skipped, self.session.db.ceilings()),
-                       self.records + self.compiled)
+                       self.records + self.compiled + self.jit_named)
         self._lap("write_s")
 
     def report(self) -> TuneResult:

@@ -302,12 +302,12 @@ def pack(root: Path, kinds, archive: Path, files: dict[str, list[str]] | None = 
     with tarfile.open(archive, "w") as tar:
         for kind in sorted(set(kinds)):
             if kind in files:
-                chosen = [f for f in sorted(set(files[kind])) if _cache_file(root, kind, f)]
+                chosen = [f for f in sorted(set(files[kind])) if cache_file(root, kind, f)]
             else:
                 folder = Path(root) / kind
                 chosen = sorted(f"{kind}/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*")
                                 if p.is_file() and not p.is_symlink()) if folder.is_dir() else []
-            chosen = [f for f in chosen if _needed_on_restore(kind, f)]
+            chosen = [f for f in chosen if needed_on_restore(kind, f)]
             for f in chosen:
                 tar.add(Path(root) / f, arcname=f, filter=_plain_files_only)
             if chosen:
@@ -315,12 +315,12 @@ def pack(root: Path, kinds, archive: Path, files: dict[str, list[str]] | None = 
     return packed
 
 
-def _needed_on_restore(kind: str, name: str) -> bool:
+def needed_on_restore(kind: str, name: str) -> bool:
     patterns = RESTORED_FILES.get(kind)
     return patterns is None or any(PurePosixPath(name).match(p) for p in patterns)
 
 
-def _cache_file(root: Path, kind: str, name: str) -> bool:
+def cache_file(root: Path, kind: str, name: str) -> bool:
     """`name` ('kind/...', read from a PerfDB) is a regular file inside root/kind, reached without
     '..' or links."""
     path = PurePosixPath(name)

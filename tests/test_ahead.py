@@ -229,6 +229,18 @@ def test_the_grid_measures_first_the_signatures_no_build_holds(tmp_path):
     assert [signature_of(unit) for unit in ready_first(units, frozenset({"built.rms_norm"}))] == linears + norms
 
 
+def test_what_the_builders_built_goes_to_the_measurement_cache_with_its_files(nvcc_plan, tmp_path):
+    from lzsolve.store.jit_store import store_root
+    from tests.nvcc_kernels import MODULE
+    cache = PerfDB(tmp_path / "cache")
+    session = Session(nvcc_plan, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")), cache=cache,
+                      jit_work=tmp_path / "jit")
+    built = CompileAhead.start(nvcc_plan.signatures, session, [lambda: InProcessRunner(torch.device("cpu"))]).wait()
+    cached = cache.rows("SELECT kernel_id, phase, jit_files FROM records")
+    assert len(cached) == len(built) and {r["phase"] for r in cached} == {"compile"}
+    assert (store_root(cache.path, session.recorder.hw_slug) / "flashinfer" / MODULE).is_file()
+
+
 def test_the_measuring_worker_finds_the_library_the_primer_imported(nvcc_plan, tmp_path):
     """The primer's first call imports the library in a process of its own and leaves what that
     compiled in the run's cache; the measuring worker, another process, imports it again and

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,47 @@ def test_signatures_that_differ_only_in_a_label_are_timed_once(tmp_path):
     labelled = tuned(ModelSource(workload=attention_workload(tmp_path / "one.json", ("qk_norm",))),
                      tmp_path / "one", grid, config)
     assert labelled.summary["measured"] == 0 and labelled.summary["cached"] == len(timed[PLAIN]), labelled.summary
+
+
+def test_what_a_kernel_compiled_comes_with_its_records_to_another_folder(tmp_path, monkeypatch):
+    """A record reused from the cache names a build made in another run's folder: the cache keeps
+    the files it names (jit_store), a later run brings those of its kernels into its own folder
+    before it measures, so it builds nothing again and its artifact can pack them."""
+    from lzsolve.pipeline import OutputConfig, Tune, TuneConfig
+    from lzsolve.store.artifact import JIT_WORK, jit_files
+    from lzsolve.store.jit_store import store_root
+    from runtime_loader import jit
+
+    from .nvcc_kernels import MODULE
+    from .tables import NO_SEARCH_CHANGE, SERVING
+
+    for variable in jit.JIT_CACHES.values():  # each tune points them at its folder, process-wide
+        monkeypatch.setenv(variable, "")
+    cache = tmp_path / "cache"
+    built = GridConfig(grid="tiny", kernels=("built.*",), plugins=("tests.nvcc_kernels",))
+    measure = dataclasses.replace(QUICK_CPU, cache=True, cache_dir=cache)
+    module = f"flashinfer/{MODULE.as_posix()}"
+
+    def tune(name, *hiddens):
+        run = Tune(TuneConfig(ModelSource(workload=workload(tmp_path / f"{name}.json", *hiddens)), built, measure,
+                              NO_SEARCH_CHANGE, SERVING, OutputConfig(out=tmp_path / name)))
+        assert run.run().status == "ok"
+        return run
+
+    first = tune("first", 64)
+    builds = tmp_path / "first" / JIT_WORK / "flashinfer" / "builds.log"
+    assert builds.read_text().count("\n") == 1
+    hw_slug = rows(cache)[0]["hw_slug"]
+    assert (store_root(cache, hw_slug) / module).is_file(), "the cache keeps the module its record names"
+    assert not (store_root(cache, hw_slug) / "flashinfer" / "builds.log").exists(), "only what a restore needs"
+    assert first.jit_named == []
+
+    second = tune("second", 64, 128)  # a signature of its own: the kernel's first call in this folder
+    assert (tmp_path / "second" / JIT_WORK / module).is_file()
+    assert not (tmp_path / "second" / JIT_WORK / "flashinfer" / "builds.log").exists(), "nothing built again"
+    # an artifact whose table chose the kernel packs its module (which kernel wins a tiny CPU race is noise)
+    table = {"kernels": {"built.rms_norm": {"jit_caches": ["flashinfer"]}}}
+    files = jit_files(table, second.records + second.compiled + second.jit_named)
+    assert jit.pack(tmp_path / "second" / JIT_WORK, ["flashinfer"], tmp_path / "caches.tar", files) == ["flashinfer"]
+    with tarfile.open(tmp_path / "caches.tar") as tar:
+        assert tar.getnames() == [module]

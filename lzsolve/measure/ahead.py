@@ -140,8 +140,8 @@ def first_calls(signatures: tuple[SignaturePlan, ...], session: Session,
                 every_workload: bool = False) -> list[tuple[SignaturePlan, KernelSpec, dict]]:
     """(signature, kernel, workload) to call ahead: the admitted kernels `wanted` (by default
     those nvcc builds), at their branch points (every_workload: at each grid workload, largest
-    first), unless an earlier run of this PerfDB measured that kernel version (its out folder
-    holds the build)."""
+    first), unless an earlier run of this PerfDB or the measurement cache measured that kernel
+    version (its out folder holds the build, or the cache brought it: Session.bring_jit_files)."""
     measured = {(kernel_id, version) for _, kernel_id, version, _ in session.reusable}
     points = largest_first if every_workload else branch_points
     return [(sp, c.spec, dims) for sp in signatures for c in sp.candidates
@@ -242,6 +242,7 @@ class CompileAhead:
                     outcome = runner.run(self.task(sp.instance.signature, spec.kernel_id, dims, seed))
                     record = recorder.record(sp, spec, dims, seed=seed, phase="compile", **outcome)
                     self.session.db.append([record], self.session.run_id)  # each as it comes: a build is minutes
+                    self.session.share([record])  # and the files it built, for later runs (jit_store)
                     self.records.append(record)
                 finally:
                     with self._changed:

@@ -20,6 +20,7 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -36,6 +37,7 @@ from lzsolve.measure.tasks import COPY_PROBE_LIKE, CeilingTask, ParityTask, Task
 from lzsolve.models import OpInstance
 from lzsolve.models.capture import UNSERVED, Captured
 from lzsolve.ops import CONTRACTS
+from lzsolve.store.jit_store import copy_files, named_files, store_root
 from lzsolve.store.perfdb import CEILINGS_GLOB, DIMS, PerfDB, dims_key
 from runtime_loader import registry
 from runtime_loader.hardware import device_info, hardware_signature, slug
@@ -356,8 +358,10 @@ class Session:
     tune goes on without it."""
 
     def __init__(self, plan: Plan, db: PerfDB, runner: Runner, run_id: str | None = None, reuse: bool = True,
-                 more: tuple[Runner, ...] = (), cache: PerfDB | None = None, sample_time: float = Budget.time_cap_s):
+                 more: tuple[Runner, ...] = (), cache: PerfDB | None = None, sample_time: float = Budget.time_cap_s,
+                 jit_work: Path | None = None):
         self.db, self.runner = db, runner
+        self.jit_work = jit_work  # where the run's kernels compile (its .jit-work): the cache keeps and brings their files
         run_id = run_id or new_run_id()
         self.lanes = [Lane(r, Recorder(plan.model.name, plan.model.tp, plan.dtype, getattr(r, "device", plan.device),
                                        plan.hardware, run_id, r.timer, device_index(getattr(r, "device", plan.device), n),
@@ -423,15 +427,37 @@ class Session:
         self.cache_note = f"the measurement cache {self.cache.path} {why}; this run went on without it"
         self.cache = None
 
-    def _write_cache(self, records: list[dict]) -> None:
-        """What this run measured (not the capability verdicts: they cost nothing), into the cache."""
+    def share(self, records: list[dict]) -> None:
+        """What this run measured (not the capability verdicts: they cost nothing), into the cache,
+        with the JIT files their first calls wrote (lzsolve.store.jit_store)."""
         measured = [r for r in records if r["stage"] != "capability"]
         if self.cache is None or not measured:
             return
         try:
             self.cache.append(measured, self.run_id)
+            if self.jit_work is not None:
+                copy_files(named_files(measured), self.jit_work, store_root(self.cache.path, self.recorder.hw_slug))
         except (LzError, WriteError, OSError) as e:
             self._leave_cache(f"cannot be written ({str(e)[:300]})")
+
+    def bring_jit_files(self, plan: Plan) -> list[dict]:
+        """Into this run's JIT folder, the files the cache keeps for the plan's admitted kernels
+        (jit_store): what earlier runs on this hardware compiled, so that this run neither builds
+        it again nor packs an artifact without it. Returns the cache's records that name them."""
+        kernels = {(c.spec.kernel_id, c.spec.version()) for sp in plan.signatures for c in sp.candidates
+                   if c.admitted and c.spec.jit_caches}
+        if self.cache is None or self.jit_work is None or not self.reuse or not kernels:
+            return []
+        try:
+            rows = self.cache.rows("SELECT kernel_id, kernel_version, jit_files FROM records "
+                                   "WHERE hw_slug = ? AND jit_files IS NOT NULL AND jit_files <> '[]'",
+                                   [self.recorder.hw_slug]) if self.cache.files() else []
+            named = [r for r in rows if (r["kernel_id"], r["kernel_version"]) in kernels]
+            copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
+        except (LzError, OSError) as e:
+            self._leave_cache(f"cannot be read ({str(e)[:300]})")
+            return []
+        return named
 
     @property
     def run_id(self) -> str:
@@ -506,7 +532,7 @@ class Session:
                     measured.extend(new)
         finally:  # keep what was measured even when interrupted
             self.db.append(fresh, self.run_id)
-            self._write_cache(measured)
+            self.share(measured)
         return results + fresh
 
     def measure_all(self, jobs: list[tuple[SignaturePlan, Work]], phase: str, modes: tuple[str, ...] = MODES,

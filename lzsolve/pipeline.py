@@ -451,7 +451,10 @@ class Tune:
                                                more=tuple(more), cache=PerfDB(cache_dir) if cache_dir else None,
                                                sample_time=self.budget.time_cap_s, jit_work=self.out / JIT_WORK)
         say_incremental(session, plan)
-        self.jit_named = session.bring_jit_files(plan)  # what earlier runs compiled, before the builders look
+        self.jit_named, copied = session.bring_jit_files(plan)  # what earlier runs compiled, before the builders look
+        if copied:
+            click.echo(f"JIT caches: {copied} files earlier runs compiled for these kernels, from the measurement "
+                       f"cache into {self.out / JIT_WORK}", err=True)
         # a Ray run's builds happen on its nodes, and --no-isolate has no second worker to spare. The
         # builders run niced: their nvcc jobs take the cores the measuring workers leave (on two H200s,
         # two builders beside the search made its trials 21% slower, benchmarks/device.sh devices)

@@ -430,34 +430,35 @@ class Session:
     def share(self, records: list[dict]) -> None:
         """What this run measured (not the capability verdicts: they cost nothing), into the cache,
         with the JIT files their first calls wrote (lzsolve.store.jit_store)."""
-        measured = [r for r in records if r["stage"] != "capability"]
-        if self.cache is None or not measured:
+        measured, cache = [r for r in records if r["stage"] != "capability"], self.cache  # (a builder's thread may leave it)
+        if cache is None or not measured:
             return
         try:
-            self.cache.append(measured, self.run_id)
+            cache.append(measured, self.run_id)
             if self.jit_work is not None:
-                copy_files(named_files(measured), self.jit_work, store_root(self.cache.path, self.recorder.hw_slug))
+                copy_files(named_files(measured), self.jit_work, store_root(cache.path, self.recorder.hw_slug))
         except (LzError, WriteError, OSError) as e:
             self._leave_cache(f"cannot be written ({str(e)[:300]})")
 
-    def bring_jit_files(self, plan: Plan) -> list[dict]:
+    def bring_jit_files(self, plan: Plan) -> tuple[list[dict], int]:
         """Into this run's JIT folder, the files the cache keeps for the plan's admitted kernels
         (jit_store): what earlier runs on this hardware compiled, so that this run neither builds
-        it again nor packs an artifact without it. Returns the cache's records that name them."""
+        it again nor packs an artifact without it. Returns the cache's records that name them and
+        how many files were copied."""
         kernels = {(c.spec.kernel_id, c.spec.version()) for sp in plan.signatures for c in sp.candidates
                    if c.admitted and c.spec.jit_caches}
         if self.cache is None or self.jit_work is None or not self.reuse or not kernels:
-            return []
+            return [], 0
         try:
             rows = self.cache.rows("SELECT kernel_id, kernel_version, jit_files FROM records "
                                    "WHERE hw_slug = ? AND jit_files IS NOT NULL AND jit_files <> '[]'",
                                    [self.recorder.hw_slug]) if self.cache.files() else []
             named = [r for r in rows if (r["kernel_id"], r["kernel_version"]) in kernels]
-            copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
+            copied = copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
         except (LzError, OSError) as e:
             self._leave_cache(f"cannot be read ({str(e)[:300]})")
-            return []
-        return named
+            return [], 0
+        return named, copied
 
     @property
     def run_id(self) -> str:

@@ -430,7 +430,7 @@ class Session:
     def share(self, records: list[dict]) -> None:
         """What this run measured (not the capability verdicts: they cost nothing), into the cache,
         with the JIT files their first calls wrote (lzsolve.store.jit_store)."""
-        measured, cache = [r for r in records if r["stage"] != "capability"], self.cache  # (a builder's thread may leave it)
+        measured, cache = [r for r in records if r.get("stage") != "capability"], self.cache  # (a builder's thread may leave it)
         if cache is None or not measured:
             return
         try:

@@ -258,7 +258,7 @@ class CompileAhead:
 
     def building(self) -> frozenset[str]:
         """The kernels whose first calls are queued or being made (the grid measures the signatures
-        they hold last: tuner.ready_first)."""
+        they hold after the others: tuner.waits)."""
         with self._changed:
             if not any(thread.is_alive() for thread in self._threads):  # gone, whatever they left queued
                 return frozenset()

@@ -443,22 +443,19 @@ class Session:
     def bring_jit_files(self, plan: Plan) -> tuple[list[dict], int]:
         """Into this run's JIT folder, the files the cache keeps for the plan's admitted kernels
         (jit_store): what earlier runs on this hardware compiled, so that this run neither builds
-        it again nor packs an artifact without it. Returns the cache's records that name them and
-        how many files were copied."""
+        it again nor packs an artifact without it. The records that name them are those the cache
+        answers with (read once, at the start: `reusable`). Returns them and how many files were copied."""
         kernels = {(c.spec.kernel_id, c.spec.version()) for sp in plan.signatures for c in sp.candidates
                    if c.admitted and c.spec.jit_caches}
-        if self.cache is None or self.jit_work is None or not self.reuse or not kernels:
+        if self.cache is None or self.jit_work is None:
             return [], 0
+        named = [r for r in self.reusable.values() if r.get("cached_from") and r.get("jit_files") not in (None, "[]")
+                 and (r["kernel_id"], r["kernel_version"]) in kernels]
         try:
-            rows = self.cache.rows("SELECT kernel_id, kernel_version, jit_files FROM records "
-                                   "WHERE hw_slug = ? AND jit_files IS NOT NULL AND jit_files <> '[]'",
-                                   [self.recorder.hw_slug]) if self.cache.files() else []
-            named = [r for r in rows if (r["kernel_id"], r["kernel_version"]) in kernels]
-            copied = copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
-        except (LzError, OSError) as e:
+            return named, copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
+        except OSError as e:
             self._leave_cache(f"cannot be read ({str(e)[:300]})")
             return [], 0
-        return named, copied
 
     @property
     def run_id(self) -> str:

@@ -57,6 +57,22 @@ def get(kernel_id: str) -> KernelSpec:
     return _CONFIGURED.setdefault(kernel_id, spec)
 
 
+def family(kernel_id: str) -> str:
+    """The base id of a tunable family's configuration ('triton.rms_norm[block=1024,warps=4]': its
+    family 'triton.rms_norm'); any other id is its own."""
+    parsed = parse_config_id(kernel_id)
+    return parsed[0] if parsed is not None and parsed[0] in TUNABLES else kernel_id
+
+
+def plain_id(kernel_id: str) -> str:
+    """The id of the kernel a configuration runs: the family's base id for its default configuration
+    (the family's registered kernel is that configuration), the id itself otherwise."""
+    parsed = parse_config_id(kernel_id)
+    if parsed is not None and parsed[0] in TUNABLES and parsed[1] == TUNABLES[parsed[0]].default:
+        return parsed[0]
+    return kernel_id
+
+
 def known(kernel_id: str) -> bool:
     try:
         get(kernel_id)

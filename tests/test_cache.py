@@ -256,3 +256,43 @@ def test_what_a_kernel_compiled_comes_with_its_records_to_another_folder(tmp_pat
     assert jit.pack(tmp_path / "second" / JIT_WORK, ["flashinfer"], tmp_path / "caches.tar", files) == ["flashinfer"]
     with tarfile.open(tmp_path / "caches.tar") as tar:
         assert tar.getnames() == [module]
+
+
+def test_a_searched_winner_names_and_brings_what_its_trial_compiled(tmp_path, monkeypatch):
+    """A searched configuration compiles in its trial; its grid calls, in the same process, compile
+    nothing, yet its records name its trial's files (tasks.first_call_fields), so the cache keeps them
+    and a later run, whose search continues the study and runs no trial, brings them for the winner."""
+    from lzsolve.pipeline import OutputConfig, SearchConfig, Tune, TuneConfig
+    from lzsolve.store.artifact import JIT_WORK, jit_files
+    from runtime_loader import jit
+
+    from .jitted_kernels import SPACE
+    from .tables import SERVING
+
+    for variable in jit.JIT_CACHES.values():  # each tune points them at its folder, process-wide
+        monkeypatch.setenv(variable, "")
+    (tmp_path / "spaces").mkdir()
+    (tmp_path / "spaces" / "jitted.rms_norm.yaml").write_text(SPACE)
+    grid = GridConfig(grid="tiny", kernels=("jitted.*",), plugins=("tests.jitted_kernels",))
+    measure = dataclasses.replace(QUICK_CPU, cache=True, cache_dir=tmp_path / "cache")
+    winner, entry = "jitted.rms_norm[rows=64]", "triton/jitted/rows-64.bin"
+
+    def tune(name):
+        run = Tune(TuneConfig(ModelSource(workload=workload(tmp_path / f"{name}.json", 64)), grid, measure,
+                              SearchConfig(spaces=tmp_path / "spaces"), SERVING, OutputConfig(out=tmp_path / name)))
+        assert run.run().status == "ok"
+        return run
+
+    first = tune("first")
+    named = [json.loads(r["jit_files"]) for r in first.records if r["kernel_id"] == winner and r.get("jit_files")]
+    assert named and all(entry in files for files in named), "the winner's grid records name its trial's entry"
+    second = tune("second")
+    assert second.searched.run == 0, "the study continued from the cache: no trial"
+    assert (tmp_path / "second" / JIT_WORK / entry).is_file()
+    kept = next((tmp_path / "cache" / "jit").glob("*/triton/jitted/compiles.log")).read_text()
+    assert (tmp_path / "second" / JIT_WORK / "triton" / "jitted" / "compiles.log").read_text() == kept, \
+        "the log came with the entries: nothing compiled again"
+    files = jit_files({"kernels": {winner: {"jit_caches": ["triton"]}}}, second.records + second.compiled + second.jit_named)
+    assert jit.pack(tmp_path / "second" / JIT_WORK, ["triton"], tmp_path / "caches.tar", files) == ["triton"]
+    with tarfile.open(tmp_path / "caches.tar") as tar:
+        assert entry in tar.getnames(), "an artifact choosing the winner packs its entry"

@@ -196,3 +196,15 @@ def test_the_version_paths_agree_under_every_build_of_torch(tmp_path, torch_buil
     versions = {row["kernel_id"]: row["version"] for row in map(json.loads, result.output.splitlines())}
     assert versions["eager.rms_norm"] == registry.get("eager.rms_norm").version()
     assert versions["eager.rms_norm"].startswith(f"{torch_build}+src.")
+
+
+def test_a_configuration_names_its_family_and_the_default_is_the_familys_kernel():
+    from runtime_loader.specs import config_id
+    family = registry.TUNABLES["triton.rms_norm"]
+    default, other = family.default, {**family.default, "warps": next(w for w in family.params["warps"]
+                                                                       if w != family.default["warps"])}
+    assert registry.family(config_id("triton.rms_norm", other)) == "triton.rms_norm" == registry.family("triton.rms_norm")
+    assert registry.plain_id(config_id("triton.rms_norm", default)) == "triton.rms_norm"
+    assert registry.plain_id(config_id("triton.rms_norm", other)) == config_id("triton.rms_norm", other)
+    assert registry.family("nope.rms_norm[block=1]") == "nope.rms_norm[block=1]", "not a family: its own id"
+    assert registry.plain_id("eager.rms_norm") == "eager.rms_norm" == registry.family("eager.rms_norm")

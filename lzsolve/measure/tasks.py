@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from dataclasses import dataclass
 
@@ -177,12 +178,26 @@ def run_parity(task: ParityTask, device: torch.device, harness: Harness) -> dict
     return rejected("parity", parity.reason.code, parity.reason.message, **result)
 
 
+# The cache files each kernel's first calls in this process wrote, per folder the caches point at. A
+# kernel compiled here before (a searched configuration, by its trial; a family's kernel, by its
+# default configuration's trial: registry.plain_id) makes its next first calls at once, which write
+# nothing: they name these, so that the grid's records say what the kernel needs as the trial's would have.
+_COMPILED: dict[tuple, set[str]] = {}
+
+
 def first_call_fields(spec, first_ms: float | None, started: float) -> dict:
-    """jit_ms, and for a kernel that keeps a JIT cache, the cache files its first call (begun at
-    `started`) wrote (jit_files, JSON): the artifact packs the entries of the kernels its table chose."""
+    """jit_ms, and for a kernel that keeps a JIT cache, the cache files its first calls in this
+    process (this one begun at `started`) wrote (jit_files, JSON; an empty list for a slow first call
+    that wrote none: it loaded what another kernel compiled): the artifact packs the entries of the
+    kernels its table chose."""
     fields = {"jit_ms": first_ms}
-    if spec.jit_caches and (first_ms or 0) >= JIT_FLOOR_MS:
-        fields["jit_files"] = json.dumps(jit.written_since(spec.jit_caches, started))
+    if spec.jit_caches:
+        slow = (first_ms or 0) >= JIT_FLOOR_MS
+        roots = tuple(os.environ.get(jit.JIT_CACHES[kind], "") for kind in spec.jit_caches)
+        compiled = _COMPILED.setdefault((registry.plain_id(spec.kernel_id), roots), set())
+        compiled.update(jit.written_since(spec.jit_caches, started) if slow else ())
+        if slow or compiled:
+            fields["jit_files"] = json.dumps(sorted(compiled))
     return fields
 
 

@@ -444,13 +444,15 @@ class Session:
         """Into this run's JIT folder, the files the cache keeps for the plan's admitted kernels
         (jit_store): what earlier runs on this hardware compiled, so that this run neither builds
         it again nor packs an artifact without it. The records that name them are those the cache
-        answers with (read once, at the start: `reusable`). Returns them and how many files were copied."""
-        kernels = {(c.spec.kernel_id, c.spec.version()) for sp in plan.signatures for c in sp.candidates
-                   if c.admitted and c.spec.jit_caches}
+        answers with (read once, at the start: `reusable`), of these kernels and of every configuration
+        of their tunable families: before the search, the winners' files are there for its trials and
+        comparisons. Returns them and how many files were copied."""
+        kernels = {(registry.family(c.spec.kernel_id), c.spec.version()) for sp in plan.signatures
+                   for c in sp.candidates if c.admitted and c.spec.jit_caches}
         if self.cache is None or self.jit_work is None:
             return [], 0
         named = [r for r in self.reusable.values() if r.get("cached_from") and r.get("jit_files") not in (None, "[]")
-                 and (r["kernel_id"], r["kernel_version"]) in kernels]
+                 and (registry.family(r["kernel_id"]), r["kernel_version"]) in kernels]
         try:
             return named, copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
         except OSError as e:

@@ -187,9 +187,9 @@ _COMPILED: dict[tuple, set[str]] = {}
 
 def first_call_fields(spec, first_ms: float | None, started: float) -> dict:
     """jit_ms, and for a kernel that keeps a JIT cache, the cache files its first calls in this
-    process (this one begun at `started`) wrote (jit_files, JSON; an empty list for a slow first call
-    that wrote none: it loaded what another kernel compiled): the artifact packs the entries of the
-    kernels its table chose."""
+    process (this one begun at `started`) wrote (jit_files, JSON; an empty list where a slow first call
+    found none of them: it loaded what another kernel compiled): the artifact packs the entries of
+    the kernels its table chose."""
     fields = {"jit_ms": first_ms}
     if spec.jit_caches:
         slow = (first_ms or 0) >= JIT_FLOOR_MS

@@ -34,7 +34,8 @@ def store_root(cache: Path, hw_slug: str) -> Path:
 
 def named_files(records: Iterable[dict]) -> set[str]:
     """The cache files ('kind/relative/path') `records` name in their jit_files, of those a restore
-    needs; names that are not a relative path into a known cache kind are left out."""
+    needs; names outside the known cache kinds are left out (copy_files refuses the rest: '..',
+    absolute paths, links)."""
     names: set[str] = set()
     for record in records:
         try:

@@ -38,6 +38,20 @@ def cached_tune(tmp_path, name: str, hiddens, cache: Path | None, **measure):
     return tuned(ModelSource(workload=workload(tmp_path / f"{name}.json", *hiddens)), tmp_path / name, EAGER, config)
 
 
+def cached_run(tmp_path, name: str, grid: GridConfig, search=None, hiddens=(64,)):
+    """A tune in this process of RMSNorms of these widths with the cache tmp_path/cache and the
+    repository's search settings unless told: the Tune itself, whose records and jit_named say
+    what the packer is given."""
+    from lzsolve.pipeline import OutputConfig, SearchConfig, Tune, TuneConfig
+
+    from .tables import SERVING
+    measure = dataclasses.replace(QUICK_CPU, cache=True, cache_dir=tmp_path / "cache")
+    run = Tune(TuneConfig(ModelSource(workload=workload(tmp_path / f"{name}.json", *hiddens)), grid, measure,
+                          search or SearchConfig(), SERVING, OutputConfig(out=tmp_path / name)))
+    assert run.run().status == "ok"
+    return run
+
+
 def test_a_second_model_reuses_what_the_first_measured_and_says_where_from(tmp_path):
     cache = tmp_path / "cache"
     first = cached_tune(tmp_path, "first", (64, 96), cache)
@@ -218,28 +232,19 @@ def test_what_a_kernel_compiled_comes_with_its_records_to_another_folder(tmp_pat
     """A record reused from the cache names a build made in another run's folder: the cache keeps
     the files it names (jit_store), a later run brings those of its kernels into its own folder
     before it measures, so it builds nothing again and its artifact can pack them."""
-    from lzsolve.pipeline import OutputConfig, Tune, TuneConfig
     from lzsolve.store.artifact import JIT_WORK, jit_files
     from lzsolve.store.jit_store import store_root
     from runtime_loader import jit
 
     from .nvcc_kernels import MODULE
-    from .tables import NO_SEARCH_CHANGE, SERVING
 
     for variable in jit.JIT_CACHES.values():  # each tune points them at its folder, process-wide
         monkeypatch.setenv(variable, "")
     cache = tmp_path / "cache"
     built = GridConfig(grid="tiny", kernels=("built.*",), plugins=("tests.nvcc_kernels",))
-    measure = dataclasses.replace(QUICK_CPU, cache=True, cache_dir=cache)
     module = f"flashinfer/{MODULE.as_posix()}"
 
-    def tune(name, *hiddens):
-        run = Tune(TuneConfig(ModelSource(workload=workload(tmp_path / f"{name}.json", *hiddens)), built, measure,
-                              NO_SEARCH_CHANGE, SERVING, OutputConfig(out=tmp_path / name)))
-        assert run.run().status == "ok"
-        return run
-
-    first = tune("first", 64)
+    first = cached_run(tmp_path, "first", built)
     builds = tmp_path / "first" / JIT_WORK / "flashinfer" / "builds.log"
     assert builds.read_text().count("\n") == 1
     hw_slug = rows(cache)[0]["hw_slug"]
@@ -247,7 +252,7 @@ def test_what_a_kernel_compiled_comes_with_its_records_to_another_folder(tmp_pat
     assert not (store_root(cache, hw_slug) / "flashinfer" / "builds.log").exists(), "only what a restore needs"
     assert first.jit_named == []
 
-    second = tune("second", 64, 128)  # a signature of its own: the kernel's first call in this folder
+    second = cached_run(tmp_path, "second", built, hiddens=(64, 128))  # a signature of its own: a first call here
     assert (tmp_path / "second" / JIT_WORK / module).is_file()
     assert not (tmp_path / "second" / JIT_WORK / "flashinfer" / "builds.log").exists(), "nothing built again"
     # an artifact whose table chose the kernel packs its module (which kernel wins a tiny CPU race is noise)
@@ -262,31 +267,24 @@ def test_a_searched_winner_names_and_brings_what_its_trial_compiled(tmp_path, mo
     """A searched configuration compiles in its trial; its grid calls, in the same process, compile
     nothing, yet its records name its trial's files (tasks.first_call_fields), so the cache keeps them
     and a later run, whose search continues the study and runs no trial, brings them for the winner."""
-    from lzsolve.pipeline import OutputConfig, SearchConfig, Tune, TuneConfig
+    from lzsolve.pipeline import SearchConfig
     from lzsolve.store.artifact import JIT_WORK, jit_files
     from runtime_loader import jit
 
     from .jitted_kernels import SPACE
-    from .tables import SERVING
 
     for variable in jit.JIT_CACHES.values():  # each tune points them at its folder, process-wide
         monkeypatch.setenv(variable, "")
     (tmp_path / "spaces").mkdir()
     (tmp_path / "spaces" / "jitted.rms_norm.yaml").write_text(SPACE)
     grid = GridConfig(grid="tiny", kernels=("jitted.*",), plugins=("tests.jitted_kernels",))
-    measure = dataclasses.replace(QUICK_CPU, cache=True, cache_dir=tmp_path / "cache")
+    search = SearchConfig(spaces=tmp_path / "spaces")
     winner, entry = "jitted.rms_norm[rows=64]", "triton/jitted/rows-64.bin"
 
-    def tune(name):
-        run = Tune(TuneConfig(ModelSource(workload=workload(tmp_path / f"{name}.json", 64)), grid, measure,
-                              SearchConfig(spaces=tmp_path / "spaces"), SERVING, OutputConfig(out=tmp_path / name)))
-        assert run.run().status == "ok"
-        return run
-
-    first = tune("first")
+    first = cached_run(tmp_path, "first", grid, search)
     named = [json.loads(r["jit_files"]) for r in first.records if r["kernel_id"] == winner and r.get("jit_files")]
     assert named and all(entry in files for files in named), "the winner's grid records name its trial's entry"
-    second = tune("second")
+    second = cached_run(tmp_path, "second", grid, search)
     assert second.searched.run == 0, "the study continued from the cache: no trial"
     assert (tmp_path / "second" / JIT_WORK / entry).is_file()
     kept = next((tmp_path / "cache" / "jit").glob("*/triton/jitted/compiles.log")).read_text()

@@ -447,16 +447,16 @@ class Session:
         answers with (read once, at the start: `reusable`), of these kernels and of every configuration
         of their tunable families: before the search, the winners' files are there for its trials and
         comparisons. Returns them and how many files were copied."""
-        kernels = {(registry.family(c.spec.kernel_id), c.spec.version()) for sp in plan.signatures
-                   for c in sp.candidates if c.admitted and c.spec.jit_caches}
         if self.cache is None or self.jit_work is None:
             return [], 0
+        kernels = {(registry.family(c.spec.kernel_id), c.spec.version()) for sp in plan.signatures
+                   for c in sp.candidates if c.admitted and c.spec.jit_caches}
         named = [r for r in self.reusable.values() if r.get("cached_from") and r.get("jit_files") not in (None, "[]")
                  and (registry.family(r["kernel_id"]), r["kernel_version"]) in kernels]
         try:
             return named, copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
-        except OSError as e:
-            self._leave_cache(f"cannot be read ({str(e)[:300]})")
+        except OSError as e:  # the store unreadable, or the run's own folder unwritable
+            self._leave_cache(f"JIT files cannot be copied from it ({str(e)[:300]})")
             return [], 0
 
     @property

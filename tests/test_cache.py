@@ -87,11 +87,14 @@ def test_records_of_other_hardware_kernels_or_a_shorter_sampling_are_never_reuse
     cache = tmp_path / "cache"
     cached_tune(tmp_path, "first", (64,), cache)
     original = rows(cache)
-    # the same records, as measured on another machine, by another version of each kernel, or sampled
-    # for a tenth of the time and still noisy: each kind alone in a cache of its own
+    assert all(r["host_ms"] > 0 for r in original if r["eager_ms"] is not None)
+    # the same records, as measured on another machine, by another version of each kernel, sampled
+    # for a tenth of the time and still noisy, or by a version that kept no host time beside an eager
+    # one (an eager table's solve needs it): each kind alone in a cache of its own
     changes = {"hardware": {"hw_slug": "cuda-nvidia-h100-sm90-torch2.11.0"},
                "version": {"kernel_version": "0.0.0+src.00000000"},
-               "sampling": {"sample_time": QUICK_CPU.sample_time / 10, "eager_spread": Budget.target_spread * 5}}
+               "sampling": {"sample_time": QUICK_CPU.sample_time / 10, "eager_spread": Budget.target_spread * 5},
+               "no host time": {"host_ms": None}}
     for name, change in changes.items():
         other = PerfDB(tmp_path / f"cache-{name}")
         other.append([{**r, **change} for r in original], "elsewhere")

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from lzsolve.measure.harness import Budget, CpuHarness, CudaHarness, rotation_sets, summarize
+from lzsolve.measure.harness import Budget, CpuHarness, CudaHarness, rotation_sets, slowest, summarize
 
 
 def test_summarize_statistics():
@@ -216,6 +216,36 @@ def test_eager_mode_counts_the_host_cost_of_launches():
     torch.cuda.synchronize()
     eager = harness.measure({"launches": [launches]}, ("eager",))["launches"].eager
     assert eager.median_ms >= 0.8 * statistics.median(host_ms), (eager.median_ms, statistics.median(host_ms))
+
+    assert harness.measure({"launches": [launches]}, ("eager",))["launches"].host_ms >= 0.8 * statistics.median(host_ms)
+
+
+@pytest.mark.gpu
+def test_the_host_time_of_a_gpu_bound_call_is_its_launch_alone():
+    """An eager solve compares host times (solve.HOST_LOSS): a long matmul costs the host a launch,
+    a dozen tiny ones a dozen, whatever their GPU times."""
+    harness = CudaHarness(Budget(time_cap_s=0.2))
+    a, t = torch.randn(4096, 4096, device="cuda"), torch.zeros(8, device="cuda")
+
+    def launches():
+        for _ in range(12):
+            t.add_(1)
+    out = harness.measure({"mm": [lambda: a @ a], "launches": [launches]}, ("eager",))
+    mm, small = out["mm"], out["launches"]
+    assert mm.host_ms < 0.2 * mm.eager.median_ms, "GPU-bound: the host waits for nothing"
+    assert small.host_ms > 2 * mm.host_ms, (small.host_ms, mm.host_ms)
+
+
+def test_the_host_time_per_call_on_a_cpu_is_its_time():
+    """On a CPU the host's time is all of a call's: host_ms is the eager samples' median, per
+    call; a graph-only timing has none; rounds on other inputs keep the slowest host time."""
+    sets = [lambda: time.sleep(0.002) for _ in range(2)]
+    m = CpuHarness(Budget(warmup_s=0.0, min_samples=5, max_samples=5, max_sample_s=1.0)).measure({"k": sets})["k"]
+    assert m.host_ms == pytest.approx(m.eager.median_ms, rel=1e-9) and 1.5 < m.host_ms < 10
+    assert CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure(
+        {"k": [lambda: None]}, ())["k"].host_ms is None
+    fast, slow = (dataclasses.replace(m, host_ms=ms) for ms in (1.0, 3.0))
+    assert slowest([fast, slow]).host_ms == 3.0 and slowest([fast, dataclasses.replace(m, host_ms=None)]).host_ms is None
 
 
 FAULTS = """

@@ -313,6 +313,34 @@ def test_an_eager_table_charges_each_call_its_share_of_a_plan():
     assert solve_signature(nan, ("tokens",), "fb", "eager", 4)["tree"]["kernel_id"] == "planned"
 
 
+def test_an_eager_table_keeps_the_fallback_where_a_kernel_costs_the_host_more():
+    """Gemma 3's half table on the H100 (benchmarks/runs/2026-12-06-b.txt): a Triton GeGLU faster
+    than the two ATen ops it replaced, in GPU and in eager time, cost its prefill 6-7%, the model
+    being host-bound. An eager table keeps the fallback where a kernel's host time per call exceeds
+    the fallback's (HOST_LOSS), also beside a larger eager gain; a graph table (no host in a
+    replay) and records without host times (older PerfDBs) decide as before."""
+    from lzsolve.decide.solve import HOST_LOSS, HOST_SLACK_MS
+
+    tokens = (1, 16, 256, 777)
+    times = {"fb": {t: 0.040 for t in tokens}, "triton": {t: 0.025 for t in tokens}}
+    host = {"fb": 0.020, "triton": 0.030}
+    recs = records(times)
+    for r in recs:
+        r["graph_ms"], r["graph_spread"] = r["eager_ms"], 0.01
+    with_host = [{**r, "host_ms": host[r["kernel_id"]]} for r in recs]
+    assert solve_signature(with_host, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "fb"
+    assert solve_signature(with_host, ("tokens",), "fb", "graph")["tree"]["kernel_id"] == "triton"
+    assert solve_signature(recs, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "triton"
+    # within HOST_LOSS of the fallback's host time it wins on its eager time; past it at one point, not there
+    near = host["fb"] * (1 + HOST_LOSS) + HOST_SLACK_MS * 0.9
+    level = [{**r, "host_ms": near if r["kernel_id"] == "triton" else host["fb"]} for r in recs]
+    assert solve_signature(level, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "triton"
+    one = [{**r, "host_ms": 0.030 if r["kernel_id"] == "triton" and json.loads(r["dims"])["tokens"] == 1 else 0.020}
+           for r in recs]
+    tree = solve_signature(one, ("tokens",), "fb", "eager")["tree"]
+    assert [chosen(tree, t) for t in tokens] == ["fb", "triton", "triton", "triton"]
+
+
 def test_a_decision_whose_timings_spread_more_than_its_difference_is_marked_noisy():
     """A leaf decides between its kernel and the fallback it leaves (or, keeping the fallback, the
     best other kernel): its timings' spread against the difference decided, 2% at least."""

@@ -5,7 +5,9 @@ Every point counts on its own. At a point, a kernel's *excess* is how much slowe
 best kernel it is beyond that point's noise (the measured spreads of the two kernels there,
 clamped to [MIN_NOISE, MAX_NOISE]); a kernel that is slower than the fallback beyond noise
 (with a lower floor, FALLBACK_LOSS_NOISE: that loss is the one the tool promises never to make)
-at a point, or was not measured there, is barred from any leaf holding that point. A leaf
+at a point, or was not measured there, is barred from any leaf holding that point; so, in an eager
+table, is a kernel whose host time per call there exceeds the fallback's by more than HOST_LOSS
+(host_ms: an eager model that is host-bound pays a call's host time, not its GPU time). A leaf
 costs the sum of its points' excesses, with the part of a point's excess above WORST_BOUND
 weighted WORST_WEIGHT times (the worst point is bounded, not averaged away), plus LEAF_COST
 (a split must buy a real gain at some point, however few points that is). The cheapest tree
@@ -35,7 +37,7 @@ import json
 import math
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +51,13 @@ MIN_NOISE = 0.02  # no measured difference below this counts as real...
 # H100, benchmarks/device.sh decisions), past the 3% that promise allows
 FALLBACK_LOSS_NOISE = 0.01
 MAX_NOISE = 0.05  # a noisy point still may not hide a loss larger than this
+# An eager table serves clients whose forward may be bound by the host (small models, decode, short
+# prompts): there a call costs its host time, whatever its GPU time saves. Gemma 3's half table (a
+# Triton GeGLU in place of two ATen ops, faster on the GPU and in the eager timing) made its prefill
+# 0.93-0.96x of the unpatched model (benchmarks/runs/2026-12-06-b.txt). So a kernel that costs the host more
+# than the fallback by HOST_LOSS (and HOST_SLACK_MS, the timer's reach) loses to it, as a slower one does.
+HOST_LOSS = 0.05
+HOST_SLACK_MS = 0.001
 WORST_BOUND = 0.05  # excess regret at one point above this...
 WORST_WEIGHT = 10.0  # ...costs this many times more
 LEAF_COST = 0.01  # what a split must remove, in summed excess regret
@@ -81,6 +90,7 @@ class Points:
     fallback: str
     one_point_gain: float = 1.0  # the gain a kernel faster than the fallback at one point alone must have there
     switch_gain: float = SWITCH_GAIN  # the geomean gain over >= 4 points for which a leaf leaves the fallback
+    hosts: dict[str, list[float]] = field(default_factory=dict)  # eager: host ms per call (nan: unknown)
 
     @property
     def has_choice(self) -> bool:
@@ -101,7 +111,15 @@ class Points:
     def loses_to_fallback(self, kernel: str, i: int) -> bool:
         t, fb = self.times[kernel][i], self.times.get(self.fallback, [math.inf] * len(self.dims))[i]
         return (kernel != self.fallback and math.isfinite(fb)
-                and t > fb * (1 + self.noise(i, kernel, self.fallback, floor=FALLBACK_LOSS_NOISE)))
+                and (t > fb * (1 + self.noise(i, kernel, self.fallback, floor=FALLBACK_LOSS_NOISE))
+                     or self.costs_host_more(kernel, i)))
+
+    def costs_host_more(self, kernel: str, i: int) -> bool:
+        """Whether the kernel's host time per call at point i exceeds the fallback's by HOST_LOSS
+        (False where either is unknown: graph tables, older records)."""
+        nan = [math.nan] * len(self.dims)
+        host, fb = self.hosts.get(kernel, nan)[i], self.hosts.get(self.fallback, nan)[i]
+        return host > fb * (1 + HOST_LOSS) + HOST_SLACK_MS  # False where either is nan
 
     def timed_both(self, other: str, kernel: str, idx: list[int]) -> list[int]:
         """The points of `idx` where both kernels were timed (none if `other` never was)."""
@@ -200,10 +218,13 @@ def points_from(records: list[dict], mode: str, fallback: str, calls_per_forward
     index = {k: i for i, k in enumerate(keys)}
     times: dict[str, list[float]] = defaultdict(lambda: [math.inf] * len(keys))
     spreads: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(keys))
+    hosts: dict[str, list[float]] = defaultdict(lambda: [math.nan] * len(keys))
     for r in records:
         if r["status"] == "ok" and r.get(f"{mode}_ms") is not None:
             times[r["kernel_id"]][index[r["dims"]]] = client_ms(r, mode, calls_per_forward)
             spreads[r["kernel_id"]][index[r["dims"]]] = r.get(f"{mode}_spread") or 0.0
+            if mode == "eager" and r.get("host_ms") is not None:
+                hosts[r["kernel_id"]][index[r["dims"]]] = r["host_ms"]
     measured = [i for i in range(len(keys)) if any(math.isfinite(t[i]) for t in times.values())]
     device_types = {str(r.get("device") or "").split(":")[0] for r in records}
 
@@ -211,7 +232,8 @@ def points_from(records: list[dict], mode: str, fallback: str, calls_per_forward
         return max((per_device.get(d, default) for d in device_types), default=default)
     return Points([json.loads(keys[i]) for i in measured], {k: [t[i] for i in measured] for k, t in times.items()},
                   {k: [s[i] for i in measured] for k, s in spreads.items()}, fallback,
-                  strictest(ONE_POINT_GAIN, 1.0), strictest(DEVICE_SWITCH_GAIN, SWITCH_GAIN))
+                  strictest(ONE_POINT_GAIN, 1.0), strictest(DEVICE_SWITCH_GAIN, SWITCH_GAIN),
+                  {k: [h[i] for i in measured] for k, h in hosts.items()})
 
 
 class _Solver:

@@ -7,7 +7,9 @@ triton.testing.do_bench does). Two numbers per record:
 
 - eager: the k calls launched back to back from Python and timed with events from
   an idle GPU, so host-side launch overhead counts wherever it exceeds the GPU time
-  (what an eager server pays);
+  (what an eager server pays); beside it the host's own time per call in those passes
+  (`host_ms`: what issuing the call costs the CPU, which is all an eager model pays for it
+  where the model is host-bound);
 - graph: the k calls captured once in a CUDA graph and replayed (what a server
   with CUDA graphs pays: GPU time alone). A candidate that cannot be captured
   gets no graph time and the capture error instead.
@@ -81,6 +83,7 @@ class Measurement:
     graph_error: str | None = None
     sets: int = 1  # input sets rotated per sample
     graph_tried: bool = True  # whether graph timing was asked for (graph_error then says why it is missing)
+    host_ms: float | None = None  # median host time per call of the eager passes (None: no eager timing)
 
 
 def slowest(rounds: list[Measurement]) -> Measurement:
@@ -92,9 +95,9 @@ def slowest(rounds: list[Measurement]) -> Measurement:
             return None
         slow = max(timings, key=lambda t: t.median_ms)
         return dataclasses.replace(slow, samples=sum(t.samples for t in timings))
-    first = rounds[0]
+    first, hosts = rounds[0], [m.host_ms for m in rounds]
     return Measurement(combine([m.eager for m in rounds]), combine([m.graph for m in rounds]), first.graph_error,
-                       first.sets, first.graph_tried)
+                       first.sets, first.graph_tried, None if None in hosts else max(hosts))
 
 
 def summarize(samples_ms: list[float]) -> Timing:
@@ -192,7 +195,8 @@ class _Base:
             self.sync()
         return calls
 
-    def _eager_sampler(self, calls) -> Callable[[], float]:
+    def _eager_sampler(self, calls, host: list[float]) -> Callable[[], float]:
+        """A sample of the eager mode (ms per call); each appends the host's ms per call to `host`."""
         raise NotImplementedError
 
     def _graph_sampler(self, calls, keep: list) -> tuple[Callable[[], float] | None, str | None]:
@@ -240,7 +244,7 @@ class _Base:
         """Timing of every candidate in `modes` (graph on CUDA only); an Exception for one that raised."""
         results: dict[str, Measurement | Exception] = {}
         samplers, graph_errors, keep = {}, {}, []
-        sets = {}
+        sets, hosts = {}, {}
         for n, (name, calls) in enumerate(candidates.items()):
             try:
                 calls = self._warmup(calls, self.budget.warmup_s if n == 0 or not self.shared_warmup
@@ -251,7 +255,7 @@ class _Base:
                 continue
             sets[name] = len(calls)
             if "eager" in modes:
-                samplers[(name, "eager")] = self._eager_sampler(calls)
+                samplers[(name, "eager")] = self._eager_sampler(calls, hosts.setdefault(name, []))
             graph, graph_errors[name] = self._graph_sampler(calls, keep) if "graph" in modes else (None, None)
             if graph is not None:
                 samplers[(name, "graph")] = graph
@@ -266,8 +270,9 @@ class _Base:
                 results[name] = eager_failed or graph_failed  # no timing left to report
                 continue
             graph_error = graph_errors[name] or (describe(errors[(name, "graph")]) if (name, "graph") in errors else None)
+            host = hosts.get(name)
             results[name] = Measurement(timings.get((name, "eager")), timings.get((name, "graph")), graph_error,
-                                        sets[name], "graph" in modes)
+                                        sets[name], "graph" in modes, statistics.median(host) if host else None)
         return results
 
 
@@ -301,12 +306,13 @@ class CpuHarness(_Base):
         self.placements = placements
         keep_freed_memory()
 
-    def _eager_sampler(self, calls):
+    def _eager_sampler(self, calls, host: list[float]):
         def sample() -> float:
             start = time.perf_counter()
             for call in calls:
                 call()
-            return (time.perf_counter() - start) * 1e3 / len(calls)
+            host.append((time.perf_counter() - start) * 1e3 / len(calls))  # on a CPU the host's time is all of it
+            return host[-1]
         return sample
 
 
@@ -343,10 +349,12 @@ class CudaHarness(_Base):
         end.synchronize()
         return begin.elapsed_time(end) / calls_per_run
 
-    def _eager_sampler(self, calls):
-        def eager_pass() -> None:
+    def _eager_sampler(self, calls, host: list[float]):
+        def eager_pass() -> None:  # from an idle GPU, a few calls: no launch waits for the queue
+            start = time.perf_counter()
             for call in calls:
                 call()
+            host.append((time.perf_counter() - start) * 1e3 / len(calls))
         return lambda: self._events_ms(eager_pass, len(calls), idle_start=True)
 
     def _graph_sampler(self, calls, keep):

@@ -220,6 +220,8 @@ def timing_fields(m: Measurement, device: torch.device) -> dict:
         if t is not None:
             fields |= {f"{prefix}_ms": t.median_ms, f"{prefix}_p95_ms": t.p95_ms, f"{prefix}_min_ms": t.min_ms,
                        f"{prefix}_samples": t.samples, f"{prefix}_spread": t.spread}
+    if m.host_ms is not None:
+        fields["host_ms"] = m.host_ms
     if device.type == "cuda" and m.graph_tried:
         fields |= {"graph_safe": m.graph is not None, "graph_error": m.graph_error}
     return fields

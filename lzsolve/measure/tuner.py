@@ -220,7 +220,8 @@ def _reusable(db: PerfDB, recorder: Recorder, cached_from: str | None = None) ->
     signature, the kernel and its version, the dims; the hardware, timer and MoE routing skew), with
     samples as long as this run's or longer, or whose every timing reached the target spread (this
     run's sampling would have stopped there too) or whose kernel failed parity (no sampling decided
-    that); never those of `lzsolve evaluate`, whose shapes must stay unseen by the tables they judge.
+    that); an eager timing only with the host's time beside it (host_ms: older records lack it);
+    never those of `lzsolve evaluate`, whose shapes must stay unseen by the tables they judge.
     cached_from: `db` is the measurement cache, named so in every record taken from it (its
     provenance in the artifact's PerfDB)."""
     if not db.files():
@@ -230,6 +231,7 @@ def _reusable(db: PerfDB, recorder: Recorder, cached_from: str | None = None) ->
                    "AND stage NOT IN ('capability', 'compile') "
                    "AND coalesce(reason_code, '') <> 'TIMEOUT' "  # a longer --timeout may pass
                    "AND run_id NOT LIKE 'eval-%' "
+                   "AND NOT (status = 'ok' AND eager_ms IS NOT NULL AND host_ms IS NULL) "
                    "AND (coalesce(sample_time, ?) >= ? OR stage = 'parity' OR status = 'ok' "
                    "     AND coalesce(eager_spread, graph_spread) IS NOT NULL "
                    "     AND coalesce(eager_spread, 0) <= ? AND coalesce(graph_spread, 0) <= ?) "

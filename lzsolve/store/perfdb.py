@@ -58,6 +58,9 @@ SCHEMA = pa.schema([
     ("eager_min_ms", pa.float64()),
     ("eager_samples", pa.int32()),
     ("eager_spread", pa.float64()),  # IQR / median
+    # median host time per call of the eager passes: what issuing the call costs the CPU, all an eager
+    # model pays for it where the model is host-bound (on a CPU the same as eager_ms); null in older PerfDBs
+    ("host_ms", pa.float64()),
     ("graph_ms", pa.float64()),  # median of CUDA-graph replays (GPU time only)
     ("graph_p95_ms", pa.float64()),
     ("graph_min_ms", pa.float64()),

@@ -244,6 +244,14 @@ def _reusable(db: PerfDB, recorder: Recorder, cached_from: str | None = None) ->
     return {_key(r): r for r in rows}
 
 
+def _naming_files(db: PerfDB, recorder: Recorder) -> list[dict]:
+    """The records of this hardware that name JIT cache files (jit_files), whatever their stage."""
+    if not db.files():
+        return []
+    return db.rows("SELECT * FROM records WHERE hw_slug = ? AND coalesce(jit_files, '[]') <> '[]' ORDER BY ts",
+                   [recorder.hw_slug])
+
+
 def _recorded_rejections(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
     """Capability verdicts earlier runs recorded on this machine and stack, by key and Reason: a
     verdict that has not changed is not appended again (a re-run would double them)."""
@@ -445,20 +453,25 @@ class Session:
     def bring_jit_files(self, plan: Plan) -> tuple[list[dict], int]:
         """Into this run's JIT folder, the files the cache keeps for the plan's admitted kernels
         (jit_store): what earlier runs on this hardware compiled, so that this run neither builds
-        it again nor packs an artifact without it. The records that name them are those the cache
-        answers with (read once, at the start: `reusable`), of these kernels and of every configuration
-        of their tunable families: before the search, the winners' files are there for its trials and
-        comparisons. Returns them and how many files were copied."""
+        it again nor packs an artifact without it. The records that name them are every cache record
+        that names files, of these kernels and of every configuration of their tunable families
+        (before the search, the winners' files are there for its trials and comparisons), not only
+        those the cache answers with: a builder's record names the module it built, and the grid's
+        timing of the same workload, made later by a process that found it built, names none.
+        Returns them and how many files were copied."""
         if self.cache is None or self.jit_work is None:
             return [], 0
         kernels = {(registry.family(c.spec.kernel_id), c.spec.version()) for sp in plan.signatures
                    for c in sp.candidates if c.admitted and c.spec.jit_caches}
-        named = [r for r in self.reusable.values() if r.get("cached_from") and r.get("jit_files") not in (None, "[]")
-                 and (registry.family(r["kernel_id"]), r["kernel_version"]) in kernels]
+        if not kernels:
+            return [], 0
         try:
+            named = [{**r, "cached_from": r.get("cached_from") or str(self.cache.path)}
+                     for r in _naming_files(self.cache, self.recorder)
+                     if (registry.family(r["kernel_id"]), r["kernel_version"]) in kernels]
             return named, copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
-        except OSError as e:  # the store unreadable, or the run's own folder unwritable
-            self._leave_cache(f"JIT files cannot be copied from it ({str(e)[:300]})")
+        except (LzError, OSError) as e:  # the cache or its store unreadable, or the run's own folder unwritable
+            self._leave_cache(f"JIT files cannot be brought from it ({str(e)[:300]})")
             return [], 0
 
     @property

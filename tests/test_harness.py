@@ -50,6 +50,33 @@ def test_a_shared_warm_up_is_spent_on_the_first_candidate_alone(harness, shared)
         assert calls[name] >= 2 + 3, "two warm-up calls at least, then its samples"
 
 
+
+def test_a_measurement_right_after_another_warms_its_first_candidate_briefly(monkeypatch):
+    """The device's clocks are still up where the last measurement ended within STILL_WARM_S (on a
+    GPU, the next workload's parity checks run in between): its first candidate warms as the others
+    do. After a longer pause, or where candidates do not share a warm-up (CPU), it warms for warmup_s."""
+    from lzsolve.measure import harness as harness_module
+
+    calls = {"n": 0}
+
+    def call():
+        calls["n"] += 1
+        time.sleep(0.001)
+
+    def warm_up_calls(h) -> int:
+        calls["n"] = 0
+        h.measure({"a": [call]})
+        return calls["n"] - 3  # its samples
+    shared, alone = SharedWarmup(Budget(warmup_s=0.06, min_samples=3, max_samples=3)), CpuHarness(
+        Budget(warmup_s=0.06, min_samples=3, max_samples=3))
+    assert warm_up_calls(shared) >= 25, "a first measurement warms for warmup_s"
+    assert warm_up_calls(shared) <= 15, "right after another: briefly"
+    monkeypatch.setattr(harness_module, "STILL_WARM_S", 0.0)
+    warm_up_calls(shared)
+    assert warm_up_calls(shared) >= 25, "after a pause longer than STILL_WARM_S: warmup_s again"
+    monkeypatch.undo()
+    assert warm_up_calls(alone) >= 25 and warm_up_calls(alone) >= 25, "no shared warm-up: each warms fully"
+
 def test_first_call_is_not_in_steady_state():
     calls = []
 
@@ -235,6 +262,26 @@ def test_the_host_time_of_a_gpu_bound_call_is_its_launch_alone():
     assert mm.host_ms < 0.2 * mm.eager.median_ms, "GPU-bound: the host waits for nothing"
     assert small.host_ms > 2 * mm.host_ms, (small.host_ms, mm.host_ms)
 
+
+
+@pytest.mark.gpu
+def test_a_device_still_warm_times_as_one_warmed_up():
+    """harness.STILL_WARM_S: idle for nearly that long after a measurement, the device times a
+    small kernel with the brief warm-up as it does with the full one."""
+    from lzsolve.measure.harness import STILL_WARM_S
+
+    harness = CudaHarness(Budget(time_cap_s=0.1))
+    x = torch.randn(2048, 2048, device="cuda")
+    kernel = {"mm": [lambda: x @ x]}
+    harness.measure(kernel, ("graph",))
+    medians = {}
+    for warm_up in ("brief", "full", "brief", "full"):
+        time.sleep(0.9 * STILL_WARM_S)
+        if warm_up == "full":
+            harness._warm_until = 0.0
+        medians.setdefault(warm_up, []).append(harness.measure(kernel, ("graph",))["mm"].graph.median_ms)
+    brief, full = min(medians["brief"]), min(medians["full"])
+    assert abs(brief / full - 1) < 0.05, medians
 
 def test_the_host_time_per_call_on_a_cpu_is_its_time():
     """On a CPU the host's time is all of a call's: host_ms is the eager samples' median, per

@@ -36,6 +36,11 @@ from typing import Protocol
 import torch
 
 WARM_EACH_S = 0.005  # a candidate's warm-up after the first of a shared warm-up (CudaHarness)
+# A shared warm-up brings the device's clocks up; a device that ended a measurement this recently has
+# them up still (the next workload's parity checks ran on it in between), so the next measurement's
+# first candidate warms as the others do. The full warm-up, 50 ms a workload, was most of what a
+# probe or a validation timing cost (55 s for 775 probes of a workload tune, benchmarks/runs/2026-12-06.txt).
+STILL_WARM_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,7 @@ class _Base:
 
     def __init__(self, budget: Budget = Budget()):
         self.budget = budget
+        self._warm_until = 0.0  # perf_counter time until which the device counts as warm (STILL_WARM_S)
 
     def sync(self) -> None:
         pass
@@ -245,9 +251,10 @@ class _Base:
         results: dict[str, Measurement | Exception] = {}
         samplers, graph_errors, keep = {}, {}, []
         sets, hosts = {}, {}
+        warm = self.shared_warmup and time.perf_counter() < self._warm_until
         for n, (name, calls) in enumerate(candidates.items()):
             try:
-                calls = self._warmup(calls, self.budget.warmup_s if n == 0 or not self.shared_warmup
+                calls = self._warmup(calls, self.budget.warmup_s if (n == 0 and not warm) or not self.shared_warmup
                                      else min(WARM_EACH_S, self.budget.warmup_s))
             except Exception as e:
                 self.sync()
@@ -264,6 +271,7 @@ class _Base:
                 timings, errors = self._interleaved(samplers)
         finally:
             keep.clear()  # release the captured graphs
+            self._warm_until = time.perf_counter() + STILL_WARM_S
         for name in graph_errors:
             eager_failed, graph_failed = errors.get((name, "eager")), errors.get((name, "graph"))
             if eager_failed is not None or (graph_failed is not None and "eager" not in modes):
@@ -318,7 +326,8 @@ class CpuHarness(_Base):
 
 class CudaHarness(_Base):
     """On a GPU the warm-up brings up the device's clocks and power state, which the candidates
-    of one measurement share: the first warms for warmup_s, each other one for its first two
+    of one measurement share: the first warms for warmup_s (for WARM_EACH_S as the others, where
+    the last measurement ended within STILL_WARM_S), each other one for its first two
     calls (its own setup and a steady call) and WARM_EACH_S, then they are sampled in turns.
     Warming every candidate for warmup_s was 50 ms a measurement, about 40% of the probe phase
     of a default tune on the H100 (benchmarks/device.sh decisions)."""

@@ -182,6 +182,32 @@ def test_a_candidate_clearly_behind_the_leader_stops_sampling():
     assert off._interleaved({key: sampler(ms) for key, ms in times.items()})[0][("slow", "eager")].samples == 30
 
 
+
+def test_a_spread_out_timing_stops_once_its_median_is_pinned():
+    """A timing spread 5% (IQR / median) does not reach the 2% target spread and sampled to the
+    cap; its median is within 1% (95% confidence) after some tens of samples, where it now stops.
+    One whose median cannot be pinned (spread 40%) samples on to the cap, as before."""
+    import random
+
+    from lzsolve.measure.harness import median_pinned
+
+    rng = random.Random(0)
+    normal = [rng.gauss(1.0, 0.03) for _ in range(400)]
+    assert not median_pinned(normal[:10], 0.01) and median_pinned(normal[:150], 0.01)
+    assert not median_pinned(normal[:150], 0.0), "precision 0: never"
+    assert not median_pinned([1.0], 0.01) and median_pinned([1.0] * 5, 0.01)
+
+    def sampler(sd: float):
+        draws = random.Random(2)  # its first samples spread over 2%, as a busy host's eager timings do
+        return lambda: draws.gauss(1.0, sd)
+    budget = Budget(min_samples=5, max_samples=200, time_cap_s=10)
+    timings, _ = CpuHarness(budget)._interleaved({("k", "eager"): sampler(0.04), ("wide", "graph"): sampler(0.3)})
+    assert 20 <= timings[("k", "eager")].samples <= 150 and timings[("k", "eager")].spread > budget.target_spread
+    assert timings[("wide", "graph")].samples == 200
+    never = CpuHarness(dataclasses.replace(budget, target_precision=0.0))
+    assert never._interleaved({("k", "eager"): sampler(0.04)})[0][("k", "eager")].samples == 200
+
+
 @pytest.mark.gpu
 def test_cuda_graph_and_eager_modes():
     harness = CudaHarness(Budget(time_cap_s=0.2))

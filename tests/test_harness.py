@@ -278,7 +278,8 @@ def test_the_host_time_of_a_gpu_bound_call_is_its_launch_alone():
     """An eager solve compares host times (solve.HOST_LOSS): a long matmul costs the host a launch,
     a dozen tiny ones a dozen, whatever their GPU times."""
     harness = CudaHarness(Budget(time_cap_s=0.2))
-    a, t = torch.randn(4096, 4096, device="cuda"), torch.zeros(8, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)  # its own: a failed capture above can break the default one
+    a, t = torch.randn(4096, 4096, device="cuda", generator=gen), torch.zeros(8, device="cuda")
 
     def launches():
         for _ in range(12):
@@ -297,7 +298,7 @@ def test_a_device_still_warm_times_as_one_warmed_up():
     from lzsolve.measure.harness import STILL_WARM_S
 
     harness = CudaHarness(Budget(time_cap_s=0.1))
-    x = torch.randn(2048, 2048, device="cuda")
+    x = torch.randn(2048, 2048, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
     kernel = {"mm": [lambda: x @ x]}
     harness.measure(kernel, ("graph",))
     medians = {}

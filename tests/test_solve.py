@@ -320,25 +320,29 @@ def test_an_eager_table_keeps_the_fallback_where_a_kernel_costs_the_host_more():
     the fallback's (HOST_LOSS), also beside a larger eager gain; a graph table (no host in a
     replay) and records without host times (older PerfDBs) decide as before."""
     from lzsolve.decide.solve import HOST_LOSS, HOST_SLACK_MS
+    from lzsolve.store.artifact import format_tree
 
     tokens = (1, 16, 256, 777)
-    times = {"fb": {t: 0.040 for t in tokens}, "triton": {t: 0.025 for t in tokens}}
-    host = {"fb": 0.020, "triton": 0.030}
+    times = {"eager.geglu": {t: 0.040 for t in tokens}, "triton.geglu": {t: 0.025 for t in tokens}}
+    host = {"eager.geglu": 0.020, "triton.geglu": 0.030}
     recs = records(times)
     for r in recs:
         r["graph_ms"], r["graph_spread"] = r["eager_ms"], 0.01
     with_host = [{**r, "host_ms": host[r["kernel_id"]]} for r in recs]
-    assert solve_signature(with_host, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "fb"
-    assert solve_signature(with_host, ("tokens",), "fb", "graph")["tree"]["kernel_id"] == "triton"
-    assert solve_signature(recs, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "triton"
+    kept = solve_signature(with_host, ("tokens",), "eager.geglu", "eager")["tree"]
+    assert kept["kernel_id"] == "eager.geglu" and kept["host_bound"] == ["triton.geglu"], "the leaf says why not the faster one"
+    assert "not triton.geglu: more host time" in format_tree(kept)[0]
+    assert "host_bound" not in solve_signature(with_host, ("tokens",), "eager.geglu", "graph")["tree"]
+    assert solve_signature(with_host, ("tokens",), "eager.geglu", "graph")["tree"]["kernel_id"] == "triton.geglu"
+    assert solve_signature(recs, ("tokens",), "eager.geglu", "eager")["tree"]["kernel_id"] == "triton.geglu"
     # within HOST_LOSS of the fallback's host time it wins on its eager time; past it at one point, not there
-    near = host["fb"] * (1 + HOST_LOSS) + HOST_SLACK_MS * 0.9
-    level = [{**r, "host_ms": near if r["kernel_id"] == "triton" else host["fb"]} for r in recs]
-    assert solve_signature(level, ("tokens",), "fb", "eager")["tree"]["kernel_id"] == "triton"
-    one = [{**r, "host_ms": 0.030 if r["kernel_id"] == "triton" and json.loads(r["dims"])["tokens"] == 1 else 0.020}
+    near = host["eager.geglu"] * (1 + HOST_LOSS) + HOST_SLACK_MS * 0.9
+    level = [{**r, "host_ms": near if r["kernel_id"] == "triton.geglu" else host["eager.geglu"]} for r in recs]
+    assert solve_signature(level, ("tokens",), "eager.geglu", "eager")["tree"]["kernel_id"] == "triton.geglu"
+    one = [{**r, "host_ms": 0.030 if r["kernel_id"] == "triton.geglu" and json.loads(r["dims"])["tokens"] == 1 else 0.020}
            for r in recs]
-    tree = solve_signature(one, ("tokens",), "fb", "eager")["tree"]
-    assert [chosen(tree, t) for t in tokens] == ["fb", "triton", "triton", "triton"]
+    tree = solve_signature(one, ("tokens",), "eager.geglu", "eager")["tree"]
+    assert [chosen(tree, t) for t in tokens] == ["eager.geglu", "triton.geglu", "triton.geglu", "triton.geglu"]
 
 
 def test_a_decision_whose_timings_spread_more_than_its_difference_is_marked_noisy():

@@ -342,6 +342,9 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
     margin = pts.ratio(runner_up, kernel, idx) if runner_up else None
     decided = decision_noise(pts, idx, kernel, pts.fallback if gain is not None and kernel != pts.fallback
                              else runner_up)
+    # faster than the leaf's kernel at some of its points, barred there for their host time (HOST_LOSS)
+    host_bound = sorted(k for k in pts.times if k not in (kernel, pts.fallback)
+                        and any(pts.costs_host_more(k, i) and pts.times[k][i] < t[i] for i in idx))
     return {
         "kernel_id": kernel,
         "gain": round(gain, 4) if gain is not None else None,
@@ -353,6 +356,7 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
         "ranked": _ranked(pts, idx, kernel),
         "noise": round(decided[0], 4) if decided else None,
         "noisy": is_noisy(*decided) if decided else None,  # None: nothing decided (no other kernel timed)
+        **({"host_bound": host_bound} if host_bound else {}),
     }
 
 

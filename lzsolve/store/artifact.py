@@ -209,6 +209,11 @@ def format_tree(node: dict, indent: str = "  ") -> list[str]:
             parts.append(f"{node['points']} point{'s' if node['points'] != 1 else ''}")
         if node.get("ranked"):  # who serves if the runtime cannot use the kernel (policy, failures)
             parts.append("then " + ", ".join(f"{r['kernel_id']} ({(r['ratio'] - 1) * 100:+.0f}%)" for r in node["ranked"]))
+        # faster in eager time, but an eager model that is host-bound pays their host time (the ids are
+        # the table's data: only those this registry knows are printed)
+        host_bound = [k for k in node.get("host_bound") or () if isinstance(k, str) and registry.known(k)]
+        if host_bound:
+            parts.append(f"not {', '.join(host_bound)}: more host time a call than the fallback")
         if node.get("noisy"):
             parts.append(f"NOISY: timings spread {node['noise']:.0%}")
         return [indent + parts[0] + (f"  ({', '.join(parts[1:])})" if len(parts) > 1 else "")]

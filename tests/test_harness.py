@@ -319,7 +319,8 @@ def test_the_host_time_per_call_on_a_cpu_is_its_time():
     assert CpuHarness(Budget(warmup_s=0.0, min_samples=3, max_samples=3)).measure(
         {"k": [lambda: None]}, ())["k"].host_ms is None
     fast, slow = (dataclasses.replace(m, host_ms=ms) for ms in (1.0, 3.0))
-    assert slowest([fast, slow]).host_ms == 3.0 and slowest([fast, dataclasses.replace(m, host_ms=None)]).host_ms is None
+    assert slowest([fast, slow]).host_ms == 3.0
+    assert slowest([fast, dataclasses.replace(m, host_ms=None)]).host_ms is None
 
 
 FAULTS = """

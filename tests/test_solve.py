@@ -330,7 +330,8 @@ def test_an_eager_table_keeps_the_fallback_where_a_kernel_costs_the_host_more():
         r["graph_ms"], r["graph_spread"] = r["eager_ms"], 0.01
     with_host = [{**r, "host_ms": host[r["kernel_id"]]} for r in recs]
     kept = solve_signature(with_host, ("tokens",), "eager.geglu", "eager")["tree"]
-    assert kept["kernel_id"] == "eager.geglu" and kept["host_bound"] == ["triton.geglu"], "the leaf says why not the faster one"
+    assert kept["kernel_id"] == "eager.geglu"
+    assert kept["host_bound"] == ["triton.geglu"], "the leaf says why not the faster one"
     assert "not triton.geglu: more host time" in format_tree(kept)[0]
     assert "host_bound" not in solve_signature(with_host, ("tokens",), "eager.geglu", "graph")["tree"]
     assert solve_signature(with_host, ("tokens",), "eager.geglu", "graph")["tree"]["kernel_id"] == "triton.geglu"
@@ -339,8 +340,8 @@ def test_an_eager_table_keeps_the_fallback_where_a_kernel_costs_the_host_more():
     near = host["eager.geglu"] * (1 + HOST_LOSS) + HOST_SLACK_MS * 0.9
     level = [{**r, "host_ms": near if r["kernel_id"] == "triton.geglu" else host["eager.geglu"]} for r in recs]
     assert solve_signature(level, ("tokens",), "eager.geglu", "eager")["tree"]["kernel_id"] == "triton.geglu"
-    one = [{**r, "host_ms": 0.030 if r["kernel_id"] == "triton.geglu" and json.loads(r["dims"])["tokens"] == 1 else 0.020}
-           for r in recs]
+    first = {"kernel_id": "triton.geglu", "dims": json.dumps({"tokens": 1})}
+    one = [{**r, "host_ms": 0.030 if all(r[k] == v for k, v in first.items()) else 0.020} for r in recs]
     tree = solve_signature(one, ("tokens",), "eager.geglu", "eager")["tree"]
     assert [chosen(tree, t) for t in tokens] == ["eager.geglu", "triton.geglu", "triton.geglu", "triton.geglu"]
 

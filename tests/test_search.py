@@ -345,6 +345,20 @@ class CountingRunner(FakeRunner):
         return super().run(task)
 
 
+
+def test_a_trial_times_its_study_s_mode_alone(tmp_path):
+    """A study ranks configurations by one mode's time; the grid times the winners in both. A trial
+    that timed both (a CUDA graph captured and sampled beside the eager passes) cost twice the time."""
+    modes = []
+
+    class ModeRunner(FakeRunner):
+        def run(self, task):
+            if not isinstance(task, ParityTask):
+                modes.append(task.modes)
+            return super().run(task)
+    searched(tmp_path, "eager", ModeRunner(), SMART_BUDGET, trials=3)
+    assert modes and set(modes) == {("eager",)}
+
 def test_studies_are_shared_out_over_the_devices_with_the_same_winners(tmp_path):
     """tune --devices: each (signature, family) search goes whole to the next free device; the
     winners and the trials spent are those of one device."""

@@ -145,7 +145,8 @@ class Objective:
         trial.set_user_attr("kernel_id", kernel_id)
         outcome = self.runner.run(ParityTask(sig, kernel_id, self.dims, seed))
         if not outcome.get("reason_code"):
-            outcome = self.runner.run(TimingTask(sig, (kernel_id,), self.dims, seed))
+            # the study's mode alone: the grid times the winners in both, and a second mode doubled each trial
+            outcome = self.runner.run(TimingTask(sig, (kernel_id,), self.dims, seed, (self.mode,)))
             outcome = outcome.get("per_kernel", {}).get(kernel_id, outcome)
         time_ms = outcome.get(f"{self.mode}_ms")
         if outcome.get("reason_code") or time_ms is None:

@@ -50,7 +50,6 @@ def test_a_shared_warm_up_is_spent_on_the_first_candidate_alone(harness, shared)
         assert calls[name] >= 2 + 3, "two warm-up calls at least, then its samples"
 
 
-
 def test_a_measurement_right_after_another_warms_its_first_candidate_briefly(monkeypatch):
     """The device's clocks are still up where the last measurement ended within STILL_WARM_S (on a
     GPU, the next workload's parity checks run in between): its first candidate warms as the others
@@ -76,6 +75,7 @@ def test_a_measurement_right_after_another_warms_its_first_candidate_briefly(mon
     assert warm_up_calls(shared) >= 25, "after a pause longer than STILL_WARM_S: warmup_s again"
     monkeypatch.undo()
     assert warm_up_calls(alone) >= 25 and warm_up_calls(alone) >= 25, "no shared warm-up: each warms fully"
+
 
 def test_first_call_is_not_in_steady_state():
     calls = []
@@ -182,7 +182,6 @@ def test_a_candidate_clearly_behind_the_leader_stops_sampling():
     assert off._interleaved({key: sampler(ms) for key, ms in times.items()})[0][("slow", "eager")].samples == 30
 
 
-
 def test_a_spread_out_timing_stops_once_its_median_is_pinned():
     """A timing spread 5% (IQR / median) does not reach the 2% target spread and sampled to the
     cap; its median is within 1% (95% confidence) after some tens of samples, where it now stops.
@@ -269,7 +268,6 @@ def test_eager_mode_counts_the_host_cost_of_launches():
     torch.cuda.synchronize()
     eager = harness.measure({"launches": [launches]}, ("eager",))["launches"].eager
     assert eager.median_ms >= 0.8 * statistics.median(host_ms), (eager.median_ms, statistics.median(host_ms))
-
     assert harness.measure({"launches": [launches]}, ("eager",))["launches"].host_ms >= 0.8 * statistics.median(host_ms)
 
 
@@ -290,7 +288,6 @@ def test_the_host_time_of_a_gpu_bound_call_is_its_launch_alone():
     assert small.host_ms > 2 * mm.host_ms, (small.host_ms, mm.host_ms)
 
 
-
 @pytest.mark.gpu
 def test_a_device_still_warm_times_as_one_warmed_up():
     """harness.STILL_WARM_S: idle for nearly that long after a measurement, the device times a
@@ -309,6 +306,7 @@ def test_a_device_still_warm_times_as_one_warmed_up():
         medians.setdefault(warm_up, []).append(harness.measure(kernel, ("graph",))["mm"].graph.median_ms)
     brief, full = min(medians["brief"]), min(medians["full"])
     assert abs(brief / full - 1) < 0.05, medians
+
 
 def test_the_host_time_per_call_on_a_cpu_is_its_time():
     """On a CPU the host's time is all of a call's: host_ms is the eager samples' median, per

@@ -320,6 +320,7 @@ def test_an_eager_table_keeps_the_fallback_where_a_kernel_costs_the_host_more():
     the fallback's (HOST_LOSS), also beside a larger eager gain; a graph table (no host in a
     replay) and records without host times (older PerfDBs) decide as before."""
     from lzsolve.decide.solve import HOST_LOSS, HOST_SLACK_MS
+    from lzsolve.decide.validate import judge
     from lzsolve.store.artifact import format_tree
 
     tokens = (1, 16, 256, 777)
@@ -333,6 +334,11 @@ def test_an_eager_table_keeps_the_fallback_where_a_kernel_costs_the_host_more():
     assert kept["kernel_id"] == "eager.geglu"
     assert kept["host_bound"] == ["triton.geglu"], "the leaf says why not the faster one"
     assert "not triton.geglu: more host time" in format_tree(kept)[0]
+    assert kept["regret"] == 0, "regret is measured from the kernels that may serve"
+    point = [r for r in with_host if json.loads(r["dims"])["tokens"] == 777]
+    judged = judge("act.geglu", {"tokens": 777}, "eager.geglu", "eager.geglu", point, "eager")
+    assert judged.best == "eager.geglu" and judged.regret == 1.0, "validation and evaluate judge alike"
+    assert judge("act.geglu", {"tokens": 777}, "eager.geglu", "eager.geglu", point, "graph").best == "triton.geglu"
     assert "host_bound" not in solve_signature(with_host, ("tokens",), "eager.geglu", "graph")["tree"]
     assert solve_signature(with_host, ("tokens",), "eager.geglu", "graph")["tree"]["kernel_id"] == "triton.geglu"
     assert solve_signature(recs, ("tokens",), "eager.geglu", "eager")["tree"]["kernel_id"] == "triton.geglu"

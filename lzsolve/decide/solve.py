@@ -5,9 +5,10 @@ Every point counts on its own. At a point, a kernel's *excess* is how much slowe
 best kernel it is beyond that point's noise (the measured spreads of the two kernels there,
 clamped to [MIN_NOISE, MAX_NOISE]); a kernel that is slower than the fallback beyond noise
 (with a lower floor, FALLBACK_LOSS_NOISE: that loss is the one the tool promises never to make)
-at a point, or was not measured there, is barred from any leaf holding that point; so, in an eager
-table, is a kernel whose host time per call there exceeds the fallback's by more than HOST_LOSS
-(host_ms: an eager model that is host-bound pays a call's host time, not its GPU time). A leaf
+at a point, or was not measured there, is barred from any leaf holding that point. In an eager
+table a kernel whose host time per call at a point exceeds the fallback's by more than HOST_LOSS
+counts as not measured there (host_ms: an eager model that is host-bound pays a call's host time,
+not its GPU time), so that it is neither chosen nor the best that regret is measured from. A leaf
 costs the sum of its points' excesses, with the part of a point's excess above WORST_BOUND
 weighted WORST_WEIGHT times (the worst point is bounded, not averaged away), plus LEAF_COST
 (a split must buy a real gain at some point, however few points that is). The cheapest tree
@@ -55,9 +56,25 @@ MAX_NOISE = 0.05  # a noisy point still may not hide a loss larger than this
 # prompts): there a call costs its host time, whatever its GPU time saves. Gemma 3's half table (a
 # Triton GeGLU in place of two ATen ops, faster on the GPU and in the eager timing) made its prefill
 # 0.93-0.96x of the unpatched model (benchmarks/runs/2026-12-06-b.txt). So a kernel that costs the host more
-# than the fallback by HOST_LOSS (and HOST_SLACK_MS, the timer's reach) loses to it, as a slower one does.
+# than the fallback by HOST_LOSS (and HOST_SLACK_MS, the timer's reach) may not serve an eager table.
 HOST_LOSS = 0.05
 HOST_SLACK_MS = 0.001
+
+
+def _known(ms) -> bool:
+    return ms is not None and math.isfinite(ms)  # a PerfDB's missing value may read as NaN
+
+
+def costs_host_more(host_ms: float | None, fallback_host_ms: float | None) -> bool:
+    """Whether a kernel's host time per call exceeds the fallback's by HOST_LOSS (False where either
+    is unknown: records of older runs)."""
+    return _known(host_ms) and _known(fallback_host_ms) and host_ms > fallback_host_ms * (1 + HOST_LOSS) + HOST_SLACK_MS
+
+
+def host_bound(records: list[dict], fallback: str) -> set[str]:
+    """The kernels of one point's eager records that cost the host more than its fallback."""
+    hosts = {r["kernel_id"]: r.get("host_ms") for r in records if r["status"] == "ok"}
+    return {k for k, ms in hosts.items() if k != fallback and costs_host_more(ms, hosts.get(fallback))}
 WORST_BOUND = 0.05  # excess regret at one point above this...
 WORST_WEIGHT = 10.0  # ...costs this many times more
 LEAF_COST = 0.01  # what a split must remove, in summed excess regret
@@ -90,7 +107,8 @@ class Points:
     fallback: str
     one_point_gain: float = 1.0  # the gain a kernel faster than the fallback at one point alone must have there
     switch_gain: float = SWITCH_GAIN  # the geomean gain over >= 4 points for which a leaf leaves the fallback
-    hosts: dict[str, list[float]] = field(default_factory=dict)  # eager: host ms per call (nan: unknown)
+    # eager: per kernel, its time at the points where its host time kept it off (inf elsewhere)
+    host_bound: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def has_choice(self) -> bool:
@@ -111,15 +129,7 @@ class Points:
     def loses_to_fallback(self, kernel: str, i: int) -> bool:
         t, fb = self.times[kernel][i], self.times.get(self.fallback, [math.inf] * len(self.dims))[i]
         return (kernel != self.fallback and math.isfinite(fb)
-                and (t > fb * (1 + self.noise(i, kernel, self.fallback, floor=FALLBACK_LOSS_NOISE))
-                     or self.costs_host_more(kernel, i)))
-
-    def costs_host_more(self, kernel: str, i: int) -> bool:
-        """Whether the kernel's host time per call at point i exceeds the fallback's by HOST_LOSS
-        (False where either is unknown: graph tables, older records)."""
-        nan = [math.nan] * len(self.dims)
-        host, fb = self.hosts.get(kernel, nan)[i], self.hosts.get(self.fallback, nan)[i]
-        return host > fb * (1 + HOST_LOSS) + HOST_SLACK_MS  # False where either is nan
+                and t > fb * (1 + self.noise(i, kernel, self.fallback, floor=FALLBACK_LOSS_NOISE)))
 
     def timed_both(self, other: str, kernel: str, idx: list[int]) -> list[int]:
         """The points of `idx` where both kernels were timed (none if `other` never was)."""
@@ -213,18 +223,27 @@ def client_ms(record: dict, mode: str, calls_per_forward: int = 1) -> float | No
 
 def points_from(records: list[dict], mode: str, fallback: str, calls_per_forward: int = 1) -> Points:
     """The points of one signature's records: those where at least one kernel has a `mode` time
-    (client_ms: in eager mode with its setup's share)."""
+    (client_ms: in eager mode with its setup's share). In eager mode a kernel that costs the host
+    more than the fallback at a point (host_bound) has no time there: `host_bound` keeps it."""
     keys = sorted({r["dims"] for r in records})
     index = {k: i for i, k in enumerate(keys)}
     times: dict[str, list[float]] = defaultdict(lambda: [math.inf] * len(keys))
     spreads: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(keys))
-    hosts: dict[str, list[float]] = defaultdict(lambda: [math.nan] * len(keys))
-    for r in records:
-        if r["status"] == "ok" and r.get(f"{mode}_ms") is not None:
-            times[r["kernel_id"]][index[r["dims"]]] = client_ms(r, mode, calls_per_forward)
-            spreads[r["kernel_id"]][index[r["dims"]]] = r.get(f"{mode}_spread") or 0.0
-            if mode == "eager" and r.get("host_ms") is not None:
-                hosts[r["kernel_id"]][index[r["dims"]]] = r["host_ms"]
+    kept_off: dict[str, list[float]] = defaultdict(lambda: [math.inf] * len(keys))
+    timed = [r for r in records if r["status"] == "ok" and r.get(f"{mode}_ms") is not None]
+    barred = set()  # (kernel, dims) an eager table keeps off for its host time
+    if mode == "eager":
+        at: dict[str, list[dict]] = defaultdict(list)
+        for r in timed:
+            at[r["dims"]].append(r)
+        barred = {(k, d) for d, recs in at.items() for k in host_bound(recs, fallback)}
+    for r in timed:
+        kernel, i = r["kernel_id"], index[r["dims"]]
+        if (kernel, r["dims"]) in barred:
+            kept_off[kernel][i] = client_ms(r, mode, calls_per_forward)
+            continue
+        times[kernel][i] = client_ms(r, mode, calls_per_forward)
+        spreads[kernel][i] = r.get(f"{mode}_spread") or 0.0
     measured = [i for i in range(len(keys)) if any(math.isfinite(t[i]) for t in times.values())]
     device_types = {str(r.get("device") or "").split(":")[0] for r in records}
 
@@ -233,7 +252,7 @@ def points_from(records: list[dict], mode: str, fallback: str, calls_per_forward
     return Points([json.loads(keys[i]) for i in measured], {k: [t[i] for i in measured] for k, t in times.items()},
                   {k: [s[i] for i in measured] for k, s in spreads.items()}, fallback,
                   strictest(ONE_POINT_GAIN, 1.0), strictest(DEVICE_SWITCH_GAIN, SWITCH_GAIN),
-                  {k: [h[i] for i in measured] for k, h in hosts.items()})
+                  {k: [t[i] for i in measured] for k, t in kept_off.items()})
 
 
 class _Solver:
@@ -342,9 +361,8 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
     margin = pts.ratio(runner_up, kernel, idx) if runner_up else None
     decided = decision_noise(pts, idx, kernel, pts.fallback if gain is not None and kernel != pts.fallback
                              else runner_up)
-    # faster than the leaf's kernel at some of its points, barred there for their host time (HOST_LOSS)
-    host_bound = sorted(k for k in pts.times if k not in (kernel, pts.fallback)
-                        and any(pts.costs_host_more(k, i) and pts.times[k][i] < t[i] for i in idx))
+    # faster than the leaf's kernel at some of its points, kept off there for their host time (HOST_LOSS)
+    kept_off = sorted(k for k, off in pts.host_bound.items() if any(off[i] < t[i] for i in idx))
     return {
         "kernel_id": kernel,
         "gain": round(gain, 4) if gain is not None else None,
@@ -356,7 +374,7 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
         "ranked": _ranked(pts, idx, kernel),
         "noise": round(decided[0], 4) if decided else None,
         "noisy": is_noisy(*decided) if decided else None,  # None: nothing decided (no other kernel timed)
-        **({"host_bound": host_bound} if host_bound else {}),
+        **({"host_bound": kept_off} if kept_off else {}),
     }
 
 

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lzsolve.decide.solve import client_ms, pick, points_from, solve_signature
+from lzsolve.decide.solve import client_ms, host_bound, pick, points_from, solve_signature
 from lzsolve.measure.devices import run_sharded
 from lzsolve.measure.grid import buckets, points_near, random_points
 from lzsolve.measure.tuner import Lane, Plan, Session, SignaturePlan, Work, by_signature, contenders
@@ -74,12 +74,16 @@ def _missing(kernel: str, recs: list[dict], mode: str) -> str:
 def judge(signature: str, dims: dict, chosen: str, fallback: str, recs: list[dict], mode: str,
           calls_per_forward: int = 1) -> PointResult:
     """The table's choice at one shape against the best kernel and the fallback timed there (a
-    kernel timed more than once there counts at its fastest: evaluate.retimed; client_ms)."""
+    kernel timed more than once there counts at its fastest: evaluate.retimed; client_ms). In eager
+    mode the best is of the kernels that may serve there: not one that costs the host more than the
+    fallback (solve.host_bound), which an eager table keeps off (a table that chose one anyway, tuned
+    before that rule, is timed as chosen)."""
     times: dict[str, float] = {}
     for r in recs:
         if r["status"] == "ok" and r.get(f"{mode}_ms"):
             times[r["kernel_id"]] = min(client_ms(r, mode, calls_per_forward), times.get(r["kernel_id"], math.inf))
-    best = min(times, key=times.get) if times else None
+    off = host_bound(recs, fallback) if mode == "eager" else set()
+    best = min((k for k in times if k not in off), key=times.get, default=None)
     return PointResult(signature, dims, chosen, best, times.get(chosen), times.get(best) if best else None,
                        times.get(fallback), None if chosen in times else _missing(chosen, recs, mode),
                        None if fallback in times else _missing(fallback, recs, mode), fallback=fallback)

@@ -59,22 +59,6 @@ MAX_NOISE = 0.05  # a noisy point still may not hide a loss larger than this
 # than the fallback by HOST_LOSS (and HOST_SLACK_MS, the timer's reach) may not serve an eager table.
 HOST_LOSS = 0.05
 HOST_SLACK_MS = 0.001
-
-
-def _known(ms) -> bool:
-    return ms is not None and math.isfinite(ms)  # a PerfDB's missing value may read as NaN
-
-
-def costs_host_more(host_ms: float | None, fallback_host_ms: float | None) -> bool:
-    """Whether a kernel's host time per call exceeds the fallback's by HOST_LOSS (False where either
-    is unknown: records of older runs)."""
-    return _known(host_ms) and _known(fallback_host_ms) and host_ms > fallback_host_ms * (1 + HOST_LOSS) + HOST_SLACK_MS
-
-
-def host_bound(records: list[dict], fallback: str) -> set[str]:
-    """The kernels of one point's eager records that cost the host more than its fallback."""
-    hosts = {r["kernel_id"]: r.get("host_ms") for r in records if r["status"] == "ok"}
-    return {k for k, ms in hosts.items() if k != fallback and costs_host_more(ms, hosts.get(fallback))}
 WORST_BOUND = 0.05  # excess regret at one point above this...
 WORST_WEIGHT = 10.0  # ...costs this many times more
 LEAF_COST = 0.01  # what a split must remove, in summed excess regret
@@ -94,6 +78,23 @@ RANK_MAX = 3  # ...and at most this many of them
 # does). GPU timings repeat, and a GPU kernel's single-point cliffs are real (a second wave of tiles).
 ONE_POINT_GAIN = {"cpu": 1.3}
 BARRED = 1e9  # cost of a kernel at a point where it was not measured, or loses to the fallback: above any excess
+
+
+def _known(ms) -> bool:
+    return ms is not None and math.isfinite(ms)  # a PerfDB's missing value may read as NaN
+
+
+def costs_host_more(host_ms: float | None, fallback_host_ms: float | None) -> bool:
+    """Whether a kernel's host time per call exceeds the fallback's by HOST_LOSS (False where either
+    is unknown: records of older runs)."""
+    return (_known(host_ms) and _known(fallback_host_ms)
+            and host_ms > fallback_host_ms * (1 + HOST_LOSS) + HOST_SLACK_MS)
+
+
+def host_bound(records: list[dict], fallback: str) -> set[str]:
+    """The kernels of one point's eager records that cost the host more than its fallback."""
+    hosts = {r["kernel_id"]: r.get("host_ms") for r in records if r["status"] == "ok"}
+    return {k for k, ms in hosts.items() if k != fallback and costs_host_more(ms, hosts.get(fallback))}
 
 
 @dataclass

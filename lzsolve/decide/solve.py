@@ -109,7 +109,7 @@ class Points:
     one_point_gain: float = 1.0  # the gain a kernel faster than the fallback at one point alone must have there
     switch_gain: float = SWITCH_GAIN  # the geomean gain over >= 4 points for which a leaf leaves the fallback
     # eager: per kernel, its time at the points where its host time kept it off (inf elsewhere)
-    host_bound: dict[str, list[float]] = field(default_factory=dict)
+    kept_off: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def has_choice(self) -> bool:
@@ -217,7 +217,7 @@ def client_ms(record: dict, mode: str, calls_per_forward: int = 1) -> float | No
     by one), so each forward plans again, once for all its layers (the adapter keeps a plan per
     layout), while the benchmark's repeated calls of one shape time only the planned run."""
     ms, setup = record.get(f"{mode}_ms"), record.get("setup_ms")
-    if ms is None or mode != "eager" or setup is None or not math.isfinite(setup):
+    if ms is None or mode != "eager" or not _known(setup):
         return ms
     return ms + setup / max(1, calls_per_forward)
 
@@ -225,7 +225,7 @@ def client_ms(record: dict, mode: str, calls_per_forward: int = 1) -> float | No
 def points_from(records: list[dict], mode: str, fallback: str, calls_per_forward: int = 1) -> Points:
     """The points of one signature's records: those where at least one kernel has a `mode` time
     (client_ms: in eager mode with its setup's share). In eager mode a kernel that costs the host
-    more than the fallback at a point (host_bound) has no time there: `host_bound` keeps it."""
+    more than the fallback at a point (host_bound) has no time there: `kept_off` keeps it."""
     keys = sorted({r["dims"] for r in records})
     index = {k: i for i, k in enumerate(keys)}
     times: dict[str, list[float]] = defaultdict(lambda: [math.inf] * len(keys))
@@ -363,7 +363,7 @@ def _leaf_entry(pts: Points, idx: list[int], kernel: str) -> dict:
     decided = decision_noise(pts, idx, kernel, pts.fallback if gain is not None and kernel != pts.fallback
                              else runner_up)
     # faster than the leaf's kernel at some of its points, kept off there for their host time (HOST_LOSS)
-    kept_off = sorted(k for k, off in pts.host_bound.items() if any(off[i] < t[i] for i in idx))
+    kept_off = sorted(k for k, off in pts.kept_off.items() if any(off[i] < t[i] for i in idx))
     return {
         "kernel_id": kernel,
         "gain": round(gain, 4) if gain is not None else None,

@@ -239,17 +239,23 @@ def _reusable(db: PerfDB, recorder: Recorder, cached_from: str | None = None) ->
                    "ORDER BY ts", [recorder.hw_slug, recorder.timer, Budget.time_cap_s, recorder.sample_time * 0.999,
                                    Budget.target_spread, Budget.target_spread,
                                    *ROUTED_OPS, ROUTING_SKEW, routing_skew()])
-    if cached_from is not None:
-        rows = [{**r, "cached_from": r.get("cached_from") or cached_from} for r in rows]
-    return {_key(r): r for r in rows}
+    return {_key(r): r for r in _from(rows, cached_from)}
 
 
-def _naming_files(db: PerfDB, recorder: Recorder) -> list[dict]:
+def _from(rows: list[dict], cached_from: str | None) -> list[dict]:
+    """The rows, each naming the measurement cache it came from (cached_from: the cache's path; None:
+    not the cache) unless it already names one."""
+    if cached_from is None:
+        return rows
+    return [{**r, "cached_from": r.get("cached_from") or cached_from} for r in rows]
+
+
+def _naming_files(db: PerfDB, recorder: Recorder, cached_from: str | None = None) -> list[dict]:
     """The records of this hardware that name JIT cache files (jit_files), whatever their stage."""
     if not db.files():
         return []
-    return db.rows("SELECT * FROM records WHERE hw_slug = ? AND coalesce(jit_files, '[]') <> '[]' ORDER BY ts",
-                   [recorder.hw_slug])
+    return _from(db.rows("SELECT * FROM records WHERE hw_slug = ? AND coalesce(jit_files, '[]') <> '[]' "
+                         "ORDER BY ts", [recorder.hw_slug]), cached_from)
 
 
 def _recorded_rejections(db: PerfDB, recorder: Recorder) -> dict[tuple, dict]:
@@ -466,8 +472,7 @@ class Session:
         if not kernels:
             return [], 0
         try:
-            named = [{**r, "cached_from": r.get("cached_from") or str(self.cache.path)}
-                     for r in _naming_files(self.cache, self.recorder)
+            named = [r for r in _naming_files(self.cache, self.recorder, str(self.cache.path))
                      if (registry.family(r["kernel_id"]), r["kernel_version"]) in kernels]
             return named, copy_files(named_files(named), store_root(self.cache.path, self.recorder.hw_slug), self.jit_work)
         except (LzError, OSError) as e:  # the cache or its store unreadable, or the run's own folder unwritable

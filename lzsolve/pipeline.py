@@ -13,7 +13,7 @@ into the summary's `phases` from `search` on; `start` and `make_plan` together a
     make_plan        the model's op signatures x the grid x the candidates' capability verdicts
                      (tuner.make_plan); the out folder, its PerfDB, the runners, the compile-ahead workers
     search           optuna over the tunable kernels' configurations; the winners join the candidates
-    measure_grid     every candidate at every bucket: parity, then timing (tuner.tune)
+    measure_grid     every candidate at every bucket: parity, then timing in the table's mode (tuner.tune)
     probe            the leading kernels and the fallback at unaligned points (tuner.probe)
     validate         the solved table at random shapes, refined where it loses (validate.validate)
     close_measuring  the compile-ahead workers' last calls; every worker told to leave
@@ -357,6 +357,7 @@ class Tune:
         self.where = ""
         self.ahead: list[CompileAhead] = []  # the nvcc builders, the primer, Inductor's warmer
         self.builders: CompileAhead | None = None  # the nvcc builders (the grid measures what they hold last)
+        self.primer: CompileAhead | None = None  # the optional libraries' first calls (likewise)
         self.warmer: CompileAhead | None = None
         self.searched: SearchStats | None = None
         self.records: list[dict] = []
@@ -466,8 +467,8 @@ class Tune:
         if measure.isolate and not self.cluster:
             self.builders = CompileAhead.start(plan.signatures, session, builders,
                                                per_device=builders_per_device(len(builders)))
-            self.ahead.append(self.builders)
-            self.ahead.append(CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library))
+            self.primer = CompileAhead.start(plan.signatures, session, builders[:1], imports_a_library)
+            self.ahead += [self.builders, self.primer]
             if plan.device.type == "cuda":  # on CPU it would take the cores eager timings read
                 self.warmer = CompileAhead.start(plan.signatures, session, builders, warmed_by_inductor,
                                                  every_workload=True)
@@ -511,15 +512,23 @@ class Tune:
         return self.out / STORAGE_NAME
 
     def measure_grid(self) -> None:
-        """Gate and time every candidate at every bucket of the grid."""
+        """Gate and time every candidate at every bucket of the grid, in the table's mode."""
         plan = self.plan
         click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
                    f"({self.where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
                    f"{plan.measurements} measurements", err=True)
         with progress(plan.measurements, "measuring") as bar:
-            self.records = tuner.tune(plan, self.session, on_step=lambda label: bar.update(1, label),
-                                      building=self.builders.building if self.builders else frozenset)
+            self.records = tuner.tune(plan, self.session, self.mode, on_step=lambda label: bar.update(1, label),
+                                      building=self._building)
         self._lap("grid_s")
+
+    def _building(self) -> frozenset[str]:
+        """The kernels whose first calls the builders or the primer are still making: the grid
+        measures the signatures they hold after the others. The primer's import of a library a
+        quick tune's measuring worker would import at once beside it (Liger's, 6.4 s in a process
+        without its bytecode on an H100 host, benchmarks/runs/2026-12-06-e.txt) is then read from
+        the bytecode the primer wrote."""
+        return frozenset().union(*(a.building() for a in (self.builders, self.primer) if a))
 
     def probe(self) -> None:
         """Unless told not to: the leading kernels and the fallback at unaligned points inside the

@@ -93,7 +93,7 @@ def test_a_kernel_compiled_per_shape_is_warmed_at_every_workload_unchecked(tmp_p
     assert all(r["stage"] == "compile" and r["status"] == "ok" and r.get("rel_l2") is None for r in warmed), \
         "a first call alone: no parity was checked"
     assert all(r["jit_ms"] >= COMPILE_S * 1e3 and json.loads(r["jit_files"]) for r in warmed)
-    grid = [r for r in tune(plan, session) if r["kernel_id"] == "shaped.rms_norm" and r["stage"] != "capability"]
+    grid = [r for r in tune(plan, session, "eager") if r["kernel_id"] == "shaped.rms_norm" and r["stage"] != "capability"]
     assert grid and all(r["stage"] == "bench" and r["jit_ms"] < COMPILE_S * 1e3 for r in grid), \
         "the grid checked and timed the kernel at every workload, compiling none of them"
     log = (tmp_path / "jit" / "inductor" / "shaped" / "compiles.log").read_text().split()
@@ -164,7 +164,7 @@ def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
     assert len(built) == len(calls) and all(r["status"] == "ok" and r["phase"] == "compile" for r in built)
     first = min(built, key=lambda r: r["ts"])
     assert first["jit_ms"] >= BUILD_S * 1e3 and f"flashinfer/{MODULE.as_posix()}" in json.loads(first["jit_files"])
-    grid = [r for r in tune(nvcc_plan, session) if r["kernel_id"] == "built.rms_norm"]
+    grid = [r for r in tune(nvcc_plan, session, "eager") if r["kernel_id"] == "built.rms_norm"]
     assert grid and all(r["jit_ms"] < BUILD_S * 1e3 for r in grid), "no grid call waited for a build"
     stored = db.rows("SELECT count(*) AS n FROM records WHERE phase = 'compile'")[0]["n"]
     assert stored == len(built), "the builds' records are in the PerfDB"
@@ -218,7 +218,7 @@ def test_the_grid_measures_first_the_signatures_no_build_holds(tmp_path):
             return []
 
         session.measure = measure
-        tune(plan, session, building=lambda: frozenset({"built.rms_norm"} if len(order) < build_ends_after else ()))
+        tune(plan, session, "eager", building=lambda: frozenset({"built.rms_norm"} if len(order) < build_ends_after else ()))
         return order
 
     assert grid_order(build_ends_after=len(names)) == linears + norms, "built all along: the norms last"
@@ -256,7 +256,7 @@ def test_the_measuring_worker_finds_the_library_the_primer_imported(nvcc_plan, t
                                     imports_a_library).wait()
         assert primed and all(r["phase"] == "compile" and r["status"] == "ok" for r in primed)
         assert max(r["jit_ms"] for r in primed) >= IMPORT_S * 1e3, "the primer paid the first import"
-        grid = [r for r in tune(plan, session) if r["kernel_id"] == "imported.rms_norm" and r["stage"] != "capability"]
+        grid = [r for r in tune(plan, session, "eager") if r["kernel_id"] == "imported.rms_norm" and r["stage"] != "capability"]
     finally:
         measuring.close()
     assert grid and all(r["status"] == "ok" and r["jit_ms"] < IMPORT_S * 1e3 for r in grid), \
@@ -332,7 +332,7 @@ def test_a_host_of_16_cores_a_device_gets_two_builders_per_device():
 
 def test_nothing_is_compiled_ahead_where_an_earlier_run_measured_the_kernel(nvcc_plan, tmp_path):
     db = PerfDB(tmp_path / "perfdb")
-    tune(nvcc_plan, Session(nvcc_plan, db, InProcessRunner(torch.device("cpu"))))
+    tune(nvcc_plan, Session(nvcc_plan, db, InProcessRunner(torch.device("cpu"))), "eager")
     again = Session(nvcc_plan, db, InProcessRunner(torch.device("cpu")))
     assert first_calls(nvcc_plan.signatures, again) == []
     assert CompileAhead.start(nvcc_plan.signatures, again, [lambda: InProcessRunner(torch.device("cpu"))]) is None

@@ -26,7 +26,7 @@ model = capture(TINY_LLAMA, "tiny", dtype="fp32")
 plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
 plan = dataclasses.replace(plan, signatures=tuple(dataclasses.replace(sp, workloads=sp.workloads[:2])
                                                   for sp in plan.signatures[:4]))
-records = tune(plan, Session(plan, PerfDB(sys.argv[1]), LoggedRunner(torch.device("cpu"))))
+records = tune(plan, Session(plan, PerfDB(sys.argv[1]), LoggedRunner(torch.device("cpu"))), "eager")
 print(json.dumps(len([r for r in records if r["stage"] != "capability"])))
 """
 

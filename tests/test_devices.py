@@ -155,9 +155,9 @@ class LaneRunner:
 def test_records_are_tagged_with_their_device_and_a_workload_stays_on_one(tmp_path):
     model = capture(TINY_LLAMA, "tiny", dtype="fp32")
     plan = make_plan(model, "fp32", torch.device("cpu"), "tiny")
-    one = tune(plan, Session(plan, PerfDB(tmp_path / "one"), LaneRunner("cpu"), reuse=False))
+    one = tune(plan, Session(plan, PerfDB(tmp_path / "one"), LaneRunner("cpu"), reuse=False), "eager")
     lanes = LaneRunner("cpu"), LaneRunner("cpu")
-    two = tune(plan, Session(plan, PerfDB(tmp_path / "two"), lanes[0], reuse=False, more=(lanes[1],)))
+    two = tune(plan, Session(plan, PerfDB(tmp_path / "two"), lanes[0], reuse=False, more=(lanes[1],)), "eager")
     assert len(two) == len(one) and {r["device_index"] for r in one} == {0}
     assert all(lane.seen for lane in lanes), "both devices measured"
     measured = [r for r in two if r["stage"] != "capability"]
@@ -175,7 +175,7 @@ def test_validation_shares_out_its_signatures_whole_over_the_devices(tmp_path):
     plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
     lanes = LaneRunner("cpu", 0.002), LaneRunner("cpu", 0.002)
     session = Session(plan, PerfDB(tmp_path / "perfdb"), lanes[0], reuse=False, more=(lanes[1],))
-    records = tune(plan, session)
+    records = tune(plan, session, "eager")
     planned = plan_validation(plan, records, "eager", shapes=2)
     assert len(planned) >= 2
     before = [len(lane.seen) for lane in lanes]
@@ -254,7 +254,7 @@ def test_a_rerun_measures_only_the_kernels_whose_version_changed(tmp_path, monke
     model = capture(TINY_LLAMA, "tiny", dtype="fp32")
     plan = make_plan(model, "fp32", torch.device("cpu"), "tiny", only=("torch.*",))
     db = PerfDB(tmp_path / "perfdb")
-    first = tune(plan, Session(plan, db, LaneRunner("cpu")))
+    first = tune(plan, Session(plan, db, LaneRunner("cpu")), "eager")
     session = Session(plan, db, LaneRunner("cpu"))
     assert session.changes(plan) == ([], [])
     upgraded = next(c.spec for c in plan.signatures[0].candidates if c.admitted and not c.spec.kernel_id.startswith("eager."))
@@ -263,7 +263,7 @@ def test_a_rerun_measures_only_the_kernels_whose_version_changed(tmp_path, monke
                         else real(spec))
     session = Session(plan, db, LaneRunner("cpu"))
     assert session.changes(plan) == ([upgraded.kernel_id], [])
-    again = tune(plan, session)
+    again = tune(plan, session, "eager")
     fresh = [r for r in again if r["run_id"] == session.run_id and r["stage"] != "capability"]
     assert fresh and {r["kernel_id"] for r in fresh} == {upgraded.kernel_id}
     assert len(again) == len(first)

@@ -81,6 +81,44 @@ def test_the_phases_one_at_a_time(tmp_path, probes_everywhere):
     assert SKEW_ENV not in __import__("os").environ, "the routing skew is the tune's, and ends with it"
 
 
+def test_every_phase_times_the_table_s_mode_alone(tmp_path, monkeypatch, probes_everywhere):
+    """The grid, the probes and the validation ask the table's timing mode alone: the grid timed
+    both, and an eager tune on a GPU captured and sampled a CUDA graph of every candidate it never
+    read. (On a CPU the harness times eager alone whatever it is asked: the tasks show the asking.)"""
+    from lzsolve.measure import worker
+    from lzsolve.measure.tasks import TimingTask
+    asked = []
+
+    class Recording(worker.InProcessRunner):
+        def run(self, task):
+            if isinstance(task, TimingTask):
+                asked.append(task.modes)
+            return super().run(task)
+
+    monkeypatch.setattr(worker, "InProcessRunner", Recording)
+    result = Tune(norm_config(tmp_path)).run()
+    assert {"grid", "probe", "validation"} <= {r["phase"] for r in result.records}
+    assert asked and set(asked) == {("eager",)}, set(asked)
+
+
+def test_the_grid_defers_what_the_builders_and_the_primer_still_call(tmp_path):
+    """Both compile-ahead groups' pending kernels hold their signatures back in the grid: the
+    primer's too, whose library a quick tune's measuring worker would otherwise import beside it."""
+    class Ahead:
+        def __init__(self, kernels):
+            self.kernels = frozenset(kernels)
+
+        def building(self):
+            return self.kernels
+
+    tune = Tune(norm_config(tmp_path))
+    assert tune._building() == frozenset()
+    tune.builders, tune.primer = Ahead({"flashinfer.prefill"}), Ahead({"liger.swiglu"})
+    assert tune._building() == {"flashinfer.prefill", "liger.swiglu"}
+    tune.builders = None
+    assert tune._building() == {"liger.swiglu"}
+
+
 def test_run_again_reuses_every_record(tmp_path, capsys):
     config = norm_config(tmp_path, validate=ValidateConfig(probe=False, shapes=0))
     first = Tune(config).run()

@@ -347,7 +347,7 @@ class CountingRunner(FakeRunner):
 
 
 def test_a_trial_times_its_study_s_mode_alone(tmp_path):
-    """A study ranks configurations by one mode's time; the grid times the winners in both. A trial
+    """A study ranks configurations by one mode's time, the mode every phase times. A trial
     that timed both (a CUDA graph captured and sampled beside the eager passes) cost twice the time."""
     modes = []
 

@@ -36,7 +36,7 @@ def run_faults(device: str, tmp_path, expected: dict):
     db = PerfDB(tmp_path / "perfdb")
     runner = WorkerRunner(torch.device(device), plugins=("tests.faulty_kernels",), timeout_s=6)
     try:
-        records = tune(plan, Session(plan, db, runner))
+        records = tune(plan, Session(plan, db, runner), "eager")
     finally:
         runner.close()
     by_kernel = {r["kernel_id"]: r for r in records if r["op"] == "norm.rms"}

@@ -145,7 +145,7 @@ class Objective:
         trial.set_user_attr("kernel_id", kernel_id)
         outcome = self.runner.run(ParityTask(sig, kernel_id, self.dims, seed))
         if not outcome.get("reason_code"):
-            # the study's mode alone: the grid times the winners in both, and a second mode doubled each trial
+            # the study's mode alone, as every phase times the table's: a second mode doubled each trial
             outcome = self.runner.run(TimingTask(sig, (kernel_id,), self.dims, seed, (self.mode,)))
             outcome = outcome.get("per_kernel", {}).get(kernel_id, outcome)
         time_ms = outcome.get(f"{self.mode}_ms")

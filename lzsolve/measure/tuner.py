@@ -630,14 +630,17 @@ def signature_of(unit: tuple[SignaturePlan, Work]) -> str:
     return str(unit[0].instance.signature)
 
 
-def tune(plan: Plan, session: Session, on_step: Callable[[str], None] = lambda label: None,
+def tune(plan: Plan, session: Session, mode: str, on_step: Callable[[str], None] = lambda label: None,
          building: Callable[[], frozenset[str]] = frozenset) -> list[dict]:
-    """Gate and measure every candidate of the plan at every grid bucket; returns this run's view
-    of the records (new ones and reused ones). `on_step` follows each candidate; `building()` names
-    the kernels still being built ahead, whose signatures wait (Session.measure_all)."""
+    """Gate and measure every candidate of the plan at every grid bucket, in the table's timing
+    `mode` alone, as the search, probes and validation time it: on an H100 the cold workload tune's
+    grid timed both modes, and a later tune in the other mode measures what it lacks
+    (benchmarks/runs/2026-12-06-e.txt). Returns this run's view of the records (new ones and reused
+    ones). `on_step` follows each candidate; `building()` names the kernels whose first calls are
+    being made ahead, whose signatures wait (Session.measure_all)."""
     measure_ceilings(session.db, session.runner, session.recorder, plan.dtype, session.reuse)
     return session.measure_all([(sp, [(dims, sp.candidates) for dims in sp.workloads]) for sp in plan.signatures],
-                               "grid", on_step=on_step, building=building)
+                               "grid", (mode,), on_step=on_step, building=building)
 
 
 LEAD_MARGIN = 0.10  # off the buckets, time the kernels within this of the best at the neighbouring points

@@ -16,6 +16,8 @@ into the summary's `phases` from `search` on; `start` and `make_plan` together a
     measure_grid     every candidate at every bucket: parity, then timing in the table's mode (tuner.tune)
     probe            the leading kernels and the fallback at unaligned points (tuner.probe)
     validate         the solved table at random shapes, refined where it loses (validate.validate)
+                     (the grid, probe and validate run once per cohort of signatures: those whose kernels
+                     are still being built ahead when the grid begins go through all three last: cohorts)
     close_measuring  the compile-ahead workers' last calls; every worker told to leave
     solve            one tree per op signature (artifact.build_table)
     write            dispatch.json, report.md, perfdb/, the JIT caches (artifact.write_artifact)
@@ -64,7 +66,7 @@ from lzsolve.measure.search import (
     planned_trials,
 )
 from lzsolve.measure.search import search as search_configurations
-from lzsolve.measure.tuner import Plan, Session
+from lzsolve.measure.tuner import Plan, Session, SignaturePlan
 from lzsolve.models import capture, workload
 from lzsolve.progress import add_measurements, progress
 from lzsolve.store.artifact import (
@@ -359,6 +361,7 @@ class Tune:
         self.builders: CompileAhead | None = None  # the nvcc builders (the grid measures what they hold last)
         self.primer: CompileAhead | None = None  # the optional libraries' first calls (likewise)
         self.warmer: CompileAhead | None = None
+        self._to_come: tuple[SignaturePlan, ...] = ()  # signatures whose grid a later cohort measures
         self.searched: SearchStats | None = None
         self.records: list[dict] = []
         self.validation: dict | None = None
@@ -382,17 +385,23 @@ class Tune:
             self.start()
             self.make_plan()
             self.search()
-            self.measure_grid()
-            self.probe()
-            self.validate()
+            cohorts = self.cohorts()
+            for n, signatures in enumerate(cohorts):
+                self._to_come = tuple(sp for later in cohorts[n + 1:] for sp in later)
+                self.measure_grid(signatures)
+                self.probe(signatures)
+                self.validate(signatures)
             self.close_measuring()
             self.solve()
             self.write()
             return self.report()
 
     def _lap(self, name: str) -> None:
-        self.phases[name] = max(0.0, round(time.perf_counter() - self.entered - sum(self.phases.values()), 1))
-        self.parent_cpu[name] = max(0.0, round(time.process_time() - self.entered_cpu - sum(self.parent_cpu.values()), 1))
+        """Add the time since the last lap to phase `name` (the measuring phases run once per cohort)."""
+        self.phases[name] = round(self.phases.get(name, 0.0) + max(
+            0.0, time.perf_counter() - self.entered - sum(self.phases.values())), 1)
+        self.parent_cpu[name] = round(self.parent_cpu.get(name, 0.0) + max(
+            0.0, time.process_time() - self.entered_cpu - sum(self.parent_cpu.values())), 1)
 
     def start(self) -> None:
         """Check the settings the plan does not (bad input ends here, not after the grid), and start
@@ -511,15 +520,48 @@ class Tune:
                 pass
         return self.out / STORAGE_NAME
 
-    def measure_grid(self) -> None:
-        """Gate and time every candidate at every bucket of the grid, in the table's mode."""
-        plan = self.plan
-        click.echo(f"tuning {plan.model.name} tp={plan.model.tp} {plan.dtype} on {plan.hardware['name']} "
-                   f"({self.where}, grid {plan.grid}): {len(plan.signatures)} op signatures, "
-                   f"{plan.measurements} measurements", err=True)
+    def cohorts(self) -> list[tuple[SignaturePlan, ...]]:
+        """The signatures in the order the measuring phases take them: those with a kernel whose
+        first call is still being made ahead (an nvcc build, a library's import) when the grid
+        begins go through the grid, their probes and their validation after every other signature
+        has: a cold workload tune on an H100 waited 36 s of its 78 s grid for FlashInfer's prefill
+        modules, built beside it (benchmarks/runs/2026-12-06-e.txt), while the other signatures'
+        probes and validation, 58 s, waited behind that grid."""
+        building = self._building()
+        later = tuple(sp for sp in self.plan.signatures
+                      if tuner.waits((sp, [(dims, sp.candidates) for dims in sp.workloads]), building))
+        now = tuple(sp for sp in self.plan.signatures if sp not in later)
+        return [cohort for cohort in (now, later) if cohort]
+
+    def _part(self, signatures: tuple[SignaturePlan, ...] | None) -> Plan:
+        """The plan of `signatures`, a cohort (None: every signature)."""
+        return self.plan if signatures is None else dataclasses.replace(self.plan, signatures=signatures)
+
+    def _warm(self, phase: str, jobs: list) -> None:
+        """The Inductor warmer's calls for `phase`, in the order it measures them: they replace the
+        calls still queued for earlier phases, unless a cohort's grid is still to come."""
+        if self.warmer:
+            calls = phase_calls(jobs, warmed_by_inductor)
+            self.warmer.add(calls, phase) if self._to_come else self.warmer.begin(phase, calls)
+
+    def measure_grid(self, signatures: tuple[SignaturePlan, ...] | None = None) -> None:
+        """Gate and time every candidate of `signatures` (None: all) at every bucket of the grid, in
+        the table's mode; the device's ceilings first, once."""
+        plan = self._part(signatures)
+        if "grid_s" not in self.phases:  # the first cohort's
+            whole = self.plan
+            click.echo(f"tuning {whole.model.name} tp={whole.model.tp} {whole.dtype} on {whole.hardware['name']} "
+                       f"({self.where}, grid {whole.grid}): {len(whole.signatures)} op signatures, "
+                       f"{whole.measurements} measurements", err=True)
+            tuner.measure_ceilings(self.session.db, self.session.runner, self.session.recorder, whole.dtype,
+                                   self.session.reuse)
+        if self._to_come:
+            click.echo(f"measuring {len(plan.signatures)} op signatures through the grid, probes and validation before "
+                       f"the {len(self._to_come)} whose kernels are still being built or imported ahead "
+                       f"({', '.join(str(sp.instance.signature) for sp in self._to_come)})", err=True)
         with progress(plan.measurements, "measuring") as bar:
-            self.records = tuner.tune(plan, self.session, self.mode, on_step=lambda label: bar.update(1, label),
-                                      building=self._building)
+            self.records += tuner.tune(plan, self.session, self.mode, on_step=lambda label: bar.update(1, label),
+                                       building=self._building)
         self._lap("grid_s")
 
     def _building(self) -> frozenset[str]:
@@ -530,30 +572,30 @@ class Tune:
         the bytecode the primer wrote."""
         return frozenset().union(*(a.building() for a in (self.builders, self.primer) if a))
 
-    def probe(self) -> None:
+    def probe(self, signatures: tuple[SignaturePlan, ...] | None = None) -> None:
         """Unless told not to: the leading kernels and the fallback at unaligned points inside the
-        buckets and past the last, where tile-aligned kernels lose what the grid shows them winning."""
+        buckets and past the last, where tile-aligned kernels lose what the grid shows them winning
+        (of `signatures`; None: all)."""
         if self.config.validate.probe:
-            probes = tuner.plan_probes(self.plan, self.records, self.mode)
-            if self.warmer:
-                self.warmer.begin("probe", phase_calls(self.session.order(probes), warmed_by_inductor))
+            probes = tuner.plan_probes(self._part(signatures), self.records, self.mode)
+            self._warm("probe", self.session.order(probes))
             with progress(sum(len(c) for _, work in probes for _, c in work), "probing") as bar:
                 self.records += tuner.probe(self.session, probes, self.mode, on_step=lambda label: bar.update(1, label))
         self._lap("probe_s")
 
-    def validate(self) -> None:
+    def validate(self, signatures: tuple[SignaturePlan, ...] | None = None) -> None:
         """The table solved so far, timed at random shapes against the best kernels and the fallback,
-        and refined where it loses; self.validation holds the figures report.md gives."""
-        planned = plan_validation(self.plan, self.records, self.mode, self.config.validate.shapes)
-        if self.warmer:
-            self.warmer.begin("validation", phase_calls([(p.signature, p.work) for p in validation_order(planned)],
-                                                        warmed_by_inductor))
+        and refined where it loses (of `signatures`; None: all); self.validation holds the figures
+        report.md gives."""
+        planned = plan_validation(self._part(signatures), self.records, self.mode, self.config.validate.shapes)
+        self._warm("validation", [(p.signature, p.work) for p in validation_order(planned)])
         planned_total = sum(len(c) for p in planned for _, c in p.work)
         with progress(planned_total, "validating") as bar:
-            checked, self.validation = validate_table(
+            checked, validation = validate_table(
                 self.session, planned, self.records, self.mode, on_step=lambda label: bar.update(1, label),
                 on_more=functools.partial(add_measurements, bar, planned_total, "validating"))
         self.records += checked
+        self.validation = {**(self.validation or {}), **validation}
         self._lap("validation_s")
 
     def close_measuring(self) -> None:

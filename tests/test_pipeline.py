@@ -119,6 +119,51 @@ def test_the_grid_defers_what_the_builders_and_the_primer_still_call(tmp_path):
     assert tune._building() == {"liger.swiglu"}
 
 
+def test_signatures_waiting_on_a_build_go_through_every_phase_last(tmp_path, monkeypatch, probes_everywhere):
+    """A signature with a kernel still being built ahead when the grid begins is measured after the
+    others have been through the grid, their probes and their validation, which fill the wait (a
+    cold workload tune waited 36 s of its grid for FlashInfer's modules); every phase still covers
+    it, the phases' times add up over the cohorts, and the ceilings are probed once."""
+    add_call = {"signature": {"op": "norm.rms_add", "static": {"hidden": 64}, "flags": [], "dtype": "fp32"},
+                "dims": {"tokens": 12}, "count": 5}
+    workload = write_workload(tmp_path / "two.json", [{**call, "dims": {"tokens": t}} for t in (1, 64)
+                                                     for call in (RMS_CALL, add_call)])
+    config = norm_config(tmp_path, model=ModelSource(workload=workload))
+    monkeypatch.setattr(Tune, "_building", lambda self: frozenset({"torch.rms_norm"}))
+    ceilings = []
+    monkeypatch.setattr(tuner, "measure_ceilings", lambda *args: ceilings.append(args))
+    result = Tune(config).run()
+    first_norm = next(n for n, r in enumerate(result.records) if r["signature"] == NORM)
+    earlier = {(r["signature"].split("[")[0], r["phase"]) for r in result.records[:first_norm]}
+    assert earlier == {("norm.rms_add", phase) for phase in ("grid", "probe", "validation")}, earlier
+    later = {(r["signature"], r["phase"]) for r in result.records[first_norm:]}
+    assert later == {(NORM, phase) for phase in ("grid", "probe", "validation")}, later
+    validated = {e["signature"] for e in result.table["ops"] if e.get("validation")}
+    assert validated == {NORM, NORM.replace("norm.rms", "norm.rms_add")}, "both cohorts' figures in the table"
+    assert list(result.summary["phases"]) == PHASES and len(ceilings) == 1
+
+
+def test_the_warmer_keeps_the_grid_calls_of_a_cohort_still_to_come(tmp_path):
+    """A phase's Inductor first calls replace those still queued for earlier phases (begin), unless a
+    later cohort's grid is still to come: then they join the queue behind its grid calls (add)."""
+    made = []
+
+    class Warmer:
+        def add(self, calls, phase):
+            made.append(("add", phase))
+
+        def begin(self, phase, calls):
+            made.append(("begin", phase))
+
+    tune = Tune(norm_config(tmp_path))
+    tune.warmer = Warmer()
+    tune._to_come = ("a signature",)
+    tune._warm("probe", [])
+    tune._to_come = ()
+    tune._warm("probe", [])
+    assert made == [("add", "probe"), ("begin", "probe")]
+
+
 def test_run_again_reuses_every_record(tmp_path, capsys):
     config = norm_config(tmp_path, validate=ValidateConfig(probe=False, shapes=0))
     first = Tune(config).run()

@@ -8,7 +8,9 @@ second. In a cold default tune those builds were 107 s of the grid's 268 s (benc
 with the GPU idle while nvcc ran on the host. Here a second worker per device makes those first
 calls (each a ParityTask: a real parity check, recorded with phase 'compile' and its
 jit_ms) from the start of the run, so the grid finds the modules built; a signature whose kernel is still
-queued or building when the grid reaches it goes after the others (tuner.waits). FlashInfer guards a build
+queued or building when the grid reaches it goes after the others (tuner.waits), and one that
+holds such a kernel when the grid begins goes through the probes and validation after the others too
+(pipeline.Tune.cohorts). FlashInfer guards a build
 and its load with one file lock, so a worker that reaches a module still building waits for it
 instead of building it twice.
 

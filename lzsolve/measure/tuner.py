@@ -637,8 +637,8 @@ def tune(plan: Plan, session: Session, mode: str, on_step: Callable[[str], None]
     grid timed both modes, and a later tune in the other mode measures what it lacks
     (benchmarks/runs/2026-12-06-e.txt). Returns this run's view of the records (new ones and reused
     ones). `on_step` follows each candidate; `building()` names the kernels whose first calls are
-    being made ahead, whose signatures wait (Session.measure_all)."""
-    measure_ceilings(session.db, session.runner, session.recorder, plan.dtype, session.reuse)
+    being made ahead, whose signatures wait (Session.measure_all). The device's ceilings are the
+    caller's to measure (measure_ceilings), once per run."""
     return session.measure_all([(sp, [(dims, sp.candidates) for dims in sp.workloads]) for sp in plan.signatures],
                                "grid", (mode,), on_step=on_step, building=building)
 

@@ -205,7 +205,8 @@ def cli():
 @click.option("--patience", cls=Deferred, type=click.IntRange(min=0), show_default=True,
               default=lambda: _attr("measure.search", "SearchBudget.patience"),
               help=lambda: "stop a bucket's search after this many trials in a row that beat its best by less than "
-                           f"{_attr('measure.search', 'NOISE'):.0%} (timing noise); 0: always spend the whole budget")
+                           f"{_attr('measure.search', 'NOISE'):.0%} (timing noise), or, eager on a GPU, after a trial "
+                           "that waited on the host; 0: always spend the whole budget")
 @click.option("--skip-behind", cls=Deferred, type=Finite(min=0), show_default=True,
               default=lambda: _attr("measure.search", "SearchBudget.skip_behind"),
               help="skip the search at a bucket where the family's best is more than this fraction slower than the "

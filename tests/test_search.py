@@ -280,7 +280,7 @@ def test_smarter_budget_runs_fewer_trials_and_agrees_with_the_full_one(tmp_path)
     full, full_stats = searched(tmp_path, "full", runner, FULL_BUDGET)
     smart, smart_stats = searched(tmp_path, "smart", runner, SMART_BUDGET)
     assert full_stats.run == full_stats.budgeted == 10 * len(TOKENS)
-    assert full_stats.stopped == {"budget": len(TOKENS), "patience": 0, "skipped": 0}
+    assert full_stats.stopped == {"budget": len(TOKENS), "patience": 0, "host-bound": 0, "skipped": 0}
     assert smart_stats.budgeted == full_stats.budgeted
     assert smart_stats.run < 0.8 * full_stats.run, smart_stats.line()
     assert smart_stats.stopped["patience"] > 0
@@ -331,6 +331,40 @@ def test_hill_climbing_walks_from_the_searched_best_to_a_better_neighbour(tmp_pa
     assert any(best_at(runner, plain, t) > best_at(runner, every, t) for t in TOKENS), "TPE alone stops short"
     assert 0 < stats.refined <= 8 * len(TOKENS) and stats.run == plain_stats.run + stats.refined
     assert "hill-climbing" in stats.line()
+
+
+class HostRunner(FakeRunner):
+    """FakeRunner whose eager calls wait on the host below `host_from` tokens (their host
+    time is their eager time there, a tenth of it above), on a device of type `device`."""
+
+    def __init__(self, device: str, host_from: int):
+        super().__init__()
+        self.device, self.host_from = torch.device(device), host_from
+
+    def run(self, task):
+        outcome = super().run(task)
+        for fields in outcome.get("per_kernel", {}).values():
+            fields["host_ms"] = fields["eager_ms"] * (1 if task.dims["tokens"] < self.host_from else 0.1)
+        return outcome
+
+
+def test_an_eager_study_on_a_gpu_stops_at_a_host_bound_trial(tmp_path):
+    """Where an eager call waits on the host no configuration gains: such a study stops after that
+    trial (counted as stopped by host-bound), the rest search on. Not on a CPU (the host's time is all of
+    an eager call there), nor with the full budget."""
+    host_bound_buckets = sum(t < 16 for t in TOKENS)
+    gpu, gpu_stats = searched(tmp_path, "gpu", HostRunner("cuda", host_from=16), SMART_BUDGET)
+    assert gpu_stats.stopped["host-bound"] == host_bound_buckets, gpu_stats.line()
+    cpu, cpu_stats = searched(tmp_path, "cpu", HostRunner("cpu", host_from=16), SMART_BUDGET)
+    assert cpu_stats.stopped["host-bound"] == 0 and cpu_stats.run > gpu_stats.run
+    assert gpu_stats.run <= cpu_stats.run - host_bound_buckets, "one trial at each host-bound bucket"
+    runner = HostRunner("cuda", host_from=16)
+    for tokens in TOKENS[host_bound_buckets:]:  # where the host does not decide, the search finds as much
+        assert best_at(runner, gpu, tokens) <= best_at(runner, cpu, tokens) * (1 + NOISE), tokens
+    _, full_stats = searched(tmp_path, "full", HostRunner("cuda", host_from=16), FULL_BUDGET)
+    assert full_stats.stopped["host-bound"] == 0
+    _, again_stats = searched(tmp_path, "gpu", HostRunner("cuda", host_from=16), SMART_BUDGET)
+    assert again_stats.run == 0 and again_stats.stopped["host-bound"] == host_bound_buckets, "a re-run runs none"
 
 
 class CountingRunner(FakeRunner):

@@ -135,6 +135,8 @@ class Objective:
 
     def __init__(self, sp: SignaturePlan, dims: dict, space: SearchSpace, runner: Runner, mode: str, seeds):
         self.sp, self.dims, self.space, self.runner, self.mode, self.seeds = sp, dims, space, runner, mode, seeds
+        # whether a trial's host time tells anything: on a CPU it is all of the time, by construction
+        self.host_told = mode == "eager" and getattr(getattr(runner, "device", None), "type", None) == "cuda"
 
     def __call__(self, trial) -> float:
         import optuna
@@ -152,10 +154,25 @@ class Objective:
         if outcome.get("reason_code") or time_ms is None:
             trial.set_user_attr("reason", f"{outcome.get('reason_code')}: {outcome.get('reason_message')}")
             raise optuna.TrialPruned()
+        if self.host_told and outcome.get("host_ms") is not None:
+            trial.set_user_attr("host_ms", outcome["host_ms"])
         return time_ms
 
 
 NOISE = 0.02  # a trial faster than the study's best by less than this is no improvement
+
+
+def host_bound(trial, noise: float = NOISE) -> bool:
+    """A finished eager trial on a GPU that took its host's time: every configuration of a family is
+    launched the same way, through the same adapter, so where one waits on the host none can gain
+    more than `noise` in eager mode. On an H100 host Triton's RMSNorm was so at 1 to 500 tokens, its
+    RMSNorm + add, RoPE and SwiGLU at 1 and 8 (host time 0.98 of the eager time: 9 of a cold
+    workload tune's 54 studies, benchmarks/runs/2026-12-06-e.txt)."""
+    import optuna
+
+    host = trial.user_attrs.get("host_ms")
+    return (trial.state == optuna.trial.TrialState.COMPLETE and host is not None
+            and host >= trial.value * (1 - noise))
 
 
 @dataclass(frozen=True)
@@ -164,7 +181,8 @@ class SearchBudget:
     default: on the H100 the default llama3-70b TP8 tune ran 446 of its 1664 budgeted trials (156 s,
     where the whole budget took 644 s), its decisions on random shapes no worse (benchmarks/device.sh decisions). Skipping
     stays opt-in (`--skip-behind 0.3`): it skipped no bucket there, and its comparisons cost time."""
-    patience: int = 4  # stop after this many finished trials without a gain beyond NOISE (0: never)
+    patience: int = 4  # stop after this many finished trials without a gain beyond NOISE, or after a
+    # host-bound one (host_bound) (0: never)
     skip_behind: float = 0.0  # skip a bucket where the family trails the best kernel by more at every neighbour (0: never)
     seed_neighbours: bool = True  # enqueue the winners of the buckets searched nearby first
     # after a study, up to this many more trials climbing from its best one parameter step at a time
@@ -174,7 +192,7 @@ class SearchBudget:
 
 FULL_BUDGET = SearchBudget(patience=0, skip_behind=0.0, seed_neighbours=False)
 SMART_BUDGET = SearchBudget(patience=4, skip_behind=0.3)  # every saving on: what the tests check against the full search
-STOP_REASONS = ("budget", "patience", "skipped")
+STOP_REASONS = ("budget", "patience", "host-bound", "skipped")
 
 
 @dataclass
@@ -311,18 +329,23 @@ class BucketSearch:
         def after_trial(s, t) -> None:
             stats.run += 1
             self.on_trial(f"{sig.op} {t.user_attrs.get('kernel_id', '')}")
-            if patience and stale_trials(s.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED,
-                                                                              state.FAIL))) >= patience:
+            if patience and host_bound(t):
+                s.set_user_attr("stopped", "host-bound")
+                s.stop()
+            elif patience and stale_trials(s.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED,
+                                                                                state.FAIL))) >= patience:
                 s.stop()
 
         objective = Objective(self.sp, dims, self.space, runner, self.mode, self.seeds)
-        if patience and stale_trials(finished) >= patience:
+        if patience and any(map(host_bound, finished)):
+            stats.stopped["host-bound"] += 1
+        elif patience and stale_trials(finished) >= patience:
             stats.stopped["patience"] += 1
         elif trials - len(finished) > 0:
             before = stats.run
             study.optimize(objective, n_trials=trials - len(finished), callbacks=[after_trial])
             ran = len(finished) + stats.run - before
-            stats.stopped["budget" if ran >= trials else "patience"] += 1
+            stats.stopped[study.user_attrs.get("stopped") or ("budget" if ran >= trials else "patience")] += 1
         else:
             stats.stopped["budget"] += 1
         if self.budget.refine:

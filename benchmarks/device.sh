@@ -337,7 +337,8 @@ batch() {
   # The command lines of the file COMMANDS, one after another, in a process session of their own
   # (setsid), so that they run on past one device call's 600 s: the call that finds none running
   # starts them, and each call on the still-warm machine (this stage again; COMMANDS is then
-  # ignored) waits up to WAIT_S (540 s) for them to end, then packs what they wrote so far as
+  # ignored) waits up to WAIT_S (540 s; keep it 60 s under the call's limit, which is the device time
+  # left when that is less than asked) for them to end, then packs what they wrote so far as
   # $OUT/batch.tgz.* (parts under 16 MiB; cat batch.tgz.* | tar xz): each line runs with bash
   # from the repo root, with OUT=/tmp/batch/out/<line number> (its log: that folder's log) and
   # the carried packages set up; /tmp/batch/progress has each line's exit code and seconds.
@@ -354,11 +355,23 @@ batch() {
       done < '$root'/commands
       touch '$root'/done' > /dev/null 2>&1 < /dev/null &
   fi
-  start=$(date +%s)
-  while [ ! -f $root/done ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 5; done
+  # What the lines wrote so far is packed every PACK_S (120 s) while waiting, and when the call is
+  # stopped: a call the device tool ends at its limit (which is less than asked when little device
+  # time is left) still returns what its last pack holds, where one that packed only at the end
+  # returned nothing.
+  pack() {
+    rm -f "$OUT"/batch.tgz.*
+    tar -C $root --exclude=artifacts.tgz -cz commands progress out 2> /dev/null | split -b 15M - "$OUT/batch.tgz."
+  }
+  trap 'pack; exit 124' TERM INT
+  start=$(date +%s) packed=$(date +%s)
+  while [ ! -f $root/done ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do
+    sleep 5
+    [ $(( $(date +%s) - packed )) -ge "${PACK_S:-120}" ] && { pack; packed=$(date +%s); }
+  done
   cut -c1-160 $root/progress 2> /dev/null
   if [ -f $root/done ]; then echo "batch done"; else echo "batch running: line $(( $(wc -l < $root/progress 2> /dev/null || echo 0) + 1 ))"; fi
-  tar -C $root --exclude=artifacts.tgz -cz commands progress out 2> /dev/null | split -b 15M - "$OUT/batch.tgz."
+  pack
   ls -la "$OUT"
 }
 

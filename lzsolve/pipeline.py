@@ -540,9 +540,13 @@ class Tune:
     def _warm(self, phase: str, jobs: list) -> None:
         """The Inductor warmer's calls for `phase`, in the order it measures them: they replace the
         calls still queued for earlier phases, unless a cohort's grid is still to come."""
-        if self.warmer:
-            calls = phase_calls(jobs, warmed_by_inductor)
-            self.warmer.add(calls, phase) if self._to_come else self.warmer.begin(phase, calls)
+        if not self.warmer:
+            return
+        calls = phase_calls(jobs, warmed_by_inductor)
+        if self._to_come:
+            self.warmer.add(calls, phase)
+        else:
+            self.warmer.begin(phase, calls)
 
     def measure_grid(self, signatures: tuple[SignaturePlan, ...] | None = None) -> None:
         """Gate and time every candidate of `signatures` (None: all) at every bucket of the grid, in

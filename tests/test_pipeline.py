@@ -123,7 +123,7 @@ def test_signatures_waiting_on_a_build_go_through_every_phase_last(tmp_path, mon
     """A signature with a kernel still being built ahead when the grid begins is measured after the
     others have been through the grid, their probes and their validation, which fill the wait (a
     cold workload tune waited 36 s of its grid for FlashInfer's modules); every phase still covers
-    it, the phases' times add up over the cohorts, and the ceilings are probed once."""
+    it, each phase keeps one entry in the summary, and the ceilings are probed once."""
     add_call = {"signature": {"op": "norm.rms_add", "static": {"hidden": 64}, "flags": [], "dtype": "fp32"},
                 "dims": {"tokens": 12}, "count": 5}
     workload = write_workload(tmp_path / "two.json", [{**call, "dims": {"tokens": t}} for t in (1, 64)

@@ -539,14 +539,10 @@ class Tune:
 
     def _warm(self, phase: str, jobs: list) -> None:
         """The Inductor warmer's calls for `phase`, in the order it measures them: they replace the
-        calls still queued for earlier phases, unless a cohort's grid is still to come."""
-        if not self.warmer:
-            return
-        calls = phase_calls(jobs, warmed_by_inductor)
-        if self._to_come:
-            self.warmer.add(calls, phase)
-        else:
-            self.warmer.begin(phase, calls)
+        calls still queued for earlier phases, but for the grid calls of a cohort still to come."""
+        if self.warmer:
+            self.warmer.begin(phase, phase_calls(jobs, warmed_by_inductor),
+                              keep=frozenset(str(sp.instance.signature) for sp in self._to_come))
 
     def measure_grid(self, signatures: tuple[SignaturePlan, ...] | None = None) -> None:
         """Gate and time every candidate of `signatures` (None: all) at every bucket of the grid, in

@@ -153,6 +153,38 @@ def test_a_phase_begun_comes_first_and_each_call_is_made_once(nvcc_plan, tmp_pat
     ahead.close()
 
 
+def test_a_phase_begun_keeps_the_earlier_calls_of_a_cohort_still_to_come(tmp_path):
+    """begin(keep=...): the earlier phases' calls of the signatures kept stay queued, ahead of the
+    phase's own (a later cohort's grid comes before this cohort's probes); the others go."""
+    import threading
+
+    plan = make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny")
+    first, second = plan.signatures[:2]
+    made, release = [], threading.Event()
+
+    class Warmer:
+        timer = "fake"
+
+        def run(self, task):
+            made.append((str(task.signature), task.dims["tokens"]))
+            release.wait(timeout=30)
+            return {}
+
+        def close(self, wait=True):
+            pass
+
+    session = Session(plan, PerfDB(tmp_path / "perfdb"), InProcessRunner(torch.device("cpu")))
+    call = lambda sp, tokens: (sp, sp.candidates[0].spec, {"tokens": tokens})  # noqa: E731
+    ahead = CompileAhead([call(sp, t) for t in (1, 2) for sp in (first, second)], session, [Warmer], checked=False,
+                         stays=True)
+    ahead.begin("probe", [call(first, 3)], keep=frozenset({str(second.instance.signature)}))
+    release.set()
+    ahead.wait()
+    ahead.close()
+    a, b = str(first.instance.signature), str(second.instance.signature)
+    assert made == [(a, 1), (b, 1), (b, 2), (a, 3)], made
+
+
 def test_the_grid_finds_built_what_was_compiled_ahead(nvcc_plan, tmp_path):
     from tests.nvcc_kernels import BUILD_S, MODULE
     db = PerfDB(tmp_path / "perfdb")

@@ -144,24 +144,23 @@ def test_signatures_waiting_on_a_build_go_through_every_phase_last(tmp_path, mon
 
 
 def test_the_warmer_keeps_the_grid_calls_of_a_cohort_still_to_come(tmp_path):
-    """A phase's Inductor first calls replace those still queued for earlier phases (begin), unless a
-    later cohort's grid is still to come: then they join the queue behind its grid calls (add)."""
-    made = []
+    """A phase's Inductor first calls replace those still queued for earlier phases, but for the
+    signatures of a later cohort, whose grid is still to come (CompileAhead.begin's keep)."""
+    begun = []
 
     class Warmer:
-        def add(self, calls, phase):
-            made.append(("add", phase))
+        def begin(self, phase, calls, keep=frozenset()):
+            begun.append((phase, keep))
 
-        def begin(self, phase, calls):
-            made.append(("begin", phase))
-
-    tune = Tune(norm_config(tmp_path))
-    tune.warmer = Warmer()
-    tune._to_come = ("a signature",)
-    tune._warm("probe", [])
-    tune._to_come = ()
-    tune._warm("probe", [])
-    assert made == [("add", "probe"), ("begin", "probe")]
+    with Tune(norm_config(tmp_path)) as tune:
+        tune.start()
+        tune.make_plan()
+        tune.warmer = Warmer()
+        tune._to_come = tune.plan.signatures
+        tune._warm("probe", [])
+        tune._to_come = ()
+        tune._warm("probe", [])
+    assert begun == [("probe", {NORM}), ("probe", frozenset())]
 
 
 def test_run_again_reuses_every_record(tmp_path, capsys):

@@ -205,12 +205,15 @@ class CompileAhead:
                     self._queued[phase].append((call, next(self.session.seeds)))
             self._changed.notify_all()
 
-    def begin(self, phase: str, calls: list[Call]) -> None:
+    def begin(self, phase: str, calls: list[Call], keep: frozenset[str] = frozenset()) -> None:
         """`phase` begins and makes `calls`: they come next, in this order; the calls still queued
-        for the phases before it, and those queued for it that it does not make, are dropped."""
+        for the phases before it, and those queued for it that it does not make, are dropped, but
+        for the earlier phases' calls of the signatures in `keep` (a later cohort's grid, still to
+        come: pipeline.Tune.cohorts), which stay ahead of them."""
         with self._changed:
             for earlier in PHASES[:PHASES.index(phase)]:
-                self._queued[earlier].clear()
+                self._queued[earlier] = collections.deque(
+                    (call, seed) for call, seed in self._queued[earlier] if str(call[0].instance.signature) in keep)
             queued = {call_key(call): seed for call, seed in self._queued[phase]}
             self._given -= queued.keys()  # never made
             self._queued[phase].clear()

@@ -528,8 +528,7 @@ class Tune:
         modules, built beside it (benchmarks/runs/2026-12-06-e.txt), while the other signatures'
         probes and validation, 58 s, waited behind that grid."""
         building = self._building()
-        later = tuple(sp for sp in self.plan.signatures
-                      if tuner.waits((sp, [(dims, sp.candidates) for dims in sp.workloads]), building))
+        later = tuple(sp for sp in self.plan.signatures if tuner.waits(tuner.grid_work(sp), building))
         now = tuple(sp for sp in self.plan.signatures if sp not in later)
         return [cohort for cohort in (now, later) if cohort]
 

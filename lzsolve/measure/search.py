@@ -162,7 +162,7 @@ class Objective:
 NOISE = 0.02  # a trial faster than the study's best by less than this is no improvement
 
 
-def host_bound(trial, noise: float = NOISE) -> bool:
+def waited_on_host(trial, noise: float = NOISE) -> bool:
     """A finished eager trial on a GPU that took its host's time: every configuration of a family is
     launched the same way, through the same adapter, so where one waits on the host none can gain
     more than `noise` in eager mode. On an H100 host Triton's RMSNorm was so at 1 to 500 tokens, its
@@ -182,7 +182,7 @@ class SearchBudget:
     where the whole budget took 644 s), its decisions on random shapes no worse (benchmarks/device.sh decisions). Skipping
     stays opt-in (`--skip-behind 0.3`): it skipped no bucket there, and its comparisons cost time."""
     patience: int = 4  # stop after this many finished trials without a gain beyond NOISE, or after a
-    # host-bound one (host_bound) (0: never)
+    # host-bound one (waited_on_host) (0: never)
     skip_behind: float = 0.0  # skip a bucket where the family trails the best kernel by more at every neighbour (0: never)
     seed_neighbours: bool = True  # enqueue the winners of the buckets searched nearby first
     # after a study, up to this many more trials climbing from its best one parameter step at a time
@@ -329,15 +329,14 @@ class BucketSearch:
         def after_trial(s, t) -> None:
             stats.run += 1
             self.on_trial(f"{sig.op} {t.user_attrs.get('kernel_id', '')}")
-            if patience and host_bound(t):
-                s.set_user_attr("stopped", "host-bound")
+            if patience and waited_on_host(t):
                 s.stop()
             elif patience and stale_trials(s.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED,
                                                                                 state.FAIL))) >= patience:
                 s.stop()
 
         objective = Objective(self.sp, dims, self.space, runner, self.mode, self.seeds)
-        if patience and any(map(host_bound, finished)):
+        if patience and any(map(waited_on_host, finished)):
             stats.stopped["host-bound"] += 1
         elif patience and stale_trials(finished) >= patience:
             stats.stopped["patience"] += 1
@@ -345,7 +344,9 @@ class BucketSearch:
             before = stats.run
             study.optimize(objective, n_trials=trials - len(finished), callbacks=[after_trial])
             ran = len(finished) + stats.run - before
-            stats.stopped[study.user_attrs.get("stopped") or ("budget" if ran >= trials else "patience")] += 1
+            why = ("host-bound" if patience and any(map(waited_on_host, study.get_trials(deepcopy=False)))
+                   else "budget" if ran >= trials else "patience")
+            stats.stopped[why] += 1
         else:
             stats.stopped["budget"] += 1
         if self.budget.refine:

@@ -630,6 +630,11 @@ def signature_of(unit: tuple[SignaturePlan, Work]) -> str:
     return str(unit[0].instance.signature)
 
 
+def grid_work(sp: SignaturePlan) -> tuple[SignaturePlan, Work]:
+    """The signature's grid: every candidate at every bucket."""
+    return sp, [(dims, sp.candidates) for dims in sp.workloads]
+
+
 def tune(plan: Plan, session: Session, mode: str, on_step: Callable[[str], None] = lambda label: None,
          building: Callable[[], frozenset[str]] = frozenset) -> list[dict]:
     """Gate and measure every candidate of the plan at every grid bucket, in the table's timing
@@ -639,8 +644,8 @@ def tune(plan: Plan, session: Session, mode: str, on_step: Callable[[str], None]
     ones). `on_step` follows each candidate; `building()` names the kernels whose first calls are
     being made ahead, whose signatures wait (Session.measure_all). The device's ceilings are the
     caller's to measure (measure_ceilings), once per run."""
-    return session.measure_all([(sp, [(dims, sp.candidates) for dims in sp.workloads]) for sp in plan.signatures],
-                               "grid", (mode,), on_step=on_step, building=building)
+    return session.measure_all([grid_work(sp) for sp in plan.signatures], "grid", (mode,), on_step=on_step,
+                               building=building)
 
 
 LEAD_MARGIN = 0.10  # off the buckets, time the kernels within this of the best at the neighbouring points

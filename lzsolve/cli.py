@@ -243,8 +243,9 @@ def cli():
                    "of another skew are not reused")
 @click.option("--quick", is_flag=True,
               help="a first table in a minute or so: the next smaller grid than the default (unless --grid), no "
-                   "search, probes or validation, and no kernel whose first call builds for seconds to minutes "
-                   "(compile.*, FlashInfer's), each candidate sampled 0.1 s at most unless --sample-time says; "
+                   "search, probes or validation, and no kernel whose first call takes seconds to minutes "
+                   "(compile.*, FlashInfer's, Liger's import), each candidate sampled 0.1 s at most unless "
+                   "--sample-time says; "
                    "report.md says what it left out. A later `lzsolve tune` into the same --out measures the "
                    "rest, reusing this run's records that reached the target spread")
 @click.option("--cache/--no-cache", default=True, show_default=True,

@@ -283,7 +283,8 @@ def say_incremental(session: Session, plan: Plan) -> None:
 # --- a quick first table ---------------------------------------------------------------------------
 
 # kernels whose first call builds for seconds to minutes (Inductor's compiles, nvcc's FlashInfer
-# modules): a quick tune leaves them to the full one
+# modules), as those whose spec says it starts slowly (KernelSpec.slow_start: Liger's import): a quick
+# tune leaves them to the full one
 SLOW_FIRST_CALLS = frozenset({"inductor", *NVCC_BUILT})
 # a quick tune's sampling per candidate and mode, where --sample-time is left at its default: most
 # GPU timings never reach the target spread and sample for the whole cap (83 of a quick tune's 153 on
@@ -296,13 +297,13 @@ def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
     """`tune --quick`: `config` with what a first table can do without, and what that is, for the
     report. The next smaller grid than the device's default (unless --grid names one), no search of
     tunable kernels' parameters (their default configurations are candidates), no probes or
-    validation, no candidate whose first call builds for seconds to minutes, and QUICK_SAMPLE_S of
+    validation, no candidate whose first call takes seconds to minutes, and QUICK_SAMPLE_S of
     sampling unless --sample-time says otherwise. A later `lzsolve tune` into the same --out reuses
     the records this one measured as well as it would (tuner._reusable) and measures the others."""
     if not config.grid.quick:
         return config, []
     slow = sorted({spec.kernel_id.split("[")[0] for spec in registry.REGISTRY.values()
-                   if SLOW_FIRST_CALLS & set(spec.jit_caches)})
+                   if spec.slow_start or SLOW_FIRST_CALLS & set(spec.jit_caches)})
     skipped = []
     if config.grid.grid is None:
         skipped.append("the default grid's buckets (the next smaller grid instead)")
@@ -313,7 +314,7 @@ def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
     if config.validate.shapes:
         skipped.append("the validation at random shapes")
     if slow:
-        skipped.append(f"the kernels whose first call builds for seconds to minutes ({', '.join(slow)})")
+        skipped.append(f"the kernels whose first call takes seconds to minutes ({', '.join(slow)})")
     sample_time = config.measure.sample_time
     if sample_time == Budget.time_cap_s:
         sample_time = QUICK_SAMPLE_S

@@ -178,6 +178,10 @@ class KernelSpec:
     jit: bool = False  # compiles on first call: its jit time matters
     jit_caches: tuple[str, ...] = ()  # where it compiles to (runtime_loader.jit.JIT_CACHES): packed into artifacts
     requires: tuple[str, ...] = ()  # importable modules the adapter needs
+    # its first call takes seconds besides compiling its kernel: a library whose import brings in
+    # transformers, PEFT or torch._dynamo, or kernels compiled in the process's memory (the CuTe DSL).
+    # Not a capability (no part of data(), so no table goes stale by it): `tune --quick` leaves these out
+    slow_start: bool = field(default=False, compare=False)
     notes: str = ""
     # ms of one-time setup (e.g. a plan) the adapter did for the layout of these call args, once
     # the kernel has been called on them; recorded apart from jit and steady-state time

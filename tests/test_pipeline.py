@@ -25,6 +25,7 @@ from lzsolve.pipeline import (
     ValidateConfig,
 )
 from lzsolve.store.perfdb import PerfDB
+from runtime_loader import registry
 from runtime_loader.inputs import SKEW_ENV
 
 from .test_workload import RMS_CALL, write_workload
@@ -211,6 +212,19 @@ def test_a_quick_tune_samples_shorter_unless_told_and_says_so(tmp_path):
     told, skipped = pipeline.quick(dataclasses.replace(base, measure=MeasureConfig(sample_time=0.3)))
     assert told.measure.sample_time == 0.3 and not any("sampling" in s for s in skipped)
     assert pipeline.quick(dataclasses.replace(base, grid=GridConfig()))[0].measure.sample_time == base.measure.sample_time
+
+
+def test_a_quick_tune_leaves_out_every_kernel_whose_first_call_takes_seconds():
+    """Inductor's and nvcc's builds, and Liger's import (transformers, PEFT, torch._dynamo: 10.8 s to a first
+    call on an H100 host); our own Triton kernels and torch's stay candidates."""
+    config, skipped = pipeline.quick(TuneConfig(ModelSource(name="llama3-8b"), GridConfig(quick=True)))
+    excluded = set(config.grid.exclude)
+    ids = {spec.kernel_id.split("[")[0]: spec for spec in registry.REGISTRY.values()}
+    slow = {i for i, spec in ids.items() if spec.library in ("liger-kernel", "flashinfer-python")
+            or "inductor" in spec.jit_caches}
+    assert {"liger.rms_norm", "flashinfer.prefill", "compile.rms_norm"} <= slow <= excluded
+    assert not {"triton.rms_norm", "torch.rms_norm", "sdpa.default", "eager.rms_norm"} & excluded
+    assert "liger.rms_norm" in skipped[-2], skipped
 
 
 def test_the_summary_lines_go_to_stdout_unless_json(tmp_path, capsys):

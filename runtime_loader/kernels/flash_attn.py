@@ -111,6 +111,7 @@ SPECS = [
                dtypes=HALF, head_dim_max=256, head_dim_multiple=8,
                features=ATTENTION_FEATURES | SINKS | {"sliding_window", "softcap", "v_head_dim"},
                graph_safe=True, deterministic=True, jit=True, requires=("flash_attn.cute",),
+               slow_start=True,  # the CuTe DSL's import, and its kernels compiled in process memory
                notes=f"FlashAttention-4 (CuTe DSL), compiled per configuration at its first call; {CUTE_DSL}; "
                      "written from flash_attn.cute.flash_attn_func of 4.0.0b40, not yet run"),
 ]

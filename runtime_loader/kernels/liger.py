@@ -102,10 +102,13 @@ def rope(q, k, cos, sin, interleaved: bool):
 
 
 def _spec(kernel_id: str, op: str, impl, notes: str, **capabilities) -> KernelSpec:
-    # Triton kernels (compiled on first use, into Triton's cache); Triton supports sm80 and newer.
+    # Triton kernels (compiled on first use, into Triton's cache); Triton supports sm80 and newer. Any
+    # liger_kernel module imports the package, which imports torch._dynamo, transformers and (where
+    # installed) PEFT: 10.8 s to a first call on the H100's host (benchmarks/runs/2026-12-06-f.txt,
+    # --quick), 2.5 s past torch's import on the CPU VM without PEFT
     return KernelSpec(kernel_id, frozenset({op}), "liger-kernel", impl, platforms=frozenset({"cuda"}), min_sm=80,
                       dtypes=ALL_DTYPES, graph_safe=True, deterministic=True, jit=True, jit_caches=("triton",),
-                      requires=("liger_kernel",), notes=notes, **capabilities)
+                      requires=("liger_kernel",), notes=notes, slow_start=True, **capabilities)
 
 
 ROW_LIMIT = "rows up to 65536 wide (one Triton block per row)"

@@ -33,6 +33,7 @@ def _spec(kernel_id: str, op: str, impl, notes: str, **capabilities) -> KernelSp
     # quack's kernels refuse architectures before sm90 (RMSNorm's cluster setup)
     return KernelSpec(kernel_id, frozenset({op}), "quack-kernels", impl, platforms=frozenset({"cuda"}), min_sm=90,
                       dtypes=ALL_DTYPES, graph_safe=True, deterministic=True, jit=True, requires=("quack",),
+                      slow_start=True,  # the CuTe DSL's import, and its kernels compiled in process memory
                       notes=f"{notes}; {CUTE_DSL}", **capabilities)
 
 

@@ -1,0 +1,142 @@
+"""A served call's host time where a model makes it, against back to back (issue 54).
+
+An eager table keeps the fallback where a kernel costs the host more than it (lzsolve/decide/solve.py,
+HOST_LOSS), from the host time per call of the tune's eager passes: the same call back to back, its
+path warm in the CPU's caches. In a model a served call comes after hundreds of µs of other host
+work. Gemma 2's half table, whose one served op is the fused residual-add RMSNorm (a Triton kernel
+in place of about ten ATen ops), ran 0.97-1.00x of the unpatched model, while its plain RMSNorm
+alone, the same kernel through the same launcher, ran 1.15-1.17x; in that trace the fused call's
+path from its allocation to its launch took 73 µs, the plain norm's back-to-back calls 23 µs
+(docs/benchmark-log.md §29). This times each candidate of each op two ways:
+
+- `warm`: CALLS calls back to back, host µs per call (what the tune's eager passes see);
+- `after`: each call after CONTEXT model-like host work (ATen ops on small tensors of the device
+  with a decoder layer's mix, and Python between them), the call alone timed.
+
+If `after` orders the kernels against their fallback as the models do (the fused norm near or
+above its fallback's ~10 ATen ops, the plain norm below), the tune's host guard should time it.
+Medians over ROUNDS interleaved rounds; every candidate's output checked against the fallback's.
+
+    python benchmarks/host_in_context.py --device cuda --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fnmatch
+import json
+import statistics
+import time
+
+import torch
+
+from runtime_loader import registry
+from runtime_loader.hardware import device_info
+from runtime_loader.ops import OPS, Signature
+
+# Gemma 2's shapes (hidden 2304, GeGLU width 9216): the model whose half table lost
+SIGNATURES = [
+    Signature.make("norm.rms", {"hidden": 2304}, ["unit_offset"]),
+    Signature.make("norm.rms_add", {"hidden": 2304}, ["unit_offset", "keep_inputs"]),
+    Signature.make("act.geglu", {"width": 9216}),
+]
+
+
+def context(device, ops: int):
+    """A callable doing `ops` ATen ops on small tensors of the device, the mix of a decoder layer's
+    host work (views, casts, elementwise, a matmul every few), with Python calls between."""
+    x = torch.randn(8, 256, device=device, dtype=torch.bfloat16)
+    w = torch.randn(256, 256, device=device, dtype=torch.bfloat16)
+    steps = [lambda t: t.float(), lambda t: t * 0.5, lambda t: t.to(torch.bfloat16), lambda t: t.reshape(8, 4, 64),
+             lambda t: t.transpose(0, 1).reshape(8, 256), lambda t: t + 1.0, lambda t: t @ w, lambda t: torch.tanh(t)]
+
+    def run() -> None:
+        t = x
+        for i in range(ops):
+            t = steps[i % len(steps)](t)
+            if t.dtype != torch.bfloat16 or t.shape != x.shape:
+                t = x
+    return run
+
+
+def timed(call, sync, contexts, calls: int) -> tuple[float, float]:
+    """(warm, after): host µs per call, back to back and each after `contexts()`."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    warm = (time.perf_counter() - start) / calls * 1e6
+    sync()
+    after = []
+    for _ in range(calls):
+        contexts()
+        start = time.perf_counter()
+        call()
+        after.append(time.perf_counter() - start)
+    sync()
+    return warm, statistics.median(after) * 1e6
+
+
+def candidates(sig: Signature, device, patterns: list[str]) -> list:
+    info = device_info(device)
+    found = []
+    for spec in registry.candidates(sig.op):
+        if any(fnmatch.fnmatch(spec.kernel_id, p) for p in patterns) and spec.installed() is None \
+                and not spec.check(sig, info):
+            found.append(spec)
+    fallback = registry.fallback_for(sig)
+    return [fallback] + [s for s in found if s.kernel_id != fallback.kernel_id]
+
+
+def close(a, b) -> bool:
+    a, b = (a if isinstance(a, (tuple, list)) else (a,)), (b if isinstance(b, (tuple, list)) else (b,))
+    return all(torch.allclose(x.float(), y.float(), atol=2e-2, rtol=2e-2) for x, y in zip(a, b))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokens", default="1,777", help="comma list of token counts")
+    parser.add_argument("--kernels", default="eager.*,torch.*,triton.*,liger.*", help="comma list of id patterns")
+    parser.add_argument("--context-ops", type=int, default=60, help="ATen ops before each `after` call")
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    contexts = context(device, args.context_ops)
+    rows = []
+    for sig in SIGNATURES:
+        specs = candidates(sig, device, args.kernels.split(","))
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            gen = torch.Generator(device=device).manual_seed(0)
+            inputs = OPS[sig.op].inputs(sig, {"tokens": tokens}, device, gen)
+            calls = {s.kernel_id: (lambda impl=s.impl: impl(*inputs)) for s in specs}
+            expected = calls[specs[0].kernel_id]()
+            ok = {k: close(call(), expected) for k, call in calls.items()}
+            for call in calls.values():  # first calls (compiles) and the launchers' first key
+                call(), call()
+            samples = {k: [] for k in calls}
+            for round_ in range(args.rounds):  # interleaved, in a rotating order: drift hits all alike
+                order = list(calls)[round_ % len(calls):] + list(calls)[:round_ % len(calls)]
+                for k in order:
+                    samples[k].append(timed(calls[k], sync, contexts, args.calls))
+            fallback = specs[0].kernel_id
+            base = [statistics.median(s[i] for s in samples[fallback]) for i in (0, 1)]
+            for k, s in samples.items():
+                warm, after = (statistics.median(x[i] for x in s) for i in (0, 1))
+                rows.append({"signature": str(sig), "tokens": tokens, "kernel": k, "fallback": k == fallback,
+                             "ok": ok[k], "warm_us": warm, "after_us": after,
+                             "warm_vs_fallback": warm / base[0], "after_vs_fallback": after / base[1]})
+                print(f"{str(sig):<52} {tokens:>5} {k:<32} warm {warm:7.1f} us ({warm / base[0]:4.2f})  "
+                      f"after {after:7.1f} us ({after / base[1]:4.2f}){'' if ok[k] else '  WRONG'}", flush=True)
+    if args.json:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        with open(args.json, "w") as f:
+            json.dump({"date": dt.date.today().isoformat(), "device": name, "torch": torch.__version__,
+                       "context_ops": args.context_ops, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -38,13 +38,31 @@ def default_config(model_type: str) -> dict:
         return AutoConfig.for_model(model_type).to_dict()
 
 
+def shallow(config: dict, layers: int = 6) -> dict:
+    """`config` cut to its first `layers` decoder layers, per-layer lists and dicts with it: a dense
+    decoder plans or is refused as it does whole (six layers hold Gemma 3's full-attention one), in a
+    tenth of the time (27 against 3 s for DENSE on the CPU VM)."""
+    depth = config.get("num_hidden_layers")
+    if not isinstance(depth, int) or depth <= layers:
+        return config
+    cut = {**config, "num_hidden_layers": layers}
+    for key, value in config.items():
+        if isinstance(value, list) and len(value) == depth:
+            cut[key] = value[:layers]
+        elif isinstance(value, dict) and value and all(str(k).isdigit() for k in value):  # Gemma 4's per-layer dict
+            cut[key] = {k: v for k, v in value.items() if int(k) < layers}
+    return cut
+
+
 @pytest.fixture(scope="module")
 def outcomes():
-    """model_type -> ("ok", captured) or ("refused", message), for DENSE + MOE."""
+    """model_type -> ("ok", captured) or ("refused", message), for DENSE (shallow) + MOE (whole: their
+    expert layers may start deep, as DeepSeek's after its dense ones)."""
     result = {}
     for model_type in DENSE + MOE:
+        config = default_config(model_type)
         try:
-            result[model_type] = ("ok", capture(default_config(model_type), model_type))
+            result[model_type] = ("ok", capture(shallow(config) if model_type in DENSE else config, model_type))
         except LzError as e:
             result[model_type] = ("refused", str(e))
     return result  # any other exception fails the test that asked: a traceback is a bug

@@ -283,8 +283,8 @@ def say_incremental(session: Session, plan: Plan) -> None:
 # --- a quick first table ---------------------------------------------------------------------------
 
 # kernels whose first call builds for seconds to minutes (Inductor's compiles, nvcc's FlashInfer
-# modules), as those whose spec says it starts slowly (KernelSpec.slow_start: Liger's import): a quick
-# tune leaves them to the full one
+# modules), and those whose spec says their first call starts slowly (KernelSpec.slow_start: Liger's
+# import): a quick tune leaves them to the full one
 SLOW_FIRST_CALLS = frozenset({"inductor", *NVCC_BUILT})
 # a quick tune's sampling per candidate and mode, where --sample-time is left at its default: most
 # GPU timings never reach the target spread and sample for the whole cap (83 of a quick tune's 153 on

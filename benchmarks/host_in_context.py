@@ -10,8 +10,9 @@ path from its allocation to its launch took 73 µs, the plain norm's back-to-bac
 (docs/benchmark-log.md §29). This times each candidate of each op two ways:
 
 - `warm`: CALLS calls back to back, host µs per call (what the tune's eager passes see);
-- `after`: each call after CONTEXT model-like host work (ATen ops on small tensors of the device
-  with a decoder layer's mix, and Python between them), the call alone timed.
+- `after`: each call after model-like host work (--context ops: ATen ops on small tensors of the
+  device with a decoder layer's mix, and Python between them; --context model: a one-layer Gemma 2's
+  prefill), the call alone timed.
 
 If `after` orders the kernels against their fallback as the models do (the fused norm near or
 above its fallback's ~10 ATen ops, the plain norm below), the tune's host guard should time it.
@@ -59,6 +60,22 @@ def context(device, ops: int):
     return run
 
 
+def model_context(device):
+    """A callable running one prefill of a one-layer Gemma 2 (its hidden size, a small vocabulary,
+    random bf16 weights, unpatched): the host work a served call of that model comes after."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
+                          head_dim=256, num_hidden_layers=1, vocab_size=1024)
+    model = Gemma2ForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 16), device=device)
+
+    def run() -> None:
+        with torch.no_grad():
+            model(ids, use_cache=False, logits_to_keep=1)
+    return run
+
+
 def timed(call, sync, contexts, calls: int) -> tuple[float, float]:
     """(warm, after): host µs per call, back to back and each after `contexts()`."""
     sync()
@@ -98,6 +115,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", default="1,777", help="comma list of token counts")
     parser.add_argument("--kernels", default="eager.*,torch.*,triton.*,liger.*", help="comma list of id patterns")
+    parser.add_argument("--context", choices=("ops", "model"), default="ops",
+                        help="what comes before each `after` call: --context-ops ATen ops, or a one-layer Gemma 2's "
+                             "prefill (transformers)")
     parser.add_argument("--context-ops", type=int, default=60, help="ATen ops before each `after` call")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
@@ -105,7 +125,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    contexts = context(device, args.context_ops)
+    contexts = model_context(device) if args.context == "model" else context(device, args.context_ops)
     rows = []
     for sig in SIGNATURES:
         specs = candidates(sig, device, args.kernels.split(","))
@@ -135,7 +155,7 @@ def main() -> None:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         with open(args.json, "w") as f:
             json.dump({"date": dt.date.today().isoformat(), "device": name, "torch": torch.__version__,
-                       "context_ops": args.context_ops, "rows": rows}, f, indent=1)
+                       "context": args.context, "context_ops": args.context_ops, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

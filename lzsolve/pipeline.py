@@ -49,6 +49,7 @@ from lzsolve.measure import devices, tuner, worker
 from lzsolve.measure.ahead import (
     CompileAhead,
     builders_per_device,
+    built_by_nvcc,
     imports_a_library,
     phase_calls,
     warmed_by_inductor,
@@ -83,7 +84,8 @@ from lzsolve.store.perfdb import PerfDB, default_cache
 from runtime_loader import registry
 from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
-from runtime_loader.jit import NVCC_BUILT, point_caches
+from runtime_loader.jit import point_caches
+from runtime_loader.specs import KernelSpec
 
 # --- what to tune, and how (one field per option of `lzsolve tune`) ------------------------------
 
@@ -282,15 +284,18 @@ def say_incremental(session: Session, plan: Plan) -> None:
 
 # --- a quick first table ---------------------------------------------------------------------------
 
-# kernels whose first call builds for seconds to minutes (Inductor's compiles, nvcc's FlashInfer
-# modules), and those whose spec says their first call starts slowly (KernelSpec.slow_start: Liger's
-# import): a quick tune leaves them to the full one
-SLOW_FIRST_CALLS = frozenset({"inductor", *NVCC_BUILT})
 # a quick tune's sampling per candidate and mode, where --sample-time is left at its default: most
 # GPU timings never reach the target spread and sample for the whole cap (83 of a quick tune's 153 on
 # the H100, benchmarks/device.sh batch: its 66 s grid phase was mostly sampling); a timing that does
 # reach it is as good as the full tune's, which reuses it (tuner._reusable) and measures the rest again
 QUICK_SAMPLE_S = 0.1
+
+
+def starts_slowly(spec: KernelSpec) -> bool:
+    """Whether a kernel's first call takes seconds to minutes: a build by nvcc (FlashInfer's modules)
+    or Inductor (the builders' and warmers' kernels), or what its spec says (KernelSpec.slow_start:
+    Liger's import). A quick tune leaves these to the full one."""
+    return spec.slow_start or built_by_nvcc(spec) or warmed_by_inductor(spec)
 
 
 def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
@@ -302,8 +307,7 @@ def quick(config: TuneConfig) -> tuple[TuneConfig, list[str]]:
     the records this one measured as well as it would (tuner._reusable) and measures the others."""
     if not config.grid.quick:
         return config, []
-    slow = sorted({spec.kernel_id.split("[")[0] for spec in registry.REGISTRY.values()
-                   if spec.slow_start or SLOW_FIRST_CALLS & set(spec.jit_caches)})
+    slow = sorted({registry.family(spec.kernel_id) for spec in registry.REGISTRY.values() if starts_slowly(spec)})
     skipped = []
     if config.grid.grid is None:
         skipped.append("the default grid's buckets (the next smaller grid instead)")

@@ -156,8 +156,6 @@ def test_a_phase_begun_comes_first_and_each_call_is_made_once(nvcc_plan, tmp_pat
 def test_a_phase_begun_keeps_the_earlier_calls_of_a_cohort_still_to_come(tmp_path):
     """begin(keep=...): the earlier phases' calls of the signatures kept stay queued, ahead of the
     phase's own (a later cohort's grid comes before this cohort's probes); the others go."""
-    import threading
-
     plan = make_plan(capture(TINY_LLAMA, "tiny", dtype="fp32"), "fp32", torch.device("cpu"), "tiny")
     first, second = plan.signatures[:2]
     made, release = [], threading.Event()

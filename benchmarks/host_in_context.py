@@ -16,24 +16,25 @@ path from its allocation to its launch took 73 µs, the plain norm's back-to-bac
 
 If `after` orders the kernels against their fallback as the models do (the fused norm near or
 above its fallback's ~10 ATen ops, the plain norm below), the tune's host guard should time it.
-Medians over ROUNDS interleaved rounds; every candidate's output checked against the fallback's.
+Medians over ROUNDS interleaved rounds; each candidate checked first against the op's fp32 reference
+(checked_timing.agreeing), those that disagree reported and not timed.
 
     python benchmarks/host_in_context.py --device cuda --json out.json
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import fnmatch
-import json
 import statistics
 import time
 
 import torch
+from checked_timing import agreeing, write_figures
 
+from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
 from runtime_loader.hardware import device_info
-from runtime_loader.ops import OPS, Signature
+from runtime_loader.ops import Signature
 
 # Gemma 2's shapes (hidden 2304, GeGLU width 9216): the model whose half table lost
 SIGNATURES = [
@@ -105,11 +106,6 @@ def candidates(sig: Signature, device, patterns: list[str]) -> list:
     return [fallback] + [s for s in found if s.kernel_id != fallback.kernel_id]
 
 
-def close(a, b) -> bool:
-    a, b = (a if isinstance(a, (tuple, list)) else (a,)), (b if isinstance(b, (tuple, list)) else (b,))
-    return all(torch.allclose(x.float(), y.float(), atol=2e-2, rtol=2e-2) for x, y in zip(a, b))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -131,10 +127,13 @@ def main() -> None:
         specs = candidates(sig, device, args.kernels.split(","))
         for tokens in (int(t) for t in args.tokens.split(",")):
             gen = torch.Generator(device=device).manual_seed(0)
-            inputs = OPS[sig.op].inputs(sig, {"tokens": tokens}, device, gen)
-            calls = {s.kernel_id: (lambda impl=s.impl: impl(*inputs)) for s in specs}
-            expected = calls[specs[0].kernel_id]()
-            ok = {k: close(call(), expected) for k, call in calls.items()}
+            inputs = CONTRACTS[sig.op].make_inputs(sig, {"tokens": tokens}, device, gen)
+            agreed, errors = agreeing(sig.op, sig, specs, inputs)
+            for kernel_id, why in errors.items():
+                print(f"{str(sig):<52} {tokens:>5} {kernel_id:<32} not timed: {why}", flush=True)
+            if specs[0] not in agreed:
+                continue  # no fallback to compare with
+            calls = {s.kernel_id: (lambda impl=s.impl: impl(*inputs)) for s in agreed}
             for call in calls.values():  # first calls (compiles) and the launchers' first key
                 call(), call()
             samples = {k: [] for k in calls}
@@ -147,15 +146,12 @@ def main() -> None:
             for k, s in samples.items():
                 warm, after = (statistics.median(x[i] for x in s) for i in (0, 1))
                 rows.append({"signature": str(sig), "tokens": tokens, "kernel": k, "fallback": k == fallback,
-                             "ok": ok[k], "warm_us": warm, "after_us": after,
+                             "context": args.context, "context_ops": args.context_ops, "warm_us": warm, "after_us": after,
                              "warm_vs_fallback": warm / base[0], "after_vs_fallback": after / base[1]})
                 print(f"{str(sig):<52} {tokens:>5} {k:<32} warm {warm:7.1f} us ({warm / base[0]:4.2f})  "
-                      f"after {after:7.1f} us ({after / base[1]:4.2f}){'' if ok[k] else '  WRONG'}", flush=True)
+                      f"after {after:7.1f} us ({after / base[1]:4.2f})", flush=True)
     if args.json:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        with open(args.json, "w") as f:
-            json.dump({"date": dt.date.today().isoformat(), "device": name, "torch": torch.__version__,
-                       "context": args.context, "context_ops": args.context_ops, "rows": rows}, f, indent=1)
+        write_figures(args.json, device, rows)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import argparse
 import copy
 import statistics
 import sys
+import time
 
 import torch
 from checked_timing import write_figures
@@ -64,6 +65,16 @@ def with_fused_layers(model):
     return model
 
 
+def host_timed(add_norm, sink: list):
+    """add_norm, appending (rows, host seconds) of each call to sink."""
+    def timed(norm, x, residual, residual_first=True):
+        start = time.perf_counter()
+        out = add_norm(norm, x, residual, residual_first)
+        sink.append((x.numel() // x.shape[-1], time.perf_counter() - start))
+        return out
+    return timed
+
+
 def own_add_norm(norm, x, residual, residual_first=True):
     total = residual + x if residual_first else x + residual
     return norm(total), total
@@ -97,6 +108,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cuda", help="cpu: the unpatched and rewrite variants alone (no Triton)")
     parser.add_argument("--tiny", action="store_true", help="hf_end_to_end.py's tiny shapes (a smoke test)")
+    parser.add_argument("--call-times", type=int, default=0, metavar="N",
+                        help="also N runs of each scenario per fused variant with each add + norm call's host time "
+                             "taken in the model (perf_counter around it)")
     parser.add_argument("--json")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -114,8 +128,10 @@ def main() -> None:
         if "norms" in variants:
             models["norms"] = with_kernel_norms(model)
 
-        def before(variant: str) -> None:  # the recompiled forward reads _add_norm from its module's globals
-            setattr(module, lz_hf.ADD_NORM, add_norms.get(variant, lz_hf._add_norm))
+        def before(variant: str, sink: list | None = None) -> None:
+            # the recompiled forward reads _add_norm from its module's globals
+            add_norm = add_norms.get(variant, lz_hf._add_norm)
+            setattr(module, lz_hf.ADD_NORM, add_norm if sink is None else host_timed(add_norm, sink))
 
         for scenario in args.scenarios.split(","):
             batch, tokens, steps = (TINY_SCENARIOS if args.tiny else SCENARIOS)[scenario]
@@ -130,6 +146,20 @@ def main() -> None:
                         (out != expected).float().mean().item()
                     print(f"{name:<10} {scenario:<11} {v:<15} {'tokens differing' if steps else 'rel err'} {error:.2e}")
                 times = timed_ms(fns, args.warmup, args.reps, device, before)
+            if args.call_times:  # outside the timed reps: the timer's own cost is in every call alike
+                for v in [v for v in ("rewrite", "kernel", "kernel_inplace") if v in fns]:
+                    sink = []
+                    before(v, sink)
+                    with torch.no_grad():
+                        for _ in range(args.call_times):
+                            fns[v]()
+                    for label, rows_of in (("1 token", lambda n: n == 1), ("prompt", lambda n: n > 1)):
+                        us = [t * 1e6 for n, t in sink if rows_of(n)]
+                        if us:
+                            rows.append({"model": name, "scenario": scenario, "variant": v, "calls_of": label,
+                                         "call_host_us": statistics.median(us), "calls": len(us)})
+                            print(f"{name:<10} {scenario:<11} {v:<15} its add + norm call, {label}: "
+                                  f"{statistics.median(us):6.1f} us of host (median of {len(us)})", flush=True)
             base = times["unpatched"]
             for v, t in times.items():
                 paired = statistics.median(b / s for b, s in zip(base["samples"], t["samples"]))

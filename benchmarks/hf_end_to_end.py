@@ -306,7 +306,7 @@ def setup(variant: str, model, name: str, args, artifacts: str | None = None, **
     return patched, None
 
 
-_derived: dict[tuple, Path] = {}  # (state, model) -> the folder of its table, made once per run
+_derived: dict[tuple, Path] = {}  # (state, model, tables' folder) -> the folder of its table, made once per run
 
 
 def table_of(state: str, name: str, artifacts: Path) -> Path:
@@ -317,12 +317,12 @@ def table_of(state: str, name: str, artifacts: Path) -> Path:
         return artifacts / (OTHER_TABLE[name] if OTHER_TABLE[name] in tuned or not tuned else tuned[0])
     if not state:
         return own
-    if (state, name) not in _derived:
+    if (state, name, artifacts) not in _derived:  # the eager tables' and the graph tables' (--graph-artifacts) apart
         scratch = Path(tempfile.mkdtemp(prefix=f"lzsolve-{state.partition('=')[0]}-"))
         change = only(state.partition("=")[2].split("+")) if state.startswith("only=") else {
             "torch": under_another_torch, "partial": every_other_signature, "unfused": beyond_the_fallback}.get(state)
-        _derived[state, name] = scratch / "no-table" if state == "none" else derived(own, scratch / name, change)
-    return _derived[state, name]
+        _derived[state, name, artifacts] = scratch / "no-table" if state == "none" else derived(own, scratch / name, change)
+    return _derived[state, name, artifacts]
 
 
 def derived(source: Path, folder: Path, change) -> Path:

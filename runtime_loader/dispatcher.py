@@ -37,6 +37,12 @@ BREAKER_LIMIT = 3  # failures after which a kernel is dropped for every call key
 # why a call is not the table's where the table's choice there is the op's fallback: a patched module
 # hands it back to its own code (the same computation, without the table's lookup)
 CHOSE_FALLBACK = "the table's choice is the fallback"
+# Under patch(traced=True, fuse=True) an op Inductor fuses with its neighbours takes its fallback
+# (see _traced), so no call of it is the table's: a module patched for it only added Dynamo guards
+# (a tiny Llama's compiled forward: 1167 against the unpatched model's 889, the same 91 graph
+# nodes), and the compiled models whose tables served such ops ran 0.94-0.98x of compile alone
+# (benchmarks/runs/2026-12-06-h.txt)
+TRACED_FUSIBLE = "compiled with patch(traced=True), Inductor fuses the module's own code with its neighbours"
 PAST_RANGE = "past the tuned range"  # why a call beyond PAST_GRID times its op's largest bucket takes the fallback
 VERIFY_BUDGET_S = 60.0  # load(verify=True): seconds its parity checks may take before the rest are dropped
 log = logging.getLogger("runtime_loader")
@@ -589,6 +595,8 @@ class Dispatcher:
         tree = self._trees.get(str(sig))
         if tree is None:
             return "not in the table"
+        if self.traced and self.traced_fuse and OPS[sig.op].fusible:
+            return TRACED_FUSIBLE
         kernels = {k for leaf in leaves(tree) for k in leaf_kernels(leaf)}
         fallback = registry.fallback_for(sig).kernel_id
         if kernels & self._usable - {fallback}:

@@ -12,7 +12,9 @@ from runtime_loader.ops import Signature
 from runtime_loader.policies import Policy
 from runtime_loader.table import parse_table
 from tests.tables import (
+    RMS,
     assert_served_by_its_own_table,
+    entry,
     fused_groups,
     serving_fallbacks,
     table,
@@ -515,6 +517,28 @@ def test_a_partial_table_patches_exactly_its_signatures(restore_active):
         torch.testing.assert_close(logits(model, "lzsolve", ids), reference, rtol=1e-5, atol=1e-5)
     assert set(d.stats()) == {"norm.rms", "attention.prefill"}, d.stats()
     assert d.coverage()["share"] == 1.0
+
+
+def test_a_traced_patch_leaves_the_modules_whose_torch_form_inductor_fuses(restore_active):
+    """patch(traced=True) (fuse, the default) serves no call of a fusible op (norms, activations, RoPE,
+    the embedding: they trace their fallback), so it leaves their modules as they are: a patched module
+    there only added Dynamo guards. The rest of the table is still served; fuse=False and an eager
+    patch serve the norms."""
+    from runtime_loader.dispatcher import TRACED_FUSIBLE
+    from runtime_loader.integrations.transformers import patch
+
+    norms_only = table(ops=[entry(RMS, {"kernel_id": "torch.rms_norm"})], timing_mode="graph")
+    for raw, attention in ((norms_only, False), (table(timing_mode="graph"), True)):
+        model = tiny("llama")
+        classes, functions = as_it_is(model)
+        report = patch(model, Dispatcher(parse_table(raw)), traced=True)
+        assert not report.replaced and report.left["LlamaRMSNorm"] == f"norm.rms[hidden=64,fp32]: {TRACED_FUSIBLE}"
+        assert unchanged(model, classes, functions)
+        assert (model.config._attn_implementation == "lzsolve") == attention, "attention is not fusible: served"
+    for traced, fuse in ((True, False), (False, True)):
+        model = tiny("llama")
+        assert dict(patch(model, Dispatcher(parse_table(norms_only)), traced=traced, fuse=fuse).replaced) == {
+            "LlamaRMSNorm": 5}
 
 
 def test_calls_past_the_tuned_range_run_the_modules_own_code_warn_once_and_count(restore_active):

@@ -1291,10 +1291,11 @@ def patch(model, dispatcher: Dispatcher, name: str = NAME, traced: bool = False,
     guards) and Inductor sees the chosen kernel's torch ops (opaque custom ops kept the patched
     model slower compiled than eager on the H100, benchmarks/hf_end_to_end.py); calls the table does not
     serve trace the module's own code. Eager calls are the same.
-    fuse (with traced=True): ops whose torch form Inductor fuses with its neighbours (norms,
-    activations, RoPE, the embedding: OpSchema.fusible) keep the module's own code in the graph, and
-    the table serves the rest (attention, linears, experts); with the table's kernels for them too, a
-    compiled Llama ran 6-16% slower than compile alone (benchmarks/hf_end_to_end.py). fuse=False: the table's choice for every op."""
+    fuse (with traced=True): the modules and functions of ops whose torch form Inductor fuses with
+    its neighbours (norms, activations, RoPE, the embedding: OpSchema.fusible) are left as they are,
+    their own code in the graph (Dispatcher.uncovered: TRACED_FUSIBLE), and the table serves the rest
+    (attention, linears, experts); with the table's kernels for them too, a compiled Llama ran 6-16%
+    slower than compile alone (benchmarks/hf_end_to_end.py). fuse=False: the table's choice for every op."""
     if not isinstance(model, torch.nn.Module) or not isinstance(dispatcher, Dispatcher):
         raise TypeError(f"patch(model, dispatcher) got a {type(model).__name__} and a {type(dispatcher).__name__}: "
                         "pass the transformers model and runtime_loader.load(path) (or Dispatcher(None))")

@@ -15,7 +15,9 @@ table (each a copy of the model, timed interleaved rep by rep as hf_end_to_end.p
   implementation, as the dispatcher calls it; keep_inputs: new tensors);
 - `kernel_inplace`: the kernel writing over its inputs, as serving engines let it;
 - `norms`: the unpatched layers with every RMSNorm the Triton rms_norm, called directly (the plain
-  norm's half of a table, which ran 1.15-1.17x).
+  norm's half of a table, which ran 1.15-1.17x);
+- `norm_at_site`: the unpatched layers with the fused site's norm alone the Triton rms_norm (the add
+  left to the layer): whether a launch there loses as the fused one does.
 
     python benchmarks/add_norm_in_model.py --models gemma2,llama3-8b --json out.json
 """
@@ -35,7 +37,7 @@ from runtime_loader import registry
 from runtime_loader.integrations import transformers as lz_hf
 from runtime_loader.integrations.modules import eps_of
 
-VARIANTS = ("unpatched", "rewrite", "kernel", "kernel_inplace", "norms")
+VARIANTS = ("unpatched", "rewrite", "kernel", "kernel_inplace", "norms", "norm_at_site")
 
 
 def rms_norms(model) -> list:
@@ -48,21 +50,22 @@ def unit_offset(norm) -> bool:
 
 
 def with_fused_layers(model):
-    """A copy of model whose decoder layers run patch()'s recompiled forward; None where it has none."""
+    """(a copy of model whose decoder layers run patch()'s recompiled forward, the norms it fuses);
+    (None, ()) where it has none."""
     model = copy.deepcopy(model)
     layers = model.model.layers
     cls = type(layers[0])
     names = frozenset(n for n, m in layers[0].named_children() if m in rms_norms(layers[0]))
     forward, fused = lz_hf._fused_forward(cls, names)
     if forward is None:
-        return None
+        return None, ()
     serving = type(cls.__name__, (cls,), {"forward": forward})
     for layer in layers:
         layer.__class__ = serving
         for name in fused:
             norm = getattr(layer, name)
             norm._lzsolve_eps, norm._lzsolve_unit_offset = eps_of(norm), unit_offset(norm)
-    return model
+    return model, fused
 
 
 def host_timed(add_norm, sink: list):
@@ -90,10 +93,13 @@ def kernel_add_norm(keep_inputs: bool):
     return add_norm
 
 
-def with_kernel_norms(model):
+def with_kernel_norms(model, names: frozenset | None = None):
+    """A copy of model whose RMSNorms (of the decoder layers' attributes `names` alone, if given) are the
+    Triton rms_norm, called directly."""
     model = copy.deepcopy(model)
     impl = registry.REGISTRY["triton.rms_norm"].impl
-    for norm in rms_norms(model):
+    chosen = rms_norms(model) if names is None else [getattr(layer, n) for layer in model.model.layers for n in names]
+    for norm in chosen:
         eps, offset = eps_of(norm), unit_offset(norm)
         norm.forward = lambda x, norm=norm, eps=eps, offset=offset: impl(x, norm.weight, eps, offset)
     return model
@@ -118,7 +124,7 @@ def main() -> None:
     rows = []
     for name in args.models.split(","):
         model = build(name, args, device, torch.bfloat16)
-        fused = with_fused_layers(model)
+        fused, fused_norms = with_fused_layers(model)
         if fused is None:
             print(f"{name}: patch() finds no residual add + norm to fuse", file=sys.stderr)
             continue
@@ -127,6 +133,7 @@ def main() -> None:
         models = {"unpatched": model, "rewrite": fused, "kernel": fused, "kernel_inplace": fused}
         if "norms" in variants:
             models["norms"] = with_kernel_norms(model)
+            models["norm_at_site"] = with_kernel_norms(model, frozenset(fused_norms))
 
         def before(variant: str, sink: list | None = None) -> None:
             # the recompiled forward reads _add_norm from its module's globals

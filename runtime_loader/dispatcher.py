@@ -40,7 +40,7 @@ CHOSE_FALLBACK = "the table's choice is the fallback"
 # Under patch(traced=True, fuse=True) an op Inductor fuses with its neighbours takes its fallback
 # (see _traced), so no call of it is the table's: a module patched for it only added Dynamo guards
 # (a tiny Llama's compiled forward: 1167 against the unpatched model's 889, the same 91 graph
-# nodes), and the compiled models whose tables served such ops ran 0.94-0.98x of compile alone
+# nodes), and the compiled models whose tables served such ops ran 0.93-0.98x of compile alone
 # (benchmarks/runs/2026-12-06-h.txt)
 TRACED_FUSIBLE = "compiled with patch(traced=True), Inductor fuses the module's own code with its neighbours"
 PAST_RANGE = "past the tuned range"  # why a call beyond PAST_GRID times its op's largest bucket takes the fallback

@@ -12,10 +12,13 @@ path from its allocation to its launch took 73 µs, the plain norm's back-to-bac
 - `warm`: CALLS calls back to back, host µs per call (what the tune's eager passes see);
 - `after`: each call after model-like host work (--context ops: ATen ops on small tensors of the
   device with a decoder layer's mix, and Python between them; --context model: a one-layer Gemma 2's
-  prefill), the call alone timed.
+  prefill; --context others: one call of each other candidate and a device sync, what the first
+  call of each of the tune's interleaved eager passes comes after), the call alone timed.
 
-If `after` orders the kernels against their fallback as the models do (the fused norm near or
-above its fallback's ~10 ATen ops, the plain norm below), the tune's host guard should time it.
+After a layer (docs/benchmark-log.md §30) every call cost more, and Liger's norms, under their
+fallback back to back, cost more than it: the host guard admits them where a host-bound model pays
+more. If `others`, which a tune could read at no cost, orders the kernels as `model` does, the
+guard should read that.
 Medians over ROUNDS interleaved rounds; each candidate checked first against the op's fp32 reference
 (checked_timing.agreeing), those that disagree reported and not timed.
 
@@ -111,9 +114,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", default="1,777", help="comma list of token counts")
     parser.add_argument("--kernels", default="eager.*,torch.*,triton.*,liger.*", help="comma list of id patterns")
-    parser.add_argument("--context", choices=("ops", "model"), default="ops",
-                        help="what comes before each `after` call: --context-ops ATen ops, or a one-layer Gemma 2's "
-                             "prefill (transformers)")
+    parser.add_argument("--context", choices=("ops", "model", "others"), default="ops",
+                        help="what comes before each `after` call: --context-ops ATen ops, a one-layer Gemma 2's "
+                             "prefill (transformers), or one call of each other candidate of the op and a device "
+                             "sync (what the first call of a tune's eager pass comes after)")
     parser.add_argument("--context-ops", type=int, default=60, help="ATen ops before each `after` call")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=7)
@@ -122,6 +126,14 @@ def main() -> None:
     device = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     contexts = model_context(device) if args.context == "model" else context(device, args.context_ops)
+
+    def others(calls: dict, kernel_id: str):
+        def run() -> None:
+            for other, call in calls.items():
+                if other != kernel_id:
+                    call()
+            sync()
+        return run
     rows = []
     for sig in SIGNATURES:
         specs = candidates(sig, device, args.kernels.split(","))
@@ -140,7 +152,8 @@ def main() -> None:
             for round_ in range(args.rounds):  # interleaved, in a rotating order: drift hits all alike
                 order = list(calls)[round_ % len(calls):] + list(calls)[:round_ % len(calls)]
                 for k in order:
-                    samples[k].append(timed(calls[k], sync, contexts, args.calls))
+                    before = others(calls, k) if args.context == "others" else contexts
+                    samples[k].append(timed(calls[k], sync, before, args.calls))
             fallback = specs[0].kernel_id
             base = [statistics.median(s[i] for s in samples[fallback]) for i in (0, 1)]
             for k, s in samples.items():

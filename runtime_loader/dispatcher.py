@@ -38,7 +38,7 @@ BREAKER_LIMIT = 3  # failures after which a kernel is dropped for every call key
 # hands it back to its own code (the same computation, without the table's lookup)
 CHOSE_FALLBACK = "the table's choice is the fallback"
 # Under patch(traced=True, fuse=True) an op Inductor fuses with its neighbours takes its fallback
-# (see _traced), so no call of it is the table's: a module patched for it only added Dynamo guards
+# (Dispatcher._inductor_fuses), so no call of it is the table's: a module patched for it only added Dynamo guards
 # (a tiny Llama's compiled forward: 1167 against the unpatched model's 889, the same 91 graph
 # nodes), and the compiled models whose tables served such ops ran 0.93-0.98x of compile alone
 # (benchmarks/runs/2026-12-06-h.txt)
@@ -488,9 +488,14 @@ class Dispatcher:
         op = METHOD_OPS[method]
         call, (_, kernel_args) = op.call(*args, **kwargs), op.front(*args, **kwargs)
         spec, from_table, _ = self._choose(call, op, kernel_args)
-        if from_table and self.traced_fuse and OPS[call[0].op].fusible and call[0].op not in self._locks:
+        if from_table and self._inductor_fuses(call[0].op):
             return registry.fallback_for(call[0]), kernel_args, False
         return spec, kernel_args, from_table and not (hand_back and self._chose_fallback(spec, call[0]))
+
+    def _inductor_fuses(self, op: str) -> bool:
+        """Whether a traced call of `op` takes its fallback for Inductor to fuse (traced_fuse, an
+        OpSchema.fusible op), its torch form, not the table's kernel: unless a lock names its kernel."""
+        return self.traced_fuse and OPS[op].fusible and op not in self._locks
 
     def traced_kernel_for(self, method: str, *args, **kwargs) -> str:
         """The kernel id a call of `method` traced by torch.compile (patch(traced=True)) would use."""
@@ -595,7 +600,7 @@ class Dispatcher:
         tree = self._trees.get(str(sig))
         if tree is None:
             return "not in the table"
-        if self.traced and self.traced_fuse and OPS[sig.op].fusible:
+        if self.traced and self._inductor_fuses(sig.op):
             return TRACED_FUSIBLE
         kernels = {k for leaf in leaves(tree) for k in leaf_kernels(leaf)}
         fallback = registry.fallback_for(sig).kernel_id

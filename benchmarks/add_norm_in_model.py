@@ -35,27 +35,26 @@ from hf_end_to_end import SCENARIOS, TINY_SCENARIOS, build, generate, prefill, t
 
 from runtime_loader import registry
 from runtime_loader.integrations import transformers as lz_hf
-from runtime_loader.integrations.modules import eps_of
+from runtime_loader.integrations.modules import classify, eps_of
 
 VARIANTS = ("unpatched", "rewrite", "kernel", "kernel_inplace", "norms", "norm_at_site")
 
 
-def rms_norms(model) -> list:
-    return [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
-
-
-def unit_offset(norm) -> bool:
-    # Gemma's norms scale by (1 + weight), their weights initialised at zero
-    return type(norm).__name__.startswith("Gemma")
+def rms_norms(model) -> dict:
+    """Name -> (module, its unit_offset) of each RMSNorm of model, as patch() classifies them
+    (modules.classify: Gemma's scale by 1 + weight)."""
+    modules = dict(model.named_modules())
+    return {name: (modules[name], kind.unit_offset) for name, kind in classify(model).items() if kind.op == "norm.rms"}
 
 
 def with_fused_layers(model):
     """(a copy of model whose decoder layers run patch()'s recompiled forward, the norms it fuses);
     (None, ()) where it has none."""
     model = copy.deepcopy(model)
-    layers = model.model.layers
+    layers, norms = model.model.layers, rms_norms(model)
+    offsets = dict(norms.values())
     cls = type(layers[0])
-    names = frozenset(n for n, m in layers[0].named_children() if m in rms_norms(layers[0]))
+    names = frozenset(n for n, m in layers[0].named_children() if m in offsets)
     forward, fused = lz_hf._fused_forward(cls, names)
     if forward is None:
         return None, ()
@@ -64,7 +63,7 @@ def with_fused_layers(model):
         layer.__class__ = serving
         for name in fused:
             norm = getattr(layer, name)
-            norm._lzsolve_eps, norm._lzsolve_unit_offset = eps_of(norm), unit_offset(norm)
+            norm._lzsolve_eps, norm._lzsolve_unit_offset = eps_of(norm), offsets[norm]
     return model, fused
 
 
@@ -98,9 +97,10 @@ def with_kernel_norms(model, names: frozenset | None = None):
     Triton rms_norm, called directly."""
     model = copy.deepcopy(model)
     impl = registry.REGISTRY["triton.rms_norm"].impl
-    chosen = rms_norms(model) if names is None else [getattr(layer, n) for layer in model.model.layers for n in names]
-    for norm in chosen:
-        eps, offset = eps_of(norm), unit_offset(norm)
+    for name, (norm, offset) in rms_norms(model).items():
+        if names is not None and name.rpartition(".")[2] not in names:
+            continue
+        eps = eps_of(norm)
         norm.forward = lambda x, norm=norm, eps=eps, offset=offset: impl(x, norm.weight, eps, offset)
     return model
 
@@ -146,9 +146,10 @@ def main() -> None:
             with torch.no_grad():
                 fns = {v: (lambda m=models[v]: generate(m, ids, steps, {})) if steps else
                        (lambda m=models[v]: prefill(m, ids, {})) for v in variants}
+                expected = fns["unpatched"]().float()
                 for v in variants:  # each variant computes what the model does (the kernels within bf16's reach)
                     before(v)
-                    out, expected = fns[v]().float(), fns["unpatched"]().float()
+                    out = fns[v]().float()
                     error = ((out - expected).norm() / expected.norm()).item() if not steps else \
                         (out != expected).float().mean().item()
                     print(f"{name:<10} {scenario:<11} {v:<15} {'tokens differing' if steps else 'rel err'} {error:.2e}")

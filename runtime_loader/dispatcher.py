@@ -41,7 +41,7 @@ CHOSE_FALLBACK = "the table's choice is the fallback"
 # (Dispatcher._inductor_fuses), so no call of it is the table's: a module patched for it only added Dynamo guards
 # (a tiny Llama's compiled forward: 1167 against the unpatched model's 889, the same 91 graph
 # nodes), and the compiled models whose tables served such ops ran 0.93-0.98x of compile alone
-# (benchmarks/runs/2026-12-06-h.txt)
+# (benchmarks/runs/2026-12-06-h.txt); with those modules left, 0.99-1.05x (2026-12-06-i.txt)
 TRACED_FUSIBLE = "compiled with patch(traced=True), Inductor fuses the module's own code with its neighbours"
 PAST_RANGE = "past the tuned range"  # why a call beyond PAST_GRID times its op's largest bucket takes the fallback
 VERIFY_BUDGET_S = 60.0  # load(verify=True): seconds its parity checks may take before the rest are dropped

@@ -8,7 +8,7 @@ interleaved by the tuner's harness (run_timing: both modes, L2 flushed per sampl
 op's fallback (PyTorch's default) over each kernel, per mode. The workloads: llama3-70b TP8's
 attention at prefill 1x2048 and decode 64x4096, DeepSeek-V2-Lite's MLA attention (q/k 192, v 128) at
 prefill 1x2048 and decode 8x4096, and RMSNorm with and without the residual add at hidden 8192 from
-1 to 16384 tokens. Needs no PerfDB (no duckdb): `device.sh cute run` carries only the CuTe DSL.
+1 to 16384 tokens. Needs no PerfDB (nor DuckDB): `device.sh cute run` carries only the CuTe DSL.
 
     python benchmarks/cute_candidates.py --json cute.json
 """

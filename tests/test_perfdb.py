@@ -223,3 +223,17 @@ def test_a_part_is_read_only_as_a_regular_parquet_file_inside_the_perfdb(tmp_pat
         assert "move it out of" in message and "measures that part's records again" in message
     assert (tmp_path / "perfdb" / "part-r1-00000.parquet").is_symlink() or \
         (tmp_path / "perfdb" / "part-r1-00000.parquet").exists(), "the user's file is left where it was"
+
+
+def test_measuring_imports_no_duckdb(tmp_path):
+    """The measuring side (parity, timing, search) and a PerfDB's appends need pyarrow alone: a device
+    call that only measures (benchmarks/device.sh cute, whose carried packages leave no room for DuckDB)
+    imports them, and only a query needs DuckDB."""
+    code = ("import sys; sys.modules['duckdb'] = None\n"
+            "import lzsolve.measure.tasks, lzsolve.measure.search\n"
+            "from lzsolve.store.perfdb import PerfDB\n"
+            "from tests.test_perfdb import rec\n"
+            f"PerfDB({str(tmp_path / 'db')!r}).append([rec('a')], 'r1')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]

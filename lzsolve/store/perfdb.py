@@ -19,14 +19,18 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lzsolve.errors import LzError, WriteError
 from lzsolve.store.fsutil import atomic_write_bytes
 from runtime_loader import safeio
+
+if TYPE_CHECKING:  # DuckDB is imported where a query runs: measuring needs the schema and the files
+    # alone, and a device call that only measures (benchmarks/device.sh cute) carries no DuckDB
+    import duckdb
 
 DIMS = ("batch", "seq", "kv_len", "tokens")  # every dynamic dim of runtime_loader.ops.OPS gets a column
 
@@ -232,6 +236,7 @@ class PerfDB:
         file access is switched off and the configuration locked, so SQL over it (`lzsolve db
         query`, the notebook) cannot read, write or attach a file, install or load an extension,
         or change a setting back. The PerfDB's files themselves are never opened for writing."""
+        import duckdb
         if not self.files() and not self.files(CEILINGS_GLOB):
             raise LzError(f"no PerfDB records under {self.path}; run `lzsolve tune` first or pass --db")
         # spilling off (temp_directory ''): a query that outgrows its memory fails instead of writing
@@ -293,6 +298,7 @@ class PerfDB:
         """(columns, rows) of `sql` in batches of `batch_rows` rows (None: one batch of every row),
         at least one; a query still running after `timeout_s` is interrupted (a recursive CTE may
         run forever). Every failure is one LzError line."""
+        import duckdb
         con = self.connect()
         timer = threading.Timer(timeout_s, con.interrupt) if timeout_s else None
         if timer:

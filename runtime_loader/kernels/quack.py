@@ -6,7 +6,7 @@ quack.rmsnorm computes x_hat * (weight + weight_offset) in fp32 and rounds once 
 contract, which the parity gate checks). With a residual and prenorm it returns (normed, x +
 residual), both new tensors, which is norm.rms_add with keep_inputs. Each (shape, dtype) compiles
 at its first call through the CuTe DSL. QuACK is imported inside the adapters, so this module
-imports without it. Written from rmsnorm() of quack-kernels 0.6.5, not yet run on a GPU.
+imports without it. Written from rmsnorm() of quack-kernels 0.6.5; its parity cases pass on an H100.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@
 #   fp8            §16: the FP8 kernels' parity, then fp8.py
 #   fp8_tune       §16.2-16.7: llama3-70b TP8 as an FP8 deployment, tuned with the FP8 kernels alone
 #   batch          the command lines of a file (COMMANDS), detached, over several calls on a warm machine
-#   cute STEP      §21: STEP stage|run: FlashAttention-4 and QuACK, carried in two halves (benchmarks/pack_cute.sh)
+#   cute STEP      §21, §33: STEP stage|run: FlashAttention-4 and QuACK, carried in two halves (benchmarks/pack_cute.sh)
 #
 # STEP may also be given as STAGE=STEP in the environment (as the separate scripts took it).
 set -u
@@ -380,7 +380,9 @@ cute() {
   # (benchmarks/pack_cute.sh says how; no .devsite: the two halves fill a call each). STEP stage: the
   # first half (carried as .cute/a) parked in /tmp/cute-parts; run: the second (.cute/b) beside it,
   # the wheels installed into /tmp/cute, first on PYTHONPATH; then the adapters' GPU parity
-  # (tests/test_kernels.py, fa4.* and quack.*) and benchmarks/cute_candidates.py.
+  # (tests/test_kernels.py, fa4.* and quack.*) and benchmarks/cute_candidates.py, or, where CUTE_THEN
+  # is set, that command line instead (a tune and decoder_layer.py with FA4 and QuACK among the
+  # candidates: call `setup` with .devsite first on the same machine, for DuckDB, optuna, FA3...).
   mkdir -p /tmp/cute-parts
   case "${step:?set the step: cute stage|run}" in
     stage) cp .cute/a/* /tmp/cute-parts/ && ls -la /tmp/cute-parts ;;
@@ -396,6 +398,7 @@ cute() {
       # /tmp/site: the .devsite packages (FA3, FlashInfer...), where an earlier call on this machine unpacked them
       export PYTHONPATH=/tmp/cute/site:/tmp/cute/site/nvidia_cutlass_dsl/dsl_packages$([ -f /tmp/site/.unpacked ] && echo :/tmp/site):$PWD
       export PYTHONUNBUFFERED=1
+      if [ -n "${CUTE_THEN:-}" ]; then bash -c "$CUTE_THEN"; return; fi
       LZSOLVE_TEST_KERNELS='fa4.*,quack.*' timeout "${PARITY_S:-300}" python3 -m pytest -q -m gpu -s -p no:cacheprovider \
         --tb=short tests/test_kernels.py > "$OUT/parity.log" 2>&1
       echo "parity rc $?"; grep -vE "^ok " "$OUT/parity.log" | tail -20

@@ -42,6 +42,7 @@ import gc
 import inspect
 import json
 import pstats
+import random
 import re
 import shutil
 import statistics
@@ -163,16 +164,18 @@ def generate(model, ids, steps, keep, static: bool = False):
 
 def timed_ms(fns: dict, warmup: int, reps: int, device, before=lambda variant: None) -> dict:
     """Per variant, one sample per run of the whole scenario (CUDA events on CUDA, perf_counter on
-    CPU), the variants interleaved rep by rep in a rotating order: a host whose speed drifts over a
-    run (eager models are host-bound) shifts every variant alike instead of whichever ran last."""
+    CPU), the variants interleaved rep by rep, each rep in its own seeded shuffle: a host whose speed
+    drifts over a run (eager models are host-bound) shifts every variant alike instead of whichever
+    ran last, and no variant always runs after the same one (in a rotating order the unpatched model
+    always ran after the compiled ones, and ran 7-10% slower than itself in the no-table variant's
+    place: Gemma 2's prefill in benchmarks/runs/2026-12-06-i.txt)."""
     for _ in range(warmup):
         for variant, fn in fns.items():
             before(variant)
             fn()
     samples = {v: [] for v in fns}
-    order = list(fns)
     for rep in range(reps):
-        for variant in order[rep % len(order):] + order[:rep % len(order)]:
+        for variant in random.Random(rep).sample(list(fns), len(fns)):
             before(variant)  # the variant's setup (module state) stays out of the timed region
             fn = fns[variant]
             if device.type == "cuda":

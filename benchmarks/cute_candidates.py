@@ -1,4 +1,4 @@
-"""FlashAttention-4 and QuACK beside the kernels the tables choose among today (issue 58), on a GPU.
+"""FlashAttention-4, QuACK and a newer FlashInfer beside the candidates of today (issue 58), on a GPU.
 
 Each workload (an op signature at one shape) goes through what a tune does with it, in this process:
 every registered kernel of the op (those matching --kernels) is gated by its capabilities on this
@@ -83,9 +83,9 @@ def print_row(row: dict) -> None:
         print(f"  {kernel_id:<40} {ratios}")
     for kernel_id, why in sorted(row["rejected"].items()):
         print(f"  {kernel_id:<40} rejected: {why}")
-    refused = [k for k in row["refused"] if k.split(".")[0] in ("fa4", "quack")]
-    for kernel_id in refused:
-        print(f"  {kernel_id:<40} refused: {row['refused'][kernel_id]}")
+    for kernel_id, why in row["refused"].items():  # a library that is missing or fails to import
+        if "NOT_INSTALLED" in why or "BACKEND_IMPORT_FAILED" in why:
+            print(f"  {kernel_id:<40} refused: {why}")
 
 
 def main() -> None:
@@ -99,9 +99,9 @@ def main() -> None:
     patterns = args.kernels.split(",")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{name}, torch {torch.__version__}")
-    installed = [f"{k} {registry.get(k).version()}" for k in ("fa4.attention", "quack.rms_norm")
-                 if not registry.get(k).installed()]
-    print(f"installed: {', '.join(installed) or 'neither FA4 nor QuACK'}")
+    libraries = ("fa4.attention", "quack.rms_norm", "flashinfer.prefill")
+    versions = {k: registry.get(k).version() for k in libraries if not registry.get(k).installed()}
+    print(f"installed: {', '.join(f'{k} {v}' for k, v in versions.items()) or 'none of ' + ', '.join(libraries)}")
     rows = []
     for n, (op, static, flags, dims) in enumerate(WORKLOADS):
         rows.append(workload(op, static, flags, dims, patterns, device, harness, sensor, seed=1000 + 10 * n))
@@ -109,7 +109,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": dt.datetime.now(dt.timezone.utc).isoformat(), "device": name,
-                       "torch": torch.__version__, "rows": rows}, f, indent=1)
+                       "torch": torch.__version__, "versions": versions, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -376,26 +376,35 @@ batch() {
 }
 
 cute() {
-  # FlashAttention-4 and QuACK (issue 58), whose wheels need two calls on one warm machine
-  # (benchmarks/pack_cute.sh says how; no .devsite: the two halves fill a call each). STEP stage: the
-  # first half (carried as .cute/a) parked in /tmp/cute-parts; run: the second (.cute/b) beside it,
-  # the wheels installed into /tmp/cute, first on PYTHONPATH; then the adapters' GPU parity
-  # (tests/test_kernels.py, fa4.* and quack.*) and benchmarks/cute_candidates.py, or, where CUTE_THEN
-  # is set, that command line instead (a tune and decoder_layer.py with FA4 and QuACK among the
-  # candidates: call `setup` with .devsite first on the same machine, for DuckDB, optuna, FA3...).
+  # NVIDIA's CuTe DSL kernels (issue 58): FlashAttention-4 and QuACK, and FlashInfer 0.7.4 where
+  # benchmarks/pack_cute.sh --flashinfer packed it, whose wheels come in parts of a call each on one
+  # warm machine (pack_cute.sh says how; no .devsite in those calls: a part fills one). STEP stage:
+  # the parts this call carried (.cute/<letter>) parked in /tmp/cute-parts; run: those too, then the
+  # tar put together and checked, the wheels installed into /tmp/cute/site (first on PYTHONPATH) and
+  # FlashInfer 0.7.4's into /tmp/cute/fi (exported as FLASHINFER_07, for commands that put it first
+  # on their PYTHONPATH); then the adapters' GPU parity (tests/test_kernels.py, fa4.* and quack.*) and
+  # benchmarks/cute_candidates.py, or, where CUTE_THEN is set, that command line instead (a tune and
+  # decoder_layer.py with FA4 and QuACK among the candidates: call `setup` with .devsite first on the
+  # same machine, for DuckDB, optuna, FA3...).
   mkdir -p /tmp/cute-parts
+  for part in .cute/*/; do [ -d "$part" ] && cp "$part"* /tmp/cute-parts/; done
   case "${step:?set the step: cute stage|run}" in
-    stage) cp .cute/a/* /tmp/cute-parts/ && ls -la /tmp/cute-parts ;;
+    stage) ls -la /tmp/cute-parts ;;
     run)
-      # the second half from this call's tree, unless an earlier call staged it (a batch line that waited for both)
-      [ -d .cute/b ] && cp .cute/b/* /tmp/cute-parts/
-      [ -f /tmp/cute-parts/wheels.tar.00 ] || { echo "cute run: no first half in /tmp/cute-parts (the machine went back"\
-        "between the calls): run 'cute stage' again, then this at once"; exit 2; }
-      (cd /tmp/cute-parts && cat wheels.tar.00 wheels.tar.01 > wheels.tar && sha256sum -c wheels.tar.sha256) || exit 2
+      local want have
+      want=$(cat /tmp/cute-parts/wheels.tar.parts 2> /dev/null || echo "?")
+      have=$(ls /tmp/cute-parts/wheels.tar.[0-9][0-9] 2> /dev/null | wc -l)
+      [ "$want" = "$have" ] || { echo "cute run: $have of $want parts in /tmp/cute-parts (the machine went back"\
+        "between the calls, or a part was not staged): stage every part again, then this at once"; exit 2; }
+      (cd /tmp/cute-parts && cat wheels.tar.[0-9][0-9] > wheels.tar && sha256sum -c wheels.tar.sha256) || exit 2
       mkdir -p /tmp/cute/wheels && tar -xf /tmp/cute-parts/wheels.tar -C /tmp/cute/wheels
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cute/site /tmp/cute/wheels/*.whl || exit 1
+      if [ -d /tmp/cute/wheels/fi ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cute/fi /tmp/cute/wheels/fi/*.whl || exit 1
+        export FLASHINFER_07=/tmp/cute/fi
+      fi
       # the CuTe DSL's own .pth puts its dsl_packages on sys.path, which a PYTHONPATH folder does not read
-      # /tmp/site: the .devsite packages (FA3, FlashInfer...), where an earlier call on this machine unpacked them
+      # /tmp/site: the .devsite packages (FA3, FlashInfer 0.5.3...), where an earlier call on this machine unpacked them
       export PYTHONPATH=/tmp/cute/site:/tmp/cute/site/nvidia_cutlass_dsl/dsl_packages$([ -f /tmp/site/.unpacked ] && echo :/tmp/site):$PWD
       export PYTHONUNBUFFERED=1
       if [ -n "${CUTE_THEN:-}" ]; then bash -c "$CUTE_THEN"; return; fi

@@ -6,11 +6,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 from pathlib import Path
 
 import torch
 
 from lzsolve.ops import CONTRACTS, compare, to_fp32
+
+
+def interleaved(names, round_: int) -> list:
+    """`names` in round `round_`'s own seeded shuffle, the order a benchmark times its variants in, round
+    after round: a host that drifts shifts every one alike, and none always runs after the same one
+    (in a rotating order the unpatched model always ran after the compiled variants, 7-10% slower than
+    itself in another place: Gemma 2's prefill in benchmarks/runs/2026-12-06-i.txt)."""
+    names = list(names)
+    return random.Random(round_).sample(names, len(names))
 
 
 def agreeing(op: str, sig, kernels, inputs: tuple) -> tuple[list, dict]:

@@ -42,7 +42,6 @@ import gc
 import inspect
 import json
 import pstats
-import random
 import re
 import shutil
 import statistics
@@ -54,6 +53,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from checked_timing import interleaved
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
@@ -164,18 +164,15 @@ def generate(model, ids, steps, keep, static: bool = False):
 
 def timed_ms(fns: dict, warmup: int, reps: int, device, before=lambda variant: None) -> dict:
     """Per variant, one sample per run of the whole scenario (CUDA events on CUDA, perf_counter on
-    CPU), the variants interleaved rep by rep, each rep in its own seeded shuffle: a host whose speed
-    drifts over a run (eager models are host-bound) shifts every variant alike instead of whichever
-    ran last, and no variant always runs after the same one (in a rotating order the unpatched model
-    always ran after the compiled ones, and ran 7-10% slower than itself in the no-table variant's
-    place: Gemma 2's prefill in benchmarks/runs/2026-12-06-i.txt)."""
+    CPU), the variants interleaved rep by rep, each rep in its own seeded shuffle (checked_timing.interleaved:
+    a drifting host shifts every variant alike, and none always runs after the same one)."""
     for _ in range(warmup):
         for variant, fn in fns.items():
             before(variant)
             fn()
     samples = {v: [] for v in fns}
     for rep in range(reps):
-        for variant in random.Random(rep).sample(list(fns), len(fns)):
+        for variant in interleaved(fns, rep):
             before(variant)  # the variant's setup (module state) stays out of the timed region
             fn = fns[variant]
             if device.type == "cuda":

@@ -32,7 +32,7 @@ import statistics
 import time
 
 import torch
-from checked_timing import agreeing, write_figures
+from checked_timing import agreeing, interleaved, write_figures
 
 from lzsolve.ops import CONTRACTS
 from runtime_loader import registry
@@ -125,7 +125,8 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    contexts = model_context(device) if args.context == "model" else context(device, args.context_ops)
+    contexts = model_context(device) if args.context == "model" else \
+        context(device, args.context_ops) if args.context == "ops" else None  # others: made per kernel
 
     def others(calls: dict, kernel_id: str):
         def run() -> None:
@@ -149,9 +150,8 @@ def main() -> None:
             for call in calls.values():  # first calls (compiles) and the launchers' first key
                 call(), call()
             samples = {k: [] for k in calls}
-            for round_ in range(args.rounds):  # interleaved, in a rotating order: drift hits all alike
-                order = list(calls)[round_ % len(calls):] + list(calls)[:round_ % len(calls)]
-                for k in order:
+            for round_ in range(args.rounds):
+                for k in interleaved(calls, round_):
                     before = others(calls, k) if args.context == "others" else contexts
                     samples[k].append(timed(calls[k], sync, before, args.calls))
             fallback = specs[0].kernel_id

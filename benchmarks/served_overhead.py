@@ -19,7 +19,6 @@ import datetime as dt
 import json
 import logging
 import pstats
-import random
 import statistics
 import sys
 import warnings
@@ -31,6 +30,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: unpatch()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from checked_timing import interleaved  # noqa: E402
 from fallback_cost import per_call_us  # noqa: E402
 from plan_survey import tiny_config  # noqa: E402
 
@@ -87,8 +87,8 @@ def measure(model_type: str, device: torch.device, tokens: int, calls: int, roun
     with torch.inference_mode():
         for name in locks:
             counts[name] = python_calls(ready(name))
-        for n in range(rounds):  # each round in a seeded shuffle: no state always runs after the same one
-            for name in random.Random(n).sample(list(locks), len(locks)):
+        for n in range(rounds):
+            for name in interleaved(locks, n):
                 timings[name].append(per_call_us(ready(name), calls, sync))
     unpatch()
     base, fastest = statistics.median(timings["unpatched"]), min(timings["unpatched"])

@@ -8,7 +8,8 @@ interleaved by the tuner's harness (run_timing: both modes, L2 flushed per sampl
 op's fallback (PyTorch's default) over each kernel, per mode. The workloads: llama3-70b TP8's
 attention at prefill 1x2048 and decode 64x4096, DeepSeek-V2-Lite's MLA attention (q/k 192, v 128) at
 prefill 1x2048 and decode 8x4096, and RMSNorm with and without the residual add at hidden 8192 from
-1 to 16384 tokens. Needs no PerfDB (nor DuckDB): `device.sh cute run` carries only the CuTe DSL.
+1 to 16384 tokens. --kernels also takes a tunable family's configurations by their ids, to time them
+beside its default. Needs no PerfDB (nor DuckDB): `device.sh cute run` carries only the CuTe DSL.
 
     python benchmarks/cute_candidates.py --json cute.json
 """
@@ -42,9 +43,11 @@ DEFAULT_KERNELS = "fa4.*,quack.*,fa3.*,sdpa.*,flex.*,flashinfer.*,eager.*,torch.
 
 
 def candidates(op: str, patterns: list[str]) -> list[str]:
-    """The registered kernels of `op` matching the patterns, its fallback always among them."""
+    """The registered kernels of `op` matching the patterns, and the configurations of its tunable
+    families named exactly ('triton.rms_norm[block=4096,warps=8]'), its fallback always among them."""
     ids = [k for k, spec in registry.REGISTRY.items() if op in spec.ops and any(fnmatch.fnmatch(k, p) for p in patterns)]
-    return sorted(set(ids) | {OPS[op].fallback})
+    configs = [p for p in patterns if "[" in p and registry.known(p) and op in registry.get(p).ops]
+    return sorted(set(ids) | {registry.plain_id(c) for c in configs} | {OPS[op].fallback})
 
 
 def workload(op, static, flags, dims, patterns, device, harness, sensor, seed) -> dict:
@@ -91,6 +94,7 @@ def print_row(row: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default=DEFAULT_KERNELS, help="kernel id globs, comma separated")
+    parser.add_argument("--ops", help="only the workloads of these ops, comma separated (default: all)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the CuTe kernels are refused)")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -104,6 +108,8 @@ def main() -> None:
     print(f"installed: {', '.join(f'{k} {v}' for k, v in versions.items()) or 'none of ' + ', '.join(libraries)}")
     rows = []
     for n, (op, static, flags, dims) in enumerate(WORKLOADS):
+        if args.ops and op not in args.ops.split(","):
+            continue
         rows.append(workload(op, static, flags, dims, patterns, device, harness, sensor, seed=1000 + 10 * n))
         print_row(rows[-1])
     if args.json:

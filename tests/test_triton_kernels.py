@@ -66,3 +66,36 @@ def test_runtime_imports_and_resolves_ids_without_triton():
     result = run_python("-c", script)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "NOT_INSTALLED"
+
+
+def test_row_tile_is_the_block_or_the_rows_own_power_of_two():
+    from runtime_loader.kernels.triton_ops.layout import row_tile
+    assert [row_tile(n, 8192) for n in (1, 2, 320, 2304, 4096, 8192, 8193, 16384)] == \
+        [1, 2, 512, 4096, 4096, 8192, 8192, 8192]
+    assert row_tile(320, 256) == 256  # a row wider than the block: chunks of the block
+
+
+@pytest.mark.parametrize("site", ["rms_norm", "rms_norm_add", "layer_norm"])
+def test_a_row_narrower_than_the_block_is_one_tile_of_its_own_width(monkeypatch, site):
+    """The default block (8192) must not make hidden 320 a 8192-lane tile, nor a block of 256 one tile."""
+    pytest.importorskip("triton")
+    import torch
+
+    from runtime_loader.kernels.triton_ops import norm
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **options: launched.append((options["BLOCK"], options["ONE_TILE"]))
+
+    kernel = "_layer_norm_kernel" if site == "layer_norm" else "_rms_norm_kernel"
+    monkeypatch.setattr(norm, kernel, Recorder())
+    x, weight = torch.randn(3, 320), torch.ones(320)
+    for block in (8192, 256):
+        if site == "rms_norm":
+            norm.rms_norm(x, weight, 1e-6, block=block, warps=8)
+        elif site == "rms_norm_add":
+            norm.rms_norm_add(x, x.clone(), weight, 1e-6, keep_inputs=True, block=block, warps=8)
+        else:
+            norm.layer_norm(x, weight, torch.zeros(320), 1e-6, block=block, warps=8)
+    assert launched == [(512, True), (256, False)]

@@ -53,7 +53,10 @@ def family(base_id: str, op: str, module: str, function: str, params: dict, defa
 
 # Rows up to 16384 wide fit one tile; wider ones (or a smaller block) are walked in chunks.
 NORM_PARAMS = {"block": powers_of_two(256, 16384), "warps": powers_of_two(1, 32)}
-NORM_DEFAULT = {"block": 4096, "warps": 8}  # one tile for hidden <= 4096 (most LLMs), two chunks at 8192
+# a row up to 8192 wide in one tile of its own width (layout.row_tile). A block of 4096 walks hidden 8192
+# in two chunks: 4.4 against QuACK's 2.8 us at one token, 233 against 183 us at 16384 on an H100
+# (benchmarks/cute_candidates.py, benchmarks/runs/2026-12-06-j.txt). The default is what --quick runs
+NORM_DEFAULT = {"block": 8192, "warps": 8}
 QK_NORM_PARAMS = {"block": powers_of_two(16, 1024), "warps": powers_of_two(1, 8)}
 QK_NORM_DEFAULT = {"block": 256, "warps": 1}  # rows of one head: head_dim <= 256 in one tile
 ACT_PARAMS = {"block": powers_of_two(128, 8192), "warps": powers_of_two(1, 16)}

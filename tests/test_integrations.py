@@ -1305,3 +1305,60 @@ def test_patched_bloom_compiles_with_fullgraph(restore_active):
         out = compiled(ids).logits
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert sum(d.stats()["attention.prefill"].values()) >= 2, "through torch.ops.lzsolve"
+
+
+def tiny_config_of(model_type: str):
+    """transformers' default config of the type, shrunk as test_families shrinks catalogue models, with
+    what some types need beside (pad ids inside the small vocabulary, 8 experts of 2 a token, MLA's
+    latent ranks and rope/nope split kept consistent); None where it still has over 20M parameters."""
+    from .test_families import shrink
+    cfg = shrink(transformers.AutoConfig.for_model(model_type).to_dict())
+    if "kv_lora_rank" in cfg:
+        cfg.update(kv_lora_rank=16, q_lora_rank=32 if cfg.get("q_lora_rank") else cfg.get("q_lora_rank"),
+                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8)
+    if isinstance(cfg.get("pad_token_id"), int) and cfg["pad_token_id"] >= 256:
+        cfg["pad_token_id"] = 0
+    for key, most in (("num_experts", 8), ("n_routed_experts", 8), ("num_local_experts", 8),
+                      ("num_experts_per_tok", 2), ("moe_topk", 2), ("top_k", 2)):
+        if isinstance(cfg.get(key), int) and cfg[key] > most:
+            cfg[key] = most
+    return transformers.AutoConfig.for_model(**cfg)
+
+
+CAUSAL_LM_TYPES = sorted(transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items())
+
+
+@pytest.mark.parametrize("model_type,class_name", CAUSAL_LM_TYPES, ids=[t for t, _ in CAUSAL_LM_TYPES])
+def test_every_causal_lm_type_patched_computes_what_it_did(model_type, class_name, restore_active):
+    """Held-out models: every causal LM this transformers has, tiny and random. With no table, patch()
+    changes no module and no logit; serving every op (each by its fallback kernel, through the
+    patch's forwards) the logits stay within fp32 rounding and greedy generation keeps its tokens."""
+    from runtime_loader.integrations.transformers import patch
+
+    try:  # a type whose default config does not build or run tiny is not the patch's to judge
+        config = tiny_config_of(model_type)
+        model_class = getattr(transformers, class_name)
+        with torch.device("meta"):
+            size = sum(p.numel() for p in model_class(config).parameters())
+        if size > 20_000_000:
+            pytest.skip(f"{size / 1e6:.0f}M parameters shrunk")
+        torch.manual_seed(0)
+        model = model_class(config).eval()
+        vocab = config.get_text_config().vocab_size
+        ids = torch.randint(3, min(vocab, 200), (2, 11), generator=torch.Generator().manual_seed(1))
+        kw = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+        with torch.no_grad():
+            reference = model(ids).logits
+            expected = model.generate(ids, **kw)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"the unpatched tiny model does not run: {type(e).__name__}: {str(e)[:120]}")
+    classes = [type(m) for m in model.modules()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        patch(model, Dispatcher(None))
+    assert [type(m) for m in model.modules()] == classes
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reference)
+        patch(model, serving_fallbacks())
+        torch.testing.assert_close(model(ids).logits, reference, rtol=1e-4, atol=1e-5)
+        assert torch.equal(model.generate(ids, **kw), expected)

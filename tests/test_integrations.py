@@ -1310,7 +1310,7 @@ def test_patched_bloom_compiles_with_fullgraph(restore_active):
 def tiny_config_of(model_type: str):
     """transformers' default config of the type, shrunk as test_families shrinks catalogue models, with
     what some types need beside (pad ids inside the small vocabulary, 8 experts of 2 a token, MLA's
-    latent ranks and rope/nope split kept consistent); None where it still has over 20M parameters."""
+    latent ranks and rope/nope split kept consistent)."""
     from .test_families import shrink
     cfg = shrink(transformers.AutoConfig.for_model(model_type).to_dict())
     if "kv_lora_rank" in cfg:
@@ -1346,8 +1346,8 @@ def test_every_causal_lm_type_patched_computes_what_it_did(model_type, class_nam
         model_class = getattr(transformers, class_name)
         with torch.device("meta"):
             size = sum(p.numel() for p in model_class(config).parameters())
-        if size > 20_000_000:
-            pytest.skip(f"{size / 1e6:.0f}M parameters shrunk")
+        if size > 20_000_000:  # what shrink() leaves large (an encoder-decoder's vocabulary...): too slow here
+            raise ValueError(f"{size / 1e6:.0f}M parameters after shrinking")
         torch.manual_seed(0)
         model = model_class(config).eval()
         vocab = config.get_text_config().vocab_size
@@ -1357,7 +1357,7 @@ def test_every_causal_lm_type_patched_computes_what_it_did(model_type, class_nam
             reference = model(ids).logits
             expected = model.generate(ids, **kw)
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"the unpatched tiny model does not run: {type(e).__name__}: {str(e)[:120]}")
+        pytest.skip(f"no unpatched tiny model to compare with: {type(e).__name__}: {str(e)[:120]}")
     classes = [type(m) for m in model.modules()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

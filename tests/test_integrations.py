@@ -1368,3 +1368,19 @@ def test_every_causal_lm_type_patched_computes_what_it_did(model_type, class_nam
         patch(model, serving_fallbacks(**OTHER_KERNELS))
         torch.testing.assert_close(model(ids).logits, reference, rtol=1e-4, atol=1e-5)
         assert torch.equal(model.generate(ids, **kw), expected)
+
+
+@pytest.mark.parametrize("model_type", ["moshi", "gemma4"])
+def test_a_model_handing_its_masks_position_ids_is_observed_and_served(model_type, restore_active):
+    """Moshi's and Gemma 4's forwards hand explicit position ids to transformers' mask builders, which
+    look for packed sequences by reading their values: the meta twin, which has none, answers that it
+    holds one sequence, so what the modules call is known and the table serves them."""
+    from runtime_loader.integrations.transformers import patch
+
+    model_class = dict(CAUSAL_LM_TYPES).get(model_type)
+    if model_class is None or not hasattr(transformers, model_class):
+        pytest.skip(f"this transformers has no {model_type}")
+    model = getattr(transformers, model_class)(tiny_config_of(model_type)).eval()
+    report = patch(model, serving_fallbacks(**OTHER_KERNELS))
+    assert "every module" not in report.left, report.left
+    assert report.replaced

@@ -443,8 +443,16 @@ def _conv_update_shapes(hidden_states, conv_state, weight, bias=None, activation
     return torch.empty_like(hidden_states)
 
 
+def _no_packed_sequences(position_ids):
+    # transformers' mask builders look for packed sequences in explicit position ids by reading their
+    # values (a .all() that meta tensors cannot answer: Moshi's, BioGPT's, Gemma 4's wrappers' twins
+    # stopped there); the twin's positions are one plain sequence
+    return None
+
+
 META_FUNCTIONS = {"torch_chunk_gated_delta_rule": _deltanet_shapes, "torch_recurrent_gated_delta_rule": _deltanet_shapes,
                   "causal_conv1d_fn": _conv_shapes, "causal_conv1d_update": _conv_update_shapes}
+MASK_FUNCTIONS = {"find_packed_sequence_indices": _no_packed_sequences}  # of transformers.masking_utils
 
 
 def modelling_modules(model) -> set:
@@ -454,11 +462,15 @@ def modelling_modules(model) -> set:
 
 @contextmanager
 def meta_functions(model):
-    """The model's modelling functions of META_FUNCTIONS replaced by their stand-ins for the block."""
+    """The model's modelling functions of META_FUNCTIONS, and those of MASK_FUNCTIONS in transformers'
+    mask builders (which the modelling modules call), replaced by their stand-ins for the block."""
     replaced = []
+    masks = sys.modules.get("transformers.masking_utils")
+    stand_ins = [(module, META_FUNCTIONS) for module in modelling_modules(model)]
+    stand_ins += [(masks, MASK_FUNCTIONS)] if masks is not None else []
     try:
-        for module in modelling_modules(model):
-            for name, stand_in in META_FUNCTIONS.items():
+        for module, functions in stand_ins:
+            for name, stand_in in functions.items():
                 if callable(getattr(module, name, None)):
                     replaced.append((module, name, getattr(module, name)))
                     setattr(module, name, stand_in)

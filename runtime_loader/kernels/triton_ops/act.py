@@ -14,7 +14,7 @@ import triton.language as tl
 from ...quant import E4M3_MAX
 from .fp8 import row_scale, store_quantised
 from .launch import launcher
-from .layout import as_rows, row_tile
+from .layout import as_rows, row_tiling
 
 
 @launcher
@@ -86,9 +86,8 @@ def swiglu_fp8(gate, up, *, block: int, warps: int):
     q = torch.empty(rows.shape, dtype=torch.float8_e4m3fn, device=gate.device)
     scale = torch.empty((n_rows, 1), dtype=torch.float32, device=gate.device)
     if q.numel():
-        tile = row_tile(n_cols, block)
         _swiglu_fp8_kernel[(n_rows,)](rows, up_rows, q, scale, *rows.stride(), *up_rows.stride(), n_cols,
-                                      E4M3=E4M3_MAX, BLOCK=tile, ONE_TILE=n_cols <= tile, num_warps=warps)
+                                      E4M3=E4M3_MAX, **row_tiling(n_cols, block), num_warps=warps)
     return q.view(gate.shape), scale.view(*gate.shape[:-1], 1)
 
 

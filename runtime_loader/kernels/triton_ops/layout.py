@@ -17,3 +17,10 @@ def row_tile(n_cols: int, block: int) -> int:
     one is read again in chunks, once per pass), and lanes past the row are masked work: so one
     configuration, block=8192, serves every row up to 8192 in one tile of its own width."""
     return min(block, 1 << max(n_cols - 1, 0).bit_length())
+
+
+def row_tiling(n_cols: int, block: int) -> dict:
+    """The row kernels' tile constexprs for rows of n_cols: BLOCK (row_tile) and ONE_TILE, which must
+    agree with it (a row in one tile is read once, kept in registers)."""
+    tile = row_tile(n_cols, block)
+    return {"BLOCK": tile, "ONE_TILE": n_cols <= tile}

@@ -15,7 +15,7 @@ import triton.language as tl
 from ...quant import E4M3_MAX
 from .fp8 import row_scale, store_quantised
 from .launch import launcher
-from .layout import as_rows, row_tile
+from .layout import as_rows, row_tiling
 
 
 @triton.jit
@@ -202,10 +202,9 @@ def _rms_rows(rows, residual_rows, weight, out, eps: float, unit_offset: bool, b
     res_strides = residual_rows.stride() if residual_rows is not None else (0, 0)
     total = residual_rows if total is None else total
     sum_strides = total.stride() if total is not None else (0, 0)
-    tile = row_tile(n_cols, block)
     _rms_norm_kernel[(n_rows,)](rows, residual_rows, weight, out, total, *rows.stride(), *res_strides,
-                                weight.stride(0), *out.stride(), *sum_strides, n_cols, eps, BLOCK=tile,
-                                ONE_TILE=n_cols <= tile, UNIT_OFFSET=unit_offset, num_warps=warps)
+                                weight.stride(0), *out.stride(), *sum_strides, n_cols, eps, **row_tiling(n_cols, block),
+                                UNIT_OFFSET=unit_offset, num_warps=warps)
 
 
 def rms_norm(x, weight, eps: float, unit_offset: bool = False, *, block: int, warps: int):
@@ -241,10 +240,9 @@ def _rms_fp8_rows(rows, residual_rows, weight, eps: float, unit_offset: bool, bl
     scale = torch.empty((n_rows, 1), dtype=torch.float32, device=rows.device)
     if n_rows:
         res_strides = residual_rows.stride() if residual_rows is not None else (0, 0)
-        tile = row_tile(n_cols, block)
         _rms_norm_fp8_kernel[(n_rows,)](rows, residual_rows, weight, q, scale, *rows.stride(), *res_strides,
-                                        weight.stride(0), n_cols, eps, E4M3=E4M3_MAX, BLOCK=tile,
-                                        ONE_TILE=n_cols <= tile, UNIT_OFFSET=unit_offset, num_warps=warps)
+                                        weight.stride(0), n_cols, eps, E4M3=E4M3_MAX, **row_tiling(n_cols, block),
+                                        UNIT_OFFSET=unit_offset, num_warps=warps)
     return q, scale
 
 
@@ -269,8 +267,7 @@ def layer_norm(x, weight, bias, eps: float, *, block: int, warps: int):
     n_rows, n_cols = rows.shape
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     if n_rows:
-        tile = row_tile(n_cols, block)
         _layer_norm_kernel[(n_rows,)](rows, weight, bias, out, *rows.stride(), weight.stride(0), bias.stride(0),
-                                      out.stride(0), n_cols, eps, BLOCK=tile, ONE_TILE=n_cols <= tile,
+                                      out.stride(0), n_cols, eps, **row_tiling(n_cols, block),
                                       num_warps=warps)
     return out.view(x.shape)

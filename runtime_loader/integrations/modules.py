@@ -445,7 +445,7 @@ def _conv_update_shapes(hidden_states, conv_state, weight, bias=None, activation
 
 def _no_packed_sequences(position_ids):
     # transformers' mask builders look for packed sequences in explicit position ids by reading their
-    # values (a .all() that meta tensors cannot answer: Moshi's, BioGPT's, Gemma 4's wrappers' twins
+    # values (a .all() that meta tensors cannot answer: Moshi's and Gemma 4's multimodal wrappers' twins
     # stopped there); the twin's positions are one plain sequence
     return None
 

@@ -19,6 +19,7 @@ import argparse
 import datetime as dt
 import fnmatch
 import json
+import re
 
 import torch
 
@@ -40,6 +41,11 @@ WORKLOADS = [  # (op, static, flags, dims)
     *(("norm.rms_add", {"hidden": 8192}, ("keep_inputs",), {"tokens": t}) for t in (1, 64, 2048, 16384)),
 ]
 DEFAULT_KERNELS = "fa4.*,quack.*,fa3.*,sdpa.*,flex.*,flashinfer.*,eager.*,torch.*,triton.rms_norm,triton.rms_norm_add,liger.*"
+
+
+def kernel_patterns(text: str) -> list[str]:
+    """--kernels' items: split at the commas outside a configuration's brackets."""
+    return re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text)
 
 
 def candidates(op: str, patterns: list[str]) -> list[str]:
@@ -100,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     harness, sensor = make_harness(device), Sensor.for_device(device)
-    patterns = args.kernels.split(",")
+    patterns = kernel_patterns(args.kernels)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{name}, torch {torch.__version__}")
     libraries = ("fa4.attention", "quack.rms_norm", "flashinfer.prefill")

@@ -55,9 +55,7 @@ def _not_installed(module: str, library: str) -> Reason:
 @functools.cache
 def _import_reason(module: str, library: str) -> Reason | None:
     try:
-        # the top-level package first: find_spec of a dotted name imports its parent, and raises
-        # where the parent is missing (flash_attn.cute without flash-attn-4's flash_attn)
-        if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+        if not _found(module):
             return _not_installed(module, library)
         importlib.import_module(module)
     except Exception as e:  # a broken install fails in many ways (ImportError, OSError, RuntimeError...)
@@ -66,12 +64,27 @@ def _import_reason(module: str, library: str) -> Reason | None:
     return None
 
 
+def _found(module: str) -> bool:
+    """Whether `module` is there, importing nothing: its top-level package, then each submodule in
+    the folders of the one before. A package can share its name with another library's namespace:
+    flash-attn-4 installs `flash_attn/cute` alone, where FlashAttention-2's `flash_attn` would be."""
+    top, *parts = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return False
+    folders = [Path(f) for f in spec.submodule_search_locations or ()]
+    for depth, part in enumerate(parts, 1):
+        modules = [f for f in folders if (f / f"{part}.py").is_file() or any(f.glob(f"{part}.*.so"))]
+        folders = [f / part for f in folders if (f / part).is_dir()]
+        if depth == len(parts):
+            return bool(modules or folders)
+    return True
+
+
 @functools.cache
 def _find_reason(module: str, library: str) -> Reason | None:
-    """_import_reason without the import: whether the module's top-level package is there."""
-    if importlib.util.find_spec(module.split(".")[0]) is None:
-        return _not_installed(module, library)
-    return None
+    """_import_reason without the import: whether the module is there (_found)."""
+    return None if _found(module) else _not_installed(module, library)
 
 
 def source_files(impl) -> tuple[str, ...]:

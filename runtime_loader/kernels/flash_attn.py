@@ -103,7 +103,7 @@ SPECS = [
     KernelSpec("fa2.attention", ATTENTION, "flash-attn", fa2, platforms=frozenset({"cuda"}), min_sm=80, max_sm=90,
                dtypes=HALF, head_dim_max=256, head_dim_multiple=8,
                features=ATTENTION_FEATURES | SINKS | {"sliding_window", "softcap"},
-               graph_safe=True, deterministic=True, requires=("flash_attn",),
+               graph_safe=True, deterministic=True, requires=("flash_attn.flash_attn_interface",),
                notes="FlashAttention-2 (Ampere, Ada, Hopper per its README); written from the documented "
                      "flash_attn_func API, not yet run; d % 8 != 0 would be padded (a copy), so not declared"),
     # the sm90 forward of flash-attn-4 4.0.0b40 (flash_fwd_sm90.py); fp8 is outside our dtypes

@@ -66,7 +66,7 @@ def test_missing_library_is_the_only_reason_on_an_h100(spec):
 
 def test_runtime_loader_imports_no_optional_library():
     probe = ("import sys, runtime_loader.registry; "
-             "print([m for m in ('liger_kernel', 'fa3_fwd_interface', 'flash_attn', 'quack') if m in sys.modules])")
+             "print([m for m in ('liger_kernel', 'fa3_fwd_interface', 'flash_attn', 'quack', 'helion') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

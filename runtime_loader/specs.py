@@ -249,9 +249,11 @@ class KernelSpec:
         return self.local_reasons(device) + self.semantic_reasons(sig)
 
     def local_reasons(self, device: DeviceInfo, load: bool = True) -> list[Reason]:
-        """Why this kernel cannot run on this machine at all (whatever the op); load: see installed."""
+        """Why this kernel cannot run on this machine at all (whatever the op); load: see installed.
+        A kernel for another platform is looked for, not imported: its library's import would buy
+        nothing (Helion's takes 5 s on a 2-core CPU)."""
         reasons = []
-        missing = self.installed(load)
+        missing = self.installed(load and device.type in self.platforms)
         if missing:
             reasons.append(missing)
         if device.type not in self.platforms:

@@ -1,15 +1,9 @@
 """benchmarks/cute_candidates.py's choice of kernels: globs and a tunable family's configurations."""
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "cute_candidates.py"
+from .benchmark_scripts import load
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("cute_candidates", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("cute_candidates")
 
 
 def test_a_configuration_id_keeps_its_commas():

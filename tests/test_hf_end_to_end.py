@@ -1,22 +1,12 @@
 """benchmarks/hf_end_to_end.py's timing of variants (BENCHMARKS' whole-model rows rest on it)."""
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+from .benchmark_scripts import load
 
 
 def load_script():
-    sys.path.insert(0, str(BENCHMARKS))  # its sibling imports (checked_timing...)
-    try:
-        spec = importlib.util.spec_from_file_location("hf_end_to_end", BENCHMARKS / "hf_end_to_end.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load("hf_end_to_end")
 
 
 def test_variants_interleave_and_none_always_follows_the_same_one():

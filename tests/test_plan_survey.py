@@ -1,19 +1,14 @@
 """benchmarks/plan_survey.py --patch: a tiny random model of a type, patched in each table state, must
 compute what it did; the check must catch a patch that changes the model."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "plan_survey.py"
+from .benchmark_scripts import load
 
 
 @pytest.fixture(scope="module")
 def survey():
-    spec = importlib.util.spec_from_file_location("plan_survey", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("plan_survey")
 
 
 def test_a_tiny_model_is_the_default_config_shrunk(survey):

@@ -1,7 +1,6 @@
 """benchmarks/tune_agreement.py's comparison of two tuning runs (benchmark log §15.7-15.8 read it):
 two runs' dispatch tables, point by point, and what a differing choice costs in each run."""
 import datetime as dt
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -9,14 +8,11 @@ from pathlib import Path
 from lzsolve.decide.solve import pick
 from lzsolve.store.perfdb import PerfDB
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tune_agreement.py"
+from .benchmark_scripts import load
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("tune_agreement", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("tune_agreement")
 
 
 def evaluated_copy(artifact: Path, folder: Path) -> Path:

@@ -1,9 +1,10 @@
 """Kernel specs and the capability gate; the registry."""
 import dataclasses
+import sys
 
 import pytest
 
-from runtime_loader import registry
+from runtime_loader import registry, specs
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.specs import HEAD_DIM_ANY, DeviceInfo, KernelSpec
 
@@ -25,10 +26,6 @@ def codes(reasons):
 def test_a_library_for_another_platform_is_looked_for_not_imported(tmp_path, monkeypatch):
     """On a CPU a CUDA kernel's library is not imported (Helion's import takes seconds): it is
     found, or NOT_INSTALLED; where the kernel could run, a library that fails its import says so."""
-    import sys
-
-    from runtime_loader import specs
-
     (tmp_path / "lz_breaks_on_import.py").write_text("raise RuntimeError('no CUDA here')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     specs._import_reason.cache_clear()

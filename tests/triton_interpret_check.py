@@ -1,4 +1,5 @@
-"""Parity of lzsolve's Triton kernels on CPU, through the Triton interpreter.
+"""Parity of lzsolve's Triton kernels on CPU, through the Triton interpreter; and of Helion's
+RMSNorms, whose generated Triton runs the same way, where helion is installed.
 
 Run by tests/test_triton_kernels.py as `python -m tests.triton_interpret_check`, in a process
 of its own: TRITON_INTERPRET must be set before triton is first imported. For every family,

@@ -113,8 +113,6 @@ def test_a_librarys_version_is_read_once_per_process(monkeypatch):
     each call (5 ms on the H100 host, from every device's thread in turn): once is enough."""
     import importlib.metadata
 
-    from runtime_loader import specs
-
     reads = []
     monkeypatch.setattr(importlib.metadata, "version", lambda name: reads.append(name) or "1.2.3")
     specs.library_version.cache_clear()
@@ -144,8 +142,6 @@ def torch_build(request, monkeypatch):
     import importlib.metadata
 
     import torch
-
-    from runtime_loader import specs
 
     version, distribution = TORCH_BUILDS[request.param]
     real = importlib.metadata.version

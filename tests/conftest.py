@@ -52,6 +52,19 @@ def restore_active():
 
 
 @pytest.fixture
+def fresh_import_verdicts():
+    """The gate's cached answers on which libraries are there and import, cleared before and after:
+    a test that plants a fake library leaves no verdict about it behind."""
+    from runtime_loader import specs
+    caches = (specs._import_reason, specs._find_reason)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()
+
+
+@pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)
 

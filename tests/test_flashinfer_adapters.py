@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lzsolve.ops import CONTRACTS
-from runtime_loader import registry, specs
+from runtime_loader import registry
 from runtime_loader.kernels import flashinfer as fi
 from runtime_loader.ops import Signature
 from runtime_loader.ops import act as act_ops
@@ -90,15 +90,12 @@ def test_dtypes_are_half_precision_and_layer_norm_bf16_only():
 
 
 @pytest.fixture
-def broken_flashinfer(tmp_path, monkeypatch):
+def broken_flashinfer(tmp_path, monkeypatch, fresh_import_verdicts):
     """A `flashinfer` package that raises on import, as a wheel built for another CUDA does."""
     package = tmp_path / "flashinfer"
     package.mkdir()
     (package / "__init__.py").write_text("raise OSError('libcudart.so.13: cannot open shared object file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    specs._import_reason.cache_clear()
-    yield
-    specs._import_reason.cache_clear()  # leave no cached verdict about the fake behind
 
 
 def test_a_flashinfer_that_fails_to_import_is_backend_import_failed(broken_flashinfer):

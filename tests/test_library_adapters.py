@@ -380,16 +380,12 @@ def test_flex_compiles_one_fused_graph_per_shape_and_never_hits_the_limit():
     assert new_graphs == [1, 0, 0], "one graph per new shape, none for a shape seen before"
 
 
-def test_flash_attention_4_alone_leaves_flash_attention_2_not_installed(tmp_path, monkeypatch):
+def test_flash_attention_4_alone_leaves_flash_attention_2_not_installed(tmp_path, monkeypatch, fresh_import_verdicts):
     """flash-attn-4 installs flash_attn/cute in a namespace package, with no FA2 module beside it:
     fa2 is NOT_INSTALLED there, before any import and with it, not a kernel that raises when called."""
-    from runtime_loader import specs
-
     (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
     (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for cached in (specs._import_reason, specs._find_reason):
-        cached.cache_clear()
     try:
         fa2, fa4 = registry.get("fa2.attention"), registry.get("fa4.attention")
         for load in (False, True):
@@ -398,5 +394,3 @@ def test_flash_attention_4_alone_leaves_flash_attention_2_not_installed(tmp_path
     finally:
         for module in [m for m in sys.modules if m == "flash_attn" or m.startswith("flash_attn.")]:
             del sys.modules[module]  # the fake's, imported by installed(load=True)
-        for cached in (specs._import_reason, specs._find_reason):
-            cached.cache_clear()  # leave no cached verdict about the fake behind

@@ -23,21 +23,17 @@ def codes(reasons):
     return [r.code for r in reasons]
 
 
-def test_a_library_for_another_platform_is_looked_for_not_imported(tmp_path, monkeypatch):
+def test_a_library_for_another_platform_is_looked_for_not_imported(tmp_path, monkeypatch, fresh_import_verdicts):
     """On a CPU a CUDA kernel's library is not imported (Helion's import takes seconds): it is
     found, or NOT_INSTALLED; where the kernel could run, a library that fails its import says so."""
     (tmp_path / "lz_breaks_on_import.py").write_text("raise RuntimeError('no CUDA here')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    specs._import_reason.cache_clear()
-    try:
-        kernel = spec(requires=("lz_breaks_on_import",))
-        assert codes(kernel.local_reasons(DeviceInfo("cpu"))) == ["PLATFORM_MISMATCH"]
-        assert "lz_breaks_on_import" not in sys.modules
-        assert codes(kernel.local_reasons(H100)) == ["BACKEND_IMPORT_FAILED"]
-        missing = spec(requires=("surely_not_a_module_xyz",))
-        assert codes(missing.local_reasons(DeviceInfo("cpu"))) == ["NOT_INSTALLED", "PLATFORM_MISMATCH"]
-    finally:
-        specs._import_reason.cache_clear()  # leave no cached verdict about the fake behind
+    kernel = spec(requires=("lz_breaks_on_import",))
+    assert codes(kernel.local_reasons(DeviceInfo("cpu"))) == ["PLATFORM_MISMATCH"]
+    assert "lz_breaks_on_import" not in sys.modules
+    assert codes(kernel.local_reasons(H100)) == ["BACKEND_IMPORT_FAILED"]
+    missing = spec(requires=("surely_not_a_module_xyz",))
+    assert codes(missing.local_reasons(DeviceInfo("cpu"))) == ["NOT_INSTALLED", "PLATFORM_MISMATCH"]
 
 
 def test_admitted_when_everything_is_declared():

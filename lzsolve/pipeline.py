@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import functools
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from pathlib import Path
 import click
 
 from lzsolve.decide.compare import DEFAULT_MIN_MS, DEFAULT_THRESHOLD, compare, comparison_status, say_comparison
+from lzsolve.decide.roofline import reject_implausible
 from lzsolve.decide.validate import VALIDATION_SHAPES, plan_validation
 from lzsolve.decide.validate import in_order as validation_order
 from lzsolve.decide.validate import validate as validate_table
@@ -73,6 +75,7 @@ from lzsolve.progress import add_measurements, progress
 from lzsolve.store.artifact import (
     JIT_WORK,
     build_table,
+    counts,
     default_out,
     ensure_writable,
     format_noise,
@@ -566,6 +569,7 @@ class Tune:
         with progress(plan.measurements, "measuring") as bar:
             self.records += tuner.tune(plan, self.session, self.mode, on_step=lambda label: bar.update(1, label),
                                        building=self._building)
+        self._hold_to_roofline()
         self._lap("grid_s")
 
     def _building(self) -> frozenset[str]:
@@ -585,6 +589,7 @@ class Tune:
             self._warm("probe", self.session.order(probes))
             with progress(sum(len(c) for _, work in probes for _, c in work), "probing") as bar:
                 self.records += tuner.probe(self.session, probes, self.mode, on_step=lambda label: bar.update(1, label))
+            self._hold_to_roofline()
         self._lap("probe_s")
 
     def validate(self, signatures: tuple[SignaturePlan, ...] | None = None) -> None:
@@ -599,8 +604,19 @@ class Tune:
                 self.session, planned, self.records, self.mode, on_step=lambda label: bar.update(1, label),
                 on_more=functools.partial(add_measurements, bar, planned_total, "validating"))
         self.records += checked
+        self._hold_to_roofline()
         self.validation = {**(self.validation or {}), **validation}
         self._lap("validation_s")
+
+    def _hold_to_roofline(self) -> None:
+        """Reject each kernel timed faster than the device's ceilings allow before the records decide
+        anything more (roofline.reject_implausible: probes, validation and the table read them)."""
+        signatures = {str(sp.instance.signature): sp.instance.signature for sp in self.plan.signatures}
+
+        def counted(record: dict) -> tuple[float, float]:  # by the contract, as report.md's fractions
+            sig = signatures.get(record.get("signature"))
+            return counts(sig, json.loads(record["dims"])) if sig else (record.get("flops"), record.get("bytes"))
+        self.records = reject_implausible(self.records, self.session.db.ceilings(), counted)
 
     def close_measuring(self) -> None:
         """The compile-ahead workers' last calls (their records join the artifact's); then every worker

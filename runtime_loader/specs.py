@@ -41,6 +41,7 @@ CRASHED = "CRASHED"
 TIMEOUT = "TIMEOUT"
 OOM = "OOM"
 CUDA_GRAPH_UNSAFE = "CUDA_GRAPH_UNSAFE"  # runs, but cannot be captured in a CUDA graph
+IMPLAUSIBLE_TIME = "IMPLAUSIBLE_TIME"  # timed faster than the device's roofline allows (lzsolve.decide.roofline)
 EXCLUDED = "EXCLUDED"  # left out by the user's --kernels / --exclude filter
 
 HEAD_DIM_ANY = 1 << 16  # head_dim_max for kernels with no head-dim limit

@@ -238,6 +238,61 @@ def test_signature_roofline_per_point_and_per_leaf():
     assert signature_roofline(tree, [timed("a", 1, 0.02, flops=0.0, nbytes=0.0)], peak, "eager") is None
 
 
+def test_a_kernel_timed_past_the_roofline_is_rejected_on_its_signature():
+    """A time the device's ceilings rule out (Helion 1.4.0's RMSNorm on an H100: 40x its roofline, right
+    on its parity calls) rejects the kernel at every point of that signature; the fallback, other kernels,
+    other signatures, the CPU's clock and a tune without ceilings are left as they were."""
+    from lzsolve.decide.roofline import IMPLAUSIBLE_FRACTION, reject_implausible
+
+    ceilings = [ceiling("compute", 1e12), ceiling("memory", 1e11)]  # eager: every point below is 0.01 ms on the roof
+
+    def at(kernel, tokens, ms, sig="norm.rms[hidden=8]", **fields):
+        return {**timed(kernel, tokens, ms), "signature": sig, "timer": "cuda_events", "hw_slug": "hw",
+                "dtype": "fp32", "is_fallback": kernel == "eager", **fields}
+    edge = 0.01 / IMPLAUSIBLE_FRACTION
+    records = [at("fast", 1, 0.02), at("fast", 16, 0.01 / 40), at("fast", 16, 0.01 / 40, sig="norm.rms[hidden=16]",
+                                                                      timer="cpu_clock"),
+               at("quick", 1, edge * 1.01), at("eager", 1, 0.001), at("fast", 4, 0.02, sig="other[hidden=8]"),
+               {**at("fast", 2, 0.001), "status": "rejected", "reason_code": "PARITY_FAILED", "reason_message": "m"}]
+    out = reject_implausible(records, ceilings, lambda r: (r["flops"], r["bytes"]))
+    assert [r["status"] for r in out] == ["rejected", "rejected", "ok", "ok", "ok", "ok", "rejected"]
+    assert out[0]["reason_code"] == out[1]["reason_code"] == "IMPLAUSIBLE_TIME"
+    assert out[0]["reason_message"].startswith('eager 0.25 us at {"tokens": 16} is 40x the device\'s roofline'), out[0]
+    assert out[6]["reason_code"] == "PARITY_FAILED", "a rejection keeps its own reason"
+    assert records[0]["status"] == "ok", "the records given are not changed"
+    assert reject_implausible(records, [], lambda r: (r["flops"], r["bytes"])) == records, "no ceilings: no verdict"
+    # the counts come from the caller (the contract's): a record's own stale counts are not read
+    assert reject_implausible(records[:2], ceilings, lambda r: (0.0, 1.0))[1]["status"] == "ok"
+
+
+def test_a_tune_rejects_what_beats_the_roofline_before_probing_and_solving(plan):
+    """Tune._hold_to_roofline: the grid's records, held to the run's own ceilings, before the probes
+    and the validation read them; the table then never chooses the kernel."""
+    from lzsolve.pipeline import Tune
+    from lzsolve.store.artifact import build_table
+    from runtime_loader.hardware import slug
+
+    sp, records = rms_records(plan)
+    other = next(r["kernel_id"] for r in records if r["kernel_id"] != sp.fallback)
+    hw = slug(plan.hardware)
+    records = [{**r, "timer": "cuda_events", "hw_slug": hw, "dtype": "fp32", "is_fallback": r["kernel_id"] == sp.fallback,
+                "eager_ms": r["eager_ms"] / (60 if r["kernel_id"] == other else 1)} for r in records]
+    tune = Tune.__new__(Tune)
+    tune.plan, tune.records = plan, records
+    tune.session = type("S", (), {"db": type("D", (), {"ceilings": lambda self: [
+        ceiling("compute", 1e12, hw=hw), ceiling("memory", 1e11, hw=hw)]})()})()
+
+    def entry(records):
+        return next(e for e in build_table(plan, records, "eager", "r")["ops"]
+                    if e["signature"] == str(sp.instance.signature))
+    assert entry(records)["tree"]["kernel_id"] == other, "60x the fallback's speed: chosen, unheld"
+    tune._hold_to_roofline()
+    assert {r["status"] for r in tune.records if r["kernel_id"] == other} == {"rejected"}
+    held = entry(tune.records)
+    assert held["tree"]["kernel_id"] == sp.fallback
+    assert held["candidates"][other]["rejected"][0]["code"] == "IMPLAUSIBLE_TIME"
+
+
 @pytest.fixture(scope="module")
 def plan():
     from lzsolve.measure.tuner import make_plan

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 from lzsolve.decide.solve import leaves
 from lzsolve.decide.validate import geomean
+from lzsolve.measure.harness import MODES, CudaHarness
 from lzsolve.measure.tasks import PLAIN_BURST_MS
 from lzsolve.store.perfdb import PLAIN_MODE
+from runtime_loader.specs import IMPLAUSIBLE_TIME
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,41 @@ def fraction(flops: float | None, nbytes: float | None, ms: float | None, peak: 
     if ms is None or not math.isfinite(ms) or ms <= 0 or flops + nbytes <= 0:
         return None
     return roof_ms(flops, nbytes, peak) / ms
+
+
+# A kernel timed above this fraction of the roofline ran what no device can: with CUDA events the
+# harness flushes the L2 before each sample and rotates fresh inputs, so every call reads what its op
+# counts from memory (a read-mostly kernel may pass a copy's rate by some 10-20%, never by half).
+# Such a time is a kernel that skipped work its parity call did, or a timing that missed the kernel:
+# Helion 1.4.0's RMSNorm, right on its parity calls, then ran 16384 rows of 8192 in 4.8 us on an
+# H100, 40x its roofline, and a tune chose it (benchmarks/runs/2026-12-07-e.txt). The CPU's clock
+# reads warm caches (no flush there), so only CUDA events' times are held to it.
+IMPLAUSIBLE_FRACTION = 1.5
+
+
+def reject_implausible(records: list[dict], ceilings: list[dict],
+                       counts: Callable[[dict], tuple[float, float]]) -> list[dict]:
+    """`records` with each kernel caught faster than the roofline allows (above IMPLAUSIBLE_FRACTION,
+    in either mode, at any point of a signature) rejected at every point of that signature, its
+    fallback's aside: one impossible time says the kernel, or its timing, cannot be trusted there.
+    counts: a record -> its op's (FLOPs, bytes) at its dims. Without ceilings, records as they are."""
+    device_peaks = {mode: peaks(ceilings, mode) for mode in MODES}
+    caught: dict[tuple[str, str], str] = {}
+    for r in records:
+        key = (r.get("signature"), r["kernel_id"])
+        if r["status"] != "ok" or r.get("is_fallback") or r.get("timer") != CudaHarness.name or key in caught:
+            continue
+        for mode in MODES:
+            peak = device_peaks[mode].get((r.get("hw_slug"), r.get("dtype")))
+            value = fraction(*counts(r), r.get(f"{mode}_ms"), peak) if peak else None
+            if value is not None and value > IMPLAUSIBLE_FRACTION:
+                caught[key] = (f"{mode} {r[f'{mode}_ms'] * 1e3:.3g} us at {r['dims']} is {value:.3g}x the device's "
+                               f"roofline (more than {IMPLAUSIBLE_FRACTION}x: a kernel that skipped work, or a "
+                               f"timing that missed it)")
+                break
+    return [{**r, "status": "rejected", "reason_code": IMPLAUSIBLE_TIME, "reason_message": caught[key]}
+            if r["status"] == "ok" and (key := (r.get("signature"), r["kernel_id"])) in caught else r
+            for r in records]
 
 
 def _leaf_index(tree: dict, dims: dict) -> int:

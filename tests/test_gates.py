@@ -42,6 +42,28 @@ def test_misbehaving_kernels_get_reasons(impl, code):
     assert p.reason is not None and p.reason.code == code, p
 
 
+def right_while_compiling(skipped):
+    """Right on its first call (the one that compiles), then `skipped` on every later call: Helion
+    1.4.0's RMSNorm on an H100 passed its first calls and was timed 40x past the roofline."""
+    calls = []
+
+    def impl(x, w, eps):
+        calls.append(1)
+        return good.impl(x, w, eps) if len(calls) == 1 else skipped(x, w, eps)
+    return impl
+
+
+@pytest.mark.parametrize("skipped", [
+    lambda x, w, eps: torch.zeros_like(x),  # an output never written
+    lambda x, w, eps: good.impl(x[:1], w, eps).expand_as(x).contiguous(),  # one row of many
+])
+def test_a_kernel_right_only_on_its_first_call_is_rejected(skipped):
+    p = run(right_while_compiling(skipped))
+    assert p.reason is not None and p.reason.code == "PARITY_FAILED", p
+    assert p.reason.message.startswith("right on its first call, then rel_l2"), p.reason
+    assert p.first_call_ms is not None and p.errors["rel_l2"] > 0.1, "the second call's errors are recorded"
+
+
 FP8 = Signature.make("linear.fp8", {"k": 64, "n": 48}, ("per_channel",), "bf16")
 FP8_LINEAR = registry.get("eager.linear_fp8").impl
 

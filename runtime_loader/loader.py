@@ -12,7 +12,7 @@ from . import jit
 from .dispatcher import Dispatcher
 from .hardware import Comparison, differences, hardware_signature
 from .manifest import read_manifest, read_verified, verify
-from .policies import Policy, PolicyError, current_policy
+from .policies import PolicyError, current_policy
 from .safeio import warn
 from .table import MAX_TABLE_BYTES, Table, TableError, table_from_bytes
 
@@ -104,13 +104,10 @@ def load(path: str | Path, *, strict: bool = False, restore_jit: bool = False, w
         raise TypeError(f"load(path) got a {type(path).__name__}: pass the artifact's folder as a str or Path")
     path = Path(path)
     folder = path.parent if path.name == "dispatch.json" else path
-    try:
-        chosen = current_policy().merged(disable, avoid, lock)
+    try:  # not strict: a malformed item is dropped alone, with a warning, and the rest applies
+        chosen = current_policy(strict).merged(disable, avoid, lock)
     except PolicyError as e:
-        if strict:
-            raise TableError(f"policy: {e}") from None
-        warn(f"lzsolve: policy ignored: {e}", stacklevel=2)
-        chosen = Policy().merged(disable, avoid, lock)
+        raise TableError(f"policy: {e}") from None
     try:
         table, here = _read(folder, restore_jit, Path(jit_dir) if jit_dir else None, allow_similar_gpu)
         dispatcher = Dispatcher(table, strict=strict, policy=chosen, stack=here.stack)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from . import registry
 from .ops import OPS
+from .safeio import warn
 
 
 class PolicyError(ValueError):
@@ -67,30 +68,40 @@ def libraries(avoid) -> frozenset[str]:
     return frozenset(split_top_level(avoid) if isinstance(avoid, str) else avoid)
 
 
-def parse_lock(text: str) -> dict[str, str]:
-    """'op=kernel_id,op=kernel_id' -> {op: kernel_id}; PolicyError on an item without '='."""
+def parse_lock(text: str, strict: bool = False) -> dict[str, str]:
+    """'op=kernel_id,op=kernel_id' -> {op: kernel_id}. An item that is not op=kernel_id is dropped
+    with a warning, or raises PolicyError when strict: a typo in one lock must not take the rest of
+    the policy (LZSOLVE_DISABLE, the kill switch, among it) down with it."""
     lock = {}
     for item in split_top_level(text):
         op, sep, kernel_id = item.partition("=")
-        if not sep or not op.strip() or not kernel_id.strip():
-            raise PolicyError(f"LZSOLVE_LOCK item {item!r} is not op=kernel_id")
-        lock[op.strip()] = kernel_id.strip()
+        if sep and op.strip() and kernel_id.strip():
+            lock[op.strip()] = kernel_id.strip()
+            continue
+        problem = f"LZSOLVE_LOCK item {item!r} is not op=kernel_id"
+        if strict:
+            raise PolicyError(problem)
+        # stacklevel: parse_lock, from_env, current_policy, load, then load's caller
+        warn(f"lzsolve: policy: {problem}; ignored (write it as op=kernel_id, e.g. "
+             "norm.rms=torch.rms_norm)", stacklevel=5)
     return lock
 
 
-def from_env(environ=None) -> Policy:
+def from_env(environ=None, strict: bool = False) -> Policy:
+    """The environment's policy; a malformed LZSOLVE_LOCK item is dropped alone (parse_lock)."""
     environ = os.environ if environ is None else environ
     disable = environ.get("LZSOLVE_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
     avoid = libraries(environ.get("LZSOLVE_AVOID", ""))
-    return Policy(disable, avoid, parse_lock(environ.get("LZSOLVE_LOCK", "")))
+    return Policy(disable, avoid, parse_lock(environ.get("LZSOLVE_LOCK", ""), strict))
 
 
 _override: list[Policy] = []  # the policies of the enclosing `policy(...)` blocks, innermost last
 
 
-def current_policy() -> Policy:
-    """The policy a load starts from: the innermost `policy(...)` block's, else the environment's."""
-    return _override[-1] if _override else from_env()
+def current_policy(strict: bool = False) -> Policy:
+    """The policy a load starts from: the innermost `policy(...)` block's, else the environment's
+    (strict: PolicyError on a malformed item instead of a warning)."""
+    return _override[-1] if _override else from_env(strict=strict)
 
 
 @contextlib.contextmanager

@@ -228,12 +228,24 @@ def test_a_dispatcher_without_a_table_honours_its_locks_on_any_device():
         assert (spec.kernel_id, from_table) == ("torch.rms_norm", True), reason
 
 
-def test_a_malformed_environment_policy_is_ignored_with_a_warning(tmp_path, monkeypatch):
+def test_a_malformed_lock_item_is_dropped_alone_and_the_kill_switch_holds(tmp_path, monkeypatch):
+    """A typo in LZSOLVE_LOCK used to drop the whole environment's policy, LZSOLVE_DISABLE=1 with it:
+    the table served while the operator had switched it off."""
+    x, w = norm_args()
     monkeypatch.setenv("LZSOLVE_LOCK", "norm.rms")
-    with pytest.warns(RuntimeWarning, match="policy ignored: .*not op=kernel_id"):
-        d = loaded(tmp_path, avoid=["testlib"])
-    assert d.kernel_for("rms_norm", *norm_args()) == "torch.rms_norm", "the arguments' policy still holds"
-    with pytest.raises(TableError, match="policy"):
+    monkeypatch.setenv("LZSOLVE_DISABLE", "1")
+    with pytest.warns(RuntimeWarning, match="'norm.rms' is not op=kernel_id; ignored .*op=kernel_id"):
+        d = loaded(tmp_path)
+    assert d.policy.disable and d.kernel_for("rms_norm", x, w) == "eager.rms_norm"
+    monkeypatch.delenv("LZSOLVE_DISABLE")
+    monkeypatch.setenv("LZSOLVE_AVOID", "testlib")
+    with pytest.warns(RuntimeWarning, match="not op=kernel_id"):
+        assert loaded(tmp_path).kernel_for("rms_norm", x, w) == "torch.rms_norm", "the environment's avoid holds"
+    monkeypatch.delenv("LZSOLVE_AVOID")
+    monkeypatch.setenv("LZSOLVE_LOCK", "norm.rms, norm.rms=eager.rms_norm")
+    with pytest.warns(RuntimeWarning, match="not op=kernel_id"):
+        assert loaded(tmp_path).kernel_for("rms_norm", x, w) == "eager.rms_norm", "the well-formed lock holds"
+    with pytest.raises(TableError, match="policy: .*not op=kernel_id"):
         loaded(tmp_path, strict=True)
 
 
@@ -241,7 +253,7 @@ def test_lock_parsing_keeps_configured_ids_whole():
     assert parse_lock("norm.rms=triton.rms_norm[block=1024,warps=4], linear=torch.linear") == {
         "norm.rms": "triton.rms_norm[block=1024,warps=4]", "linear": "torch.linear"}
     with pytest.raises(PolicyError):
-        parse_lock("norm.rms")
+        parse_lock("norm.rms", strict=True)
     assert from_env({"LZSOLVE_DISABLE": "0"}).disable is False
     assert from_env({"LZSOLVE_AVOID": "a, b"}).avoid == {"a", "b"}
 

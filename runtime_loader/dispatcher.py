@@ -357,6 +357,8 @@ class Dispatcher:
         it cannot trace a warning, and fullgraph=True would fail on it)."""
         if call is None:
             return registry.get(op.outside(*kernel_args) if op.outside else op.fallback), False, "no signature"
+        if len(call) > 2:  # its signature's, but not what the table was tuned for (OpSchema.read says why)
+            return registry.fallback_for(call[0]), False, call[2]
         spec, from_table, why = self._pick(call[0], call[1], _any_cuda(kernel_args), broken)
         if why.startswith(PAST_RANGE) and not torch.compiler.is_compiling():
             self._warn_once(("past", str(call[0])), f"lzsolve: calls of {call[0]} {why} use the fallback (a patched "
@@ -365,8 +367,8 @@ class Dispatcher:
 
     def _resolve(self, cache: dict, key: tuple, call, op: OpSchema, kernel_args: tuple,
                  hand_back: bool = False) -> Entry:
-        """call: the call's (signature, dims), None for a call no signature describes (then served
-        by op.outside, or the fallback); op: the method's first op, named in stats() for such calls.
+        """call: OpSchema.read's (signature, dims, and why the table may not serve it, if so), None for
+        a call no signature describes (then served by op.outside, or the fallback); op: the method's first op, named in stats() for such calls.
         hand_back (Dispatcher.served): a call the table does not serve resolves to NOT_SERVED, for its
         caller's own code, except while recording (a recording counts the calls its fallbacks serve)."""
         spec, from_table, why = self._choose(call, op, kernel_args, self._broken.get((op.method, key), frozenset()))
@@ -486,7 +488,7 @@ class Dispatcher:
         under traced_fuse the fallback of an op Inductor fuses (unless a lock names its kernel);
         hand_back: the table's choice of the fallback counts as not the table's (see _resolve)."""
         op = METHOD_OPS[method]
-        call, (_, kernel_args) = op.call(*args, **kwargs), op.front(*args, **kwargs)
+        call, (_, kernel_args) = op.read(*args, **kwargs), op.front(*args, **kwargs)
         spec, from_table, _ = self._choose(call, op, kernel_args)
         if from_table and self._inductor_fuses(call[0].op):
             return registry.fallback_for(call[0]), kernel_args, False
@@ -506,7 +508,7 @@ class Dispatcher:
         op = METHOD_OPS[method]
         key, kernel_args = op.front(*args, **kwargs)
         cache = self._caches[method]
-        return cache.get(key) or self._resolve(cache, key, op.call(*args, **kwargs), op, kernel_args)
+        return cache.get(key) or self._resolve(cache, key, op.read(*args, **kwargs), op, kernel_args)
 
     def clear_cache(self) -> None:
         with self._stats_lock:
@@ -869,7 +871,7 @@ def _method(op: OpSchema) -> _Method:
         spread = inlined.spread if inlined.spread is not None else f"*{kernel_args}"
     source = METHOD_TEMPLATE.format(name=op.method, params=params, args=args, key_line=key_line,
                                     kernel_args=kernel_args, spread=spread)
-    namespace = {"front": op.front, "call": op.call, "op": op, "qualname": f"Dispatcher.{op.method}",
+    namespace = {"front": op.front, "call": op.read, "op": op, "qualname": f"Dispatcher.{op.method}",
                  "doc": op.front.__doc__, "annotations": op.front.__annotations__, **defaults}
     exec(source, namespace)  # noqa: S102 - our own records' names and fronts, never an artifact's
     return _Method(op.method, namespace["bind"], op.front.__doc__)

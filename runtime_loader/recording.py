@@ -46,7 +46,7 @@ class Recording:
             if call is None:
                 self.outside[(spec.kernel_id, tuple(sorted(spec.ops)))] += n
             else:
-                sig, dims = call
+                sig, dims = call[:2]  # (a third item: why the table does not serve it, OpSchema.read)
                 self.calls[(sig, tuple(dims.items()), spec.kernel_id, from_table)] += n
 
     def track(self, call, spec: KernelSpec, from_table: bool, calls) -> None:

@@ -1,6 +1,7 @@
 """The Dispatcher: table replay, fallbacks, SDPA semantics."""
 import dataclasses
 import functools
+import importlib
 import inspect
 import warnings
 
@@ -8,12 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime_loader import Dispatcher, registry
+from runtime_loader import Dispatcher, Policy, registry
 from runtime_loader.dispatcher import _inlined, _method
-from runtime_loader.ops import OPS, Signature
+from runtime_loader.ops import FAMILIES, OPS, Signature, example_args
+from runtime_loader.specs import HEAD_DIM_ANY, KernelSpec
 from runtime_loader.table import parse_table
 
-from .tables import RMS, table
+from .tables import RMS, entry, table
 
 
 @pytest.fixture
@@ -337,3 +339,39 @@ def test_the_fusible_ops_are_row_ops_whose_fallback_is_torch():
     assert {"norm.rms", "norm.rms_add", "act.swiglu", "posenc.rope", "embedding"} <= fusible
     assert not fusible & {"attention.prefill", "attention.decode", "linear", "moe.experts", "recurrent.gated_deltanet"}
     assert all(OPS[name].fallback.split(".")[0] in ("eager", "torch") for name in fusible)
+
+
+def test_a_norm_weight_in_another_dtype_than_x_takes_the_fallback_and_its_promotion():
+    """bf16 x with an fp32 weight: transformers' Qwen3RMSNorm and the fallback return fp32; the table's
+    kernel, tuned with a bf16 weight, returned bf16, so the result depended on the table's coverage."""
+    sig = Signature.make("norm.rms", {"hidden": 64}, (), "bf16")
+    d = Dispatcher(parse_table(table([entry(sig, {"kernel_id": "torch.rms_norm"})])))
+    x, weight = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64)
+    assert d.kernel_for("rms_norm", x, weight.bfloat16()) == "torch.rms_norm", "the table serves the tuned dtypes"
+    out = d.rms_norm(x, weight, 1e-6)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, registry.get("eager.rms_norm").impl(x, weight, 1e-6))
+    assert d.coverage()["outside"][str(sig)]["why"].startswith("weight is fp32, not the signature's bf16")
+
+
+def test_every_parameter_tuned_in_the_signatures_dtype_sends_another_dtype_to_the_fallback():
+    """OpSchema.same_dtype, for every op: even a lock does not serve such a call (its result is the
+    fallback's promotion), and the parameter's dtype is in the method's key, so a call in the tuned
+    dtypes made first does not serve it from its cache entry."""
+    ops = [op for op in OPS.values() if op.same_dtype]
+    assert {"norm.rms", "norm.rms_add", "norm.qk", "norm.layer", "posenc.rope", "act.swiglu"} <= {o.name for o in ops}
+    spec = KernelSpec("test.any_row_op", frozenset(o.name for o in ops), "testlib", lambda *args: None,
+                      platforms=frozenset({"cpu"}), dtypes=frozenset({"bf16"}), head_dim_max=HEAD_DIM_ANY,
+                      features=frozenset({"gqa", "rope_split_half", *(flag for o in ops for flag in o.flags)}))
+    registry.register(spec)
+    d = Dispatcher(None, policy=Policy(lock={o.name: spec.kernel_id for o in ops}))
+    for op in ops:
+        sig, dims = next(case for family in FAMILIES for case in importlib.import_module(f"tests.oracles.{family}").SIGS
+                         if case[0].op == op.name)
+        args = example_args(Signature.make(op.name, dict(sig.static), sig.flags, "bf16"), dims, "cpu")
+        names = [p.name for p in op.parameters]
+        assert d.kernel_for(op.method, *args) == spec.kernel_id, op.name
+        for name in op.same_dtype:
+            other = list(args)
+            other[names.index(name)] = args[names.index(name)].float()
+            assert d.kernel_for(op.method, *other) == op.fallback, (op.name, name)

@@ -14,10 +14,12 @@ from ..quant import quantised_rows_fake, quantize_per_token
 from ..specs import BOTH, KernelSpec
 from .base import OpSchema, rows_op, rows_op_call
 
+UP = ("up",)  # tuned in gate's dtype (OpSchema.same_dtype): an fp32 up with a bf16 gate is PyTorch's promotion
+
 
 def gated_front(gate: Tensor, up: Tensor):
-    """gate and up: (..., width); the kernel their first argument alone decides."""
-    return (gate.shape, gate.dtype, gate.is_cuda), (gate, up)
+    """gate and up: (..., width); the kernel their first argument decides (up: its dtype, UP)."""
+    return (gate.shape, gate.dtype, up.dtype, gate.is_cuda), (gate, up)
 
 
 def one_input_front(x: Tensor):
@@ -68,14 +70,15 @@ def sigmoid_gate(x, gate):
 
 # --- the records ---------------------------------------------------------------------------------------
 RECORDS = (
-    rows_op("act.swiglu", "width", "eager.swiglu", "swiglu", gated_front, gated_inputs),
+    rows_op("act.swiglu", "width", "eager.swiglu", "swiglu", gated_front, gated_inputs, UP),
     # the SwiGLU before an FP8 linear (down_proj), its output quantised per token in the same pass:
     # (q, scale (..., 1) fp32), as norm.rms_fp8
     OpSchema("act.swiglu_fp8", ("width",), (), ("tokens",), "eager.swiglu_fp8", method="swiglu_fp8",
-             front=gated_front, call=rows_op_call("act.swiglu_fp8"), inputs=gated_inputs, fake=quantised_rows_fake),
-    rows_op("act.geglu", "width", "eager.geglu", "geglu", gated_front, gated_inputs),
+             front=gated_front, call=rows_op_call("act.swiglu_fp8"), inputs=gated_inputs, fake=quantised_rows_fake,
+             same_dtype=UP),
+    rows_op("act.geglu", "width", "eager.geglu", "geglu", gated_front, gated_inputs, UP),
     rows_op("act.gelu", "width", "eager.gelu", "gelu", one_input_front, one_row_inputs),
-    rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, two_rows_inputs),
+    rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, two_rows_inputs, UP),
 )
 
 

@@ -17,6 +17,7 @@ attached by op name. CONTRIBUTING.md lists what adding an op takes.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,11 @@ class OpSchema:
     inputs: Callable | None = None  # (sig, dims, device, gen) -> the kernel's arguments (runtime_loader.inputs)
     fake: Callable = like_first  # the custom op's output shapes; its return annotation is the op's output type
     consumes: tuple[str, ...] = ()  # parameters whose storage a kernel may overwrite
+    # tensor parameters the tuner makes in the signature's dtype besides the one that dtype is read
+    # from (a norm's weight): a call passing one in another dtype (bf16 x, fp32 weight) is not what the
+    # table was tuned for and takes the fallback, which promotes as PyTorch does (an fp32 result), so
+    # that a call's result never depends on the table's coverage (read). Each one's dtype is in the key.
+    same_dtype: tuple[str, ...] = ()
     # the kernel's arguments of a call no signature describes -> the kernel id that serves it
     # (default: the fallback)
     outside: Callable[..., str] | None = None
@@ -85,6 +91,24 @@ class OpSchema:
     def parameters(self) -> list[inspect.Parameter]:
         """The Dispatcher method's parameters, self excluded."""
         return list(inspect.signature(self.front, eval_str=True).parameters.values())
+
+    @functools.cached_property
+    def _same_dtype_at(self) -> tuple[tuple[int, str], ...]:
+        return tuple((i, p.name) for i, p in enumerate(self.parameters) if p.name in self.same_dtype)
+
+    def read(self, *args, **kwargs):
+        """A call of the method (its arguments) as `call` reads it: (signature, dynamic dims), or None
+        where no signature describes it; with a third item, why the table may not serve it though its
+        signature is the table's (a same_dtype parameter in another dtype than the signature's)."""
+        call = self.call(*args, **kwargs)
+        if call is None or not self.same_dtype:
+            return call
+        for i, name in self._same_dtype_at:
+            value = kwargs[name] if name in kwargs else args[i] if i < len(args) else None
+            if isinstance(value, Tensor) and value.dtype != DTYPES[call[0].dtype]:
+                found = DTYPE_NAMES.get(value.dtype, str(value.dtype).removeprefix("torch."))
+                return (*call, f"{name} is {found}, not the signature's {call[0].dtype}: the fallback promotes it")
+        return call
 
     def consumed(self, args: tuple) -> list[int]:
         """The positions in a call's arguments `args` whose storage a kernel may overwrite (consumes)."""
@@ -190,11 +214,12 @@ def rows_op_call(op: str):
     return call
 
 
-def rows_op(name: str, static: str, fallback: str, method: str, front: Callable, inputs_: Callable) -> OpSchema:
+def rows_op(name: str, static: str, fallback: str, method: str, front: Callable, inputs_: Callable,
+            same_dtype: tuple[str, ...] = ()) -> OpSchema:
     """An op over the last dim with no flags: activations and learned positions (elementwise or a
     lookup, which Inductor fuses)."""
     return OpSchema(name, (static,), (), ("tokens",), fallback, method=method, front=front, call=rows_op_call(name),
-                    inputs=inputs_, fusible=True)
+                    inputs=inputs_, same_dtype=same_dtype, fusible=True)
 
 
 # --- registering and calling records -------------------------------------------------------------------
@@ -211,9 +236,11 @@ def check_op(op: OpSchema) -> None:
         inspect.signature(op.call).bind(*names)
     except TypeError as e:
         raise ValueError(f"op {op.name}: its call does not take its front's parameters {names}: {e}") from None
-    unknown = set(op.consumes) - set(names)
-    if unknown:
-        raise ValueError(f"op {op.name} consumes {sorted(unknown)}, which are not parameters of {op.method}")
+    for field_name in ("consumes", "same_dtype"):
+        unknown = set(getattr(op, field_name)) - set(names)
+        if unknown:
+            raise ValueError(f"op {op.name}: {field_name} names {sorted(unknown)}, which are not parameters of "
+                             f"{op.method}")
 
 
 def register_op(op: OpSchema) -> OpSchema:

@@ -32,7 +32,7 @@ def embedding_fake(ids: Tensor, table: Tensor, *args) -> Tensor:
 
 def learned_positions_front(x: Tensor, positions: Tensor, table: Tensor):
     """x + table[positions] (GPT-2's wpe); positions broadcast against x's leading dims."""
-    return (x.shape, x.dtype, x.is_cuda), (x, positions, table)
+    return (x.shape, x.dtype, table.dtype, x.is_cuda), (x, positions, table)
 
 
 # --- example inputs ---------------------------------------------------------------------------------
@@ -71,8 +71,9 @@ def learned_positions(x, positions, table):
 
 # --- the records ---------------------------------------------------------------------------------------
 RECORDS = (
+    # table: tuned in x's dtype (OpSchema.same_dtype)
     rows_op("posenc.learned", "hidden", "eager.learned_positions", "learned_positions", learned_positions_front,
-             learned_positions_inputs),
+            learned_positions_inputs, ("table",)),
     OpSchema("embedding", ("vocab", "hidden"), ("scaled",), ("tokens",), "eager.embedding", method="embedding",
              front=embedding_front, call=embedding_call, inputs=embedding_inputs, fake=embedding_fake, fusible=True),
 )

@@ -15,11 +15,15 @@ from .base import OpSchema, Signature, rows_call, two_like_first
 
 UNIT_OFFSET = ("unit_offset",)
 KEEP_INPUTS = ("keep_inputs",)  # norm.rms_add leaves x and residual as they were (see rms_norm_add_front)
+# the parameters tuned in x's dtype (OpSchema.same_dtype): an fp32 weight with bf16 x is PyTorch's promotion
+WEIGHT = ("weight",)
+RESIDUAL_WEIGHT = ("residual", "weight")
 
 
 def rms_norm_front(x: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
     """x / rms(x) * weight; unit_offset: * (1 + weight) in fp32, rounded once (Gemma, Qwen3.5)."""
-    return (x.shape, x.dtype, x.is_cuda, unit_offset), ((x, weight, eps, True) if unit_offset else (x, weight, eps))
+    return (x.shape, x.dtype, weight.dtype, x.is_cuda, unit_offset), (
+        (x, weight, eps, True) if unit_offset else (x, weight, eps))
 
 
 def rms_norm_call(x, weight, eps=1e-6, unit_offset=False):
@@ -33,7 +37,7 @@ def rms_norm_add_front(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     serving engines do with their residual stream; keep_inputs: both are left as they were (the
     results in new tensors), for a caller that does not own them (a Hugging Face decoder layer's
     input may be a kept hidden state, or the user's inputs_embeds)."""
-    return (x.shape, x.dtype, x.is_cuda, unit_offset, keep_inputs), (
+    return (x.shape, x.dtype, residual.dtype, weight.dtype, x.is_cuda, unit_offset, keep_inputs), (
         (x, residual, weight, eps, unit_offset, True) if keep_inputs else
         (x, residual, weight, eps, True) if unit_offset else (x, residual, weight, eps))
 
@@ -41,7 +45,8 @@ def rms_norm_add_front(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
 def rms_norm_add_fp8_front(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
     """rms_norm_add's normed rows quantised per token in the same pass: (q, scale, total); x and
     residual are consumed, as rms_norm_add's are."""
-    return (x.shape, x.dtype, x.is_cuda, unit_offset), ((x, residual, weight, eps, True) if unit_offset else (x, residual, weight, eps))
+    return (x.shape, x.dtype, residual.dtype, weight.dtype, x.is_cuda, unit_offset), (
+        (x, residual, weight, eps, True) if unit_offset else (x, residual, weight, eps))
 
 
 def rms_norm_add_call(x, residual, weight, eps=1e-6, unit_offset=False, keep_inputs=False):
@@ -63,7 +68,8 @@ def quantised_rows_add_fake(x: Tensor, residual: Tensor, *args) -> tuple[Tensor,
 
 def qk_norm_front(x: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
     """rms_norm of each head of x (..., heads, d) with one weight (d,) (Qwen3's q_norm, k_norm)."""
-    return (x.shape, x.dtype, x.is_cuda, unit_offset), ((x, weight, eps, True) if unit_offset else (x, weight, eps))
+    return (x.shape, x.dtype, weight.dtype, x.is_cuda, unit_offset), (
+        (x, weight, eps, True) if unit_offset else (x, weight, eps))
 
 
 def qk_norm_call(x, weight=None, eps=1e-6, unit_offset=False):
@@ -78,7 +84,7 @@ def qk_norm_call(x, weight=None, eps=1e-6, unit_offset=False):
 
 def layer_norm_front(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5):
     """bias None: a LayerNorm without a bias (its own signature, flag no_bias)."""
-    return (x.shape, x.dtype, x.is_cuda, bias is None), (x, weight, bias, eps)
+    return (x.shape, x.dtype, weight.dtype, None if bias is None else bias.dtype, x.is_cuda), (x, weight, bias, eps)
 
 
 def layer_norm_call(x, weight, bias, eps=1e-5):
@@ -167,24 +173,26 @@ def layer_norm(x, weight, bias, eps: float):
 RECORDS = (
     # unit_offset: Gemma's norms scale by (1 + weight)
     OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm", method="rms_norm",
-             front=rms_norm_front, call=rms_norm_call, inputs=rms_norm_inputs, fusible=True),
+             front=rms_norm_front, call=rms_norm_call, inputs=rms_norm_inputs, same_dtype=WEIGHT, fusible=True),
     OpSchema("norm.rms_add", ("hidden",), ("unit_offset", "keep_inputs"), ("tokens",), "eager.rms_norm_add",
              method="rms_norm_add", front=rms_norm_add_front, call=rms_norm_add_call, inputs=rms_norm_add_inputs,
-             fake=two_like_first, consumes=("x", "residual"), fusible=True),
+             fake=two_like_first, consumes=("x", "residual"), same_dtype=RESIDUAL_WEIGHT, fusible=True),
     # the norm before an FP8 W8A8 linear, its output quantised per token to float8 e4m3 in the same
     # pass, as linear.fp8 quantises its input: (q, scale (..., 1) fp32), q * scale ~ the normed rows;
     # the _add form returns the total third (written into residual's storage, as norm.rms_add may)
     OpSchema("norm.rms_fp8", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_fp8",
              method="rms_norm_fp8", front=rms_norm_front, call=rms_norm_fp8_call, inputs=rms_norm_inputs,
-             fake=quantised_rows_fake),
+             fake=quantised_rows_fake, same_dtype=WEIGHT),
     OpSchema("norm.rms_add_fp8", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm_add_fp8",
              method="rms_norm_add_fp8", front=rms_norm_add_fp8_front, call=rms_norm_add_fp8_call,
-             inputs=rms_norm_add_inputs, fake=quantised_rows_add_fake, consumes=("x", "residual")),
+             inputs=rms_norm_add_inputs, fake=quantised_rows_add_fake, consumes=("x", "residual"),
+             same_dtype=RESIDUAL_WEIGHT),
     OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm", method="qk_norm",
-             front=qk_norm_front, call=qk_norm_call, inputs=qk_norm_inputs, fusible=True),
+             front=qk_norm_front, call=qk_norm_call, inputs=qk_norm_inputs, same_dtype=WEIGHT, fusible=True),
     # no_bias: LayerNorm without a bias (Cohere, StableLM-2 variants): bias None in the call
     OpSchema("norm.layer", ("hidden",), ("no_bias",), ("tokens",), "eager.layer_norm", method="layer_norm",
-             front=layer_norm_front, call=layer_norm_call, inputs=layer_norm_inputs, fusible=True),
+             front=layer_norm_front, call=layer_norm_call, inputs=layer_norm_inputs, same_dtype=("weight", "bias"),
+             fusible=True),
 )
 
 

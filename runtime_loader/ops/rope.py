@@ -15,7 +15,8 @@ from .base import OpSchema, Signature, two_like_first
 def rope_front(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False):
     """Rotary embedding of q (batch, hq, seq, d) and k (batch, hkv, seq, d) with cos/sin
     of shape (batch or 1, seq, d) as Hugging Face builds them; returns (q, k)."""
-    return (q.shape, k.shape, q.dtype, q.is_cuda, interleaved), (q, k, cos, sin, interleaved)
+    return (q.shape, k.shape, q.dtype, k.dtype, cos.dtype, sin.dtype, q.is_cuda, interleaved), (
+        q, k, cos, sin, interleaved)
 
 
 def rope_call(q, k, cos=None, sin=None, interleaved=False):
@@ -71,7 +72,8 @@ def rope(q, k, cos, sin, interleaved: bool):
 # --- the records ---------------------------------------------------------------------------------------
 RECORDS = (
     OpSchema("posenc.rope", ("hq", "hkv", "d", "layout"), (), ("tokens",), "eager.rope", method="rope",
-             front=rope_front, call=rope_call, inputs=rope_inputs, fake=two_like_first, fusible=True),
+             front=rope_front, call=rope_call, inputs=rope_inputs, fake=two_like_first, same_dtype=("k", "cos", "sin"),
+             fusible=True),
 )
 
 

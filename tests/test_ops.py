@@ -236,3 +236,14 @@ def test_compare_takes_integer_outputs_exactly(gen):
     swapped[0, [0, 1]] = swapped[0, [1, 0]]
     ok, _, message = compare((weights, swapped), (weights, ids), TOLERANCES["bf16"])
     assert not ok and "integers differ" in message
+
+
+@pytest.mark.parametrize("kernel_id", ["eager.embedding", "eager.learned_positions"])
+def test_the_lookups_fallbacks_refuse_negative_ids_as_torch_does(kernel_id):
+    """table[ids] read id -1 as the table's last row; F.embedding (nn.Embedding) raises."""
+    from runtime_loader import registry
+
+    table, ids = torch.randn(10, 4), torch.tensor([0, -1])
+    args = (ids, table, None) if kernel_id == "eager.embedding" else (torch.randn(2, 4), ids, table)
+    with pytest.raises(IndexError, match="index out of range"):
+        registry.get(kernel_id).impl(*args)

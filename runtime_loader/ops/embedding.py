@@ -4,6 +4,7 @@ records, how a call is read, example inputs and eager kernels. Contract: lzsolve
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..dtypes import ALL_DTYPES, DTYPE_NAMES
@@ -61,12 +62,14 @@ def scaled(rows, scale: float | None):
     return rows if scale is None else rows * torch.tensor(scale, dtype=rows.dtype)
 
 
+# F.embedding, as transformers' nn.Embedding computes them: it refuses an id outside [0, rows), where
+# table[ids] read -1 as the last row
 def embedding(ids, table, scale: float | None):
-    return scaled(table[ids], scale)
+    return scaled(F.embedding(ids, table), scale)
 
 
 def learned_positions(x, positions, table):
-    return x + table[positions]
+    return x + F.embedding(positions, table)
 
 
 # --- the records ---------------------------------------------------------------------------------------

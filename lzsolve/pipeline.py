@@ -77,6 +77,7 @@ from lzsolve.store.artifact import (
     build_table,
     counts,
     default_out,
+    ensure_same_model,
     ensure_writable,
     format_noise,
     leaf_ids,
@@ -449,6 +450,7 @@ class Tune:
         if self.mode == "graph" and plan.device.type != "cuda":
             raise LzError("--mode graph needs a CUDA device; use --mode eager on cpu")
         self.out = Path(cfg.output.out) if cfg.output.out else default_out(plan)
+        ensure_same_model(self.out, plan)
         ensure_writable(self.out)
         db = PerfDB(self.out / "perfdb")
         point_caches(self.out / JIT_WORK)  # the worker inherits this: its JIT caches belong to the run

@@ -16,7 +16,7 @@ import runtime_loader
 from lzsolve.cli import cli
 from lzsolve.models import CATALOGUE
 
-from .tables import QUICK, assert_replays_references, plugin_kernels
+from .tables import QUICK, assert_replays_references, plugin_kernels, table, write
 
 TINY_LLAMA = {**CATALOGUE["llama3-8b"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
@@ -76,8 +76,7 @@ def test_explain_and_db_query(artifact):
 
 
 def test_rerun_reuses_measurements(artifact, tmp_path, probes_everywhere):
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps(TINY_LLAMA))
+    config = tiny_llama_config(tmp_path)  # the same model (its folder names it), into its own artifact
     from lzsolve.store.perfdb import PerfDB
     artifact = shutil.copytree(artifact, tmp_path / "artifact")  # the shared one stays as it was tuned
     before = list((artifact / "perfdb").glob("*.parquet"))
@@ -195,6 +194,18 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "nothing half-written"
+
+
+def test_a_tune_into_another_models_artifact_is_refused(tmp_path):
+    """It replaced that artifact's dispatch.json and added its records to that artifact's PerfDB."""
+    other = Path(write(tmp_path / "other", table()))  # model "test", tp 1, fp32
+    before = sorted(p.name for p in other.iterdir())
+    result = run_cli("tune", "--model", "llama3-8b", "--device", "cpu", "--out", str(other), cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --out ") and "holds the artifact of 'test' (tp 1, 'fp32'), " \
+        "not of this tune's llama3-8b (tp 1, bf16); pass another --out, or remove" in lines[0], result.stderr
+    assert sorted(p.name for p in other.iterdir()) == before
 
 
 def processes_in(folder: Path) -> list[str]:

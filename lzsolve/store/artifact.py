@@ -55,6 +55,21 @@ def ensure_writable(out: Path) -> None:
         raise LzError(f"cannot write to --out {out}: {e.strerror or e}; choose a writable directory") from None
 
 
+def ensure_same_model(out: Path, plan: Plan) -> None:
+    """Refuse an `out` that holds the artifact of another model, tp or dtype: the tune would replace
+    its dispatch.json and add this model's records to its PerfDB. A re-run of the same model into its
+    folder continues it; a dispatch.json that cannot be read names no model, and is written again."""
+    try:
+        model = safeio.read_json(out / "dispatch.json", MAX_TABLE_BYTES, MAX_JSON_DEPTH, LzError)["model"]
+        there = (model["id"], model["tp"], model["dtype"])
+    except (LzError, TypeError, KeyError):
+        return
+    if there != (plan.model.name, plan.model.tp, plan.dtype):
+        raise LzError(f"--out {out} holds the artifact of {safeio.shown(there[0])} (tp {safeio.shown(there[1])}, "
+                      f"{safeio.shown(there[2])}), not of this tune's {plan.model.name} (tp {plan.model.tp}, "
+                      f"{plan.dtype}); pass another --out, or remove {out} first")
+
+
 JIT_WORK = ".jit-work"  # where the run's libraries compile to; hidden, so the manifest skips it
 JIT_ARCHIVE = "jit/caches.tar"
 

@@ -85,8 +85,21 @@ class Finite(click.FloatRange):
         return number
 
 
-def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
+def _patterns(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--kernels/--exclude: the patterns of every value given, each of which must name one (an empty
+    --kernels '' or ',,' was taken as no filter at all, where a pattern that matches nothing is refused)."""
+    patterns = [tuple(p.strip() for p in v.split(",") if p.strip()) for v in values]
+    if not all(patterns):
+        raise click.BadParameter(f"{values[patterns.index(())]!r} names no kernel pattern; pass GLOB[,GLOB] "
+                                 "(`lzsolve kernels` lists the ids), or leave the option out")
+    return tuple(p for group in patterns for p in group)
+
+
+def _named_path(ctx, param, value: str | None) -> str | None:
+    """A folder option given as an empty string: refused (--out '' wrote to the default folder)."""
+    if value == "":
+        raise click.BadParameter("an empty path; name a folder, or leave the option out for its default")
+    return value
 
 
 def _source(model, config, recorded, tp, ep, dtype, fp8_kv) -> ModelSource:
@@ -141,9 +154,10 @@ def model_options(f):
                      help="where to measure  [default: cuda if available, else cpu]"),
         click.option("--grid", type=click.Choice(GRID_CHOICES), default=None,
                      help="shape grid  [default: full on cuda, small on cpu (minutes on 2 cores)]"),
-        click.option("--kernels", multiple=True, metavar="GLOB[,GLOB]",
+        click.option("--kernels", multiple=True, metavar="GLOB[,GLOB]", callback=_patterns,
                      help="only consider these kernel ids (fallbacks are always kept), e.g. 'sdpa.*'"),
-        click.option("--exclude", multiple=True, metavar="GLOB[,GLOB]", help="leave out these kernel ids"),
+        click.option("--exclude", multiple=True, metavar="GLOB[,GLOB]", callback=_patterns,
+                     help="leave out these kernel ids"),
     ]
     for option in reversed(options):
         f = option(f)
@@ -164,7 +178,7 @@ def cli():
 
 @cli.command()
 @model_options
-@click.option("--out", type=click.Path(file_okay=False), default=None,
+@click.option("--out", type=click.Path(file_okay=False), default=None, callback=_named_path,
               help="artifact folder  [default: artifacts/<model>/<hardware-signature>-[tpN-]<dtype>]")
 @click.option("--mode", type=click.Choice(["graph", "eager"]), default=None,
               help="timing the solver optimises: graph (CUDA-graph replay, GPU time) or eager (launches "
@@ -254,7 +268,7 @@ def cli():
                    "version, shape, hardware, timing mode and a sampling as long is not measured again, and is "
                    "copied into this artifact's PerfDB (its cached_from column says where from), and the "
                    "search's studies there are continued, not run again. --no-cache neither reads nor writes it")
-@click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR", default=None,
+@click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR", default=None, callback=_named_path,
               help="the measurement cache's folder, a PerfDB the machines of one kind may share (a mount all of "
                    "them write to: a tuner locks a signature while it measures it)  [default: $LZSOLVE_CACHE, "
                    "else ~/.cache/lzsolve/perfdb; LZSOLVE_CACHE=off turns it off]")
@@ -286,7 +300,7 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 
     settings = TuneConfig(
         model=_source(model, config, recorded, tp, ep, dtype, fp8_kv),
-        grid=GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude), plugins=plugins,
+        grid=GridConfig(grid=grid, kernels=kernels, exclude=exclude, plugins=plugins,
                         quick=quick),
         measure=MeasureConfig(device=device, devices=devices, ray=ray_address, ray_workers=ray_workers, mode=mode,
                               sample_time=sample_time, timeout=timeout, isolate=isolate, routing_skew=routing_skew,
@@ -311,7 +325,7 @@ def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 
     load_plugins(plugins)
     p = plan_model(_source(model, config, recorded, tp, ep, dtype, fp8_kv),
-                   GridConfig(grid=grid, kernels=_patterns(kernels), exclude=_patterns(exclude)), device)
+                   GridConfig(grid=grid, kernels=kernels, exclude=exclude), device)
     click.echo(f"{p.model.summary()}, tp={p.model.tp}, {p.dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
     for sp in p.signatures:
         sig = sp.instance.signature

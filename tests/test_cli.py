@@ -177,6 +177,10 @@ def test_plan_llama3_70b_tp8(tmp_path):
     (["tune", "--model", "llama3-8b", "--dtype", "int4"], "'int4' is not one of"),
     (["tune"], "pass exactly one of --model NAME, --config PATH or --workload FILE"),
     (["tune", "--model", "llama3-8b", "--kernels", "nope.*"], "matches no kernel"),
+    # an empty --out wrote to the default folder, an empty --kernels was no filter at all
+    (["tune", "--model", "llama3-8b", "--out", ""], "'--out': an empty path; name a folder"),
+    (["tune", "--model", "llama3-8b", "--kernels", ",,,"], "',,,' names no kernel pattern"),
+    (["plan", "--model", "llama3-8b", "--exclude", "sdpa.*", "--exclude", ""], "'' names no kernel pattern"),
     (["plan", "--model", "llama3-8b", "--device", "tpu"], "--device"),
     (["db", "query", "SELECT 1"], "no artifact under ./artifacts"),
     (["explain"], "no artifact under ./artifacts"),

@@ -37,6 +37,13 @@ def _type_test(types: list[str]) -> Callable[[object], bool]:
 
 
 _NUMBER = _type_test(["number"])
+
+
+def same_json(a, b) -> bool:
+    """a == b as JSON compares values: true is not 1 and false not 0, as they are to Python."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
 _KNOWN = {"$schema", "$id", "title", "$defs", "type", "enum", "const", "required", "properties",
           "additionalProperties", "items", "minimum", "pattern", "anyOf", "$ref"}
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:=,-]{1,80}")
@@ -138,10 +145,11 @@ class _Compiler:
         steps = []
         if "const" in schema:
             const = schema["const"]
-            steps.append(lambda v, p, d, m: _OK if v == const else [(p, f"must be {const!r}")])
+            steps.append(lambda v, p, d, m: _OK if same_json(v, const) else [(p, f"must be {const!r}")])
         if "enum" in schema:
             enum = schema["enum"]
-            steps.append(lambda v, p, d, m: _OK if v in enum else [(p, f"{shown(v)} is not one of {enum}")])
+            steps.append(lambda v, p, d, m: _OK if any(same_json(v, e) for e in enum)
+                         else [(p, f"{shown(v)} is not one of {enum}")])
         if "minimum" in schema:
             low = schema["minimum"]
             steps.append(lambda v, p, d, m: [(p, f"{v} is below {low}")] if _NUMBER(v) and v < low else _OK)

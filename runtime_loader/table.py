@@ -14,7 +14,7 @@ from . import registry, safeio
 from .dtypes import DTYPES
 from .ops import OPS, Signature
 from .safeio import json_depth, one_line, shown
-from .schema import MAX_PROBLEMS, first_dispatch_problem
+from .schema import MAX_PROBLEMS, first_dispatch_problem, same_json
 
 SCHEMA_VERSION = 1
 MAX_TREE_DEPTH = 32
@@ -221,7 +221,7 @@ def parse_table(raw, source: str = "<memory>", depth_checked: bool = False, reso
     if not depth_checked and json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise TableError(f"nested deeper than {MAX_JSON_DEPTH} levels (trees are at most {MAX_TREE_DEPTH} deep)")
     version = raw.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if not same_json(version, SCHEMA_VERSION):
         raise TableError(f"schema_version {shown(version)} is not supported (this runtime reads {SCHEMA_VERSION})")
     if isinstance(raw.get("ops"), list) and len(raw["ops"]) > MAX_OPS:
         raise TableError(f"{len(raw['ops'])} op entries, over the {MAX_OPS} a table may hold")

@@ -29,6 +29,7 @@ def mutations():
         "jit_archive_escape": lambda t: t.update(jit={"archive": "jit/../../etc/passwd", "caches": []}),
         "missing_hardware": lambda t: t.pop("hardware"),
         "static_bool": lambda t: t["ops"][0]["static"].update(hidden=True),  # numbers (softcap=50.0) and strings only
+        "schema_version_true": lambda t: t.update(schema_version=True),  # == 1 to Python, not to JSON
     }
     for name, mutate in cases.items():
         t = copy.deepcopy(base)

@@ -53,6 +53,7 @@ BAD = {
     "not_json": "\x00\x01garbage",
     "top_level_list": json.dumps([table()]),
     "unknown_schema": table(schema_version=99),
+    "schema_version_true": table(schema_version=True),  # == 1 to Python
     "no_hardware": table(hardware=None),
     "unknown_kernel": table(ops=[entry(RMS, {"kernel_id": "flashy.rms_norm"})]),
     "import_path_kernel": table(ops=[entry(RMS, {"kernel_id": "os.system"})]),

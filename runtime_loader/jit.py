@@ -74,11 +74,12 @@ FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 COMPRESSED = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ", b"\x28\xb5\x2f\xfd")  # gzip, bzip2, xz, zstd
 
 
-def _member_problem(name: str, kind: str, linkname: str = "") -> str | None:
+def _member_problem(name: str, kind: str, linkname: str = "", placed: dict[str, str] | None = None) -> str | None:
     """Why a member (its path, its tarfile type: "file", "dir", "link", "other") may not be
     extracted into the JIT caches, or None. One check for both readers of an archive (the
     headers' own walk, and tarfile's parse before extraction), so a name they read differently
-    is checked as each reads it. Plain string tests: it runs on up to 200,000 members per load."""
+    is checked as each reads it. Plain string tests: it runs on up to 200,000 members per load.
+    placed: the earlier members' paths and kinds (_misplaced), which this one is added to."""
     parts = name.split("/")
     if name.startswith(("/", "\\")):
         return f"jit archive member {shown(name)} has an absolute path"
@@ -90,6 +91,24 @@ def _member_problem(name: str, kind: str, linkname: str = "") -> str | None:
         return f"jit archive member {shown(name)} is not a regular file or folder"
     if parts[0] not in JIT_CACHES and parts[0] not in ("", "."):
         return f"jit archive member {shown(name)} is outside the known caches {sorted(JIT_CACHES)}"
+    return _misplaced(name, kind, placed) if placed is not None else None
+
+
+def _misplaced(name: str, kind: str, placed: dict[str, str]) -> str | None:
+    """Why a file or folder cannot be extracted where the earlier members `placed` (path -> "file"
+    or "dir", their folders included) put theirs: a file with no name (""), a member inside an earlier
+    file, a file where a folder is or a folder where a file is (extraction failed on each with an
+    IsADirectoryError or NotADirectoryError). Adds this member to `placed`."""
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts and kind == "file":
+        return f"jit archive member {shown(name)} is a file with no name"
+    for depth in range(1, len(parts)):
+        folder = "/".join(parts[:depth])
+        if placed.setdefault(folder, "dir") == "file":
+            return f"jit archive member {shown(name)} is inside {shown(folder)}, an earlier file"
+    path = "/".join(parts)
+    if placed.setdefault(path, kind) != kind:
+        return f"jit archive member {shown(name)} is a {kind} where an earlier member made a {placed[path]}"
     return None
 
 
@@ -128,12 +147,15 @@ def _walk_headers(f, name: str) -> int:
     cut short, or no end block, for the end and keeps what came before, so a truncated archive
     would pass and restore partially. A pax or GNU long-name header names the member after it;
     it counts as a member too (an upper bound)."""
-    count, offset, total, pending = 0, 0, 0, {}
+    count, offset, total, pending, placed = 0, 0, 0, {}, {}
     while count <= MAX_ARCHIVE_MEMBERS:
         f.seek(offset)
         header = f.read(BLOCK)
         if header == bytes(BLOCK):
             return count
+        if not offset and not header:
+            raise TableError(f"jit archive {name} is empty (0 bytes, where a tar holds at least its end block); "
+                             "tune again to write it")
         if not offset and (len(header) < BLOCK or header.startswith(COMPRESSED)):
             raise TableError(f"jit archive {name} is not a plain tar (a compressed one could unpack to terabytes "
                              "before its first member is checked)")
@@ -167,7 +189,7 @@ def _walk_headers(f, name: str) -> int:
                     member = f"{_field(header, 345, 500)}/{member}"
                 kind = _header_kind(typeflag)
                 problem = _member_problem(member, kind, (pending.get("linkpath") or _field(header, 157, 257))
-                                          if kind == "link" else "")
+                                          if kind == "link" else "", placed)
                 if problem:
                     raise TableError(problem)
                 pending, total = {}, total + size
@@ -205,11 +227,11 @@ def check_members(archive: Path) -> list[tarfile.TarInfo]:
         raise
     except (tarfile.TarError, OSError, EOFError, ValueError) as e:  # truncated or corrupt
         raise TableError(f"jit archive {archive.name} cannot be read ({type(e).__name__}: {e})") from None
-    total = 0
+    total, placed = 0, {}
     for m in members:
         kind = ("file" if m.isfile() and not m.issparse() else "dir" if m.isdir()
                 else "link" if m.issym() or m.islnk() else "other")
-        problem = _member_problem(m.name, kind, m.linkname)
+        problem = _member_problem(m.name, kind, m.linkname, placed)
         if problem:
             raise TableError(problem)
         total += m.size

@@ -57,11 +57,16 @@ def hostile(kind: str) -> bytes:
             "hardlink": lambda: add("triton/hard", type=tarfile.LNKTYPE, linkname="triton/ok.json"),
             "device": lambda: add("triton/dev", type=tarfile.CHRTYPE),
             "unknown_top": lambda: add("site-packages/evil.py"),
+            # each passed the check, then failed restore_jit with an IsADirectoryError or NotADirectoryError
+            "empty_name": lambda: add(""),
+            "under_a_file": lambda: add("triton/ok.json/b"),
+            "file_over_a_folder": lambda: (add("triton/d/x"), add("triton/d")),
         }[kind]()
     return buf.getvalue()
 
 
-KINDS = ["absolute", "dotdot", "symlink", "hardlink", "device", "unknown_top"]
+KINDS = ["absolute", "dotdot", "symlink", "hardlink", "device", "unknown_top", "empty_name", "under_a_file",
+         "file_over_a_folder"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -79,6 +84,14 @@ def test_hostile_archives_are_refused_and_nothing_extracted(tmp_path, kind):
         runtime_loader.load(folder, strict=True)  # refused even when not restoring
     assert not (tmp_path / "jit").exists(), "nothing was extracted"
     assert not Path("/etc/cron.d/evil").exists()
+
+
+def test_an_empty_archive_is_said_to_be_empty(tmp_path):
+    """It was reported as "not a plain tar (a compressed one could unpack to terabytes...)"."""
+    archive = tmp_path / "caches.tar"
+    archive.write_bytes(b"")
+    with pytest.raises(TableError, match=r"jit archive caches.tar is empty \(0 bytes"):
+        jit.check_archive(archive)
 
 
 LONG = "triton/" + "a" * 60 + "/" + "b" * 90 + ".json"  # past a header's 100-byte name field

@@ -322,11 +322,14 @@ def tune(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, 
 def plan(model, config, recorded, tp, ep, dtype, fp8_kv, device, grid, kernels, exclude, plugins):
     """Dry run: op signatures x shape buckets x candidates, with capability-gate verdicts."""
     from lzsolve.pipeline import GridConfig, load_plugins, plan_model, print_notes
+    from runtime_loader.safeio import printable
 
     load_plugins(plugins)
     p = plan_model(_source(model, config, recorded, tp, ep, dtype, fp8_kv),
                    GridConfig(grid=grid, kernels=kernels, exclude=exclude), device)
-    click.echo(f"{p.model.summary()}, tp={p.model.tp}, {p.dtype} on {p.device} ({p.hardware['name']}), grid {p.grid}")
+    # escaped: a workload file names its model, and a newline there would forge lines of the plan
+    click.echo(printable(f"{p.model.summary()}, tp={p.model.tp}, {p.dtype} on {p.device} ({p.hardware['name']}), "
+                         f"grid {p.grid}"))
     for sp in p.signatures:
         sig = sp.instance.signature
         dims = sorted({k for w in sp.workloads for k in w})

@@ -89,6 +89,7 @@ from runtime_loader import registry
 from runtime_loader.hardware import slug
 from runtime_loader.inputs import ROUTING_SKEW, skewed_routing
 from runtime_loader.jit import point_caches
+from runtime_loader.safeio import printable
 from runtime_loader.specs import KernelSpec
 
 # --- what to tune, and how (one field per option of `lzsolve tune`) ------------------------------
@@ -559,9 +560,9 @@ class Tune:
         plan = self._part(signatures)
         if "grid_s" not in self.phases:  # the first cohort's
             whole = self.plan
-            click.echo(f"tuning {whole.model.name} tp={whole.model.tp} {whole.dtype} on {whole.hardware['name']} "
-                       f"({self.where}, grid {whole.grid}): {len(whole.signatures)} op signatures, "
-                       f"{whole.measurements} measurements", err=True)
+            click.echo(f"tuning {printable(whole.model.name)} tp={whole.model.tp} {whole.dtype} on "  # (a workload names it)
+                       f"{whole.hardware['name']} ({self.where}, grid {whole.grid}): {len(whole.signatures)} op "
+                       f"signatures, {whole.measurements} measurements", err=True)
             tuner.measure_ceilings(self.session.db, self.session.runner, self.session.recorder, whole.dtype,
                                    self.session.reuse)
         if self._to_come:

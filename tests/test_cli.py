@@ -163,6 +163,18 @@ def test_plan_llama3_70b_tp8(tmp_path):
     assert "sdpa.efficient" in result.output and "FEATURE_UNSUPPORTED:gqa" in result.output
 
 
+def test_plan_escapes_the_name_a_workload_gives_its_model(tmp_path):
+    """A workload file names its model: "\x1b[2J\nx" printed a raw newline in the plan's header (click
+    strips the escape sequence where the output is no terminal, not the newline)."""
+    call = {"signature": {"op": "norm.rms", "static": {"hidden": 64}, "flags": [], "dtype": "fp32"},
+            "dims": {"tokens": 12}, "count": 5}
+    path = tmp_path / "wl.json"
+    path.write_text(json.dumps({"format": "lzsolve-workload", "version": 1, "name": "\x1b[2J\nx", "calls": [call]}))
+    result = CliRunner().invoke(cli, ["plan", "--workload", str(path), "--device", "cpu", "--grid", "tiny"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("\\x1b[2J\\nx: recorded workload "), result.output
+
+
 @pytest.mark.parametrize("args,needle", [
     (["tune", "--model", "llama9"], "known: llama3-8b, llama3-70b"),
     (["tune", "--config", "{config}"], "not valid JSON"),

@@ -64,6 +64,16 @@ def test_a_kernel_right_only_on_its_first_call_is_rejected(skipped):
     assert p.first_call_ms is not None and p.errors["rel_l2"] > 0.1, "the second call's errors are recorded"
 
 
+@pytest.mark.parametrize("dims", [{"batch": 2, "seq": 37}, {"batch": 3, "seq": 1}])
+def test_a_consumed_parameter_left_out_is_no_input_to_keep(dims):
+    """The conv's state is consumed where there is one, None on a prompt: nothing to copy for the
+    second call."""
+    sig = Signature.make("conv.causal_depthwise", {"channels": 96, "width": 4}, ("silu",), "bf16")
+    args = CONTRACTS[sig.op].make_inputs(sig, dims, torch.device("cpu"), torch.Generator().manual_seed(0))
+    p = parity_gate(CONTRACTS[sig.op], registry.get("eager.causal_conv1d"), sig, args, CpuHarness())
+    assert p.reason is None, p
+
+
 FP8 = Signature.make("linear.fp8", {"k": 64, "n": 48}, ("per_channel",), "bf16")
 FP8_LINEAR = registry.get("eager.linear_fp8").impl
 

@@ -46,7 +46,7 @@ def parity_gate(contract: OpContract, spec: KernelSpec, sig: Signature, args: tu
     (benchmarks/runs/2026-12-07-e.txt)."""
     if reference is None:
         reference = contract.reference(*to_fp32(args))
-    kept = {i: args[i].clone() for i in OPS[sig.op].consumed(args)}
+    kept = {i: args[i].clone() for i in OPS[sig.op].consumed(args) if isinstance(args[i], torch.Tensor)}
     again = tuple(kept.get(i, arg) for i, arg in enumerate(args))
     try:
         out, first_ms = harness.first_call(lambda: spec.impl(*args))

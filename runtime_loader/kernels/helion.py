@@ -23,14 +23,17 @@ KERNELS = Path(__file__).with_name("helion_kernels.py")  # in the version's sour
 def rms_norm(x, weight, eps: float, unit_offset: bool = False, *, config: tuple):
     from .helion_kernels import configured
 
-    return configured("rms_norm", *config)(as_rows(x), weight, eps, unit_offset).view(x.shape)
+    rows = as_rows(x)
+    return configured("rms_norm", *config, min(rows.shape[0], 2))(rows, weight, eps, unit_offset).view(x.shape)
 
 
 def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, keep_inputs: bool = False, *,
                  config: tuple):
     from .helion_kernels import configured
 
-    normed, total = configured("rms_norm_add", *config)(as_rows(x), as_rows(residual), weight, eps, unit_offset)
+    rows = as_rows(x)
+    kernel = configured("rms_norm_add", *config, min(rows.shape[0], 2))  # (tokens_bucket: see configured)
+    normed, total = kernel(rows, as_rows(residual), weight, eps, unit_offset)
     return normed.view(x.shape), total.view(x.shape)
 
 

@@ -53,8 +53,13 @@ KERNELS = {"rms_norm": rms_norm, "rms_norm_add": rms_norm_add}
 
 
 @functools.cache
-def configured(function: str, rows: int, loop: int, warps: int):
+def configured(function: str, rows: int, loop: int, warps: int, tokens_bucket: int = 2):
     """The Helion kernel at one configuration: `rows` rows a program, the row walked in chunks of
-    `loop` (0: whole, in registers), `warps` warps."""
+    `loop` (0: whole, in registers), `warps` warps. tokens_bucket: min(tokens, 2), a kernel for each:
+    helion 1.4.0 binds every size of a dynamic dim to one compiled kernel, and one first called with
+    a single row is compiled for one row: it normalised only the first row of every later call (on an
+    H100 it was timed 40x past the roofline, the rest of its output whatever the allocator's block held,
+    benchmarks/runs/2026-12-07-e.txt), and read past an empty one (the interpreter crashed). helion 1.5
+    compiles sizes 0 and 1 apart."""
     config = helion.Config(block_sizes=[rows], reduction_loops=[loop or None], num_warps=warps, num_stages=1)
     return helion.kernel(KERNELS[function], config=config, static_shapes=False)

@@ -6,7 +6,7 @@ import torch
 
 from lzsolve.measure.gates import parity_gate
 from lzsolve.measure.harness import CpuHarness
-from lzsolve.ops import CONTRACTS
+from lzsolve.ops import CONTRACTS, to_fp32
 from runtime_loader import registry
 from runtime_loader.ops import Signature
 
@@ -62,6 +62,22 @@ def test_a_kernel_right_only_on_its_first_call_is_rejected(skipped):
     assert p.reason is not None and p.reason.code == "PARITY_FAILED", p
     assert p.reason.message.startswith("right on its first call, then rel_l2"), p.reason
     assert p.first_call_ms is not None and p.errors["rel_l2"] > 0.1, "the second call's errors are recorded"
+
+
+@pytest.mark.gpu
+def test_an_output_left_unwritten_is_not_the_last_candidates_answer():
+    """On CUDA the caching allocator hands a kernel the block the candidate before it wrote its
+    answer to these same inputs into: a kernel that leaves its rows unwritten (Helion 1.4.0's RMSNorm
+    compiled for one row, on an H100) passed parity with that answer. The gate poisons them first."""
+    from lzsolve.measure.harness import CudaHarness
+
+    contract, device = CONTRACTS[SIG.op], torch.device("cuda")
+    args = contract.make_inputs(SIG, {"tokens": 64}, device, torch.Generator(device=device).manual_seed(0))
+    reference = contract.reference(*to_fp32(args))
+    assert parity_gate(contract, good, SIG, args, CudaHarness(), reference).reason is None
+    unwritten = dataclasses.replace(good, kernel_id="test.unwritten", impl=lambda x, w, eps: torch.empty_like(x))
+    p = parity_gate(contract, unwritten, SIG, args, CudaHarness(), reference)
+    assert p.reason is not None and p.reason.code == "PARITY_FAILED", p
 
 
 @pytest.mark.parametrize("dims", [{"batch": 2, "seq": 37}, {"batch": 3, "seq": 1}])

@@ -65,14 +65,16 @@ def fraction(flops: float | None, nbytes: float | None, ms: float | None, peak: 
     return roof_ms(flops, nbytes, peak) / ms
 
 
-# A kernel timed above this fraction of the roofline ran what no device can: with CUDA events the
+# A kernel timed above this fraction of the roofline ran what no device can. With CUDA events the
 # harness flushes the L2 before each sample and rotates fresh inputs, so every call reads what its op
-# counts from memory (a read-mostly kernel may pass a copy's rate by some 10-20%, never by half).
-# Such a time is a kernel that skipped work its parity call did, or a timing that missed the kernel:
-# Helion 1.4.0's RMSNorm, right on its parity calls, then ran 16384 rows of 8192 in 4.8 us on an
-# H100, 40x its roofline, and a tune chose it (benchmarks/runs/2026-12-07-e.txt). The CPU's clock
-# reads warm caches (no flush there), so only CUDA events' times are held to it.
-IMPLAUSIBLE_FRACTION = 1.5
+# counts from memory. The margin holds what the ceilings do not: FP8 math runs at up to twice the bf16
+# matmul the compute ceiling times, a read-mostly kernel passes a copy's rate by some 10%, and MoE's
+# bytes are an expectation over uniform routing, which a skewed one undercuts. What it catches skips
+# most of its work: Helion 1.4.0's RMSNorm, right on its parity calls by the allocator's luck
+# (gates.poison_output_blocks), ran 16384 rows of 8192 in 4.8 us on an H100, 37x its roofline, and a
+# tune chose it (benchmarks/runs/2026-12-07-e.txt). The CPU's clock reads warm caches (no flush
+# there): only CUDA events' times are held to it.
+IMPLAUSIBLE_FRACTION = 3.0
 
 
 def reject_implausible(records: list[dict], ceilings: list[dict],
@@ -92,7 +94,7 @@ def reject_implausible(records: list[dict], ceilings: list[dict],
             value = fraction(*counts(r), r.get(f"{mode}_ms"), peak) if peak else None
             if value is not None and value > IMPLAUSIBLE_FRACTION:
                 caught[key] = (f"{mode} {r[f'{mode}_ms'] * 1e3:.3g} us at {r['dims']} is {value:.3g}x the device's "
-                               f"roofline (more than {IMPLAUSIBLE_FRACTION}x: a kernel that skipped work, or a "
+                               f"roofline (more than {IMPLAUSIBLE_FRACTION:g}x: a kernel that skipped work, or a "
                                f"timing that missed it)")
                 break
     return [{**r, "status": "rejected", "reason_code": IMPLAUSIBLE_TIME, "reason_message": caught[key]}

@@ -59,6 +59,12 @@ def test_grid_has_as_many_buckets_per_dim_as_the_grid_it_is_like(tmp_path):
      "malformed workload"),
     (json.dumps({"format": "lzsolve-workload", "version": 1,
                  "calls": [{**RMS_CALL, "signature": {**RMS_CALL["signature"], "op": "norm.nope"}}]}), "unknown op"),
+    # true is 1 to Python, not to JSON
+    (json.dumps({"format": "lzsolve-workload", "version": True, "calls": [RMS_CALL]}), "version True"),
+    (json.dumps({"format": "lzsolve-workload", "version": 1, "calls": [{**RMS_CALL, "count": True}]}),
+     "count True is not a positive int"),
+    (json.dumps({"format": "lzsolve-workload", "version": 1, "calls": [{**RMS_CALL, "dims": {"tokens": True}}]}),
+     "are not positive ints"),
 ])
 def test_bad_workload_files_are_one_line_errors(tmp_path, content, message):
     path = tmp_path / "w.json"

@@ -20,6 +20,7 @@ from lzsolve.models.capture import Captured, OpInstance
 from runtime_loader import safeio
 from runtime_loader.ops import OPS, Signature
 from runtime_loader.recording import FORMAT, VERSION
+from runtime_loader.schema import same_json
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def read(path: str | Path) -> Workload:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise LzError(f"{path} is not a workload file (no \"format\": \"{FORMAT}\"); "
                       "record one with runtime_loader.record(path)")
-    if data.get("version") != VERSION:
+    if not same_json(data.get("version"), VERSION):
         raise LzError(f"{path}: workload version {data.get('version')!r}, this lzsolve reads {VERSION}; "
                       "record it again")
     calls: dict[Signature, Counter] = {}
@@ -54,10 +55,10 @@ def read(path: str | Path) -> Workload:
             s = call["signature"]
             sig = Signature.from_data(s["op"], s["static"], s["flags"], s["dtype"])
             dims = call["dims"]
-            if set(dims) != set(OPS[sig.op].dynamic) or not all(isinstance(v, int) and v > 0 for v in dims.values()):
+            if set(dims) != set(OPS[sig.op].dynamic) or not all(map(_positive, dims.values())):
                 raise ValueError(f"call {i}: dims {dims} are not positive ints for {OPS[sig.op].dynamic}")
             count = call["count"]
-            if not isinstance(count, int) or count < 1:
+            if not _positive(count):
                 raise ValueError(f"call {i}: count {count!r} is not a positive int")
             calls.setdefault(sig, Counter())[tuple(sorted(dims.items()))] += count
         outside = tuple(f"{o['count']} {'/'.join(o['ops'])} call(s) outside every op signature (chunked prefill, "
@@ -69,6 +70,11 @@ def read(path: str | Path) -> Workload:
                       "Dispatcher (through runtime_loader.custom_ops or a patched model)")
     name = data.get("name") if isinstance(data.get("name"), str) and data.get("name") else path.stem
     return Workload(name, str(path), calls, outside, hashlib.sha256(raw).hexdigest()[:16])
+
+
+def _positive(value) -> bool:
+    """A JSON integer above 0 (true is 1 to Python, not to JSON)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def captured(workload: Workload) -> Captured:

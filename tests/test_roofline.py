@@ -369,6 +369,15 @@ def test_report_states_the_ceilings_and_their_distance_from_torchs_own_forms(pla
         "torch's own forms are never the ceilings"
 
 
+def test_report_escapes_the_name_a_workload_file_gave_the_model(plan):
+    from lzsolve.store.artifact import build_table, report
+
+    table = build_table(plan, rms_records(plan)[1], "eager", "r")
+    table["model"]["id"] = "w\n# forged\x1b[2J"
+    md = report(table, 1.0, 0)
+    assert md.splitlines()[0] == "# lzsolve report: w\\n# forged\\x1b[2J (tp=1, fp32)", md.splitlines()[0]
+
+
 def test_report_without_ceilings_skips_the_roofline(plan):
     from lzsolve.store.artifact import build_table, format_op, report
 

@@ -289,7 +289,7 @@ def report(table: dict, wall_s: float, n_records: int, phases: dict[str, float] 
     PerfDB's, whose rates and check against torch's own forms it states."""
     model, hw = table["model"], table["hardware"]
     lines = [
-        f"# lzsolve report: {model['id']} (tp={model['tp']}, {model['dtype']})",
+        f"# lzsolve report: {safeio.printable(model['id'])} (tp={model['tp']}, {model['dtype']})",  # a workload's name
         "",
         f"- hardware: {hw['name']} ({table['hw_slug']})",
         f"- run: {table['run_id']}, {table['created_at']}, {wall_s:.0f} s, {n_records} records",

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from . import registry
 from .ops import OPS
-from .safeio import warn
+from .safeio import shown, warn
 
 
 class PolicyError(ValueError):
@@ -39,6 +40,19 @@ class Policy:
         return registry.get(kernel_id).library in self.avoid
 
     def merged(self, disable: bool = False, avoid=(), lock=None) -> Policy:
+        """This policy and load()'s arguments; TypeError, naming the argument and its form, for one
+        of the wrong type (Python's own messages named neither: "'str' object is not a mapping")."""
+        if not isinstance(disable, bool):
+            raise TypeError(f"disable={shown(disable)}: pass True or False")
+        if not isinstance(avoid, str):
+            names = tuple(avoid) if isinstance(avoid, Iterable) and not isinstance(avoid, (bytes, Mapping)) else None
+            if names is None or not all(isinstance(name, str) for name in names):
+                raise TypeError(f"avoid={shown(avoid)}: pass library names, a list or 'lib,lib' "
+                                "(e.g. ['flashinfer-python'])")
+            avoid = names
+        if lock is not None and not (isinstance(lock, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                                    for k, v in lock.items())):
+            raise TypeError(f"lock={shown(lock)}: pass a dict of op to kernel id (e.g. {{'norm.rms': 'torch.rms_norm'}})")
         return Policy(self.disable or disable, self.avoid | libraries(avoid), {**self.lock, **(lock or {})})
 
     def describe(self) -> str:

@@ -249,6 +249,21 @@ def test_a_malformed_lock_item_is_dropped_alone_and_the_kill_switch_holds(tmp_pa
         loaded(tmp_path, strict=True)
 
 
+@pytest.mark.parametrize("argument, message", [
+    ({"lock": "norm.rms=torch.rms_norm"}, "lock='norm.rms=torch.rms_norm': pass a dict of op to kernel id"),
+    ({"lock": {"norm.rms": 3}}, "lock={'norm.rms': 3}: pass a dict"),
+    ({"disable": "no"}, "disable='no': pass True or False"),
+    ({"avoid": 5}, "avoid=5: pass library names"),
+    ({"avoid": [b"liger-kernel"]}, "avoid=[b'liger-kernel']: pass library names"),
+    ({"avoid": b"liger-kernel"}, "avoid=b'liger-kernel': pass library names"),
+])
+def test_load_names_an_argument_of_the_wrong_type(tmp_path, argument, message):
+    """Python's own messages named neither the argument nor its form ("'str' object is not a mapping")."""
+    with pytest.raises(TypeError) as e:
+        runtime_loader.load(tmp_path, **argument)
+    assert str(e.value).startswith(message), e.value
+
+
 def test_lock_parsing_keeps_configured_ids_whole():
     assert parse_lock("norm.rms=triton.rms_norm[block=1024,warps=4], linear=torch.linear") == {
         "norm.rms": "triton.rms_norm[block=1024,warps=4]", "linear": "torch.linear"}

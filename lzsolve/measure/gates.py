@@ -43,8 +43,8 @@ def poison_output_blocks(reference: torch.Tensor | tuple, dtype: torch.dtype) ->
     reference's own) with NaN bits (0xFF), then free them again: a kernel's outputs are the blocks
     its allocations find there, and the candidate before it wrote its answer to these same inputs
     into them. A kernel that leaves rows unwritten then reads NaN there, not that answer: Helion
-    1.4.0's RMSNorm, compiled for one row and called with 64, passed parity on an H100 that way
-    (benchmarks/runs/2026-12-07-e.txt)."""
+    1.4.0's RMSNorm, compiled for one row and called with 64, passed parity on an H100, by all
+    appearances that way (benchmarks/runs/2026-12-07-e.txt)."""
     outputs = [r for r in as_tuple(reference) if isinstance(r, torch.Tensor) and r.is_cuda]
     try:
         blocks = [torch.full((r.numel() * size,), 255, dtype=torch.uint8, device=r.device)

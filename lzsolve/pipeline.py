@@ -619,7 +619,13 @@ class Tune:
         def counted(record: dict) -> tuple[float, float]:  # by the contract, as report.md's fractions
             sig = signatures.get(record.get("signature"))
             return counts(sig, json.loads(record["dims"])) if sig else (record.get("flops"), record.get("bytes"))
-        self.records = reject_implausible(self.records, self.session.db.ceilings(), counted)
+        self.records = reject_implausible(self.records, self.ceilings, counted)
+
+    @functools.cached_property
+    def ceilings(self) -> list[dict]:
+        """The device's ceilings, as the PerfDB holds them once the first cohort's grid measured (or
+        reused) them: read once, for the roofline checks, the table and report.md."""
+        return self.session.db.ceilings()
 
     def close_measuring(self) -> None:
         """The compile-ahead workers' last calls (their records join the artifact's); then every worker
@@ -646,7 +652,7 @@ class Tune:
         """The table: one tree per op signature, from every record of the run, each once."""
         self.records = tuner.distinct(self.records)  # a later phase's records repeat those it reused
         self.table = build_table(self.plan, self.records, self.mode, self.session.run_id, self.validation,
-                                 self.session.db.ceilings())
+                                 self.ceilings)
         self._lap("solve_s")
         self.wall = time.perf_counter() - self.started
 
@@ -656,7 +662,7 @@ class Tune:
         the wall."""
         searched = self.searched.line() if self.searched else None
         write_artifact(self.out, self.table, report_markdown(self.table, self.wall, len(self.records), self.phases,
-                                                             searched, self.skipped, self.session.db.ceilings()),
+                                                             searched, self.skipped, self.ceilings),
                        self.records + self.compiled + self.jit_named)
         self._lap("write_s")
 

@@ -20,20 +20,23 @@ from .triton_ops.layout import as_rows
 KERNELS = Path(__file__).with_name("helion_kernels.py")  # in the version's source digest, unimported
 
 
-def rms_norm(x, weight, eps: float, unit_offset: bool = False, *, config: tuple):
+def _kernel(function: str, config: tuple, rows):
+    """The configuration's Helion kernel for these rows: one for 0, 1 and more rows each (configured's
+    tokens_bucket: helion 1.4.0 served a one-row kernel at every size)."""
     from .helion_kernels import configured
 
+    return configured(function, *config, min(rows.shape[0], 2))
+
+
+def rms_norm(x, weight, eps: float, unit_offset: bool = False, *, config: tuple):
     rows = as_rows(x)
-    return configured("rms_norm", *config, min(rows.shape[0], 2))(rows, weight, eps, unit_offset).view(x.shape)
+    return _kernel("rms_norm", config, rows)(rows, weight, eps, unit_offset).view(x.shape)
 
 
 def rms_norm_add(x, residual, weight, eps: float, unit_offset: bool = False, keep_inputs: bool = False, *,
                  config: tuple):
-    from .helion_kernels import configured
-
     rows = as_rows(x)
-    kernel = configured("rms_norm_add", *config, min(rows.shape[0], 2))  # (tokens_bucket: see configured)
-    normed, total = kernel(rows, as_rows(residual), weight, eps, unit_offset)
+    normed, total = _kernel("rms_norm_add", config, rows)(rows, as_rows(residual), weight, eps, unit_offset)
     return normed.view(x.shape), total.view(x.shape)
 
 

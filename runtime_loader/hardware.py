@@ -11,7 +11,11 @@ from .specs import DeviceInfo, library_version
 
 # What a table's measurements depend on, in three kinds (see differences):
 ARCH_FIELDS = ("device", "sm", "isa")  # another architecture: no measurement holds, the table is refused
-MODEL_FIELDS = ("name",)  # another GPU (or CPU) of that architecture: borrowed only when the user asks
+MODEL_FIELDS = ("name", "arch")  # another GPU (or CPU) of that architecture: borrowed only when the user asks
+# A CPU table's kernels are the host's machine code: on another host architecture (x86_64 against aarch64)
+# none of them holds, even where torch names both ISAs DEFAULT. A GPU table's host architecture is its
+# model's kind of difference: the GPU times hold, the host time an eager table weighs does not.
+CPU_ARCH_FIELDS = ARCH_FIELDS + ("arch",)
 STACK_FIELDS = ("torch", "cuda", "cudnn", "triton")  # software: the entries of the kernels it changes are dropped
 MATCH_FIELDS = ARCH_FIELDS + MODEL_FIELDS + STACK_FIELDS  # all of them: where a tune's records may be mixed
 
@@ -104,8 +108,9 @@ def differences(table_sig: dict, here: dict) -> Comparison:
     def described(fields) -> list[str]:
         return [f"{k}: table {table_sig.get(k)!r} vs here {here.get(k)!r}" for k in fields]
 
-    return Comparison(described(k for k in ARCH_FIELDS if table_sig.get(k) != here.get(k)),
-                      described(k for k in MODEL_FIELDS if table_sig.get(k) != here.get(k)),
+    arch = CPU_ARCH_FIELDS if table_sig.get("device") == "cpu" else ARCH_FIELDS
+    return Comparison(described(k for k in arch if table_sig.get(k) != here.get(k)),
+                      described(k for k in MODEL_FIELDS if k not in arch and table_sig.get(k) != here.get(k)),
                       {k: (table_sig.get(k), here.get(k)) for k in STACK_FIELDS if table_sig.get(k) != here.get(k)})
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import runtime_loader
+from runtime_loader.hardware import differences
 from runtime_loader.table import TableError, choose, parse_table
 
 from .tables import ATTN, RMS, entry, provenance, table, write
@@ -182,6 +183,20 @@ def test_a_table_of_another_device_model_is_borrowed_only_when_asked(tmp_path):
     assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "torch.rms_norm"
     other = write(tmp_path / "isa", table(hardware={**table()["hardware"], "isa": "VSX"}))
     assert load_quietly(other, allow_similar_gpu=True)[0].table is None, "another architecture: never"
+
+
+def test_a_cpu_table_of_another_host_architecture_is_refused_even_when_borrowing(tmp_path):
+    here = table()["hardware"]
+    foreign = "aarch64" if here["arch"] != "aarch64" else "x86_64"
+    path = write(tmp_path, table(hardware={**here, "arch": foreign}))  # same ISA name, same CPU name
+    d, warned = load_quietly(path, allow_similar_gpu=True)
+    assert d.table is None and f"arch: table '{foreign}'" in d.load_error
+
+
+def test_a_gpu_tables_host_architecture_is_the_models_kind_of_difference():
+    gpu = {"device": "cuda", "name": "NVIDIA H100 80GB HBM3", "sm": 90, "isa": None, "arch": "x86_64"}
+    seen = differences(gpu, {**gpu, "arch": "aarch64"})
+    assert not seen.refused and seen.borrowed == ["arch: table 'x86_64' vs here 'aarch64'"]
 
 
 def test_verify_drops_a_kernel_that_disagrees_with_its_fallback(tmp_path):

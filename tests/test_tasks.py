@@ -251,6 +251,23 @@ def test_ceilings_on_a_gpu_come_with_torchs_own_forms_timed_apart():
     assert all("do_bench" in r["probe"] for r in rows if r["mode"] == "plain")
 
 
+def test_torchs_own_forms_count_at_their_best_burst(monkeypatch):
+    """A host stall inside one do_bench burst reads as a slower GPU: each form keeps its best of
+    PLAIN_BURSTS bursts, and a ceiling's row the faster of its forms there."""
+    from types import SimpleNamespace
+
+    from lzsolve.measure import tasks
+
+    bursts = iter([{"mm": 732e12, "linear": 730e12, "copy": 3.02e12},  # a stall in the first burst
+                   {"mm": 797e12, "linear": 790e12, "copy": 2.90e12},
+                   {"mm": 795e12, "linear": 799e12, "copy": 3.01e12}])
+    monkeypatch.setattr(tasks, "plain_rates", lambda *tensors: {tasks.PLAIN_BURST_MS: next(bursts)})
+    on_gpu = SimpleNamespace(device=torch.device("cuda"))
+    rows = {r["kind"]: r for r in tasks.plain_ceilings(on_gpu, on_gpu, on_gpu, on_gpu)}
+    assert rows["compute"]["per_s"] == 799e12 and rows["memory"]["per_s"] == 3.02e12
+    assert f"best of {tasks.PLAIN_BURSTS}" in rows["compute"]["probe"]
+
+
 def test_a_warm_perfdb_measures_again_over_an_older_memory_probe(tmp_path):
     """Ceilings are measured once per machine, stack and dtype, unless the PerfDB holds only an older
     probe's (a single memcpy, named without 'by'): then once more, and the roofline reads the latest."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from lzsolve.decide.solve import leaves
 from lzsolve.decide.validate import geomean
 from lzsolve.measure.harness import MODES, CudaHarness
-from lzsolve.measure.tasks import PLAIN_BURST_MS
+from lzsolve.measure.tasks import PLAIN_BURST_MS, PLAIN_BURSTS
 from lzsolve.store.perfdb import PLAIN_MODE
 from runtime_loader.specs import IMPLAUSIBLE_TIME
 
@@ -177,7 +177,7 @@ def format_ceilings(check: tuple[Peak, Peak | None] | None, mode: str) -> str | 
                else f"within {CEILING_BAR:.0%}")
     return (f"- ceilings ({mode} mode): {rates}; {ratios['compute']:.3f}x and {ratios['memory']:.3f}x torch's "
             f"own mm / linear ({plain.compute / 1e12:.4g} TFLOP/s) and copy_ ({plain.memory / 1e12:.4g} TB/s), "
-            f"timed apart in the same run by Triton's do_bench over {PLAIN_BURST_MS} ms: {verdict}")
+            f"timed apart in the same run by Triton's do_bench (best of {PLAIN_BURSTS} x {PLAIN_BURST_MS} ms): {verdict}")
 
 
 def format_fraction(value: float | None) -> str:

@@ -7,6 +7,7 @@ import torch
 
 import runtime_loader
 from runtime_loader.hardware import differences
+from runtime_loader.ops import OPS
 from runtime_loader.table import TableError, choose, parse_table
 
 from .tables import ATTN, RMS, entry, provenance, table, write
@@ -183,6 +184,16 @@ def test_a_table_of_another_device_model_is_borrowed_only_when_asked(tmp_path):
     assert d.kernel_for("rms_norm", torch.randn(4, 64), torch.randn(64)) == "torch.rms_norm"
     other = write(tmp_path / "isa", table(hardware={**table()["hardware"], "isa": "VSX"}))
     assert load_quietly(other, allow_similar_gpu=True)[0].table is None, "another architecture: never"
+
+
+def test_a_tables_named_fallbacks_are_never_served(tmp_path):
+    """fallback_policy names each op's fallback for a reader: a forged one (a kernel that skips the
+    normalisation) serves nothing; a call outside the table takes the registry's fallback."""
+    import tests.tunable_kernels  # noqa: F401  (demo.rms_norm[...,exact=0] skips the normalisation)
+    forged = {"outside_table": "fallback", "fallbacks": {"norm.rms": "demo.rms_norm[rows=64,exact=0]"}}
+    d, warned = load_quietly(write(tmp_path, table(fallback_policy=forged)), strict=True)
+    x = torch.randn(4, 32)  # hidden 32: a signature the table does not hold
+    assert d.kernel_for("rms_norm", x, torch.randn(32)) == OPS["norm.rms"].fallback and not warned
 
 
 def test_a_cpu_table_of_another_host_architecture_is_refused_even_when_borrowing(tmp_path):

@@ -8,8 +8,11 @@ import torch
 
 from lzsolve.decide.roofline import format_fraction
 from lzsolve.ops import CONTRACTS
+from lzsolve.ops.moe import experts_reached
 from runtime_loader import ops as rops
+from runtime_loader.inputs import skewed_routing
 from runtime_loader.ops import Signature
+from runtime_loader.ops.moe import moe_experts_inputs
 
 
 def sig(op, static, flags=(), dtype="bf16"):
@@ -150,8 +153,24 @@ COUNTS = [
 @pytest.mark.parametrize("signature,dims,flops,nbytes", COUNTS, ids=[f"{s}-{d}" for s, d, *_ in COUNTS])
 def test_flops_and_bytes_match_the_hand_count(signature, dims, flops, nbytes):
     contract = CONTRACTS[signature.op]
-    assert contract.flops(signature, dims) == pytest.approx(flops, rel=1e-12), "FLOPs"
-    assert contract.bytes_moved(signature, dims) == pytest.approx(nbytes, rel=1e-12), "bytes"
+    with skewed_routing(0.0):  # MoE's cases are counted for a uniform routing
+        assert contract.flops(signature, dims) == pytest.approx(flops, rel=1e-12), "FLOPs"
+        assert contract.bytes_moved(signature, dims) == pytest.approx(nbytes, rel=1e-12), "bytes"
+
+
+@pytest.mark.parametrize("skew", [0.3, 3.0])
+@pytest.mark.parametrize("ep", [1, 4])
+def test_moe_counts_the_experts_a_skewed_routing_reaches(skew, ep):
+    """The experts' weights count for the experts some token reaches under the skew the inputs are
+    drawn with: at skew 3, 64 tokens over 256 experts (top 8) reach about 50, where a uniform routing
+    reaches 222, and a kernel reading only theirs would sit at 4x its roofline (IMPLAUSIBLE_TIME)."""
+    signature = sig("moe.experts", {"experts": 256 // ep, "top_k": 8, "hidden": 64, "inter": 64, "ep": ep})
+    with skewed_routing(skew):
+        expected = experts_reached(signature, 64)
+        drawn = [moe_experts_inputs(signature, {"tokens": 64}, "cpu", torch.Generator().manual_seed(seed))[1]
+                 for seed in range(8)]
+    reached = [ids[ids < 256 // ep].unique().numel() for ids in drawn]
+    assert expected == pytest.approx(sum(reached) / len(reached), rel=0.1)
 
 
 def test_every_op_has_a_hand_counted_case():

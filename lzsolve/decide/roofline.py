@@ -69,10 +69,10 @@ def fraction(flops: float | None, nbytes: float | None, ms: float | None, peak: 
 # harness flushes the L2 before each sample and rotates fresh inputs, so every call reads what its op
 # counts from memory. The margin holds what the ceilings do not: FP8 math runs at up to twice the bf16
 # matmul the compute ceiling times, a read-mostly kernel passes a copy's rate by some 10%, and MoE's
-# bytes are an expectation over the routings drawn at the tune's skew, which one draw undercuts. What it catches skips
-# most of its work: Helion 1.4.0's RMSNorm, right on its parity calls (by the allocator's luck, it
-# seems: gates.poison_output_blocks), ran 16384 rows of 8192 in 4.8 us on an H100, 37x its roofline,
-# and a tune chose it (benchmarks/runs/2026-12-07-e.txt). The CPU's clock reads warm caches (no
+# bytes are an expectation over the routings drawn at the tune's skew, which one draw may undercut.
+# What it catches skips most of its work: Helion 1.4.0's RMSNorm, right on its parity calls (by the
+# allocator's luck, it seems: gates.poison_output_blocks), ran 16384 rows of 8192 in 4.8 us on an H100,
+# 37x its roofline, and a tune chose it (benchmarks/runs/2026-12-07-e.txt). The CPU's clock reads warm caches (no
 # flush there): only CUDA events' times are held to it.
 IMPLAUSIBLE_FRACTION = 3.0
 

@@ -44,6 +44,10 @@ CHOSE_FALLBACK = "the table's choice is the fallback"
 # (benchmarks/runs/2026-12-06-h.txt); with those modules left, 0.99-1.05x (2026-12-06-i.txt)
 TRACED_FUSIBLE = "compiled with patch(traced=True), Inductor fuses the module's own code with its neighbours"
 PAST_RANGE = "past the tuned range"  # why a call beyond PAST_GRID times its op's largest bucket takes the fallback
+# why a call with a dynamic dim of 0 (0 tokens, kv_len 0, batch 0) takes the fallback, a lock too: no table kernel
+# was measured there (buckets start at 1), and some die on it where eager torch and SDPA return an empty result
+# (torch's CPU flash attention on seq 0 kills the process with SIGFPE, which no except can catch)
+EMPTY_INPUT = "an empty input"
 VERIFY_BUDGET_S = 60.0  # load(verify=True): seconds its parity checks may take before the rest are dropped
 log = logging.getLogger("runtime_loader")
 
@@ -316,13 +320,17 @@ class Dispatcher:
     # --- resolution (first call of a key) ------------------------------------
     def _pick(self, sig, dims: dict, on_cuda: bool, broken: frozenset = frozenset()) -> tuple:
         """(kernel spec, from the table or a lock, why) for a call of signature `sig` at `dims`:
-        the policy first (disable, lock), then the tree's leaf: its kernel or, where that one is
+        the policy first (disable), a dim of 0 (EMPTY_INPUT: the fallback, whatever a lock says),
+        the policy's lock, then the tree's leaf: its kernel or, where that one is
         avoided, unusable or broken for this key, its next ranked kernel; else the fallback."""
         fallback = registry.fallback_for(sig)
         if self.policy.disable:
             return fallback, False, "policy: disabled"
         if self.table is not None and on_cuda != self._on_cuda:
             return fallback, False, "another device than the table's"
+        if 0 in dims.values():
+            empty = next(dim for dim, value in dims.items() if value == 0)
+            return fallback, False, f"{EMPTY_INPUT} ({empty}=0): the fallback returns what PyTorch does"
         locked = self._locks.get(sig.op)
         if locked is not None:
             if locked in broken or locked in self._dropped:

@@ -375,3 +375,74 @@ def test_every_parameter_tuned_in_the_signatures_dtype_sends_another_dtype_to_th
             other = list(args)
             other[names.index(name)] = args[names.index(name)].float()
             assert d.kernel_for(op.method, *other) == op.fallback, (op.name, name)
+
+
+EMPTY_ATTENTION = """
+import torch, warnings, runtime_loader
+warnings.simplefilter("ignore")
+q, k = torch.randn(1, 4, 0, 16), torch.randn(1, 2, 0, 16)
+d = runtime_loader.load("/nonexistent", lock={"attention.prefill": "sdpa.cpu_flash",
+                                              "attention.decode": "sdpa.cpu_flash"})
+print(tuple(d.attention(q, k, k, True).shape))
+print(tuple(d.attention(torch.randn(2, 4, 1, 16), k, k, False).shape))
+"""
+
+
+def test_an_empty_attention_call_under_a_cpu_flash_lock_returns_sdpas_empty_result():
+    """torch's CPU flash attention dies with SIGFPE on seq 0 or kv_len 0 (no except catches a signal),
+    where SDPA returns an empty result: such a call takes the fallback, lock or not (in a subprocess:
+    the process that made it died)."""
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", EMPTY_ATTENTION], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split("\n")[:2] == ["(1, 4, 0, 16)", "(2, 4, 1, 16)"], "SDPA's output: zeros for no keys"
+
+
+def _empty_kernel(*args):
+    raise AssertionError("a table kernel was called with an empty input")
+
+
+def test_a_call_with_a_dynamic_dim_of_0_takes_the_fallback_for_every_op():
+    """Every op, each dynamic dim at 0 in turn (the contract's first case otherwise), under a lock to a
+    kernel that is not its fallback (a CPU one where the registry has one, else one that fails if
+    called): the call is the fallback's, its output or its error, and coverage() says why."""
+    from lzsolve.ops import CONTRACTS
+    from runtime_loader.hardware import device_info
+    here, sigs, locks = device_info("cpu"), {}, {}
+    for op, record in OPS.items():
+        static, flags, dims = CONTRACTS[op].cases[0]
+        sig = Signature.make(op, static, flags, "fp32")
+        sigs[op], fallback = (sig, dims), registry.fallback_for(sig).kernel_id
+        cpu = [s.kernel_id for s in registry.candidates(op) if s.kernel_id not in (fallback, "sdpa.cpu_flash")
+               and not s.local_reasons(here, load=False) and not s.semantic_reasons(sig)]
+        locks[op] = cpu[0] if cpu else f"test.empty.{op}"
+        if not cpu and not registry.known(locks[op]):
+            registry.register(KernelSpec(locks[op], frozenset({op}), "testlib", _empty_kernel,
+                                         platforms=frozenset({"cpu"}), dtypes=frozenset({"fp32"}),
+                                         head_dim_max=HEAD_DIM_ANY, features=frozenset(record.flags) | {"gqa"}))
+    d = Dispatcher(None, policy=Policy(lock=locks), strict=True)
+    assert d.locks == locks
+    checked = 0
+    for op, (sig, dims) in sigs.items():
+        record, fallback = OPS[op], registry.fallback_for(sig)
+        assert record.dynamic, op
+        for dim in record.dynamic:
+            empty = {**dims, dim: 0}
+            args = example_args(sig, empty, "cpu")
+            assert d.kernel_for(record.method, *args) == fallback.kernel_id, (op, dim, locks[op])
+            try:
+                expected = fallback.impl(*record.inputs(sig, empty, torch.device("cpu"),
+                                                        torch.Generator().manual_seed(0)))
+            except Exception as error:  # noqa: BLE001 - the fallback's own error (a conv over seq 0): the call's too
+                with pytest.raises(type(error)):
+                    getattr(d, record.method)(*args)
+                continue
+            torch.testing.assert_close(getattr(d, record.method)(*args), expected, equal_nan=True)
+            checked += 1
+    assert checked >= len(OPS)
+    reasons = {row["why"] for row in d.coverage()["outside"].values()}
+    assert reasons and all(why.startswith("an empty input (") for why in reasons), reasons

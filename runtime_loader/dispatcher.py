@@ -573,19 +573,23 @@ class Dispatcher:
     def coverage(self) -> dict:
         """The share of calls since this dispatcher was made that the table served:
         {"calls", "served", "share" (None before any call), "outside": {signature: {"calls", "why"}}},
-        the calls it did not serve by signature (for each, the reason its first call had: outside
-        the table, past the tuned range, no usable kernel, policy...). Calls no signature
-        describes are under "(no signature)"; a call a table kernel raised on counts as the table's."""
+        the calls it did not serve by signature, with each reason they had and its calls, most calls
+        first ("why": {"past the tuned range (tokens=40 > 24)": 3, "weight is fp32, ...": 1}: outside
+        the table, past the tuned range, an empty input, no usable kernel, policy...). Calls no
+        signature describes are under "(no signature)"; a call a table kernel raised on counts as the
+        table's. Every count is stats()'s: "calls" is the sum of its counts."""
         calls = served = 0
-        outside: dict[str, dict] = {}
-        for (_, _, from_table, sig, why), n in sorted(self._tallies().items(), key=str):
+        outside: dict[str, Counter] = {}
+        for (_, _, from_table, sig, why), n in self._tallies().items():
             calls += n
             if from_table:
                 served += n
             elif n:
-                row = outside.setdefault(sig or "(no signature)", {"calls": 0, "why": why})
-                row["calls"] += n
-        return {"calls": calls, "served": served, "share": served / calls if calls else None, "outside": outside}
+                outside.setdefault(sig or "(no signature)", Counter())[why] += n
+        rows = {sig: {"calls": sum(reasons.values()),
+                      "why": dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0])))}
+                for sig, reasons in sorted(outside.items())}
+        return {"calls": calls, "served": served, "share": served / calls if calls else None, "outside": rows}
 
     def cached_keys(self) -> int:
         return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values()))

@@ -351,7 +351,7 @@ def test_a_norm_weight_in_another_dtype_than_x_takes_the_fallback_and_its_promot
     out = d.rms_norm(x, weight, 1e-6)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, registry.get("eager.rms_norm").impl(x, weight, 1e-6))
-    assert d.coverage()["outside"][str(sig)]["why"].startswith("weight is fp32, not the signature's bf16")
+    assert [*d.coverage()["outside"][str(sig)]["why"]][0].startswith("weight is fp32, not the signature's bf16")
 
 
 def test_every_parameter_tuned_in_the_signatures_dtype_sends_another_dtype_to_the_fallback():
@@ -444,5 +444,28 @@ def test_a_call_with_a_dynamic_dim_of_0_takes_the_fallback_for_every_op():
             torch.testing.assert_close(getattr(d, record.method)(*args), expected, equal_nan=True)
             checked += 1
     assert checked >= len(OPS)
-    reasons = {row["why"] for row in d.coverage()["outside"].values()}
+    reasons = {why for row in d.coverage()["outside"].values() for why in row["why"]}
     assert reasons and all(why.startswith("an empty input (") for why in reasons), reasons
+
+
+def test_coverage_shows_every_reason_of_a_signatures_calls_with_its_count():
+    """Three calls past the tuned range and one with an fp32 weight, of one signature: each reason with
+    its calls (the first by sorted key hid "tune with a larger grid" behind the weight's dtype), and the
+    counts add up to stats()'s."""
+    sig = Signature.make("norm.rms", {"hidden": 64}, (), "bf16")
+    d = Dispatcher(parse_table(table([entry(sig, {"kernel_id": "torch.rms_norm"})], buckets={"norm.rms": {
+        "tokens": [1, 8]}})))
+    weight = torch.randn(64, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for tokens in (20, 20, 30):
+            d.rms_norm(torch.randn(tokens, 64, dtype=torch.bfloat16), weight)
+        d.rms_norm(torch.randn(4, 64, dtype=torch.bfloat16), weight.float())
+        d.rms_norm(torch.randn(4, 64, dtype=torch.bfloat16), weight)
+    coverage = d.coverage()
+    row = coverage["outside"][str(sig)]
+    assert row["calls"] == 4 and list(row["why"].values()) == [2, 1, 1], row
+    assert [why.split(" (")[0] for why in row["why"]] == ["past the tuned range"] * 2 + ["weight is fp32, not the "
+                                                                                         "signature's bf16: the fallback promotes it"]
+    assert coverage["calls"] == sum(sum(per_kernel.values()) for per_kernel in d.stats().values()) == 5
+    assert coverage["served"] == 1 and coverage["calls"] - coverage["served"] == row["calls"]

@@ -562,7 +562,7 @@ def test_calls_past_the_tuned_range_run_the_modules_own_code_warn_once_and_count
     torch.testing.assert_close(first, reference, rtol=1e-5, atol=1e-5)
     assert d.stats()["norm.rms"] == {"own code (fallback)": 2 * 5}
     coverage = d.coverage()
-    assert coverage["outside"]["norm.rms[hidden=64,fp32]"] == {"calls": 10, "why": "past the tuned range (tokens=40 > 24)"}
+    assert coverage["outside"]["norm.rms[hidden=64,fp32]"] == {"calls": 10, "why": {"past the tuned range (tokens=40 > 24)": 10}}
     assert coverage["calls"] == 10 + 2 * 2 and coverage["served"] == 0, coverage
     assert d.stats()["attention.prefill"] == {"sdpa.default (fallback)": 2 * 2}, "builds the mask patch left out"
 

@@ -45,6 +45,8 @@ class Recording:
         with self._lock:
             if call is None:
                 self.outside[(spec.kernel_id, tuple(sorted(spec.ops)))] += n
+            elif 0 in call[1].values():  # an empty input: the fallback's always, never tuned (a workload's dims are >= 1)
+                self.outside[(spec.kernel_id, (call[0].op,))] += n
             else:
                 sig, dims = call[:2]  # (a third item: why the table does not serve it, OpSchema.read)
                 self.calls[(sig, tuple(dims.items()), spec.kernel_id, from_table)] += n

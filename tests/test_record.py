@@ -116,3 +116,18 @@ def test_the_blocks_error_reaches_the_caller_and_what_ran_is_kept(tmp_path):
             later.mkdir()  # the path stops being writable during the run
             raise KeyError("the server's")
 
+
+
+def test_an_empty_call_is_recorded_outside_so_the_workload_reads(tmp_path):
+    """A call with 0 tokens is the fallback's, never tuned (a workload's dims are >= 1): recorded among
+    its calls, it made `lzsolve tune --workload` refuse the whole file as malformed."""
+    from lzsolve.models import workload
+    d = Dispatcher(parse_table(table()))
+    path = tmp_path / "w.json"
+    with runtime_loader.record(path):
+        d.rms_norm(torch.randn(0, 64), torch.randn(64))
+        d.rms_norm(torch.randn(4, 64), torch.randn(64))
+    data = json.loads(path.read_text())
+    assert [c["dims"] for c in data["calls"]] == [{"tokens": 4}]
+    assert data["outside"] == [{"ops": ["norm.rms"], "kernel": "eager.rms_norm", "count": 1}]
+    assert workload.read(path).calls == {RMS: {(("tokens", 4),): 1}}

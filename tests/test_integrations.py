@@ -1384,3 +1384,61 @@ def test_a_model_handing_its_masks_position_ids_is_observed_and_served(model_typ
     report = patch(model, serving_fallbacks(**OTHER_KERNELS))
     assert "every module" not in report.left, report.left
     assert report.replaced
+
+
+# --- autograd: a patched model trains as the unpatched one -----------------------------------------
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restore_active):
+    """With autograd recording, every served module runs its own code (the table's kernels are
+    forward-only; the fused q/k/v and gate/up weight is detached from the members' parameters), so
+    the loss and every parameter's gradient are the unpatched model's: q/k/v, gate/up, and the
+    embedding's padding row (left at zero by nn.Embedding's padding_idx) included."""
+    from runtime_loader.integrations.transformers import patch
+
+    model_class, config_class, options = FAMILIES[family]
+    torch.manual_seed(17)
+    config = getattr(transformers, config_class)(**COMMON, **options, pad_token_id=0)
+    model = getattr(transformers, model_class)(config).train()
+    reference = copy.deepcopy(model)
+    report = patch(model, serving_fallbacks())
+    assert report.fused["q_proj+k_proj+v_proj"] == 2 and any("Embedding" in name for name in report.replaced)
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    ids[0, :3] = 0  # left-padded
+    losses = [m(ids, labels=ids).loss for m in (model, reference)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    if not config.tie_word_embeddings:  # (a tied lm_head gives the padding row a gradient of its own: Gemma 3's)
+        assert not model.model.embed_tokens.weight.grad[0].any()  # the padding row
+
+
+def test_fused_siblings_recompute_after_their_input_or_weights_change_in_place(restore_active):
+    """The first sibling called computes every member's output; a later member takes its own only
+    while its input and its weights are as they were (their version counters), else the GEMM runs
+    again: an in-place change between the calls is seen, as the unpatched model sees it."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(19)
+    model = tiny("llama")
+    reference = copy.deepcopy(model)
+    patch(model, serving_fallbacks())
+    attn, ref = model.model.layers[0].self_attn, reference.model.layers[0].self_attn
+    assert attn.k_proj._lzsolve_siblings is attn.q_proj._lzsolve_siblings
+    with torch.no_grad():
+        x = torch.randn(1, 3, 64)
+        attn.q_proj(x)
+        x.mul_(2)  # the input, in place
+        torch.testing.assert_close(attn.k_proj(x), ref.k_proj(x))
+        attn.q_proj(x)
+        x[0, 0].zero_()  # a view of the input, in place
+        torch.testing.assert_close(attn.v_proj(x), ref.v_proj(x))
+        attn.q_proj(x)
+        attn.k_proj.weight.mul_(0)  # a member's weight, in place
+        ref.k_proj.weight.mul_(0)
+        torch.testing.assert_close(attn.k_proj(x), ref.k_proj(x))
+        assert not attn.k_proj(x).any()
+        assert attn.q_proj._lzsolve_siblings.pending is None or attn.q_proj._lzsolve_siblings.pending[0] is x

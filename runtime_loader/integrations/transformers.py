@@ -71,14 +71,15 @@ NAME = "lzsolve"
 def table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs):
     """(causal, window, softcap, sinks, qk_norm) for a call the table serves, None for one it hands
     to SDPA (or, with attention sinks, to the eager reference): a padding mask, dropout, attention
-    weights asked for, or a query that is neither a whole prefill nor one decode token."""
+    weights asked for, a query that is neither a whole prefill nor one decode token, or a call autograd
+    records (_records: the table's kernels are forward-only)."""
     seq_q, kv_len = query.shape[2], key.shape[2]
     sinks = kwargs.get("s_aux")  # GPT-OSS's attention sinks: one logit per q head
     simple = (attention_mask is None and dropout == 0.0 and not kwargs.get("output_attentions")
               and kwargs.get("position_bias") is None and kwargs.get("cache") is None
               and (sinks is None or isinstance(sinks, torch.Tensor) and sinks.shape == query.shape[1:2])
               and query.shape[1] % key.shape[1] == 0 and (seq_q == kv_len or seq_q == 1))
-    if not simple:
+    if not simple or _records(query, key, value, sinks):  # training: the model's own attention (_records)
         return None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(is_causal) and seq_q > 1  # transformers' rule: a single query attends to every key
@@ -92,8 +93,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     """A model that ran SDPA: what the table serves (_serve), the rest as SDPA ran it."""
     call = table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs)
     if call is None:
+        eager = kwargs.get("s_aux") is not None or kwargs.get("softcap")
+        if attention_mask is None and (eager or kwargs.get("sliding_window")):
+            # a causal mask left implicit (causal_or_sdpa_mask) that SDPA's is_causal cannot say: built here
+            causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+            attention_mask = _causal_mask(query.shape[2], key.shape[2], bool(causal) and query.shape[2] > 1,
+                                          int(kwargs.get("sliding_window") or 0), query.dtype, query.device)
         # what SDPA cannot take (attention sinks, a logit soft cap): the model's own eager form,
-        if kwargs.get("s_aux") is not None or kwargs.get("softcap"):
+        if eager:
             own = sys.modules[type(module).__module__].eager_attention_forward
             if attention_mask is not None and attention_mask.dtype == torch.bool:  # which adds its mask to the scores
                 attention_mask = _additive(~attention_mask, query.dtype)
@@ -165,7 +172,47 @@ def _table():
     active = custom_ops.active()
     if torch.compiler.is_compiling():
         return active.traced_served if active.traced else torch.ops.lzsolve
+    if torch.is_grad_enabled():  # (one flag read on the inference path: no_grad, inference_mode)
+        return _recorded_view(active.served)
     return active.served
+
+
+def _records(*args) -> bool:
+    """Whether autograd records a call reading `args` (grad mode on, one of its tensors requiring
+    grad). The table's kernels are forward-only (no autograd node) and the siblings' fused weight is
+    detached from their parameters: such a call runs the module's own code, so that a patched model
+    trains with the unpatched model's gradients. Inference (no_grad, inference_mode, or tensors that
+    require no grad) is served as before."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args)
+
+
+class _Recorded:
+    """Dispatcher.served for calls made in grad mode: NOT_SERVED for a call autograd records
+    (_records), for the module's own code; any other call as served. Each method is wrapped on its
+    first read and kept in __dict__."""
+
+    def __init__(self, served):
+        self.served = served
+
+    def __getattr__(self, method: str):
+        serve = getattr(self.served, method)
+
+        def call(*args, **kwargs):
+            return NOT_SERVED if _records(*args, *kwargs.values()) else serve(*args, **kwargs)
+
+        self.__dict__[method] = call
+        return call
+
+
+_recorded = _Recorded(None)
+
+
+def _recorded_view(served) -> _Recorded:
+    """The _Recorded of the active Dispatcher's served methods (one kept: one dispatcher is active)."""
+    global _recorded
+    if _recorded.served is not served:
+        _recorded = _Recorded(served)
+    return _recorded
 
 
 def _own(module, *args):
@@ -638,7 +685,7 @@ class _Siblings:
     def __init__(self, linears: list[torch.nn.Linear]):
         self.linears = linears
         self.sizes = [linear.out_features for linear in linears]
-        self.pending = None  # (input, taken per member, outputs per member)
+        self.pending = None  # (input, its version, taken per member, outputs, weight versions per member)
         self._fuse()
 
     def _fuse(self) -> None:
@@ -656,19 +703,33 @@ class _Siblings:
         return tuple((m.weight.data_ptr(), m.bias is not None and m.bias.data_ptr()) for m in self.linears)
 
     def output(self, index: int, x):
-        pending = self.pending
-        if pending is not None and pending[0] is x and not pending[1][index]:
-            taken = tuple(done or i == index for i, done in enumerate(pending[1]))
+        linear = self.linears[index]
+        if _records(x, linear.weight, linear.bias):  # training: the member's own forward (the fused weight is detached)
+            self.pending = None
+            return _own(linear, x)
+        pending, compiling = self.pending, torch.compiler.is_compiling()
+        # the output computed for this member, unless x or its weights changed in place since (their
+        # version counters: a member's parameter keeps its own, not the fused weight's; Dynamo cannot
+        # guard on them, and a traced forward changes neither between its members' calls)
+        if (pending is not None and pending[0] is x and not pending[2][index]
+                and (compiling or pending[1] == x._version and pending[4][index] == self._version(linear))):
+            taken = tuple(done or i == index for i, done in enumerate(pending[2]))
             # once every member took its output, nothing holds the input or the outputs any longer
-            self.pending = None if all(taken) else (x, taken, pending[2])
-            return pending[2][index]
-        if not torch.compiler.is_compiling() and self._pointers() != self.storage:
+            self.pending = None if all(taken) else (x, pending[1], taken, pending[3], pending[4])
+            return pending[3][index]
+        if not compiling and self._pointers() != self.storage:
             self._fuse()
         # the plain method: the fused GEMM computes what the members do whatever kernel serves it (the
         # op's fallback on the fused weight too: one GEMM where their own forwards are one each)
         outputs = _linear(x, self.weight, self.bias, _ops()).split(self.sizes, dim=-1)
-        self.pending = (x, tuple(i == index for i in range(len(self.sizes))), outputs)
+        self.pending = (x, None if compiling else x._version, tuple(i == index for i in range(len(self.sizes))),
+                        outputs, None if compiling else tuple(map(self._version, self.linears)))
         return outputs[index]
+
+    @staticmethod
+    def _version(linear) -> int:
+        """A sum of version counters, which only grow: it changes with either of them."""
+        return linear.weight._version + (linear.bias._version if linear.bias is not None else 0)
 
 
 def _sibling_forward(self, x):

@@ -24,6 +24,7 @@ from tests.tables import (
 )
 
 transformers = pytest.importorskip("transformers")
+from runtime_loader.integrations import transformers as integration  # noqa: E402
 from runtime_loader.integrations.transformers import register  # noqa: E402
 
 
@@ -1388,7 +1389,7 @@ def test_a_model_handing_its_masks_position_ids_is_observed_and_served(model_typ
 
 # --- autograd: a patched model trains as the unpatched one -----------------------------------------
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restore_active):
+def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restore_active, monkeypatch):
     """With autograd recording, every served module runs its own code (the table's kernels are
     forward-only; the fused q/k/v and gate/up weight is detached from the members' parameters), so
     the loss and every parameter's gradient are the unpatched model's: q/k/v, gate/up, and the
@@ -1404,7 +1405,9 @@ def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restor
     assert report.fused["q_proj+k_proj+v_proj"] == 2 and any("Embedding" in name for name in report.replaced)
     ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
     ids[0, :3] = 0  # left-padded
-    losses = [m(ids, labels=ids).loss for m in (model, reference)]
+    monkeypatch.setattr(integration, "_told_records", False)
+    with pytest.warns(UserWarning, match="inference_mode"):  # once: a server that forgot no_grad is told why
+        losses = [m(ids, labels=ids).loss for m in (model, reference)]
     for loss in losses:
         loss.backward()
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)

@@ -183,7 +183,18 @@ def _records(*args) -> bool:
     detached from their parameters: such a call runs the module's own code, so that a patched model
     trains with the unpatched model's gradients. Inference (no_grad, inference_mode, or tensors that
     require no grad) is served as before."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args)
+    if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args)):
+        return False
+    global _told_records
+    if not _told_records:  # a server that forgot no_grad loses the table's gains: say so, once
+        _told_records = True
+        warnings.warn("lzsolve: calls autograd records (grad mode on, a weight or input requiring grad) run the "
+                      "model's own code, which the table does not serve: wrap inference in torch.inference_mode() "
+                      "or torch.no_grad() to serve it", stacklevel=3)
+    return True
+
+
+_told_records = False
 
 
 class _Recorded:

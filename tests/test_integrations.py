@@ -825,7 +825,7 @@ def test_a_fused_residual_add_keeps_the_layout_of_the_layers_own_sum(restore_act
     from runtime_loader.ops.norm import rms_norm
 
     norm = torch.nn.Module()
-    norm.weight = torch.nn.Parameter(torch.rand(64) + 0.5)
+    norm.weight = torch.nn.Parameter(torch.rand(64) + 0.5, requires_grad=False)  # served: autograd records nothing
     norm._lzsolve_eps, norm._lzsolve_unit_offset = 1e-6, False
 
     def own_norm(h):  # the module's own forward, as the fallback path calls it

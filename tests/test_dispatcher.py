@@ -469,3 +469,134 @@ def test_coverage_shows_every_reason_of_a_signatures_calls_with_its_count():
                                                                                          "signature's bf16: the fallback promotes it"]
     assert coverage["calls"] == sum(sum(per_kernel.values()) for per_kernel in d.stats().values()) == 5
     assert coverage["served"] == 1 and coverage["calls"] - coverage["served"] == row["calls"]
+
+
+def _mixed_dtype_cases():
+    """(id, method, arguments, reference): calls with a same_dtype parameter in another dtype than the
+    signature's, and what the module's own PyTorch code returns for them (transformers' modules, or
+    the torch function they call), dtype included."""
+    from transformers.activations import ACT2FN
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from runtime_loader.quant import quantize_per_token
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    g = torch.Generator().manual_seed(0)
+
+    def randn(*shape, dtype=bf16, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+    def norm(cls, weight):
+        module = cls(weight.shape[-1], eps=1e-6).to(weight.dtype)
+        with torch.no_grad():
+            module.weight.copy_(weight)
+        return module
+
+    x, w = randn(5, 64), randn(64, scale=0.1, dtype=fp32) + 1
+    heads = randn(5, 4, 16)
+    w16 = randn(16, scale=0.1, dtype=fp32) + 1
+    residual = randn(5, 64, dtype=fp32)
+    gate, up = randn(5, 32), randn(5, 32, dtype=fp32)
+    q, k = randn(1, 4, 6, 16), randn(1, 2, 6, 16)
+    angles = torch.arange(6.0)[:, None] * torch.rand(8, generator=g)[None]
+    cos, sin = torch.cat((angles, angles), -1).cos()[None], torch.cat((angles, angles), -1).sin()[None]
+    positions, wpe = torch.tensor([0, 3, 1, 2, 7]), randn(8, 64, scale=0.02, dtype=fp32)
+
+    def layer_norm(bias):
+        module = torch.nn.LayerNorm(64, eps=1e-5, bias=bias is not None)  # fp32, in a bf16 model
+        with torch.no_grad():
+            module.weight.copy_(w)
+            if bias is not None:
+                module.bias.copy_(bias)
+        return module
+
+    bias = randn(64, scale=0.1, dtype=fp32)
+    return [
+        # LlamaRMSNorm / Qwen3RMSNorm: weight * x.to(input_dtype), promoted
+        ("rms-fp32-weight", "rms_norm", (x, w, 1e-6), lambda: norm(LlamaRMSNorm, w)(x)),
+        ("rms-fp32-x-bf16-weight", "rms_norm", (x.float(), w.bfloat16(), 1e-6),
+         lambda: norm(LlamaRMSNorm, w.bfloat16())(x.float())),
+        # Gemma's (1 + weight) in fp32, then .type_as(x)
+        ("rms-unit-offset-fp32-weight", "rms_norm", (x, w - 1, 1e-6, True), lambda: norm(Gemma3RMSNorm, w - 1)(x)),
+        ("qk-fp32-weight", "qk_norm", (heads, w16, 1e-6), lambda: norm(Qwen3RMSNorm, w16)(heads)),
+        # the decoder layer's residual + hidden_states, then its RMSNorm
+        ("rms-add-fp32-residual", "rms_norm_add", (x, residual, w.bfloat16(), 1e-6, False, True),
+         lambda: (norm(LlamaRMSNorm, w.bfloat16())(x + residual), x + residual)),
+        ("rms-add-fp32-weight", "rms_norm_add", (x, x.flip(0), w, 1e-6, False, True),
+         lambda: (norm(LlamaRMSNorm, w)(x + x.flip(0)), x + x.flip(0))),
+        ("rms-add-fp8-bf16-residual", "rms_norm_add_fp8", (residual, x, w, 1e-6),
+         lambda: (*quantize_per_token(norm(LlamaRMSNorm, w)(residual + x)), residual + x)),
+        # nn.LayerNorm (F.layer_norm): x's dtype, whatever its parameters'
+        ("layer-fp32-weight-bias", "layer_norm", (x, w, bias, 1e-5), lambda: layer_norm(bias)(x)),
+        ("layer-fp32-weight-no-bias", "layer_norm", (x, w, None, 1e-5), lambda: layer_norm(None)(x)),
+        # apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, promoted
+        ("rope-fp32-cos-sin", "rope", (q, k, cos, sin, False), lambda: apply_rotary_pos_emb(q, k, cos, sin)),
+        ("rope-fp32-k", "rope", (q, k.float(), cos.bfloat16(), sin.bfloat16(), False),
+         lambda: apply_rotary_pos_emb(q, k.float(), cos.bfloat16(), sin.bfloat16())),
+        # LlamaMLP's act_fn(gate_proj(x)) * up_proj(x), Gemma's GELU, Qwen3.5's output * sigmoid(gate)
+        ("swiglu-fp32-up", "swiglu", (gate, up), lambda: ACT2FN["silu"](gate) * up),
+        ("geglu-fp32-up", "geglu", (gate, up), lambda: ACT2FN["gelu_pytorch_tanh"](gate) * up),
+        ("sigmoid-gate-fp32-gate", "sigmoid_gate", (gate, up), lambda: gate * torch.sigmoid(up)),
+        # GPT-2's inputs_embeds + wpe(position_ids)
+        ("learned-positions-fp32-table", "learned_positions", (x, positions, wpe),
+         lambda: x + torch.nn.functional.embedding(positions, wpe)),
+    ]
+
+
+MIXED_DTYPE_IDS = ["rms-fp32-weight", "rms-fp32-x-bf16-weight", "rms-unit-offset-fp32-weight", "qk-fp32-weight",
+                   "rms-add-fp32-residual", "rms-add-fp32-weight", "rms-add-fp8-bf16-residual",
+                   "layer-fp32-weight-bias", "layer-fp32-weight-no-bias", "rope-fp32-cos-sin", "rope-fp32-k",
+                   "swiglu-fp32-up", "geglu-fp32-up", "sigmoid-gate-fp32-gate", "learned-positions-fp32-table"]
+
+
+@pytest.mark.parametrize("case", MIXED_DTYPE_IDS)
+def test_a_call_in_mixed_dtypes_returns_what_the_modules_own_code_does(case):
+    """A same_dtype parameter in another dtype than the signature's sends a call to the fallback even
+    where a lock names another kernel: its result must be the module's own (the dtype, the values to
+    within rounding), eager and under torch.compile through the custom op, whose fake must give the
+    real op's dtype (a fake in x's dtype while the fallback promoted, or a fallback promoting where
+    F.layer_norm does not, broke a compiled model: 'mat1 and mat2 must have the same dtype')."""
+    pytest.importorskip("transformers")
+    from runtime_loader import Policy, custom_ops
+
+    (_, method, args, reference), = [c for c in _mixed_dtype_cases() if c[0] == case]
+    op = next(o for o in OPS.values() if o.method == method)
+    torch_kernel = "torch." + op.fallback.removeprefix("eager.")
+    lock = {op.name: torch_kernel} if torch_kernel in registry.REGISTRY else {}
+    d = Dispatcher(None, policy=Policy(lock=lock))
+    assert d.kernel_for(method, *args) == op.fallback
+    with torch.no_grad():
+        expected = _outputs(reference())
+    got = _outputs(getattr(d, method)(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args)))
+    assert [t.dtype for t in got] == [t.dtype for t in expected]
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g.float(), e.float(), **_tolerance(e.dtype))
+    custom_ops.activate(d)
+    custom = getattr(torch.ops.lzsolve, method)
+
+    def traced(*a):  # the dtypes the graph believes (the fake's), beside the real results
+        outputs = _outputs(custom(*a))
+        return outputs, [torch.zeros((), dtype=o.dtype) for o in outputs]
+
+    torch._dynamo.reset()
+    try:
+        outputs, believed = torch.compile(traced, fullgraph=True, backend="aot_eager")(
+            *(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    finally:
+        custom_ops.activate(Dispatcher(None))
+    assert [t.dtype for t in believed] == [t.dtype for t in expected], "the fake's dtypes"
+    assert [t.dtype for t in outputs] == [t.dtype for t in expected]
+    for g, e in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(g.float(), e.float(), **_tolerance(e.dtype))
+
+
+def _outputs(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _tolerance(dtype) -> dict:
+    """Within one rounding of the result's dtype (fp8's step is 1/8 of its magnitude)."""
+    return dict(rtol=0.13, atol=0.02) if dtype == torch.float8_e4m3fn else \
+        dict(rtol=1.6e-2, atol=1e-2) if dtype in (torch.bfloat16, torch.float16) else dict(rtol=1e-5, atol=1e-5)

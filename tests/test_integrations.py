@@ -245,6 +245,39 @@ def test_patched_model_compiles_with_fullgraph(restore_active):
         assert sum(after[op].values()) > sum(before.get(op, {}).values()), f"{op} runs through torch.ops.lzsolve"
 
 
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_bf16_model_with_fp32_layer_norms_compiles_and_computes_what_it_did(backend, restore_active):
+    """A bf16 GPT-NeoX whose LayerNorms are kept in fp32: nn.LayerNorm returns x's dtype (bf16), and so
+    must the norm.layer fallback its fp32 weight sends the call to. Compiled, the patch calls the custom
+    op, which never hands back to the module's own code: a fallback (or fake) promoting to fp32 fed the
+    next bf16 linear an fp32 input ('mat1 and mat2 must have the same dtype')."""
+    from runtime_loader.integrations.transformers import patch
+
+    if not hasattr(transformers, "GPTNeoXForCausalLM"):
+        pytest.skip("this transformers has no GPT-NeoX")
+    torch.manual_seed(0)
+    config = transformers.GPTNeoXConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, max_position_embeddings=128)
+    model = transformers.GPTNeoXForCausalLM(config).to(torch.bfloat16).eval()
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.float()
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits
+    d = Dispatcher(None, policy=Policy(lock={"norm.layer": "torch.layer_norm"}))
+    patch(model, d)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = model(ids).logits
+        compiled = torch.compile(model, backend=backend)(ids).logits
+    assert eager.dtype == compiled.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(eager, ref)
+    torch.testing.assert_close(compiled, ref)
+    # eager: the patch hands each of the 5 norms back to nn.LayerNorm; compiled: the custom op's fallback
+    assert d.stats()["norm.layer"] == {"own code (fallback)": 5, "eager.layer_norm (fallback)": 5}
+
 # --- four families, each tuned on CPU from what its patched forward calls ------------------------
 def seeded_tiny(family: str):
     torch.manual_seed(11)

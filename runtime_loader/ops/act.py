@@ -12,9 +12,10 @@ from ..dtypes import ALL_DTYPES
 from ..inputs import randn
 from ..quant import quantised_rows_fake, quantize_per_token
 from ..specs import BOTH, KernelSpec
-from .base import OpSchema, rows_op, rows_op_call
+from .base import OpSchema, promoted_like_first, rows_op, rows_op_call
 
 UP = ("up",)  # tuned in gate's dtype (OpSchema.same_dtype): an fp32 up with a bf16 gate is PyTorch's promotion
+# (transformers' act_fn(gate) * up: fp32), which the fallback and the fake (promoted_like_first) both give
 
 
 def gated_front(gate: Tensor, up: Tensor):
@@ -70,15 +71,16 @@ def sigmoid_gate(x, gate):
 
 # --- the records ---------------------------------------------------------------------------------------
 RECORDS = (
-    rows_op("act.swiglu", "width", "eager.swiglu", "swiglu", gated_front, gated_inputs, UP),
+    rows_op("act.swiglu", "width", "eager.swiglu", "swiglu", gated_front, gated_inputs, UP, promoted_like_first),
     # the SwiGLU before an FP8 linear (down_proj), its output quantised per token in the same pass:
     # (q, scale (..., 1) fp32), as norm.rms_fp8
     OpSchema("act.swiglu_fp8", ("width",), (), ("tokens",), "eager.swiglu_fp8", method="swiglu_fp8",
              front=gated_front, call=rows_op_call("act.swiglu_fp8"), inputs=gated_inputs, fake=quantised_rows_fake,
              same_dtype=UP),
-    rows_op("act.geglu", "width", "eager.geglu", "geglu", gated_front, gated_inputs, UP),
+    rows_op("act.geglu", "width", "eager.geglu", "geglu", gated_front, gated_inputs, UP, promoted_like_first),
     rows_op("act.gelu", "width", "eager.gelu", "gelu", one_input_front, one_row_inputs),
-    rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, two_rows_inputs, UP),
+    rows_op("act.sigmoid_gate", "width", "eager.sigmoid_gate", "sigmoid_gate", gated_front, two_rows_inputs, UP,
+            promoted_like_first),
 )
 
 

@@ -41,6 +41,18 @@ def two_like_first(x: Tensor, y: Tensor, *args) -> tuple[Tensor, Tensor]:
     return torch.empty_like(x), torch.empty_like(y)
 
 
+def promoted(*tensors: Tensor) -> torch.dtype:
+    """The dtype PyTorch's type promotion gives a product or sum of these tensors (bf16 and fp32: fp32)."""
+    return functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+
+
+def promoted_like_first(x: Tensor, y: Tensor, *args) -> Tensor:
+    """The fake result of ops shaped like x whose module multiplies or adds x and y in PyTorch's
+    promotion (SwiGLU's silu(gate) * up): a call whose y has another dtype than x (OpSchema.same_dtype)
+    gets the promoted dtype from the fallback, and the fake must say what the real op returns."""
+    return torch.empty_like(x, dtype=promoted(x, y))
+
+
 @dataclass(frozen=True)
 class OpSchema:
     name: str
@@ -70,8 +82,10 @@ class OpSchema:
     consumes: tuple[str, ...] = ()  # parameters whose storage a kernel may overwrite
     # tensor parameters the tuner makes in the signature's dtype besides the one that dtype is read
     # from (a norm's weight): a call passing one in another dtype (bf16 x, fp32 weight) is not what the
-    # table was tuned for and takes the fallback, which promotes as PyTorch does (an fp32 result), so
-    # that a call's result never depends on the table's coverage (read). Each one's dtype is in the key.
+    # table was tuned for and takes the fallback, which returns the dtype the module's own PyTorch code
+    # does (its promotion, fp32, for RMSNorm's weight * x and RoPE's q * cos; x's, bf16, for
+    # F.layer_norm), so that a call's result never depends on the table's coverage (read). `fake` gives
+    # the same dtype (a custom op under torch.compile). Each one's dtype is in the key.
     same_dtype: tuple[str, ...] = ()
     # the kernel's arguments of a call no signature describes -> the kernel id that serves it
     # (default: the fallback)
@@ -107,7 +121,8 @@ class OpSchema:
             value = kwargs[name] if name in kwargs else args[i] if i < len(args) else None
             if isinstance(value, Tensor) and value.dtype != DTYPES[call[0].dtype]:
                 found = DTYPE_NAMES.get(value.dtype, str(value.dtype).removeprefix("torch."))
-                return (*call, f"{name} is {found}, not the signature's {call[0].dtype}: the fallback promotes it")
+                return (*call, f"{name} is {found}, not the signature's {call[0].dtype}: the fallback computes it as "
+                                "PyTorch does")
         return call
 
     def consumed(self, args: tuple) -> list[int]:
@@ -215,11 +230,11 @@ def rows_op_call(op: str):
 
 
 def rows_op(name: str, static: str, fallback: str, method: str, front: Callable, inputs_: Callable,
-            same_dtype: tuple[str, ...] = ()) -> OpSchema:
+            same_dtype: tuple[str, ...] = (), fake: Callable = like_first) -> OpSchema:
     """An op over the last dim with no flags: activations and learned positions (elementwise or a
     lookup, which Inductor fuses)."""
     return OpSchema(name, (static,), (), ("tokens",), fallback, method=method, front=front, call=rows_op_call(name),
-                    inputs=inputs_, same_dtype=same_dtype, fusible=True)
+                    inputs=inputs_, fake=fake, same_dtype=same_dtype, fusible=True)
 
 
 # --- registering and calling records -------------------------------------------------------------------

@@ -10,7 +10,7 @@ from torch import Tensor
 from ..dtypes import ALL_DTYPES, DTYPE_NAMES
 from ..inputs import randn
 from ..specs import BOTH, KernelSpec
-from .base import OpSchema, Signature, rows_op
+from .base import OpSchema, Signature, promoted, rows_op
 
 
 def embedding_front(ids: Tensor, table: Tensor, scale: float | None = None):
@@ -34,6 +34,11 @@ def embedding_fake(ids: Tensor, table: Tensor, *args) -> Tensor:
 def learned_positions_front(x: Tensor, positions: Tensor, table: Tensor):
     """x + table[positions] (GPT-2's wpe); positions broadcast against x's leading dims."""
     return (x.shape, x.dtype, table.dtype, x.is_cuda), (x, positions, table)
+
+
+def learned_positions_fake(x: Tensor, positions: Tensor, table: Tensor) -> Tensor:
+    """Like x, in the dtype of GPT-2's inputs_embeds + position_embeds (an fp32 table with bf16 x: fp32)."""
+    return torch.empty_like(x, dtype=promoted(x, table))
 
 
 # --- example inputs ---------------------------------------------------------------------------------
@@ -76,7 +81,7 @@ def learned_positions(x, positions, table):
 RECORDS = (
     # table: tuned in x's dtype (OpSchema.same_dtype)
     rows_op("posenc.learned", "hidden", "eager.learned_positions", "learned_positions", learned_positions_front,
-            learned_positions_inputs, ("table",)),
+            learned_positions_inputs, ("table",), learned_positions_fake),
     OpSchema("embedding", ("vocab", "hidden"), ("scaled",), ("tokens",), "eager.embedding", method="embedding",
              front=embedding_front, call=embedding_call, inputs=embedding_inputs, fake=embedding_fake, fusible=True),
 )

@@ -11,11 +11,13 @@ from ..dtypes import ALL_DTYPES, DTYPE_NAMES
 from ..inputs import randn
 from ..quant import quantised_rows_fake, quantize_per_token
 from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
-from .base import OpSchema, Signature, rows_call, two_like_first
+from .base import OpSchema, Signature, promoted, rows_call
 
 UNIT_OFFSET = ("unit_offset",)
 KEEP_INPUTS = ("keep_inputs",)  # norm.rms_add leaves x and residual as they were (see rms_norm_add_front)
-# the parameters tuned in x's dtype (OpSchema.same_dtype): an fp32 weight with bf16 x is PyTorch's promotion
+# the parameters tuned in x's dtype (OpSchema.same_dtype): an fp32 weight with bf16 x takes the fallback,
+# in the dtype the module returns: transformers' RMSNorm weight * x.to(input_dtype) promotes (fp32), its
+# (1 + weight) norms (Gemma) and F.layer_norm return x's; the fakes below say the same
 WEIGHT = ("weight",)
 RESIDUAL_WEIGHT = ("residual", "weight")
 
@@ -61,9 +63,27 @@ def rms_norm_add_fp8_call(x, residual, weight, eps=1e-6, unit_offset=False):
     return rows_call("norm.rms_add_fp8", x, UNIT_OFFSET if unit_offset else ())
 
 
+def normed_dtype(x: Tensor, weight: Tensor, unit_offset: bool) -> torch.dtype:
+    """What rms_norm returns: weight * x.to(input_dtype), promoted (Llama, Qwen3), or, under
+    unit_offset, x's dtype ((1 + weight) in fp32, then .type_as(x): Gemma)."""
+    return x.dtype if unit_offset else promoted(x, weight)
+
+
+def rms_norm_fake(x: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False) -> Tensor:
+    return torch.empty_like(x, dtype=normed_dtype(x, weight, unit_offset))
+
+
+def rms_norm_add_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False,
+                      keep_inputs: bool = False) -> tuple[Tensor, Tensor]:
+    """(normed, total): the total in x + residual's promoted dtype, the norm of it as rms_norm_fake's."""
+    total = torch.empty_like(x, dtype=promoted(x, residual))
+    return torch.empty_like(x, dtype=normed_dtype(total, weight, unit_offset)), total
+
+
 def quantised_rows_add_fake(x: Tensor, residual: Tensor, *args) -> tuple[Tensor, Tensor, Tensor]:
-    """The fake result of norm.rms_add_fp8: quantised_rows_fake's, then the total like residual."""
-    return (*quantised_rows_fake(x), torch.empty_like(residual))
+    """The fake result of norm.rms_add_fp8: quantised_rows_fake's, then the total like residual, in
+    x + residual's promoted dtype."""
+    return (*quantised_rows_fake(x), torch.empty_like(residual, dtype=promoted(x, residual)))
 
 
 def qk_norm_front(x: Tensor, weight: Tensor, eps: float = 1e-6, unit_offset: bool = False):
@@ -161,22 +181,25 @@ def rms_norm_add_fp8(x, residual, weight, eps: float, unit_offset: bool = False)
 
 
 def layer_norm(x, weight, bias, eps: float):
-    """bias None: LayerNorm without a bias (Cohere, OLMo)."""
+    """bias None: LayerNorm without a bias (Cohere, OLMo). As F.layer_norm (nn.LayerNorm): weight and
+    bias applied in fp32, one rounding to x's dtype, which the result keeps whatever theirs (an fp32
+    LayerNorm in a bf16 model returns bf16: it does not promote)."""
     xf = x.float()
     mean = xf.mean(-1, keepdim=True)
     xf = (xf - mean) * torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + eps)
-    out = xf.to(x.dtype) * weight
-    return out if bias is None else out + bias
+    out = xf * weight.float()
+    return (out if bias is None else out + bias.float()).to(x.dtype)
 
 
 # --- the records ---------------------------------------------------------------------------------------
 RECORDS = (
     # unit_offset: Gemma's norms scale by (1 + weight)
     OpSchema("norm.rms", ("hidden",), ("unit_offset",), ("tokens",), "eager.rms_norm", method="rms_norm",
-             front=rms_norm_front, call=rms_norm_call, inputs=rms_norm_inputs, same_dtype=WEIGHT, fusible=True),
+             front=rms_norm_front, call=rms_norm_call, inputs=rms_norm_inputs, fake=rms_norm_fake, same_dtype=WEIGHT,
+             fusible=True),
     OpSchema("norm.rms_add", ("hidden",), ("unit_offset", "keep_inputs"), ("tokens",), "eager.rms_norm_add",
              method="rms_norm_add", front=rms_norm_add_front, call=rms_norm_add_call, inputs=rms_norm_add_inputs,
-             fake=two_like_first, consumes=("x", "residual"), same_dtype=RESIDUAL_WEIGHT, fusible=True),
+             fake=rms_norm_add_fake, consumes=("x", "residual"), same_dtype=RESIDUAL_WEIGHT, fusible=True),
     # the norm before an FP8 W8A8 linear, its output quantised per token to float8 e4m3 in the same
     # pass, as linear.fp8 quantises its input: (q, scale (..., 1) fp32), q * scale ~ the normed rows;
     # the _add form returns the total third (written into residual's storage, as norm.rms_add may)
@@ -188,7 +211,8 @@ RECORDS = (
              inputs=rms_norm_add_inputs, fake=quantised_rows_add_fake, consumes=("x", "residual"),
              same_dtype=RESIDUAL_WEIGHT),
     OpSchema("norm.qk", ("heads", "d"), ("unit_offset",), ("tokens",), "eager.qk_norm", method="qk_norm",
-             front=qk_norm_front, call=qk_norm_call, inputs=qk_norm_inputs, same_dtype=WEIGHT, fusible=True),
+             front=qk_norm_front, call=qk_norm_call, inputs=qk_norm_inputs, fake=rms_norm_fake, same_dtype=WEIGHT,
+             fusible=True),
     # no_bias: LayerNorm without a bias (Cohere, StableLM-2 variants): bias None in the call
     OpSchema("norm.layer", ("hidden",), ("no_bias",), ("tokens",), "eager.layer_norm", method="layer_norm",
              front=layer_norm_front, call=layer_norm_call, inputs=layer_norm_inputs, same_dtype=("weight", "bias"),

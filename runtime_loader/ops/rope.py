@@ -9,7 +9,7 @@ from torch import Tensor
 from ..dtypes import ALL_DTYPES, DTYPE_NAMES, DTYPES
 from ..inputs import randn
 from ..specs import BOTH, HEAD_DIM_ANY, KernelSpec
-from .base import OpSchema, Signature, two_like_first
+from .base import OpSchema, Signature, promoted
 
 
 def rope_front(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False):
@@ -25,6 +25,12 @@ def rope_call(q, k, cos=None, sin=None, interleaved=False):
     batch, hq, seq, d = q.shape
     static = {"hq": hq, "hkv": k.shape[1], "d": d, "layout": "interleaved" if interleaved else "split_half"}
     return Signature.make("posenc.rope", static, (), DTYPE_NAMES[q.dtype]), {"tokens": batch * seq}
+
+
+def rope_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """q and k rotated, each in the dtype transformers' q * cos + rotate_half(q) * sin gives it
+    (bf16 q with fp32 cos/sin: fp32)."""
+    return torch.empty_like(q, dtype=promoted(q, cos, sin)), torch.empty_like(k, dtype=promoted(k, cos, sin))
 
 
 # --- example inputs ---------------------------------------------------------------------------------
@@ -63,16 +69,18 @@ def rotate(x, interleaved: bool):
 
 
 def rope(q, k, cos, sin, interleaved: bool):
-    """q: (batch, hq, seq, d), k: (batch, hkv, seq, d), cos/sin: (batch or 1, seq, d)."""
-    cos = cos.unsqueeze(1).to(q.dtype)
-    sin = sin.unsqueeze(1).to(q.dtype)
+    """q: (batch, hq, seq, d), k: (batch, hkv, seq, d), cos/sin: (batch or 1, seq, d). cos/sin in
+    another dtype than q or k (OpSchema.same_dtype) promote as in transformers' apply_rotary_pos_emb:
+    bf16 q with fp32 cos gives fp32."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
     return q * cos + rotate(q, interleaved) * sin, k * cos + rotate(k, interleaved) * sin
 
 
 # --- the records ---------------------------------------------------------------------------------------
 RECORDS = (
     OpSchema("posenc.rope", ("hq", "hkv", "d", "layout"), (), ("tokens",), "eager.rope", method="rope",
-             front=rope_front, call=rope_call, inputs=rope_inputs, fake=two_like_first, same_dtype=("k", "cos", "sin"),
+             front=rope_front, call=rope_call, inputs=rope_inputs, fake=rope_fake, same_dtype=("k", "cos", "sin"),
              fusible=True),
 )
 

@@ -465,8 +465,8 @@ def test_coverage_shows_every_reason_of_a_signatures_calls_with_its_count():
     coverage = d.coverage()
     row = coverage["outside"][str(sig)]
     assert row["calls"] == 4 and list(row["why"].values()) == [2, 1, 1], row
-    assert [why.split(" (")[0] for why in row["why"]] == ["past the tuned range"] * 2 + ["weight is fp32, not the "
-                                                                                         "signature's bf16: the fallback promotes it"]
+    assert [why.split(" (")[0] for why in row["why"]] == ["past the tuned range"] * 2 + [
+        "weight is fp32, not the signature's bf16: the fallback computes it as PyTorch does"]
     assert coverage["calls"] == sum(sum(per_kernel.values()) for per_kernel in d.stats().values()) == 5
     assert coverage["served"] == 1 and coverage["calls"] - coverage["served"] == row["calls"]
 

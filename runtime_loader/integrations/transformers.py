@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -684,11 +685,24 @@ def _linear_forward(self, x):
     return _linear(x, self.weight, self.bias)
 
 
+class _Pending(NamedTuple):
+    """The fused GEMM's outputs, kept for the members not yet called with the same input: x, its
+    version counter and each member's weights' (_Siblings._version; None under compile), which
+    members took theirs."""
+
+    x: torch.Tensor
+    version: int | None
+    taken: tuple[bool, ...]
+    outputs: tuple[torch.Tensor, ...]
+    weight_versions: tuple[int, ...] | None
+
+
 class _Siblings:
     """Linears that read one tensor (q/k/v, gate/up) served as one GEMM over their
     concatenated weights, the GEMM the table tuned (capture fuses them the same way). The first
     member called computes every member's output; the others take theirs when they are called
-    with that same tensor object, and compute the GEMM again otherwise (any order, any subset).
+    with that same tensor object, unchanged since (_Pending), and compute the GEMM again otherwise
+    (any order, any subset).
     Calls the table does not serve take the op's fallback on the fused weight (still one GEMM).
     The members' weights become views of the fused weight, so memory is not doubled; one whose
     storage has changed since (.to(), a new Parameter) makes the fused weight be built again."""
@@ -696,7 +710,7 @@ class _Siblings:
     def __init__(self, linears: list[torch.nn.Linear]):
         self.linears = linears
         self.sizes = [linear.out_features for linear in linears]
-        self.pending = None  # (input, its version, taken per member, outputs, weight versions per member)
+        self.pending: _Pending | None = None
         self._fuse()
 
     def _fuse(self) -> None:
@@ -722,19 +736,21 @@ class _Siblings:
         # the output computed for this member, unless x or its weights changed in place since (their
         # version counters: a member's parameter keeps its own, not the fused weight's; Dynamo cannot
         # guard on them, and a traced forward changes neither between its members' calls)
-        if (pending is not None and pending[0] is x and not pending[2][index]
-                and (compiling or pending[1] == x._version and pending[4][index] == self._version(linear))):
-            taken = tuple(done or i == index for i, done in enumerate(pending[2]))
+        if (pending is not None and pending.x is x and not pending.taken[index]
+                and (compiling or pending.version == x._version
+                     and pending.weight_versions[index] == self._version(linear))):
+            taken = tuple(done or i == index for i, done in enumerate(pending.taken))
             # once every member took its output, nothing holds the input or the outputs any longer
-            self.pending = None if all(taken) else (x, pending[1], taken, pending[3], pending[4])
-            return pending[3][index]
+            self.pending = None if all(taken) else _Pending(x, pending.version, taken, pending.outputs,
+                                                            pending.weight_versions)
+            return pending.outputs[index]
         if not compiling and self._pointers() != self.storage:
             self._fuse()
         # the plain method: the fused GEMM computes what the members do whatever kernel serves it (the
         # op's fallback on the fused weight too: one GEMM where their own forwards are one each)
         outputs = _linear(x, self.weight, self.bias, _ops()).split(self.sizes, dim=-1)
-        self.pending = (x, None if compiling else x._version, tuple(i == index for i in range(len(self.sizes))),
-                        outputs, None if compiling else tuple(map(self._version, self.linears)))
+        self.pending = _Pending(x, None if compiling else x._version, tuple(i == index for i in range(len(self.sizes))),
+                                outputs, None if compiling else tuple(map(self._version, self.linears)))
         return outputs[index]
 
     @staticmethod

@@ -1452,6 +1452,28 @@ def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restor
         assert not model.model.embed_tokens.weight.grad[0].any()  # the padding row
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_patched_model_serves_under_inference_mode(family, restore_active):
+    """torch.inference_mode(), what a server wraps its forwards in: its tensors keep no version
+    counter, so the fused siblings know their input by identity alone there, and the patched model
+    answers and generates as the unpatched one, its weights made under inference_mode too."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(23)
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(5))
+    kw = dict(max_new_tokens=4, do_sample=False)
+    for weights_made_inside in (False, True):
+        with torch.inference_mode(weights_made_inside):
+            model = tiny(family)
+        reference = copy.deepcopy(model) if not weights_made_inside else tiny(family)
+        if weights_made_inside:
+            reference.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
+        patch(model, serving_fallbacks())
+        with torch.inference_mode():
+            torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-5)
+            assert torch.equal(model.generate(ids, **kw), reference.generate(ids, **kw))
+
+
 def test_fused_siblings_recompute_after_their_input_or_weights_change_in_place(restore_active):
     """The first sibling called computes every member's output; a later member takes its own only
     while its input and its weights are as they were (their version counters), else the GEMM runs

@@ -694,7 +694,7 @@ class _Pending(NamedTuple):
     version: int | None
     taken: tuple[bool, ...]
     outputs: tuple[torch.Tensor, ...]
-    weight_versions: tuple[int, ...] | None
+    weight_versions: tuple[tuple, ...] | None
 
 
 class _Siblings:
@@ -714,7 +714,10 @@ class _Siblings:
         self._fuse()
 
     def _fuse(self) -> None:
-        with torch.no_grad():
+        # weights made under inference_mode stay inference tensors: a member whose data became a
+        # normal tensor would keep the inference tensor's missing version counter (and fail to print)
+        inference = any(linear.weight.is_inference() for linear in self.linears)
+        with torch.inference_mode() if inference else torch.no_grad():
             self.weight = torch.cat([linear.weight for linear in self.linears])
             self.bias = torch.cat([linear.bias for linear in self.linears]) if self.linears[0].bias is not None else None
             for linear, weight in zip(self.linears, self.weight.split(self.sizes)):
@@ -737,7 +740,7 @@ class _Siblings:
         # version counters: a member's parameter keeps its own, not the fused weight's; Dynamo cannot
         # guard on them, and a traced forward changes neither between its members' calls)
         if (pending is not None and pending.x is x and not pending.taken[index]
-                and (compiling or pending.version == x._version
+                and (compiling or pending.version == _counter(x)
                      and pending.weight_versions[index] == self._version(linear))):
             taken = tuple(done or i == index for i, done in enumerate(pending.taken))
             # once every member took its output, nothing holds the input or the outputs any longer
@@ -749,14 +752,19 @@ class _Siblings:
         # the plain method: the fused GEMM computes what the members do whatever kernel serves it (the
         # op's fallback on the fused weight too: one GEMM where their own forwards are one each)
         outputs = _linear(x, self.weight, self.bias, _ops()).split(self.sizes, dim=-1)
-        self.pending = _Pending(x, None if compiling else x._version, tuple(i == index for i in range(len(self.sizes))),
+        self.pending = _Pending(x, None if compiling else _counter(x), tuple(i == index for i in range(len(self.sizes))),
                                 outputs, None if compiling else tuple(map(self._version, self.linears)))
         return outputs[index]
 
     @staticmethod
-    def _version(linear) -> int:
-        """A sum of version counters, which only grow: it changes with either of them."""
-        return linear.weight._version + (linear.bias._version if linear.bias is not None else 0)
+    def _version(linear) -> tuple:
+        return _counter(linear.weight), linear.bias is not None and _counter(linear.bias)
+
+
+def _counter(tensor) -> int | None:
+    """The tensor's version counter, which every change in place moves on; None for a tensor made
+    under torch.inference_mode, which keeps none: changes to it cannot be seen, so identity decides."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _sibling_forward(self, x):

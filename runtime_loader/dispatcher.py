@@ -100,6 +100,17 @@ OWN_CODE = "own code"  # stats(): calls handed back to their caller's own code (
 MAX_MEMO_SHAPES = 1024  # per caller's memo (own_calls_memo): past this, new shapes go through the table
 
 
+class _OwnMemo(dict):
+    """Dispatcher.own_calls_memo's memo. A deep copy of it (a patched model copied) is a new, empty memo
+    of the same Dispatcher: a copied one would count the copy's calls on copies of the entries' counters,
+    which neither stats() nor a recording reads, and which clear_cache would never forget."""
+
+    __slots__ = ("new",)
+
+    def __deepcopy__(self, memo):
+        return self.new()
+
+
 def _hand_back(*args):
     return NOT_SERVED
 
@@ -533,7 +544,8 @@ class Dispatcher:
         later calls of those shapes, skipping the table's lookup (and counted as before).
         Cleared with the caches (a recording's start, a kernel dropped), so counts stay exact; at
         most MAX_MEMO_SHAPES shapes are kept (the caller checks)."""
-        memo: dict = {}
+        memo = _OwnMemo()
+        memo.new = self.own_calls_memo
         with self._stats_lock:
             self._own_memos.append(memo)
         return memo

@@ -634,6 +634,28 @@ def test_a_shape_handed_back_once_skips_the_tables_lookup_after_and_still_counts
     assert sum(recording.calls.values()) == 2
 
 
+def test_a_patched_model_copied_after_it_ran_counts_and_records_every_call(restore_active, tmp_path):
+    """copy.deepcopy of a patched model that already ran (a client's second replica): its modules'
+    memos of handed-back shapes must be the dispatcher's own, or their counters were copies the
+    dispatcher never sees nor clears: the copy's calls went missing from stats() and from a recording
+    (a table tuned on that workload then lacked them)."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(4)
+    model = tiny("llama")
+    d = Dispatcher(parse_table(table()))  # norm.rms tuned at tokens 1 and 16: served up to 24
+    patch(model, d)
+    past = torch.randint(0, 128, (1, 40))
+    with torch.no_grad():
+        model(past)
+        twin = copy.deepcopy(model)
+        twin(past)
+    assert d.stats()["norm.rms"] == {"own code (fallback)": 2 * 5}, "the copy's calls are counted"
+    with runtime_loader.record(tmp_path / "w.json") as recording, torch.no_grad():
+        twin(past)
+    assert {sig.op: n for (sig, *_), n in recording.calls.items()}.get("norm.rms") == 5, recording.calls
+
+
 @pytest.mark.parametrize("traced", [False, True])
 def test_a_partial_table_compiles_whole_and_calls_past_its_range_trace_the_modules_own_code(traced, restore_active):
     """Under torch.compile(fullgraph=True): the served norms as custom ops (or traced, their kernels'

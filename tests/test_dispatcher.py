@@ -406,10 +406,20 @@ def _empty_kernel(*args):
     raise AssertionError("a table kernel was called with an empty input")
 
 
+def _shapes(out):
+    """(shape, dtype) of an op's output, or of each of its tensors."""
+    if isinstance(out, torch.Tensor):
+        return tuple(out.shape), out.dtype
+    return tuple(_shapes(t) for t in out)
+
+
 def test_a_call_with_a_dynamic_dim_of_0_takes_the_fallback_for_every_op():
     """Every op, each dynamic dim at 0 in turn (the contract's first case otherwise), under a lock to a
     kernel that is not its fallback (a CPU one where the registry has one, else one that fails if
-    called): the call is the fallback's, its output or its error, and coverage() says why."""
+    called): the call is the fallback's, which returns the empty output eager torch would (the shapes
+    and dtypes of the op's fake, never an error: the experts' grouped GEMM, the conv over seq 0 and
+    the chunked delta rule over batch 0 raised), and coverage() says why. The fallback of every
+    contract case returns that output too."""
     from lzsolve.ops import CONTRACTS
     from runtime_loader.hardware import device_info
     here, sigs, locks = device_info("cpu"), {}, {}
@@ -434,18 +444,33 @@ def test_a_call_with_a_dynamic_dim_of_0_takes_the_fallback_for_every_op():
             empty = {**dims, dim: 0}
             args = example_args(sig, empty, "cpu")
             assert d.kernel_for(record.method, *args) == fallback.kernel_id, (op, dim, locks[op])
-            try:
-                expected = fallback.impl(*record.inputs(sig, empty, torch.device("cpu"),
-                                                        torch.Generator().manual_seed(0)))
-            except Exception as error:  # noqa: BLE001 - the fallback's own error (a conv over seq 0): the call's too
-                with pytest.raises(type(error)):
-                    getattr(d, record.method)(*args)
-                continue
+            expected = fallback.impl(*record.inputs(sig, empty, torch.device("cpu"), torch.Generator().manual_seed(0)))
+            assert _shapes(expected) == _shapes(record.fake(*args)), (op, dim)
             torch.testing.assert_close(getattr(d, record.method)(*args), expected, equal_nan=True)
             checked += 1
     assert checked >= len(OPS)
     reasons = {why for row in d.coverage()["outside"].values() for why in row["why"]}
     assert reasons and all(why.startswith("an empty input (") for why in reasons), reasons
+    for op, record in OPS.items():
+        for static, flags, dims in CONTRACTS[op].cases:
+            sig = Signature.make(op, static, flags, "fp32")
+            for dim in record.dynamic:
+                empty = {**dims, dim: 0}
+                out = registry.fallback_for(sig).impl(*record.inputs(sig, empty, torch.device("cpu"),
+                                                                     torch.Generator().manual_seed(0)))
+                assert _shapes(out) == _shapes(record.fake(*example_args(sig, empty, "cpu"))), (sig, dim)
+
+
+def test_a_causal_conv_of_no_tokens_on_a_state_returns_no_rows_and_the_state():
+    """A zero-token call of the conv on a decode state (the every-op test's seq 0 has none): no output
+    rows and the state as it was, as eager torch has it; the conv's first output (the state's own last
+    input) was taken for x's, its [-seq:] being every output at seq 0."""
+    x, weight, bias, state, silu = example_args(Signature.make("conv.causal_depthwise", {"channels": 8, "width": 4},
+                                                               ("silu", "bias"), "fp32"), {"batch": 2, "seq": 1}, "cpu")
+    assert state is not None
+    out, new_state = Dispatcher(None).causal_conv1d(x[:, :0], weight, bias, state.clone(), silu)
+    assert out.shape == (2, 0, 8)
+    torch.testing.assert_close(new_state, state)
 
 
 def test_coverage_shows_every_reason_of_a_signatures_calls_with_its_count():

@@ -82,7 +82,8 @@ def moe_experts(x, topk_ids, topk_weights, gate_up, down, gate_up_bias=None, dow
     if ep > 1:
         rows = rows.masked_fill(elsewhere, 0)
     in_token_order = torch.empty_like(rows).index_copy_(0, order, rows)
-    return in_token_order.view(tokens, top_k, -1).sum(dim=1).to(x.dtype)  # float32 routing weights promote
+    # rows' width, not -1, which a view of 0 tokens cannot infer; float32 routing weights promote
+    return in_token_order.view(tokens, top_k, rows.shape[-1]).sum(dim=1).to(x.dtype)
 
 
 def scaled_mm_fp8(x, weight, weight_scale, bias=None):

@@ -60,10 +60,14 @@ def causal_conv1d(x, weight, bias, state, silu: bool):
     inputs = x.transpose(1, 2)  # (batch, channels, seq): a view
     if state is not None:
         inputs = torch.cat([state.to(x.dtype), inputs], dim=-1)
-    # with no state, the zero history is conv1d's padding (on both sides: the first seq outputs are the causal ones)
-    out = F.conv1d(inputs, weight[:, None], bias, padding=0 if state is not None else width - 1,
-                   groups=weight.shape[0])
-    out = out[..., -seq:] if state is not None else out[..., :seq]
+    if inputs.shape[-1] == 0:  # no state and no tokens: F.conv1d refuses a length-0 input; eager's output is empty
+        out = inputs.new_empty(inputs.shape)
+    else:
+        # with no state, the zero history is conv1d's padding (on both sides: the first seq outputs are the causal
+        # ones); with one, the last seq outputs (not [-seq:], all of them at seq 0: the first is the state's own)
+        out = F.conv1d(inputs, weight[:, None], bias, padding=0 if state is not None else width - 1,
+                       groups=weight.shape[0])
+        out = out[..., out.shape[-1] - seq:] if state is not None else out[..., :seq]
     if silu:
         out = F.silu(out)
     new_state = inputs[..., -width:] if inputs.shape[-1] >= width else F.pad(inputs, (width - inputs.shape[-1], 0))

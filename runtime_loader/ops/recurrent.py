@@ -142,11 +142,12 @@ def gated_deltanet_chunked(q, k, v, g, beta, state, qk_l2norm: bool, chunk: int 
     dk = k.shape[3]
     q, k, values = _deltanet_heads(q, k, v, qk_l2norm)
     pad = -seq % chunk  # zero tokens at the end: beta 0 writes nothing, g 0 decays nothing
+    count = (seq + pad) // chunk  # named, not -1 in the reshapes: a reshape of 0 elements (batch 0) cannot infer it
 
     def chunks(t):  # (batch, seq, hv, ...) -> (batch, hv, chunks, chunk, ...)
         t = t.transpose(1, 2)
         t = F.pad(t, (0, 0) * (t.dim() - 3) + (0, pad))
-        return t.reshape(batch, hv, -1, chunk, *t.shape[3:])
+        return t.reshape(batch, hv, count, chunk, *t.shape[3:])
 
     q, k, values, beta, log_decay = (chunks(t) for t in (q, k, values, beta.float(), g.float()))
     decay = log_decay.cumsum(-1)  # log of the decay from the chunk's start to each token
@@ -167,7 +168,7 @@ def gated_deltanet_chunked(q, k, v, g, beta, state, qk_l2norm: bool, chunk: int 
         corrected = new_values[:, :, c] - k_decayed[:, :, c] @ state  # what the state does not predict yet
         out[:, :, c] = q[:, :, c] @ state + within[:, :, c] @ corrected
         state = state * chunk_decay[:, :, c] + k[:, :, c].transpose(-1, -2) @ corrected
-    out = out.reshape(batch, hv, -1, dv)[:, :, :seq].transpose(1, 2)
+    out = out.reshape(batch, hv, count * chunk, dv)[:, :, :seq].transpose(1, 2)
     return out.to(v.dtype), state
 
 

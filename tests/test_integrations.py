@@ -1,5 +1,6 @@
 """A real client: tiny random-initialised Hugging Face models with attn_implementation="lzsolve"."""
 import copy
+import dataclasses
 import json
 import warnings
 
@@ -1323,6 +1324,38 @@ def test_patched_bloom_is_served_from_its_table(serving, bloom_artifact, restore
         assert after - served >= 2 * 7, d.stats()
     if tuned:
         assert_served_by_its_own_table(d)
+
+
+def test_patched_bloom_in_training_gets_the_unpatched_gradients(restore_active, monkeypatch):
+    """BLOOM's attention, served whole (alibi_attention), runs its own forward while autograd records,
+    as every served module does (_records): its attention locked to a forward-only kernel (as the
+    table's Triton or FlashAttention kernels are: no autograd node) left query_key_value's gradient
+    out. The loss and every parameter's gradient are the unpatched model's."""
+    from runtime_loader import registry
+    from runtime_loader.integrations.transformers import patch
+
+    sdpa = registry.get("sdpa.default")
+
+    def forward_only(q, k, v, *args):
+        return sdpa.impl(q.detach(), k.detach(), v.detach(), *args)
+
+    monkeypatch.setitem(registry.REGISTRY, "test.forward_only", dataclasses.replace(
+        sdpa, kernel_id="test.forward_only", library="testlib", impl=forward_only))
+    model = tiny_bloom().train()
+    reference = copy.deepcopy(model)
+    report = patch(model, serving_fallbacks(attention_prefill="test.forward_only", attention_decode="test.forward_only"))
+    assert report.replaced["BloomAttention"] == 2, report
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(integration, "_told_records", False)
+    with pytest.warns(UserWarning, match="inference_mode"):
+        losses = [m(ids, labels=ids).loss for m in (model, reference)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_a_bloom_tune_from_its_config_covers_what_the_patched_model_calls(tmp_path, restore_active):

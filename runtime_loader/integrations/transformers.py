@@ -315,12 +315,16 @@ def alibi_attention(module, hidden_states, residual, attention_mask, layer_past,
     computed, for a call it hands back to BLOOM's forward: a mask (padding, where BLOOM's biases
     count each row's positions from its first token, or a query other than a whole prefill or one
     decode token: causal_or_sdpa_mask leaves the mask out for those alone), attention weights asked
-    for, a head mask, dropout while training, or pretraining_tp's slow_but_exact output projection."""
+    for, a head mask, dropout while training, pretraining_tp's slow_but_exact output projection, or a
+    call autograd records (_records: the table's kernels are forward-only, so its q/k/v and the
+    layers below would get no gradient through them; the grad-mode flag read first, so inference
+    builds no argument list for it)."""
     kwargs = kwargs or {}
     batch, q_length, _ = hidden_states.shape
     if (attention_mask is not None or output_attentions or kwargs.get("head_mask") is not None
             or module.training and getattr(getattr(module, "attention_dropout", None), "p", 0) > 0
-            or getattr(module, "pretraining_tp", 1) > 1 and getattr(module, "slow_but_exact", False)):
+            or getattr(module, "pretraining_tp", 1) > 1 and getattr(module, "slow_but_exact", False)
+            or torch.is_grad_enabled() and _records(hidden_states, *module.parameters())):
         return None
     q, k, v = module._reshape(module.query_key_value(hidden_states))
     if layer_past is not None:

@@ -97,6 +97,9 @@ class NotServed:
 # (a mask built per call, a norm in another order) and cost a patched model up to 0.6x its speed.
 NOT_SERVED = NotServed()
 OWN_CODE = "own code"  # stats(): calls handed back to their caller's own code (Dispatcher.served)
+# why a patched module's call runs its own code before the table is asked (Dispatcher.hand_back): autograd records
+# it (grad mode on, a tensor it reads requiring grad), and the table's kernels have no backward
+AUTOGRAD = "autograd records it: the table's kernels are forward-only"
 MAX_MEMO_SHAPES = 1024  # per caller's memo (own_calls_memo): past this, new shapes go through the table
 
 
@@ -246,6 +249,7 @@ class Dispatcher:
         # self.served keep theirs apart (a call the table does not serve resolves to NOT_SERVED there)
         self._caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
         self._served_caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
+        self._own_caches: dict[str, dict] = {}  # method -> (why, key) -> Entry: hand_back's counts
         self._own_memos: list[dict] = []  # own_calls_memo's, cleared with the caches
         self.served = _Served(self)
         # the methods again, resolved without caches or counts: what Dynamo traces (traced_call)
@@ -531,7 +535,7 @@ class Dispatcher:
 
     def clear_cache(self) -> None:
         with self._stats_lock:
-            for cache in (*self._caches.values(), *self._served_caches.values()):
+            for cache in (*self._caches.values(), *self._served_caches.values(), *self._own_caches.values()):
                 for entry in list(cache.values()):
                     self._retired[entry.tally] += counted(entry.calls)
                 cache.clear()
@@ -550,12 +554,34 @@ class Dispatcher:
             self._own_memos.append(memo)
         return memo
 
+    def hand_back(self, method: str, why: str, args: tuple, kwargs: dict) -> NotServed:
+        """NOT_SERVED for a call of `method` that its caller (a patched module) runs with its own code
+        before asking the table, for `why` (AUTOGRAD), counted in stats() and coverage() under that
+        reason as the calls Dispatcher.served hands back are under theirs, so that no call of a
+        patched module goes uncounted. Its NotServed names no counter: a caller's own_calls_memo
+        must not skip the table for that shape once autograd stops recording."""
+        op = METHOD_OPS[method]
+        key = (why, op.front(*args, **kwargs)[0])
+        cache = self._own_caches.setdefault(method, {})
+        entry = cache.get(key)
+        if entry is None:
+            call = op.read(*args, **kwargs)
+            entry = Entry(_hand_back, itertools.count(), call[0].op if call else op.name, OWN_CODE, False,
+                          str(call[0]) if call else None, why)
+            if len(cache) < MAX_CACHED_KEYS:
+                cache[key] = entry
+            else:
+                with self._stats_lock:
+                    entry = self._uncached.setdefault(entry.tally, entry)
+        next(entry.calls)
+        return NOT_SERVED
+
     def _tallies(self) -> Counter:
         """Calls so far by Entry.tally (a call a table kernel raised on counted where it was resolved)."""
         with self._stats_lock:
             totals = Counter(self._retired)
-            entries = [e for cache in (*self._caches.values(), *self._served_caches.values())
-                       for e in list(cache.values())]
+            entries = [e for cache in (*self._caches.values(), *self._served_caches.values(),
+                                       *self._own_caches.values()) for e in list(cache.values())]
             entries += list(self._uncached.values())
         for e in entries:
             totals[e.tally] += counted(e.calls)
@@ -604,7 +630,8 @@ class Dispatcher:
         return {"calls": calls, "served": served, "share": served / calls if calls else None, "outside": rows}
 
     def cached_keys(self) -> int:
-        return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values()))
+        return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values(),
+                                            *self._own_caches.values()))
 
     def covers(self, sig: Signature) -> bool:
         """Whether the table (or a policy lock) serves calls of `sig` here, at some dims, with a

@@ -1481,7 +1481,11 @@ def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restor
     """With autograd recording, every served module runs its own code (the table's kernels are
     forward-only; the fused q/k/v and gate/up weight is detached from the members' parameters), so
     the loss and every parameter's gradient are the unpatched model's: q/k/v, gate/up, and the
-    embedding's padding row (left at zero by nn.Embedding's padding_idx) included."""
+    embedding's padding row (left at zero by nn.Embedding's padding_idx) included. Those calls are
+    counted, under AUTOGRAD (the fused members' by their own linear), as the calls the table hands
+    back are under their reasons: none served; and none of their shapes is kept from the table
+    once autograd stops recording (no_grad's calls of them are served)."""
+    from runtime_loader.dispatcher import AUTOGRAD
     from runtime_loader.integrations.transformers import patch
 
     model_class, config_class, options = FAMILIES[family]
@@ -1489,7 +1493,8 @@ def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restor
     config = getattr(transformers, config_class)(**COMMON, **options, pad_token_id=0)
     model = getattr(transformers, model_class)(config).train()
     reference = copy.deepcopy(model)
-    report = patch(model, serving_fallbacks())
+    d = serving_fallbacks()
+    report = patch(model, d)
     assert report.fused["q_proj+k_proj+v_proj"] == 2 and any("Embedding" in name for name in report.replaced)
     ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
     ids[0, :3] = 0  # left-padded
@@ -1505,6 +1510,14 @@ def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restor
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
     if not config.tie_word_embeddings:  # (a tied lm_head gives the padding row a gradient of its own: Gemma 3's)
         assert not model.model.embed_tokens.weight.grad[0].any()  # the padding row
+    coverage = d.coverage()
+    assert coverage["calls"] and not coverage["served"], coverage
+    assert {why for row in coverage["outside"].values() for why in row["why"]} == {AUTOGRAD}, coverage
+    # k_proj's and v_proj's own (2 kv heads of 16), not the fused q/k/v's: no other linear has 32 outputs
+    assert "linear[k=64,n=32,fp32]" in coverage["outside"], sorted(coverage["outside"])
+    with torch.no_grad():
+        model(ids)
+    assert d.coverage()["outside"] == coverage["outside"] and d.coverage()["served"], d.coverage()
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

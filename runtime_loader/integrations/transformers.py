@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import custom_ops, registry
-from ..dispatcher import MAX_MEMO_SHAPES, NOT_SERVED, OWN_CODE, Dispatcher, Entry, NotServed, _hand_back
+from ..dispatcher import AUTOGRAD, MAX_MEMO_SHAPES, NOT_SERVED, OWN_CODE, Dispatcher, Entry, NotServed, _hand_back
 from ..dtypes import DTYPES
 from ..ops import Signature
 from ..ops.embedding import embedding as eager_embedding
@@ -200,17 +200,20 @@ _told_records = False
 
 class _Recorded:
     """Dispatcher.served for calls made in grad mode: NOT_SERVED for a call autograd records
-    (_records), for the module's own code; any other call as served. Each method is wrapped on its
+    (_records), for the module's own code, counted under AUTOGRAD (Dispatcher.hand_back: served would
+    have counted it, handed back or not); any other call as served. Each method is wrapped on its
     first read and kept in __dict__."""
 
     def __init__(self, served):
         self.served = served
 
     def __getattr__(self, method: str):
-        serve = getattr(self.served, method)
+        serve, dispatcher = getattr(self.served, method), self.served._dispatcher
 
         def call(*args, **kwargs):
-            return NOT_SERVED if _records(*args, *kwargs.values()) else serve(*args, **kwargs)
+            if _records(*args, *kwargs.values()):
+                return dispatcher.hand_back(method, AUTOGRAD, args, kwargs)
+            return serve(*args, **kwargs)
 
         self.__dict__[method] = call
         return call
@@ -738,6 +741,9 @@ class _Siblings:
         linear = self.linears[index]
         if _records(x, linear.weight, linear.bias):  # training: the member's own forward (the fused weight is detached)
             self.pending = None
+            if not torch.compiler.is_compiling():  # counted as a linear of its own is (_Recorded), by its rows
+                custom_ops.active().hand_back("linear", AUTOGRAD, (x.reshape(-1, x.shape[-1]), linear.weight,
+                                                                   linear.bias), {})
             return _own(linear, x)
         pending, compiling = self.pending, torch.compiler.is_compiling()
         # the output computed for this member, unless x or its weights changed in place since (their

@@ -1542,6 +1542,29 @@ def test_a_patched_model_serves_under_inference_mode(family, restore_active):
             assert torch.equal(model.generate(ids, **kw), reference.generate(ids, **kw))
 
 
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_compiled_patched_model_in_training_gets_the_unpatched_gradients(traced, restore_active):
+    """Compiled in grad mode, a call autograd records runs the module's own code too, where the
+    custom ops (forward-only: no autograd formula) would fail the backward's compile; fullgraph, so
+    the check costs no graph break. AOT autograd (aot_eager) is what traces the backward."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(29)
+    model = tiny("llama").train()
+    reference = copy.deepcopy(model)
+    patch(model, serving_fallbacks(), traced=traced)
+    ids = torch.randint(1, 128, (2, 10), generator=torch.Generator().manual_seed(7))
+    torch._dynamo.reset()
+    losses = [torch.compile(model, backend="aot_eager", fullgraph=True)(ids, labels=ids).loss,
+              reference(ids, labels=ids).loss]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_fused_siblings_recompute_after_their_input_or_weights_change_in_place(restore_active):
     """The first sibling called computes every member's output; a later member takes its own only
     while its input and its weights are as they were (their version counters), else the GEMM runs

@@ -172,7 +172,10 @@ def _table():
     ops never hand a call back (their node is in the graph; such calls take the op's fallback)."""
     active = custom_ops.active()
     if torch.compiler.is_compiling():
-        return active.traced_served if active.traced else torch.ops.lzsolve
+        ops = active.traced_served if active.traced else torch.ops.lzsolve
+        # in grad mode a call autograd records runs the module's own code here too (the custom ops have
+        # no backward); Dynamo reads the flags once per graph, as guards
+        return _Recorded(ops, counted=False) if torch.is_grad_enabled() else ops
     if torch.is_grad_enabled():  # (one flag read on the inference path: no_grad, inference_mode)
         return _recorded_view(active.served)
     return active.served
@@ -187,7 +190,7 @@ def _records(*args) -> bool:
     if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in args)):
         return False
     global _told_records
-    if not _told_records:  # a server that forgot no_grad loses the table's gains: say so, once
+    if not _told_records and not torch.compiler.is_compiling():  # a server that forgot no_grad loses the table's gains: say so, once
         _told_records = True
         warnings.warn("lzsolve: calls autograd records (grad mode on, a weight or input requiring grad) run the "
                       "model's own code, which the table does not serve: wrap inference in torch.inference_mode() "
@@ -199,20 +202,22 @@ _told_records = False
 
 
 class _Recorded:
-    """Dispatcher.served for calls made in grad mode: NOT_SERVED for a call autograd records
-    (_records), for the module's own code, counted under AUTOGRAD (Dispatcher.hand_back: served would
-    have counted it, handed back or not); any other call as served. Each method is wrapped on its
+    """Dispatcher.served (or, compiling, the ops _table gives there) for calls made in grad mode:
+    NOT_SERVED for a call autograd records (_records), for the module's own code, counted under
+    AUTOGRAD (Dispatcher.hand_back: served would have counted it, handed back or not; not while
+    compiling, where nothing is counted); any other call as served. Each method is wrapped on its
     first read and kept in __dict__."""
 
-    def __init__(self, served):
-        self.served = served
+    def __init__(self, served, counted: bool = True):
+        self.served, self.counted = served, counted
 
     def __getattr__(self, method: str):
-        serve, dispatcher = getattr(self.served, method), self.served._dispatcher
+        serve = getattr(self.served, method)
+        dispatcher = self.served._dispatcher if self.counted else None
 
         def call(*args, **kwargs):
             if _records(*args, *kwargs.values()):
-                return dispatcher.hand_back(method, AUTOGRAD, args, kwargs)
+                return NOT_SERVED if dispatcher is None else dispatcher.hand_back(method, AUTOGRAD, args, kwargs)
             return serve(*args, **kwargs)
 
         self.__dict__[method] = call

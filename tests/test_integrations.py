@@ -58,6 +58,19 @@ def tiny(family: str):
     return getattr(transformers, model_class)(config).eval()
 
 
+def assert_trains_as(reference, model, ids, run=None) -> None:
+    """The loss of `model` (called through `run`: compiled, say) and every parameter's gradient
+    equal the unpatched `reference`'s, on a language-modelling step over `ids`."""
+    losses = [(model if run is None else run)(ids, labels=ids).loss, reference(ids, labels=ids).loss]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def logits(model, impl, ids, **kw):
     model.set_attn_implementation(impl)
     with torch.no_grad():
@@ -1348,14 +1361,7 @@ def test_patched_bloom_in_training_gets_the_unpatched_gradients(restore_active, 
     ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(3))
     monkeypatch.setattr(integration, "_told_records", False)
     with pytest.warns(UserWarning, match="inference_mode"):
-        losses = [m(ids, labels=ids).loss for m in (model, reference)]
-    for loss in losses:
-        loss.backward()
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
-    grads = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        assert p.grad is not None, name
-        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert_trains_as(reference, model, ids)
 
 
 def test_a_bloom_tune_from_its_config_covers_what_the_patched_model_calls(tmp_path, restore_active):
@@ -1500,14 +1506,7 @@ def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restor
     ids[0, :3] = 0  # left-padded
     monkeypatch.setattr(integration, "_told_records", False)
     with pytest.warns(UserWarning, match="inference_mode"):  # once: a server that forgot no_grad is told why
-        losses = [m(ids, labels=ids).loss for m in (model, reference)]
-    for loss in losses:
-        loss.backward()
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
-    grads = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        assert p.grad is not None, name
-        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert_trains_as(reference, model, ids)
     if not config.tie_word_embeddings:  # (a tied lm_head gives the padding row a gradient of its own: Gemma 3's)
         assert not model.model.embed_tokens.weight.grad[0].any()  # the padding row
     coverage = d.coverage()
@@ -1555,14 +1554,7 @@ def test_a_compiled_patched_model_in_training_gets_the_unpatched_gradients(trace
     patch(model, serving_fallbacks(), traced=traced)
     ids = torch.randint(1, 128, (2, 10), generator=torch.Generator().manual_seed(7))
     torch._dynamo.reset()
-    losses = [torch.compile(model, backend="aot_eager", fullgraph=True)(ids, labels=ids).loss,
-              reference(ids, labels=ids).loss]
-    for loss in losses:
-        loss.backward()
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
-    grads = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_trains_as(reference, model, ids, run=torch.compile(model, backend="aot_eager", fullgraph=True))
 
 
 def test_fused_siblings_recompute_after_their_input_or_weights_change_in_place(restore_active):

@@ -1482,6 +1482,21 @@ def test_a_model_handing_its_masks_position_ids_is_observed_and_served(model_typ
 
 
 # --- autograd: a patched model trains as the unpatched one -----------------------------------------
+def test_a_weightless_norm_is_not_served_whatever_memory_its_copy_gets(monkeypatch):
+    """FalconMamba's dt/B/C norms hold a ones buffer named weight that their forward never reads. The
+    classifier runs a copy whose buffers to_empty leaves as it finds them; where that memory was zero
+    (forced here), the norm read as (1 + w) * x and was served with a weight of another width."""
+    from runtime_loader.integrations.modules import _classify_norm
+
+    falcon = pytest.importorskip("transformers.models.falcon_mamba.modeling_falcon_mamba")
+    if not hasattr(falcon, "FalconMambaWeightlessRMSNorm"):
+        pytest.skip("this transformers has no weightless FalconMamba norm")
+    with torch.device("meta"):
+        norm = falcon.FalconMambaWeightlessRMSNorm(16)
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: torch.zeros_like(t, **kw))
+    assert _classify_norm(norm) is None
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restore_active, monkeypatch):
     """With autograd recording, every served module runs its own code (the table's kernels are

@@ -53,11 +53,15 @@ class Kind:
 
 
 def _cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """The module on the CPU in fp32, its own tensors drawn at random: buffers too, which to_empty
+    leaves as whatever memory it got; where that memory was zero, FalconMamba's weightless norm (an
+    unused ones buffer for a weight) read as (1 + w) * x, and was served with a weight it never had."""
     clone = copy.deepcopy(module).to_empty(device="cpu").float()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for p in clone.parameters(recurse=False):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        for t in (*clone.parameters(recurse=False), *clone.buffers(recurse=False)):
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=gen) * 0.5)
     return clone
 
 

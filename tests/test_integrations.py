@@ -1481,7 +1481,6 @@ def test_a_model_handing_its_masks_position_ids_is_observed_and_served(model_typ
     assert report.replaced
 
 
-# --- autograd: a patched model trains as the unpatched one -----------------------------------------
 def test_a_weightless_norm_is_not_served_whatever_memory_its_copy_gets(monkeypatch):
     """FalconMamba's dt/B/C norms hold a ones buffer named weight that their forward never reads. The
     classifier runs a copy whose buffers to_empty leaves as it finds them; where that memory was zero
@@ -1497,6 +1496,7 @@ def test_a_weightless_norm_is_not_served_whatever_memory_its_copy_gets(monkeypat
     assert _classify_norm(norm) is None
 
 
+# --- autograd: a patched model trains as the unpatched one -----------------------------------------
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_patched_model_in_training_gets_the_unpatched_gradients(family, restore_active, monkeypatch):
     """With autograd recording, every served module runs its own code (the table's kernels are

@@ -249,7 +249,6 @@ class Dispatcher:
         # self.served keep theirs apart (a call the table does not serve resolves to NOT_SERVED there)
         self._caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
         self._served_caches: dict[str, dict] = {op.method: {} for op in OPS.values()}
-        self._own_caches: dict[str, dict] = {}  # method -> (why, key) -> Entry: hand_back's counts
         self._own_memos: list[dict] = []  # own_calls_memo's, cleared with the caches
         self.served = _Served(self)
         # the methods again, resolved without caches or counts: what Dynamo traces (traced_call)
@@ -535,7 +534,7 @@ class Dispatcher:
 
     def clear_cache(self) -> None:
         with self._stats_lock:
-            for cache in (*self._caches.values(), *self._served_caches.values(), *self._own_caches.values()):
+            for cache in (*self._caches.values(), *self._served_caches.values()):
                 for entry in list(cache.values()):
                     self._retired[entry.tally] += counted(entry.calls)
                 cache.clear()
@@ -561,8 +560,8 @@ class Dispatcher:
         patched module goes uncounted. Its NotServed names no counter: a caller's own_calls_memo
         must not skip the table for that shape once autograd stops recording."""
         op = METHOD_OPS[method]
-        key = (why, op.front(*args, **kwargs)[0])
-        cache = self._own_caches.setdefault(method, {})
+        key = (why, op.front(*args, **kwargs)[0])  # beside served's keys, which never start with a reason
+        cache = self._served_caches[method]
         entry = cache.get(key)
         if entry is None:
             call = op.read(*args, **kwargs)
@@ -580,8 +579,8 @@ class Dispatcher:
         """Calls so far by Entry.tally (a call a table kernel raised on counted where it was resolved)."""
         with self._stats_lock:
             totals = Counter(self._retired)
-            entries = [e for cache in (*self._caches.values(), *self._served_caches.values(),
-                                       *self._own_caches.values()) for e in list(cache.values())]
+            entries = [e for cache in (*self._caches.values(), *self._served_caches.values())
+                       for e in list(cache.values())]
             entries += list(self._uncached.values())
         for e in entries:
             totals[e.tally] += counted(e.calls)
@@ -630,8 +629,7 @@ class Dispatcher:
         return {"calls": calls, "served": served, "share": served / calls if calls else None, "outside": rows}
 
     def cached_keys(self) -> int:
-        return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values(),
-                                            *self._own_caches.values()))
+        return sum(len(cache) for cache in (*self._caches.values(), *self._served_caches.values()))
 
     def covers(self, sig: Signature) -> bool:
         """Whether the table (or a policy lock) serves calls of `sig` here, at some dims, with a

@@ -172,6 +172,15 @@ def table_serves(d: Dispatcher, calls: dict, name: str, op: str | None = None) -
     return any(d.covers(sig) for sig in calls.get(name, ()) if op is None or sig.op == op)
 
 
+def served_beyond_fallback(d: Dispatcher) -> set[str]:
+    """The ops some call of which `d`'s table served with a kernel other than the op's fallback: the
+    counterpart of table_serves at run time (a table may choose the fallback itself, e.g. SDPA where
+    it timed fastest, and stats() then names it without " (fallback)")."""
+    return {op for op, kernels in d.stats().items()
+            if any(not k.endswith((" (fallback)", " (failed)")) and k != registry.fallback(op).kernel_id
+                   for k in kernels)}
+
+
 def fused_groups(d: Dispatcher, model, calls: dict, groups: list) -> dict[str, int]:
     """The sibling linears (observe's groups) whose one GEMM `d` serves beyond the op's fallback, counted
     as patch's report names them ("q_proj+k_proj+v_proj": layers): what patch fuses."""

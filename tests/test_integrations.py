@@ -17,6 +17,7 @@ from tests.tables import (
     assert_served_by_its_own_table,
     entry,
     fused_groups,
+    served_beyond_fallback,
     serving_fallbacks,
     table,
     table_serves,
@@ -181,7 +182,7 @@ def test_patch_serves_attention_norms_rope_mlp_and_linears_from_the_table(tiny_l
         out = model(ids).logits
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert_served_by_its_own_table(d)
-    served = {op for op, kernels in d.stats().items() if any("(fallback)" not in k for k in kernels)}
+    served = served_beyond_fallback(d)
     # a linear served only where the table serves one beyond the fallback (the input's 11 tokens may
     # still fall in a bucket where it chose the fallback)
     assert "linear" not in served or fused or any(table_serves(d, calls, name, "linear") for name in calls), d.stats()
@@ -354,7 +355,7 @@ def test_patched_family_is_served_from_its_table(family, families_artifact, rest
         assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
     assert_served_by_its_own_table(d)
     stats = d.stats()
-    served = {op for op, kernels in stats.items() if any(not k.endswith("(fallback)") for k in kernels)}
+    served = served_beyond_fallback(d)
     act = "act.geglu" if family == "gemma3" else "act.swiglu"
     # each op kind by the modules that call it (the q and k norms differ in heads: two signatures, two decisions)
     kinds = {"embedding": ("model.embed_tokens",), act: ("model.layers.0.mlp",),
@@ -1554,6 +1555,63 @@ def test_a_patched_model_serves_under_inference_mode(family, restore_active):
         with torch.inference_mode():
             torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-5)
             assert torch.equal(model.generate(ids, **kw), reference.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_patched_model_under_autocast_computes_what_it_did(family, restore_active):
+    """torch.autocast keeps the weights fp32 and runs the linears and attention in bf16: a patched
+    module sees bf16 q/k/v (served), and bf16 inputs beside fp32 weights, cos/sin or residuals,
+    which the table was not tuned for (the fallback computes them as PyTorch does). Logits and
+    generate() equal the unpatched model's under the same autocast."""
+    from runtime_loader.integrations.transformers import patch
+
+    torch.manual_seed(31)
+    model = tiny(family)
+    reference = copy.deepcopy(model)
+    d = serving_fallbacks()
+    patch(model, d)
+    ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(5))
+    kw = dict(max_new_tokens=4, do_sample=False)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids).logits
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, reference(ids).logits, rtol=0, atol=0)
+        assert torch.equal(model.generate(ids, **kw), reference.generate(ids, **kw))
+    coverage = d.coverage()
+    assert "sdpa.default" in d.stats()["attention.prefill"], "bf16 q/k/v: served"
+    assert all("PyTorch does" in why for row in coverage["outside"].values() for why in row["why"]), coverage
+
+
+@pytest.mark.gpu
+def test_an_fp32_model_under_cuda_autocast_is_served_by_a_bf16_table(tmp_path, restore_active):
+    """On CUDA with a bf16 table tuned on this GPU: a model kept in fp32 and run under
+    torch.autocast(bf16), patched inside the autocast (so the patch sees its bf16 attention), has its
+    attention served by the table's kernels, and its logits after a prompt and a decode step agree
+    with the unpatched model's under the same autocast to bf16's precision."""
+    from lzsolve.pipeline import MeasureConfig, ModelSource
+    from runtime_loader.integrations.transformers import patch
+    from tests.tables import NO_COMPILE, plugin_kernels, tuned
+    from tests.test_cli import TINY_LLAMA, tiny_llama_config
+
+    grid = dataclasses.replace(NO_COMPILE, exclude=NO_COMPILE.exclude + plugin_kernels())
+    artifact = tuned(ModelSource(config=tiny_llama_config(tmp_path), dtype="bf16"), tmp_path / "artifact", grid,
+                     MeasureConfig(device="cuda", isolate=False, sample_time=0.05)).artifact
+    model = llama_of(TINY_LLAMA).cuda()
+    reference = copy.deepcopy(model)
+    d = runtime_loader.load(artifact, strict=True)
+    ids = torch.randint(0, 1000, (2, 37), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        patch(model, d)
+        steps = [(m(ids, use_cache=True), m) for m in (model, reference)]
+        nxt = steps[1][0].logits[:, -1:].argmax(-1)
+        decoded = [m(nxt, past_key_values=out.past_key_values).logits for out, m in steps]
+    for got, want in [(steps[0][0].logits, steps[1][0].logits), (decoded[0], decoded[1])]:
+        assert got.dtype == torch.bfloat16
+        error = (got.float() - want.float()).norm() / want.float().norm()
+        assert error < 2e-2, f"rel_l2 {error:.3g}"
+    stats = d.stats()
+    for op in ("attention.prefill", "attention.decode"):
+        assert any(not kernel.endswith(")") for kernel in stats.get(op, {})), stats
 
 
 @pytest.mark.parametrize("traced", [False, True])

@@ -1,6 +1,7 @@
 import dataclasses
 import math
 import os
+import shutil
 import sys
 
 import pytest
@@ -8,6 +9,12 @@ import torch
 
 # Keep CPU tests quick and quiet on 2-core machines.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# Under pytest-xdist (the README's test command: a worker per CPU) each worker, and each process its
+# tests start, takes its share of the CPUs: torch's threads per process at the CPU count,
+# oversubscribed by the workers, spin against each other.
+if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # No test reads or fills the user's measurement cache (nor one test another's, through it): the tests
 # of the cache name theirs (MeasureConfig.cache_dir, tune --cache-dir). Inherited by the commands and
 # worker processes the tests start.
@@ -74,18 +81,31 @@ def tiny_llama_artifact(tmp_path_factory):
     """One CPU tune of a tiny Llama (tiny grid, fp32, torch.compile left out, default validation,
     probes at every probe point, quick sampling), in this process, shared by the tests that read an
     artifact (they may add evaluation records). Every point is probed (tuner.PROBE_CLEAR) so that
-    the artifact has probe records whichever races the VM's noise makes close."""
+    the artifact has probe records whichever races the VM's noise makes close. Under pytest-xdist
+    the first worker to ask tunes it and each worker reads a copy of its own (their tests add records)."""
+    from filelock import FileLock
+
     from lzsolve.measure import tuner
     from lzsolve.pipeline import ModelSource, ValidateConfig
     from tests.tables import NO_COMPILE, plugin_kernels, tuned
     from tests.test_cli import tiny_llama_config
 
-    root = tmp_path_factory.mktemp("tiny-artifact")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tuner, "PROBE_CLEAR", math.inf)
-        return tuned(ModelSource(config=tiny_llama_config(root), dtype="fp32"), root / "artifact",
-                     dataclasses.replace(NO_COMPILE, exclude=NO_COMPILE.exclude + plugin_kernels()),
-                     validate=ValidateConfig()).artifact
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    root = shared / "tiny-artifact"
+    with FileLock(str(shared / "tiny-artifact.lock")):
+        if not (root / "done").exists():
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(tuner, "PROBE_CLEAR", math.inf)
+                tuned(ModelSource(config=tiny_llama_config(root), dtype="fp32"), root / "artifact",
+                      dataclasses.replace(NO_COMPILE, exclude=NO_COMPILE.exclude + plugin_kernels()),
+                      validate=ValidateConfig())
+            (root / "done").touch()
+    if shared == base:
+        return root / "artifact"
+    own = tmp_path_factory.mktemp("tiny-artifact")
+    shutil.copytree(root / "artifact", own / "artifact", symlinks=True)
+    return own / "artifact"
 
 
 @pytest.fixture

@@ -100,6 +100,9 @@ OWN_CODE = "own code"  # stats(): calls handed back to their caller's own code (
 # why a patched module's call runs its own code before the table is asked (Dispatcher.hand_back): autograd records
 # it (grad mode on, a tensor it reads requiring grad), and the table's kernels have no backward
 AUTOGRAD = "autograd records it: the table's kernels are forward-only"
+# or it runs under torch.autocast, which casts what the module's own code calls op by op (a GEMM to
+# bf16), where a table's kernel computes in the dtypes it is handed
+AUTOCAST = "under autocast: the module's own code, as autocast casts it"
 MAX_MEMO_SHAPES = 1024  # per caller's memo (own_calls_memo): past this, new shapes go through the table
 
 
@@ -555,7 +558,7 @@ class Dispatcher:
 
     def hand_back(self, method: str, why: str, args: tuple, kwargs: dict) -> NotServed:
         """NOT_SERVED for a call of `method` that its caller (a patched module) runs with its own code
-        before asking the table, for `why` (AUTOGRAD), counted in stats() and coverage() under that
+        before asking the table, for `why` (AUTOGRAD, AUTOCAST), counted in stats() and coverage() under that
         reason as the calls Dispatcher.served hands back are under theirs, so that no call of a
         patched module goes uncounted. Its NotServed names no counter: a caller's own_calls_memo
         must not skip the table for that shape once autograd stops recording."""

@@ -42,7 +42,17 @@ import torch
 import torch.nn.functional as F
 
 from .. import custom_ops, registry
-from ..dispatcher import AUTOGRAD, MAX_MEMO_SHAPES, NOT_SERVED, OWN_CODE, Dispatcher, Entry, NotServed, _hand_back
+from ..dispatcher import (
+    AUTOCAST,
+    AUTOGRAD,
+    MAX_MEMO_SHAPES,
+    NOT_SERVED,
+    OWN_CODE,
+    Dispatcher,
+    Entry,
+    NotServed,
+    _hand_back,
+)
 from ..dtypes import DTYPES
 from ..ops import Signature
 from ..ops.embedding import embedding as eager_embedding
@@ -72,15 +82,15 @@ NAME = "lzsolve"
 def table_call(module, query, key, value, attention_mask, dropout, is_causal, kwargs):
     """(causal, window, softcap, sinks, qk_norm) for a call the table serves, None for one it hands
     to SDPA (or, with attention sinks, to the eager reference): a padding mask, dropout, attention
-    weights asked for, a query that is neither a whole prefill nor one decode token, or a call autograd
-    records (_records: the table's kernels are forward-only)."""
+    weights asked for, a query that is neither a whole prefill nor one decode token, a call autograd
+    records or one under autocast (_own_code_reason)."""
     seq_q, kv_len = query.shape[2], key.shape[2]
     sinks = kwargs.get("s_aux")  # GPT-OSS's attention sinks: one logit per q head
     simple = (attention_mask is None and dropout == 0.0 and not kwargs.get("output_attentions")
               and kwargs.get("position_bias") is None and kwargs.get("cache") is None
               and (sinks is None or isinstance(sinks, torch.Tensor) and sinks.shape == query.shape[1:2])
               and query.shape[1] % key.shape[1] == 0 and (seq_q == kv_len or seq_q == 1))
-    if not simple or _records(query, key, value, sinks):  # training: the model's own attention (_records)
+    if not simple or _own_code_reason(query, key, value, sinks):  # training, autocast: the model's own attention
         return None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(is_causal) and seq_q > 1  # transformers' rule: a single query attends to every key
@@ -174,11 +184,24 @@ def _table():
     if torch.compiler.is_compiling():
         ops = active.traced_served if active.traced else torch.ops.lzsolve
         # in grad mode a call autograd records runs the module's own code here too (the custom ops have
-        # no backward); Dynamo reads the flags once per graph, as guards
-        return _Recorded(ops, counted=False) if torch.is_grad_enabled() else ops
-    if torch.is_grad_enabled():  # (one flag read on the inference path: no_grad, inference_mode)
+        # no backward), and under autocast every call; Dynamo reads the flags once per graph, as guards
+        return _Recorded(ops, counted=False) if torch.is_grad_enabled() or _autocast() else ops
+    if torch.is_grad_enabled() or _autocast():  # (two flag reads on the inference path)
         return _recorded_view(active.served)
     return active.served
+
+
+_autocast = torch._C._is_any_autocast_enabled  # whether torch.autocast is on for some device (Dynamo folds it)
+
+
+def _own_code_reason(*args) -> str | None:
+    """Why a patched module's call reading `args` runs the module's own code, not the table: under
+    autocast (AUTOCAST: the unpatched model's GEMMs and attention ran in the autocast dtype, which a
+    table kernel handed fp32 would not), or autograd records it (AUTOGRAD, _records). None: the
+    table is asked."""
+    if _autocast():
+        return AUTOCAST
+    return AUTOGRAD if _records(*args) else None
 
 
 def _records(*args) -> bool:
@@ -202,11 +225,11 @@ _told_records = False
 
 
 class _Recorded:
-    """Dispatcher.served (or, compiling, the ops _table gives there) for calls made in grad mode:
-    NOT_SERVED for a call autograd records (_records), for the module's own code, counted under
-    AUTOGRAD (Dispatcher.hand_back: served would have counted it, handed back or not; not while
-    compiling, where nothing is counted); any other call as served. Each method is wrapped on its
-    first read and kept in __dict__."""
+    """Dispatcher.served (or, compiling, the ops _table gives there) for calls made in grad mode or
+    under autocast: NOT_SERVED for a call autograd records or any under autocast
+    (_own_code_reason), for the module's own code, counted under that reason (Dispatcher.hand_back:
+    served would have counted it, handed back or not; not while compiling, where nothing is
+    counted); any other call as served. Each method is wrapped on its first read and kept in __dict__."""
 
     def __init__(self, served, counted: bool = True):
         self.served, self.counted = served, counted
@@ -216,8 +239,8 @@ class _Recorded:
         dispatcher = self.served._dispatcher if self.counted else None
 
         def call(*args, **kwargs):
-            if _records(*args, *kwargs.values()):
-                return NOT_SERVED if dispatcher is None else dispatcher.hand_back(method, AUTOGRAD, args, kwargs)
+            if why := _own_code_reason(*args, *kwargs.values()):
+                return NOT_SERVED if dispatcher is None else dispatcher.hand_back(method, why, args, kwargs)
             return serve(*args, **kwargs)
 
         self.__dict__[method] = call
@@ -332,7 +355,7 @@ def alibi_attention(module, hidden_states, residual, attention_mask, layer_past,
     if (attention_mask is not None or output_attentions or kwargs.get("head_mask") is not None
             or module.training and getattr(getattr(module, "attention_dropout", None), "p", 0) > 0
             or getattr(module, "pretraining_tp", 1) > 1 and getattr(module, "slow_but_exact", False)
-            or torch.is_grad_enabled() and _records(hidden_states, *module.parameters())):
+            or (torch.is_grad_enabled() or _autocast()) and _own_code_reason(hidden_states, *module.parameters())):
         return None
     q, k, v = module._reshape(module.query_key_value(hidden_states))
     if layer_past is not None:
@@ -744,11 +767,12 @@ class _Siblings:
 
     def output(self, index: int, x):
         linear = self.linears[index]
-        if _records(x, linear.weight, linear.bias):  # training: the member's own forward (the fused weight is detached)
+        # training (the fused weight is detached), autocast: the member's own forward
+        if why := _own_code_reason(x, linear.weight, linear.bias):
             self.pending = None
             if not torch.compiler.is_compiling():  # counted as a linear of its own is (_Recorded), by its rows
-                custom_ops.active().hand_back("linear", AUTOGRAD, (x.reshape(-1, x.shape[-1]), linear.weight,
-                                                                   linear.bias), {})
+                custom_ops.active().hand_back("linear", why, (x.reshape(-1, x.shape[-1]), linear.weight,
+                                                              linear.bias), {})
             return _own(linear, x)
         pending, compiling = self.pending, torch.compiler.is_compiling()
         # the output computed for this member, unless x or its weights changed in place since (their

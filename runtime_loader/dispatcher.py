@@ -561,7 +561,7 @@ class Dispatcher:
         before asking the table, for `why` (AUTOGRAD, AUTOCAST), counted in stats() and coverage() under that
         reason as the calls Dispatcher.served hands back are under theirs, so that no call of a
         patched module goes uncounted. Its NotServed names no counter: a caller's own_calls_memo
-        must not skip the table for that shape once autograd stops recording."""
+        must not skip the table for that shape once autograd stops recording (or autocast ends)."""
         op = METHOD_OPS[method]
         key = (why, op.front(*args, **kwargs)[0])  # beside served's keys, which never start with a reason
         cache = self._served_caches[method]

@@ -185,9 +185,9 @@ def _table():
         ops = active.traced_served if active.traced else torch.ops.lzsolve
         # in grad mode a call autograd records runs the module's own code here too (the custom ops have
         # no backward), and under autocast every call; Dynamo reads the flags once per graph, as guards
-        return _Recorded(ops, counted=False) if torch.is_grad_enabled() or _autocast() else ops
+        return _OwnCodeView(ops, counted=False) if torch.is_grad_enabled() or _autocast() else ops
     if torch.is_grad_enabled() or _autocast():  # (two flag reads on the inference path)
-        return _recorded_view(active.served)
+        return _own_code_view(active.served)
     return active.served
 
 
@@ -224,7 +224,7 @@ def _records(*args) -> bool:
 _told_records = False
 
 
-class _Recorded:
+class _OwnCodeView:
     """Dispatcher.served (or, compiling, the ops _table gives there) for calls made in grad mode or
     under autocast: NOT_SERVED for a call autograd records or any under autocast
     (_own_code_reason), for the module's own code, counted under that reason (Dispatcher.hand_back:
@@ -247,15 +247,15 @@ class _Recorded:
         return call
 
 
-_recorded = _Recorded(None)
+_kept_view = _OwnCodeView(None)
 
 
-def _recorded_view(served) -> _Recorded:
-    """The _Recorded of the active Dispatcher's served methods (one kept: one dispatcher is active)."""
-    global _recorded
-    if _recorded.served is not served:
-        _recorded = _Recorded(served)
-    return _recorded
+def _own_code_view(served) -> _OwnCodeView:
+    """The _OwnCodeView of the active Dispatcher's served methods (one kept: one dispatcher is active)."""
+    global _kept_view
+    if _kept_view.served is not served:
+        _kept_view = _OwnCodeView(served)
+    return _kept_view
 
 
 def _own(module, *args):
@@ -770,7 +770,7 @@ class _Siblings:
         # training (the fused weight is detached), autocast: the member's own forward
         if why := _own_code_reason(x, linear.weight, linear.bias):
             self.pending = None
-            if not torch.compiler.is_compiling():  # counted as a linear of its own is (_Recorded), by its rows
+            if not torch.compiler.is_compiling():  # counted as a linear of its own is (_OwnCodeView), by its rows
                 custom_ops.active().hand_back("linear", why, (x.reshape(-1, x.shape[-1]), linear.weight,
                                                               linear.bias), {})
             return _own(linear, x)

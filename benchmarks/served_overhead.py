@@ -8,7 +8,7 @@ host-bound model (issue 54: Gemma 3 with half its table, 0.96x on an H100, docs/
 States: unpatched; each op the model calls, locked alone; every op locked. A tiny random model of each
 type (benchmarks/plan_survey.py's shrink), a prefill of --tokens, interleaved rounds, medians.
 
-    python benchmarks/served_overhead.py [--types gemma3_text,llama] [--device cuda] [--json out.json]
+    python benchmarks/served_overhead.py [--types gemma3_text,llama] [--device cuda] [--autocast] [--json out.json]
 """
 from __future__ import annotations
 
@@ -57,13 +57,14 @@ def states(model) -> dict[str, dict | None]:
             "every op": {op: OPS[op].fallback for op in ops}}
 
 
-def measure(model_type: str, device: torch.device, tokens: int, calls: int, rounds: int, warm: int) -> list[dict]:
+def measure(model_type: str, device: torch.device, tokens: int, calls: int, rounds: int, warm: int,
+            autocast: bool = False) -> list[dict]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     torch.manual_seed(0)
     with torch.device(device):
         model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(tiny_config(model_type)).eval()
-    model = model.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model = model.to(torch.bfloat16 if device.type == "cuda" and not autocast else torch.float32)
     ids = torch.randint(1, 128, (1, tokens), device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     locks = states(model)
@@ -84,7 +85,7 @@ def measure(model_type: str, device: torch.device, tokens: int, calls: int, roun
         return forward
 
     timings, counts = {name: [] for name in locks}, {}
-    with torch.inference_mode():
+    with torch.inference_mode(), torch.autocast(device.type, torch.bfloat16, enabled=autocast):
         for name in locks:
             counts[name] = python_calls(ready(name))
         for n in range(rounds):
@@ -109,13 +110,16 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=10,
                         help="forwards after each state's patch before its timed ones: with 1, a state whose "
                              "patch changed no call ran 0.96-0.97 of the unpatched model (2026-12-06, CPU VM)")
+    parser.add_argument("--autocast", action="store_true",
+                        help="every state under torch.autocast(bf16), the model kept in fp32: where each patched "
+                             "module hands its calls back to its own code, what that costs")
     parser.add_argument("--json")
     args = parser.parse_args()
     device = torch.device(args.device)
     logging.getLogger("runtime_loader").setLevel(logging.ERROR)  # the locks, announced per patch
     warnings.simplefilter("ignore")
     rows = [row for model_type in args.types.split(",")
-            for row in measure(model_type, device, args.tokens, args.calls, args.rounds, args.warm)]
+            for row in measure(model_type, device, args.tokens, args.calls, args.rounds, args.warm, args.autocast)]
     print(f"{'type':<14} {'state':<20} {'us/forward':>11} {'x unpatched':>12} {'x fastest':>10} {'spread':>7} "
           f"{'py calls':>9}")
     for r in rows:
@@ -123,7 +127,7 @@ def main() -> None:
               f"{r['spread']:>7.3f} {r['python_calls']:>9}")
     if args.json:
         Path(args.json).write_text(json.dumps({"date": dt.date.today().isoformat(), "hardware": hardware_signature(device),
-                                               "tokens": args.tokens, "rows": rows}, indent=1))
+                                               "tokens": args.tokens, "autocast": args.autocast, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

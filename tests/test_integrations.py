@@ -23,6 +23,7 @@ from tests.tables import (
     table_serves,
     tune_what_patched_models_call,
     unfused,
+    unpatch,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -1563,15 +1564,20 @@ def test_a_patched_model_under_autocast_runs_its_own_code(family, restore_active
     while the weights stay fp32), where a table's kernel computes in the dtypes it is handed: an fp32
     GEMM served would be slower than the bf16 one the unpatched model ran. Under autocast every call
     of a patched module runs the module's own code, counted under AUTOCAST; logits and generate()
-    equal the unpatched model's, eager and compiled whole; after it the table serves again."""
+    equal the unpatched model's, eager and compiled whole; after it the table serves again. A patch
+    made under autocast replaces what one made outside it does."""
     from runtime_loader.dispatcher import AUTOCAST
     from runtime_loader.integrations.transformers import patch
 
     torch.manual_seed(31)
     model = tiny(family)
     reference = copy.deepcopy(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = patch(copy.deepcopy(reference), serving_fallbacks())
+    unpatch()
     d = serving_fallbacks()
-    patch(model, d)
+    report = patch(model, d)
+    assert report.replaced and inside.replaced == report.replaced, (inside, report)
     ids = torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(5))
     kw = dict(max_new_tokens=4, do_sample=False)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

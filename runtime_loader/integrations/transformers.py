@@ -1266,6 +1266,10 @@ def _observe(model, plan: _Plan) -> tuple[dict[str, set[Signature]], list[tuple[
         set_attention(twin, OBSERVER_NAME)
         stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
+        # the calls the model makes outside an autocast: under one, every call is handed back
+        # (_own_code_reason), and a patch made there would observe none and serve nothing
+        for device_type in ("cpu", "cuda"):
+            stack.enter_context(torch.autocast(device_type, enabled=False))
         ids = torch.zeros(1, 3, dtype=torch.long, device="meta")
         out = twin(input_ids=ids, use_cache=True)
         cache = getattr(out, "past_key_values", None)
